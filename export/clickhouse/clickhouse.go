@@ -1,0 +1,200 @@
+// Package clickhouse is the production store: the tables of CONTRACT.md §3 in
+// ClickHouse, written with native-protocol batch inserts
+// (github.com/ClickHouse/clickhouse-go/v2) and read back for the gateway API
+// and `rollgate sql`.
+//
+// The schema is created at Open (CREATE ... IF NOT EXISTS, from the embedded
+// sql/*.sql templates) with the storage features the server supports
+// (LowCardinality, codecs, TTL; see FeaturesFor). Servers as old as 18.16 work:
+// they answer clickhouse-go's `INSERT ... FORMAT Native` batches with an empty
+// header (so Append fails), so Open probes for that and falls back to sending the rows as a Native external
+// table with `INSERT ... SELECT` (see InsertMode).
+package clickhouse
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// Options tune the store. The zero value is ready to use.
+type Options struct {
+	// TTLDays makes the server drop rows older than this many days (llm_calls
+	// by start time, rewards by time, rollouts by last update). 0 (default)
+	// keeps rows forever. Applies only to tables Open creates, and only on
+	// servers with TTL support (19.6+); older servers log a warning and keep rows.
+	TTLDays int
+	// ExternalInsert forces the external-table insert path even on servers
+	// that accept native batch inserts. Default false: Open decides by probing.
+	ExternalInsert bool
+	// DialTimeout bounds connecting to the server. 0 keeps the DSN's
+	// dial_timeout, or clickhouse-go's default (30 s).
+	DialTimeout time.Duration
+	// Logger receives warnings and the chosen features. nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// InsertMode is how Write sends rows to the server.
+type InsertMode int
+
+const (
+	// InsertBatch uses PrepareBatch → Append → Send (INSERT ... FORMAT Native).
+	InsertBatch InsertMode = iota
+	// InsertExternal sends the rows as a Native external table and runs
+	// INSERT INTO t (...) SELECT ... FROM it: still binary and columnar, and
+	// accepted by servers (such as 18.16) that do not take INSERT ... FORMAT Native.
+	InsertExternal
+)
+
+// String names the mode.
+func (m InsertMode) String() string {
+	if m == InsertExternal {
+		return "external"
+	}
+	return "batch"
+}
+
+// Store is an export.Store backed by ClickHouse. It is safe for concurrent use.
+type Store struct {
+	conn     driver.Conn
+	db       string
+	version  Version
+	features Features
+	mode     InsertMode
+	log      *slog.Logger
+}
+
+var _ export.Store = (*Store)(nil)
+
+// Open connects to the server named by dsn (for example
+// clickhouse://127.0.0.1:9000/rollgate; see clickhouse-go's DSN options),
+// creates the database and the tables if they are missing, and picks the
+// insert mode. The database defaults to "default" when the DSN names none.
+func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	chOpts, err := clickhouse.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: parse DSN: %w", err)
+	}
+	if opt.DialTimeout > 0 {
+		chOpts.DialTimeout = opt.DialTimeout
+	}
+	if chOpts.Protocol == clickhouse.HTTP {
+		return nil, fmt.Errorf("clickhouse: DSN %q uses HTTP; use the native protocol (clickhouse://host:9000/db)", redact(dsn))
+	}
+	db := chOpts.Auth.Database
+	if db == "" {
+		db = "default"
+	}
+	if err := checkIdent(db); err != nil {
+		return nil, err
+	}
+
+	// Bootstrap on the server's default database: the target may not exist yet.
+	boot := *chOpts
+	boot.Auth.Database = ""
+	bootConn, err := clickhouse.Open(&boot)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: connect %v: %w", chOpts.Addr, err)
+	}
+	defer bootConn.Close()
+	sv, err := bootConn.ServerVersion()
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: connect %v: %w", chOpts.Addr, err)
+	}
+	version := Version{Major: sv.Version.Major, Minor: sv.Version.Minor, Patch: sv.Version.Patch}
+	features := FeaturesFor(version)
+	if opt.TTLDays > 0 && !features.TTL {
+		log.Warn("clickhouse server has no TTL support; rows are kept forever", "version", version.String(), "ttl_days", opt.TTLDays)
+	}
+	stmts, err := RenderDDL(features, db, opt.TTLDays)
+	if err != nil {
+		return nil, err
+	}
+	if err := bootConn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(db)); err != nil {
+		return nil, fmt.Errorf("clickhouse: create database %s: %w", db, err)
+	}
+	for i, stmt := range stmts {
+		if err := bootConn.Exec(ctx, stmt); err != nil {
+			return nil, fmt.Errorf("clickhouse: create table %s.%s: %w", db, tableOrder[i], err)
+		}
+	}
+
+	chOpts.Auth.Database = db
+	conn, err := clickhouse.Open(chOpts)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: connect %v: %w", chOpts.Addr, err)
+	}
+	s := &Store{conn: conn, db: db, version: version, features: features, log: log, mode: InsertExternal}
+	if !opt.ExternalInsert {
+		ok, err := s.probeBatch(ctx)
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		if ok {
+			s.mode = InsertBatch
+		}
+	}
+	log.Debug("clickhouse store ready", "database", db, "version", version.String(),
+		"low_cardinality", features.LowCardinality, "codecs", features.Codecs, "ttl", features.TTL,
+		"insert_mode", s.mode.String())
+	return s, nil
+}
+
+// probeBatch reports whether the server accepts PrepareBatch inserts: servers
+// that do answer `INSERT INTO t FORMAT Native` with the table's columns; older
+// ones (18.16) run it as an insert of no rows and answer with an empty header.
+// The probe inserts nothing either way.
+func (s *Store) probeBatch(ctx context.Context) (bool, error) {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO rollouts")
+	if err != nil {
+		return false, fmt.Errorf("clickhouse: probe batch insert: %w", err)
+	}
+	n := len(b.Columns())
+	_ = b.Abort()
+	return n == len(rolloutCols), nil
+}
+
+// Name returns "clickhouse".
+func (s *Store) Name() string { return "clickhouse" }
+
+// Database is the database holding the tables.
+func (s *Store) Database() string { return s.db }
+
+// ServerVersion is the server's version as reported at Open.
+func (s *Store) ServerVersion() Version { return s.version }
+
+// Features are the storage features the schema was rendered with.
+func (s *Store) Features() Features { return s.features }
+
+// InsertMode is the insert path Write uses.
+func (s *Store) InsertMode() InsertMode { return s.mode }
+
+// Close releases the connections.
+func (s *Store) Close() error {
+	if err := s.conn.Close(); err != nil {
+		return fmt.Errorf("clickhouse: close: %w", err)
+	}
+	return nil
+}
+
+// redact drops the password from a DSN for error messages.
+func redact(dsn string) string {
+	if i := strings.Index(dsn, "://"); i >= 0 {
+		if at := strings.LastIndex(dsn, "@"); at > i {
+			return dsn[:i+3] + "***@" + dsn[at+1:]
+		}
+	}
+	return dsn
+}

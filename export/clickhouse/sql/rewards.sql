@@ -1,0 +1,16 @@
+CREATE TABLE IF NOT EXISTS {{.Table "rewards"}} (
+    rollout_id String,
+    attempt_id String,
+    sequence_id UInt64,
+    name {{lowCardinality}},
+    value Float64,
+    source {{lowCardinality}},
+    time_unix_nano UInt64{{codec "DoubleDelta, ZSTD(1)"}}
+)
+ENGINE = MergeTree()
+PARTITION BY toYYYYMM(toDateTime(intDiv(time_unix_nano, 1000000000)))
+ORDER BY (rollout_id, attempt_id, sequence_id, name)
+{{- if .TTL}}
+TTL toDateTime(intDiv(time_unix_nano, 1000000000)) + INTERVAL {{.TTLDays}} DAY
+{{- end}}
+SETTINGS index_granularity = 8192

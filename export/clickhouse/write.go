@@ -1,0 +1,119 @@
+package clickhouse
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/ext"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// externalTable is the name of the external table the InsertExternal path sends.
+const externalTable = "rollgate_rows"
+
+// Write inserts the batch: one insert per non-empty table (llm_calls, then
+// rewards, then rollouts). Each insert is atomic on the server; the three are
+// not atomic together, so an error may leave earlier tables written (a retry
+// of the whole batch then duplicates those rows).
+func (s *Store) Write(ctx context.Context, b *export.Batch) error {
+	if b == nil {
+		return nil
+	}
+	if len(b.Calls) > 0 {
+		rows := func(yield func([]any) error) error {
+			for i := range b.Calls {
+				if err := yield(callValues(&b.Calls[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := s.insert(ctx, "llm_calls", callCols, rows); err != nil {
+			return err
+		}
+	}
+	if len(b.Rewards) > 0 {
+		rows := func(yield func([]any) error) error {
+			for i := range b.Rewards {
+				if err := yield(rewardValues(&b.Rewards[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := s.insert(ctx, "rewards", rewardCols, rows); err != nil {
+			return err
+		}
+	}
+	if len(b.Rollouts) > 0 {
+		rows := func(yield func([]any) error) error {
+			for i := range b.Rollouts {
+				if err := yield(rolloutValues(&b.Rollouts[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := s.insert(ctx, "rollouts", rolloutCols, rows); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rowSource feeds rows, one value slice per row in column order, to yield.
+type rowSource func(yield func([]any) error) error
+
+func (s *Store) insert(ctx context.Context, table string, cols []colDef, rows rowSource) error {
+	var err error
+	if s.mode == InsertExternal {
+		err = s.insertExternal(ctx, table, cols, rows)
+	} else {
+		err = s.insertBatch(ctx, table, cols, rows)
+	}
+	if err != nil {
+		return fmt.Errorf("clickhouse: insert into %s.%s: %w", s.db, table, err)
+	}
+	return nil
+}
+
+// insertBatch is PrepareBatch → Append → Send.
+func (s *Store) insertBatch(ctx context.Context, table string, cols []colDef, rows rowSource) error {
+	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+quoteIdent(table)+" ("+names(cols)+")")
+	if err != nil {
+		return fmt.Errorf("prepare batch: %w", err)
+	}
+	if err := rows(func(v []any) error { return batch.Append(v...) }); err != nil {
+		_ = batch.Abort()
+		return fmt.Errorf("append: %w", err)
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}
+
+// insertExternal sends the rows as the Native external table rollgate_rows
+// and copies them with INSERT ... SELECT.
+func (s *Store) insertExternal(ctx context.Context, table string, cols []colDef, rows rowSource) error {
+	defs := make([]func(*ext.Table) error, len(cols))
+	for i, c := range cols {
+		defs[i] = ext.Column(c.name, column.Type(c.typ))
+	}
+	tbl, err := ext.NewTable(externalTable, defs...)
+	if err != nil {
+		return fmt.Errorf("external table: %w", err)
+	}
+	if err := rows(func(v []any) error { return tbl.Append(v...) }); err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	list := names(cols)
+	query := "INSERT INTO " + quoteIdent(table) + " (" + list + ") SELECT " + list + " FROM " + externalTable
+	if err := s.conn.Exec(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), query); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+// Package export holds the stored tables of CONTRACT.md §3 (their row types),
+// the Sink and Store interfaces every backend store implements, and the
+// stores themselves in sub-packages (clickhouse, sqlite).
+//
+// Imports point downstream: gateway → capture → export. The trainer bridge
+// reads captured data through the Store interface defined here.
+package export
+
+import "context"
+
+// Token sources recorded in Call.TokenSource (CONTRACT §3).
+const (
+	TokenSourceEngine      = "engine"      // ids returned by the engine and verified against usage
+	TokenSourceTokenize    = "tokenize"    // ids obtained from the backend's /tokenize
+	TokenSourceRetokenized = "retokenized" // ids produced by a local tokenizer
+	TokenSourceNone        = "none"        // no usable ids
+)
+
+// Call is one row of the llm_calls table: one (request, choice).
+type Call struct {
+	SpanID            string
+	TraceID           string
+	RolloutID         string
+	AttemptID         string
+	TaskID            string
+	AgentName         string
+	SequenceID        uint64
+	ChoiceIndex       uint32
+	StartTimeUnixNano uint64
+	EndTimeUnixNano   uint64
+	TTFTNano          uint64
+	Endpoint          string
+	Model             string
+	Backend           string
+	PolicyVersion     string
+	Stream            bool
+	HTTPStatus        uint16
+	Error             string
+	RequestBody       string
+	ResponseBody      string
+	ResponseMessage   string
+	PromptTokenIDs    []uint32
+	ResponseTokenIDs  []uint32
+	ResponseLogprobs  []float32
+	TokenSource       string
+	// TokenCheck is '' when the engine's ids passed every check, otherwise a
+	// comma-separated list of the checks that failed (for example
+	// "prompt_count,completion_count"). Extra column, not in the minimum contract.
+	TokenCheck       string
+	FinishReason     string
+	PromptTokens     uint32
+	CompletionTokens uint32
+}
+
+// Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.
+type Reward struct {
+	RolloutID    string
+	AttemptID    string
+	SequenceID   uint64
+	Name         string
+	Value        float64
+	Source       string
+	TimeUnixNano uint64
+}
+
+// Rollout is one row of the rollouts table; the latest row (by UpdatedUnixNano)
+// per rollout wins.
+type Rollout struct {
+	RolloutID       string
+	AttemptID       string
+	TaskID          string
+	Status          string
+	Metadata        string // JSON
+	CreatedUnixNano uint64
+	UpdatedUnixNano uint64
+}
+
+// Batch is what a sink writes at once. Any of its slices may be empty.
+type Batch struct {
+	Calls    []Call
+	Rewards  []Reward
+	Rollouts []Rollout
+}
+
+// Len is the number of rows in the batch.
+func (b *Batch) Len() int { return len(b.Calls) + len(b.Rewards) + len(b.Rollouts) }
+
+// Sink writes batches of rows. Write returns only after the rows are stored
+// (acknowledged by the server); an error means none or only some were stored
+// and the caller decides whether to retry.
+type Sink interface {
+	Write(ctx context.Context, b *Batch) error
+}
+
+// Result is the outcome of an ad-hoc SQL query: column names and rows, each
+// value already rendered as text for printing.
+type Result struct {
+	Columns []string
+	Rows    [][]string
+}
+
+// CallFilter selects llm_calls rows. Empty fields match everything.
+type CallFilter struct {
+	RolloutID string
+	AttemptID string
+	SpanID    string
+	Limit     int // 0 = no limit
+}
+
+// RolloutDetail is what GET /api/v1/rollouts/{id} returns: the latest state of
+// each attempt, the calls (as stored), and the rewards.
+type RolloutDetail struct {
+	Attempts []Rollout
+	Calls    []Call
+	Rewards  []Reward
+}
+
+// Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.
+type Store interface {
+	Sink
+	// Name is the store's kind, used as the "sink" metric label ("clickhouse", "sqlite").
+	Name() string
+	// Query runs ad-hoc SQL (rollgate sql) and renders every value as text.
+	Query(ctx context.Context, query string) (*Result, error)
+	// Calls reads llm_calls rows ordered by rollout, attempt, sequence id, choice.
+	Calls(ctx context.Context, f CallFilter) ([]Call, error)
+	// Rollout reads a rollout's attempts, calls and rewards.
+	Rollout(ctx context.Context, rolloutID string) (*RolloutDetail, error)
+	// Close flushes and releases the store.
+	Close() error
+}
