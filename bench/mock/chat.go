@@ -1,0 +1,402 @@
+package mock
+
+import (
+	"bufio"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// Chat completions (POST /v1/chat/completions).
+//
+// Tools: when the request has tools, tool_choice is not "none" and the last message is a
+// user message, every choice calls one tool (the first, or the one tool_choice names) with
+// arguments that give every schema property a deterministic value, and finishes with
+// "tool_calls". The generated ids are Encode(`<tool_call>{"name":"f","arguments":`) +
+// Encode(arguments) + Encode(`}</tool_call>`); if max_tokens cuts them short the choice
+// is plain text (their decoded prefix) with finish "length". Otherwise (e.g. the last
+// message is a tool result) the answer is text.
+//
+// Streaming: after TTFT, one role chunk per choice (the very first also carries
+// prompt_token_ids when asked), then one chunk per token per choice (ITL between steps);
+// a tool call streams a header chunk (its ids: the prefix), then one chunk per argument
+// token; each choice ends with a finish chunk (delta {}, token_ids [] — or the suffix ids
+// of a tool call); then the usage chunk if include_usage, then [DONE].
+
+func (s *Server) chat(ctx *fasthttp.RequestCtx, k *knobs) {
+	var f fields
+	parseFields(ctx.PostBody(), &f)
+	p := acquirePlan(s, k)
+	if msg := p.buildChat(&f); msg != "" {
+		p.release()
+		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		return
+	}
+	p.respond(ctx, f.stream, (*plan).appendChatFull, (*plan).streamChat)
+}
+
+func (p *plan) buildChat(f *fields) string {
+	if f.err != "" {
+		return f.err
+	}
+	if msg := p.commonChecks(f); msg != "" {
+		return msg
+	}
+	if !f.messages.Exists() || f.messages.Type == gjson.Null {
+		return "messages: Field required"
+	}
+	if !f.messages.IsArray() {
+		return "messages: Input should be a valid list"
+	}
+	var msg, lastRole string
+	count := 0
+	f.messages.ForEach(func(_, m gjson.Result) bool {
+		count++
+		role := m.Get("role")
+		if !m.IsObject() || role.Type != gjson.String {
+			msg = "messages." + strconv.Itoa(count-1) + ": each message must be an object with a string \"role\""
+			return false
+		}
+		lastRole = role.Str
+		return true
+	})
+	if msg != "" {
+		return msg
+	}
+	if count == 0 {
+		return "messages: List should have at least 1 item after validation, not 0"
+	}
+	if err := boolOf(f.logprobs, "logprobs", &p.logprobs); err != "" {
+		return err
+	}
+	if f.topLogprobs != unset {
+		switch {
+		case f.topLogprobs < 0:
+			return "`top_logprobs` must be a positive value."
+		case f.topLogprobs > MaxLogprobs:
+			return "Requested top logprobs of " + strconv.Itoa(f.topLogprobs) + ", which is greater than max allowed: " + strconv.Itoa(MaxLogprobs)
+		case f.topLogprobs > 0 && !p.logprobs:
+			return "when using `top_logprobs`, `logprobs` must be set to true."
+		}
+		p.topLogprobs = f.topLogprobs
+	}
+
+	// Tools.
+	var tool gjson.Result
+	useTool := false
+	if f.tools.Exists() && f.tools.Type != gjson.Null {
+		if !f.tools.IsArray() {
+			return "tools: Input should be a valid list"
+		}
+		want := ""
+		switch tc := f.toolChoice; {
+		case tc.IsObject():
+			want = tc.Get("function.name").String()
+			if want == "" {
+				return "tool_choice: a named tool choice needs function.name"
+			}
+		case tc.Type == gjson.String && tc.Str != "none" && tc.Str != "auto" && tc.Str != "required":
+			return "tool_choice: Input should be 'none', 'auto', 'required' or a named tool"
+		}
+		f.tools.ForEach(func(_, t gjson.Result) bool {
+			name := t.Get("function.name")
+			if !t.IsObject() || name.Type != gjson.String || name.Str == "" {
+				msg = "tools: each tool must be {\"type\":\"function\",\"function\":{\"name\":...}}"
+				return false
+			}
+			if !tool.Exists() && (want == "" || name.Str == want) {
+				tool = t
+			}
+			return true
+		})
+		if msg != "" {
+			return msg
+		}
+		if want != "" && !tool.Exists() {
+			return "Tool '" + want + "' has not been passed in `tools`."
+		}
+		useTool = tool.Exists() && !(f.toolChoice.Type == gjson.String && f.toolChoice.Str == "none") && lastRole == "user"
+	}
+
+	p.setModel(f)
+	p.text = appendRenderChat(p.text[:0], f.messages.Raw, f.tools.Raw, f.addGenPrompt)
+	p.prompts = appendEncode(p.prompts, b2s(p.text))
+	p.endPrompt()
+	limit := f.limit()
+	if msg := p.checkContext(len(p.prompts), limit); msg != "" {
+		return msg
+	}
+	p.returnIDs = p.wantIDs(f)
+	p.asTokenIDs = f.asTokenIDs
+	p.includeUsage = f.stream && f.includeUsage()
+
+	h := newHasher()
+	h.str(b2s(p.model))
+	h.str(b2s(p.text))
+	f.seedHash(&h, p.s.cfg.Seed)
+	textSeed := h.sum()
+	h.u64(uint64(f.n))
+	h.u64(uint64(limit))
+	h.u64(uint64(p.k.tokens))
+	p.setID(h)
+
+	var name string
+	var params gjson.Result
+	if useTool {
+		name = tool.Get("function.name").Str
+		params = tool.Get("function.parameters")
+	}
+	for i := 0; i < f.n; i++ {
+		c := p.addChoice()
+		c.seed = mix64(textSeed + uint64(i)*0x9e3779b97f4a7c15)
+		if !useTool {
+			p.genText(c, limit)
+			continue
+		}
+		r := rng(c.seed)
+		c.tool = true
+		c.name = append(c.name, name...)
+		c.callID = r.next()
+		c.args = appendToolArgs(c.args, params, &r, 0)
+		p.text = append(p.text[:0], `<tool_call>{"name":`...)
+		p.text = appendJSONString(p.text, name)
+		p.text = append(p.text, `,"arguments":`...)
+		c.ids = appendEncode(c.ids, b2s(p.text))
+		c.nPrefix = len(c.ids)
+		c.ids = appendEncode(c.ids, b2s(c.args))
+		n := len(c.ids)
+		c.ids = appendEncode(c.ids, "}</tool_call>")
+		c.nSuffix = len(c.ids) - n
+		c.finish = "tool_calls"
+		if limit != unset && limit < len(c.ids) {
+			c.ids = c.ids[:limit]
+			c.tool = false
+			c.finish = "length"
+		}
+	}
+	return ""
+}
+
+// commonChecks validates n, stream_options and the output limit.
+func (p *plan) commonChecks(f *fields) string {
+	switch {
+	case f.n < 1:
+		return "n must be at least 1, got " + strconv.Itoa(f.n) + "."
+	case f.n > MaxN:
+		return "n must be at most " + strconv.Itoa(MaxN) + " on this mock, got " + strconv.Itoa(f.n) + "."
+	case f.streamOptionsSet() && !f.stream:
+		return "Stream options can only be defined when `stream=True`."
+	}
+	if l := f.limit(); l != unset && l < 1 {
+		return "max_tokens must be at least 1, got " + strconv.Itoa(l) + "."
+	}
+	return ""
+}
+
+func boolOf(v gjson.Result, name string, dst *bool) string {
+	var msg string
+	boolField(v, name, dst, &msg)
+	return msg
+}
+
+// appendCallID appends "chatcmpl-tool-<32 hex>".
+func appendCallID(dst []byte, c *planChoice) []byte {
+	dst = append(dst, `"chatcmpl-tool-`...)
+	dst = appendHex(dst, c.callID)
+	dst = appendHex(dst, mix64(c.callID))
+	return append(dst, '"')
+}
+
+// appendChatLogprobs appends {"content":[...]} for c.ids[from:to], or null.
+func (p *plan) appendChatLogprobs(dst []byte, c *planChoice, from, to int) []byte {
+	if !p.logprobs || from >= to {
+		return append(dst, "null"...)
+	}
+	dst = append(dst, `{"content":[`...)
+	for pos := from; pos < to; pos++ {
+		if pos > from {
+			dst = append(dst, ',')
+		}
+		id := c.ids[pos]
+		dst = append(dst, `{"token":`...)
+		dst = p.appendTokenString(dst, id)
+		dst = append(dst, `,"logprob":`...)
+		dst = appendFloat(dst, logprob(c.seed, pos, 0))
+		dst = append(dst, `,"bytes":`...)
+		dst = appendTokenBytes(dst, id)
+		dst = append(dst, `,"top_logprobs":[`...)
+		for r := 0; r < p.topLogprobs; r++ {
+			if r > 0 {
+				dst = append(dst, ',')
+			}
+			t := id
+			if r > 0 {
+				t = altToken(id, r)
+			}
+			dst = append(dst, `{"token":`...)
+			dst = p.appendTokenString(dst, t)
+			dst = append(dst, `,"logprob":`...)
+			dst = appendFloat(dst, logprob(c.seed, pos, r))
+			dst = append(dst, `,"bytes":`...)
+			dst = appendTokenBytes(dst, t)
+			dst = append(dst, '}')
+		}
+		dst = append(dst, "]}"...)
+	}
+	return append(dst, "]}"...)
+}
+
+func (p *plan) appendChatFull(dst []byte) []byte {
+	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion")
+	for i := range p.choices {
+		c := &p.choices[i]
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"index":`...)
+		dst = strconv.AppendInt(dst, int64(i), 10)
+		dst = append(dst, `,"message":{"role":"assistant","content":`...)
+		if c.tool {
+			dst = append(dst, `null,"tool_calls":[{"id":`...)
+			dst = appendCallID(dst, c)
+			dst = append(dst, `,"type":"function","function":{"name":`...)
+			dst = appendJSONString(dst, b2s(c.name))
+			dst = append(dst, `,"arguments":`...)
+			dst = appendJSONString(dst, b2s(c.args))
+			dst = append(dst, "}}]},"...)
+		} else {
+			dst = append(dst, '"')
+			dst = appendTextOf(dst, c.ids)
+			dst = append(dst, `","tool_calls":[]},`...)
+		}
+		dst = append(dst, `"logprobs":`...)
+		dst = p.appendChatLogprobs(dst, c, 0, len(c.ids))
+		dst = append(dst, `,"finish_reason":"`...)
+		dst = append(dst, c.finish...)
+		dst = append(dst, `","stop_reason":null,"token_ids":`...)
+		dst = appendIDsOrNull(dst, c.ids, p.returnIDs)
+		dst = append(dst, '}')
+	}
+	dst = append(dst, `],"usage":`...)
+	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
+	dst = appendIDsOrNull(dst, p.prompts, p.returnIDs)
+	return append(dst, '}')
+}
+
+// streamChat writes the SSE stream of a chat completion.
+func (p *plan) streamChat(w *bufio.Writer) {
+	if p.s.wait(&p.timer, p.k.ttft) != nil {
+		return
+	}
+	for i := range p.choices {
+		b := p.appendPrefix(p.buf[:0], "chatcmpl-", "chat.completion.chunk")
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+		if i == 0 && p.returnIDs {
+			b = append(b, `,"prompt_token_ids":`...)
+			b = appendIDs(b, p.prompts)
+		}
+		p.buf = append(b, '}')
+		if sse(w, p.buf) != nil {
+			return
+		}
+	}
+	steps := p.maxSteps()
+	failAt := p.failStep(steps)
+	for st := 0; st < steps; st++ {
+		if st == failAt {
+			_ = sse(w, []byte(midstreamError))
+			return
+		}
+		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {
+			return
+		}
+		for i := range p.choices {
+			c := &p.choices[i]
+			n := c.steps()
+			if st >= n {
+				continue
+			}
+			p.buf = p.appendChatChunk(p.buf[:0], i, c, st)
+			if sse(w, p.buf) != nil {
+				return
+			}
+			if st == n-1 {
+				p.buf = p.appendChatFinish(p.buf[:0], i, c)
+				if sse(w, p.buf) != nil {
+					return
+				}
+			}
+		}
+	}
+	if p.includeUsage {
+		b := p.appendPrefix(p.buf[:0], "chatcmpl-", "chat.completion.chunk")
+		b = append(b, `],"usage":`...)
+		b = appendUsage(b, p.promptTokens(), p.completionTokens())
+		p.buf = append(b, '}')
+		if sse(w, p.buf) != nil {
+			return
+		}
+	}
+	_ = sse(w, doneEvent)
+}
+
+var doneEvent = []byte("[DONE]")
+
+// appendChatChunk appends the chunk of step st of choice i.
+func (p *plan) appendChatChunk(dst []byte, i int, c *planChoice, st int) []byte {
+	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	from, to := st, st+1
+	switch {
+	case !c.tool:
+		dst = append(dst, `,"delta":{"content":"`...)
+		dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+		dst = append(dst, `"},"logprobs":`...)
+	case st == 0:
+		from, to = 0, c.nPrefix
+		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"id":`...)
+		dst = appendCallID(dst, c)
+		dst = append(dst, `,"type":"function","function":{"name":`...)
+		dst = appendJSONString(dst, b2s(c.name))
+		dst = append(dst, `,"arguments":""}}]},"logprobs":`...)
+	default:
+		from = c.nPrefix + st - 1
+		to = from + 1
+		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"`...)
+		dst = appendJSONStringBody(dst, vocab[c.ids[from]])
+		dst = append(dst, `"}}]},"logprobs":`...)
+	}
+	dst = p.appendChatLogprobs(dst, c, from, to)
+	dst = append(dst, `,"finish_reason":null`...)
+	if p.returnIDs && !p.dropIDs(st+1) {
+		dst = append(dst, `,"token_ids":`...)
+		dst = appendIDs(dst, c.ids[from:to])
+	}
+	return append(dst, "}]}"...)
+}
+
+// appendChatFinish appends the finish chunk of choice i.
+func (p *plan) appendChatFinish(dst []byte, i int, c *planChoice) []byte {
+	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	from, to := len(c.ids), len(c.ids)
+	if c.tool {
+		from = len(c.ids) - c.nSuffix
+	}
+	dst = append(dst, `,"delta":{},"logprobs":`...)
+	dst = p.appendChatLogprobs(dst, c, from, to)
+	dst = append(dst, `,"finish_reason":"`...)
+	dst = append(dst, c.finish...)
+	dst = append(dst, `","stop_reason":null`...)
+	if p.returnIDs {
+		dst = append(dst, `,"token_ids":`...)
+		dst = appendIDs(dst, c.ids[from:to])
+	}
+	return append(dst, "}]}"...)
+}

@@ -1,0 +1,114 @@
+package mock
+
+import (
+	"flag"
+	"strings"
+	"time"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultModel        = "mock-model"
+	DefaultVersion      = "0.10.2"
+	DefaultCreated      = 1700000000
+	DefaultMaxTokens    = 16
+	DefaultMaxModelLen  = 32768
+	DefaultEmbeddingDim = 8
+	DefaultHangTimeout  = 60 * time.Second
+	// MaxN caps the "n" request field, to keep a fuzzed or hostile request cheap.
+	MaxN = 128
+	// MaxLogprobs is the largest logprobs / top_logprobs accepted (vLLM's default max_logprobs).
+	MaxLogprobs = 20
+)
+
+// Config configures a mock vLLM server. Every zero value means "use the default".
+type Config struct {
+	// Model is the served model name listed first by /v1/models. Requests may name any
+	// model; responses echo the requested name (or Model when the request names none).
+	// Default "mock-model".
+	Model string
+	// ExtraModels are more names listed by /v1/models. Default none.
+	ExtraModels []string
+	// Version is what GET /version reports. Default "0.10.2".
+	Version string
+	// Created is the fixed "created" timestamp of every response. Default 1700000000.
+	Created int64
+	// TTFT is the delay before the first token (streams) or before the response
+	// (non-streaming; which then also waits ITL per further token). Default 0.
+	TTFT time.Duration
+	// ITL is the delay between consecutive tokens. Default 0.
+	ITL time.Duration
+	// MaxTokens is the natural output length in tokens: a choice ends with finish_reason
+	// "stop" after this many tokens unless the request's max_tokens is lower ("length").
+	// The x-mock-tokens header overrides it per request. Default 16.
+	MaxTokens int
+	// MaxModelLen is the context length reported by /tokenize and /v1/models and enforced
+	// on prompts. Default 32768.
+	MaxModelLen int
+	// EmbeddingDim is the length of /v1/embeddings vectors. Default 8.
+	EmbeddingDim int
+	// IgnoreReturnTokenIDs makes the server behave like vLLM < 0.10.2: return_token_ids is
+	// accepted and ignored, so no token ids appear anywhere. Default false.
+	IgnoreReturnTokenIDs bool
+	// DropIDsEvery, when k > 0, omits the "token_ids" of every k-th content chunk of each
+	// choice in streams (vLLM's tool-parser bug); usage still counts those tokens. Default 0.
+	DropIDsEvery int
+	// Seed is mixed into every generated text, so two mocks with different seeds answer
+	// differently. Default 0.
+	Seed uint64
+	// HangTimeout bounds how long x-mock-fail: hang waits for the client to go away.
+	// Default 60s.
+	HangTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.Version == "" {
+		c.Version = DefaultVersion
+	}
+	if c.Created == 0 {
+		c.Created = DefaultCreated
+	}
+	if c.MaxTokens <= 0 {
+		c.MaxTokens = DefaultMaxTokens
+	}
+	if c.MaxModelLen <= 0 {
+		c.MaxModelLen = DefaultMaxModelLen
+	}
+	if c.EmbeddingDim <= 0 {
+		c.EmbeddingDim = DefaultEmbeddingDim
+	}
+	if c.HangTimeout <= 0 {
+		c.HangTimeout = DefaultHangTimeout
+	}
+}
+
+// RegisterFlags registers flags for c's fields on fs, with c's current values (or the
+// defaults) as flag defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	d := *c
+	d.setDefaults()
+	fs.StringVar(&c.Model, "model", d.Model, "served model name listed by /v1/models; requests may name any model")
+	fs.Func("extra-models", "comma-separated extra model names listed by /v1/models (default none)", func(s string) error {
+		c.ExtraModels = nil
+		for _, m := range strings.Split(s, ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				c.ExtraModels = append(c.ExtraModels, m)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.Version, "version", d.Version, "vLLM version reported by GET /version")
+	fs.Int64Var(&c.Created, "created", d.Created, "fixed \"created\" unix timestamp of every response")
+	fs.DurationVar(&c.TTFT, "ttft", d.TTFT, "delay before the first token, e.g. 50ms (per request: header x-mock-ttft-ms)")
+	fs.DurationVar(&c.ITL, "itl", d.ITL, "delay between tokens, e.g. 10ms (per request: header x-mock-itl-ms)")
+	fs.IntVar(&c.MaxTokens, "max-tokens", d.MaxTokens, "natural output length in tokens when the request's max_tokens is not lower (per request: header x-mock-tokens)")
+	fs.IntVar(&c.MaxModelLen, "max-model-len", d.MaxModelLen, "context length in tokens, enforced on prompts")
+	fs.IntVar(&c.EmbeddingDim, "embedding-dim", d.EmbeddingDim, "length of /v1/embeddings vectors")
+	fs.BoolVar(&c.IgnoreReturnTokenIDs, "ignore-return-token-ids", d.IgnoreReturnTokenIDs, "behave like vLLM < 0.10.2: ignore return_token_ids (no ids anywhere)")
+	fs.IntVar(&c.DropIDsEvery, "drop-ids-every", d.DropIDsEvery, "k > 0: omit token_ids of every k-th streamed content chunk (vLLM tool-parser bug); 0 disables")
+	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed mixed into all generated text")
+	fs.DurationVar(&c.HangTimeout, "hang-timeout", d.HangTimeout, "how long x-mock-fail: hang holds a connection")
+}

@@ -1,0 +1,271 @@
+package mock
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+func TestFailStatus(t *testing.T) {
+	s, base := startT(t, Config{})
+	for _, code := range []int{429, 500, 503} {
+		r := post(t, base+"/chat/completions", chatBody, "x-mock-fail", "status="+itoa(code))
+		e := gjson.ParseBytes(r.body)
+		if r.status != code || e.Get("error.code").Int() != int64(code) || e.Get("error.type").Str == "" {
+			t.Fatalf("status=%d: %d %s", code, r.status, r.body)
+		}
+	}
+	if e := gjson.ParseBytes(post(t, base+"/chat/completions", chatBody, "x-mock-fail", "status=503").body); e.Get("error.type").Str != "ServiceUnavailableError" {
+		t.Fatalf("type %s", e.Raw)
+	}
+	if r := post(t, base+"/chat/completions", chatBody, "x-mock-fail", "status=abc"); r.status != 400 {
+		t.Fatalf("bad status value: %d", r.status)
+	}
+	if r := post(t, base+"/chat/completions", chatBody, "x-mock-fail", "explode"); r.status != 400 {
+		t.Fatalf("unknown mode: %d", r.status)
+	}
+	for _, h := range []string{"x-mock-ttft-ms", "x-mock-itl-ms", "x-mock-tokens"} {
+		if r := post(t, base+"/chat/completions", chatBody, h, "-1"); r.status != 400 || !strings.Contains(string(r.body), h) {
+			t.Fatalf("%s: %d %s", h, r.status, r.body)
+		}
+	}
+	if s.Requests() != 9 || s.RequestsTo(PathChat) != 9 {
+		t.Fatalf("requests %d / %d", s.Requests(), s.RequestsTo(PathChat))
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestFailMidstream(t *testing.T) {
+	_, base := startT(t, Config{})
+	for _, path := range []string{"/chat/completions", "/completions", "/responses"} {
+		body := `{"messages":[{"role":"user","content":"x"}],"prompt":"x","input":"x","stream":true,"return_token_ids":true}`
+		r := post(t, base+path, body, "x-mock-fail", "midstream")
+		evs := parseSSE(t, r.body)
+		last := evs[len(evs)-1]
+		if r.status != 200 || strings.Contains(string(r.body), "[DONE]") || len(evs) < 3 {
+			t.Fatalf("%s: %d %s", path, r.status, r.body)
+		}
+		if path == "/responses" {
+			if last.name != "error" || gjson.Get(last.data, "message").Str == "" {
+				t.Fatalf("responses error event %v", last)
+			}
+			continue
+		}
+		if last.data != midstreamError || gjson.Get(last.data, "error.code").Int() != 500 {
+			t.Fatalf("%s: last event %s", path, last.data)
+		}
+		// Some tokens came first.
+		if !strings.Contains(string(r.body), `"token_ids":[`) {
+			t.Fatalf("%s: no tokens before the error", path)
+		}
+		nr := post(t, base+path, strings.Replace(body, `"stream":true`, `"stream":false`, 1), "x-mock-fail", "midstream")
+		if nr.status != 500 {
+			t.Fatalf("%s non-stream midstream: %d", path, nr.status)
+		}
+	}
+}
+
+func TestFailDisconnect(t *testing.T) {
+	_, base := startT(t, Config{})
+	req, _ := http.NewRequest(http.MethodPost, base+"/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("x-mock-fail", "disconnect")
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	_, err := (&http.Client{Transport: tr}).Do(req)
+	if err == nil || !(errors.Is(err, io.EOF) || strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "reset")) {
+		t.Fatalf("want a closed connection, got %v", err)
+	}
+}
+
+func TestFailHang(t *testing.T) {
+	s, base := startT(t, Config{HangTimeout: time.Minute})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(base, "/v1"), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-mock-fail: hang\r\nContent-Type: application/json\r\nContent-Length: " +
+		itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+	if _, err := conn.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing arrives while the server holds the connection.
+	_ = conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	var buf [64]byte
+	n, err := conn.Read(buf[:])
+	var ne net.Error
+	if n != 0 || !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read %d bytes %q, err %v; want a timeout", n, buf[:n], err)
+	}
+	// Shutdown releases the held connection: the client sees EOF.
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err = conn.Read(buf[:])
+	if n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("after shutdown: %d %v", n, err)
+	}
+}
+
+func TestTTFTHeadersAccepted(t *testing.T) {
+	_, base := startT(t, Config{})
+	a := mustOK(t, post(t, base+"/chat/completions", chatBody))
+	b := mustOK(t, post(t, base+"/chat/completions", chatBody, "x-mock-ttft-ms", "5", "x-mock-itl-ms", "1"))
+	if a.Raw != b.Raw {
+		t.Fatalf("delays changed the answer")
+	}
+	r := post(t, base+"/chat/completions", inject(t, chatBody, "stream", true), "x-mock-ttft-ms", "5", "x-mock-itl-ms", "1", "x-mock-tokens", "3")
+	if sc := collectChat(t, parseSSE(t, r.body)); len(Encode(sc.text[0])) == 0 || !sc.doneSeen || sc.finish[0] != "stop" {
+		t.Fatalf("delayed stream %s", r.body)
+	}
+}
+
+func TestClientGoneStopsStream(t *testing.T) {
+	// A long slow stream: the client reads one event and leaves; shutdown must not hang on it.
+	s, base := startT(t, Config{})
+	req, _ := http.NewRequest(http.MethodPost, base+"/chat/completions", strings.NewReader(inject(t, chatBody, "stream", true)))
+	req.Header.Set("x-mock-tokens", "100000")
+	req.Header.Set("x-mock-itl-ms", "20")
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(r.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	if s.ActiveStreams() != 1 {
+		t.Fatalf("active streams %d, want 1", s.ActiveStreams())
+	}
+	r.Body.Close()
+	// The server notices the closed connection at its next write and stops the stream.
+	for deadline := time.Now().Add(30 * time.Second); s.ActiveStreams() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stream still running after the client left")
+		}
+	}
+}
+
+func TestDeterminism(t *testing.T) {
+	_, a := startT(t, Config{})
+	_, b := startT(t, Config{})
+	_, c := startT(t, Config{Seed: 7})
+	bodies := []struct{ path, body string }{
+		{"/chat/completions", inject(t, chatBody, "n", 2, "logprobs", true, "top_logprobs", 2, "return_token_ids", true)},
+		{"/chat/completions", inject(t, chatBody, "stream", true, "return_token_ids", true, "stream_options.include_usage", true)},
+		{"/chat/completions", toolsReq},
+		{"/completions", `{"prompt":["x","y"],"n":2,"logprobs":1,"stream":true}`},
+		{"/responses", `{"input":"hi","stream":true}`},
+		{"/embeddings", `{"input":"hi"}`},
+	}
+	for _, tc := range bodies {
+		ra, rb, rc := post(t, a+tc.path, tc.body), post(t, b+tc.path, tc.body), post(t, c+tc.path, tc.body)
+		if ra.status != 200 || !bytes.Equal(ra.body, rb.body) {
+			t.Fatalf("%s: answers differ:\n%s\n%s", tc.path, ra.body, rb.body)
+		}
+		if bytes.Equal(ra.body, rc.body) {
+			t.Fatalf("%s: Seed did not change the answer", tc.path)
+		}
+	}
+	// Text and id depend on content, not on injected observability fields.
+	x := mustOK(t, post(t, a+"/chat/completions", chatBody))
+	y := mustOK(t, post(t, a+"/chat/completions", inject(t, chatBody, "logprobs", true, "return_token_ids", true)))
+	if x.Get("id").Str != y.Get("id").Str || x.Get("choices.0.message.content").Str != y.Get("choices.0.message.content").Str {
+		t.Fatalf("injected fields changed the answer")
+	}
+	z := mustOK(t, post(t, a+"/chat/completions", inject(t, chatBody, "seed", 1)))
+	if z.Get("choices.0.message.content").Str == x.Get("choices.0.message.content").Str || z.Get("id").Str == x.Get("id").Str {
+		t.Fatalf("seed did not change the answer")
+	}
+}
+
+func TestRecording(t *testing.T) {
+	s, base := startT(t, Config{})
+	post(t, base+"/chat/completions", chatBody, "X-Trace", "abc")
+	if string(s.LastRequest()) != chatBody || s.LastPath() != PathChat || s.LastHeader("x-trace") != "abc" {
+		t.Fatalf("last request %q %q %q", s.LastRequest(), s.LastPath(), s.LastHeader("x-trace"))
+	}
+	do(t, http.MethodGet, base+"/models", "")
+	if s.Requests() != 2 || s.RequestsTo(PathModels) != 1 || s.RequestsTo("/x") != 0 || s.LastPath() != PathModels {
+		t.Fatalf("counts %d %d", s.Requests(), s.RequestsTo(PathModels))
+	}
+}
+
+func TestRegisterFlags(t *testing.T) {
+	var c Config
+	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	err := fs.Parse([]string{"-model", "q", "-extra-models", "a, b", "-ttft", "5ms", "-itl", "1ms", "-max-tokens", "9",
+		"-ignore-return-token-ids", "-drop-ids-every", "3", "-seed", "4", "-created", "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Model != "q" || len(c.ExtraModels) != 2 || c.ExtraModels[1] != "b" || c.TTFT != 5*time.Millisecond || c.ITL != time.Millisecond ||
+		c.MaxTokens != 9 || !c.IgnoreReturnTokenIDs || c.DropIDsEvery != 3 || c.Seed != 4 || c.Created != 5 {
+		t.Fatalf("config %+v", c)
+	}
+	var d Config
+	d.RegisterFlags(flag.NewFlagSet("d", flag.ContinueOnError))
+	if d.Model != DefaultModel || d.MaxTokens != DefaultMaxTokens || d.Version != DefaultVersion {
+		t.Fatalf("defaults %+v", d)
+	}
+}
+
+// serveInMemory runs the handler on one request without a network, draining streams.
+func serveInMemory(h fasthttp.RequestHandler, ctx *fasthttp.RequestCtx, path string, body []byte) []byte {
+	ctx.Request.Reset()
+	ctx.Response.Reset()
+	ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+	ctx.Request.SetRequestURI(path)
+	ctx.Request.SetBody(body)
+	h(ctx)
+	return ctx.Response.Body()
+}
+
+var fuzzPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathTokenize, PathDetokenize}
+
+func FuzzHandler(f *testing.F) {
+	for _, s := range []string{chatBody, toolsReq, `{"prompt":[[1,2],[3]],"n":2,"stream":true,"logprobs":3}`,
+		`{"input":"x","stream":true}`, `{"messages":[{"role":"user","content":"x"}],"stream":true,"logprobs":true,"top_logprobs":2,"n":2,"return_token_ids":true}`,
+		`{"tokens":[1,2,300]}`, `{"messages":[{"role":"user"}],"tools":[{"function":{"name":"f","parameters":{"properties":{"a":{"type":"array","items":{"type":"object","properties":{"b":{"type":"number"}}}}}}}}]}`,
+		`{`, `null`, `{"n":1e300}`} {
+		for i := range fuzzPaths {
+			f.Add(uint8(i), []byte(s))
+		}
+	}
+	s := New(Config{})
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
+		var ctx fasthttp.RequestCtx
+		out := serveInMemory(h, &ctx, fuzzPaths[int(route)%len(fuzzPaths)], body)
+		status := ctx.Response.StatusCode()
+		switch {
+		case status != 200:
+			if !gjson.ValidBytes(out) || gjson.GetBytes(out, "error.message").Str == "" || gjson.GetBytes(out, "error.code").Int() != int64(status) {
+				t.Fatalf("status %d with body %q", status, out)
+			}
+		case bytes.HasPrefix(ctx.Response.Header.ContentType(), []byte("text/event-stream")):
+			evs := parseSSE(t, out)
+			if len(evs) == 0 {
+				t.Fatalf("empty stream")
+			}
+		default:
+			if !gjson.ValidBytes(out) {
+				t.Fatalf("invalid JSON %q", out)
+			}
+		}
+	})
+}

@@ -1,0 +1,322 @@
+package mock
+
+import (
+	"bufio"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// planChoice is one generated output sequence.
+type planChoice struct {
+	ids    []uint32
+	prompt int    // index of the prompt this choice answers (completions)
+	finish string // "stop", "length" or "tool_calls"
+	seed   uint64 // drives the text and the logprobs
+	offset int    // running text offset while streaming (completions logprobs)
+
+	// Tool call (chat only): ids = prefix ids + argument ids + suffix ids.
+	tool             bool
+	nPrefix, nSuffix int
+	name             []byte
+	callID           uint64
+	args             []byte
+}
+
+// steps returns how many streamed token steps the choice takes.
+func (c *planChoice) steps() int {
+	if c.tool {
+		return 1 + len(c.ids) - c.nPrefix - c.nSuffix
+	}
+	return len(c.ids)
+}
+
+// plan is everything needed to answer a generation request, computed up front so that the
+// stream writer never touches the request. Plans are pooled.
+type plan struct {
+	s         *Server
+	id        [32]byte // hex
+	model     []byte
+	prompts   []uint32 // concatenated prompt ids
+	promptOff []int    // prompt i is prompts[promptOff[i]:promptOff[i+1]]
+	choices   []planChoice
+
+	returnIDs, logprobs, asTokenIDs, includeUsage bool
+	topLogprobs                                   int
+	k                                             knobs
+
+	// Responses API echoes.
+	temperature float64
+	maxOutput   int
+
+	buf   []byte
+	text  []byte
+	timer *time.Timer
+}
+
+var planPool = sync.Pool{New: func() any { return new(plan) }}
+
+func acquirePlan(s *Server, k *knobs) *plan {
+	p := planPool.Get().(*plan)
+	p.s = s
+	p.k = *k
+	p.model = p.model[:0]
+	p.prompts = p.prompts[:0]
+	p.promptOff = append(p.promptOff[:0], 0)
+	p.choices = p.choices[:0]
+	p.returnIDs, p.logprobs, p.asTokenIDs, p.includeUsage = false, false, false, false
+	p.topLogprobs = 0
+	return p
+}
+
+func (p *plan) release() {
+	p.s = nil
+	planPool.Put(p)
+}
+
+// prompt returns the ids of prompt i.
+func (p *plan) prompt(i int) []uint32 { return p.prompts[p.promptOff[i]:p.promptOff[i+1]] }
+
+func (p *plan) numPrompts() int { return len(p.promptOff) - 1 }
+
+// endPrompt closes the prompt whose ids were appended to p.prompts since the last call.
+func (p *plan) endPrompt() { p.promptOff = append(p.promptOff, len(p.prompts)) }
+
+// addChoice appends a choice, reusing its slices from earlier requests.
+func (p *plan) addChoice() *planChoice {
+	if len(p.choices) < cap(p.choices) {
+		p.choices = p.choices[:len(p.choices)+1]
+	} else {
+		p.choices = append(p.choices, planChoice{})
+	}
+	c := &p.choices[len(p.choices)-1]
+	*c = planChoice{ids: c.ids[:0], name: c.name[:0], args: c.args[:0]}
+	return c
+}
+
+func (p *plan) setModel(f *fields) {
+	if f.model == "" {
+		p.model = append(p.model, p.s.cfg.Model...)
+	} else {
+		p.model = append(p.model, f.model...)
+	}
+}
+
+func (p *plan) setID(h hasher) {
+	a := h.sum()
+	b := mix64(a ^ 0x5851f42d4c957f2d)
+	appendHex(appendHex(p.id[:0], a), b)
+}
+
+func (p *plan) promptTokens() int { return len(p.prompts) }
+
+func (p *plan) completionTokens() int {
+	n := 0
+	for i := range p.choices {
+		n += len(p.choices[i].ids)
+	}
+	return n
+}
+
+func (p *plan) maxSteps() int {
+	m := 0
+	for i := range p.choices {
+		m = max(m, p.choices[i].steps())
+	}
+	return m
+}
+
+// checkContext returns vLLM's context-length error for a prompt of n tokens, or "".
+func (p *plan) checkContext(n, limit int) string {
+	maxLen := p.s.cfg.MaxModelLen
+	if n >= maxLen || (limit != unset && n+limit > maxLen) {
+		want := n
+		if limit != unset {
+			want += limit
+		}
+		return "This model's maximum context length is " + strconv.Itoa(maxLen) +
+			" tokens. However, you requested " + strconv.Itoa(want) + " tokens (" + strconv.Itoa(n) +
+			" in the messages, " + strconv.Itoa(max(limit, 0)) + " in the completion). Please reduce the length of the messages or completion."
+	}
+	return ""
+}
+
+// outputLen returns the number of tokens to generate and the finish reason.
+func (p *plan) outputLen(limit int) (int, string) {
+	if limit != unset && limit < p.k.tokens {
+		return limit, "length"
+	}
+	return p.k.tokens, "stop"
+}
+
+// appendPrefix appends `{"id":"<idPrefix><hex>","object":"<object>","created":C,"model":"M","choices":[`.
+func (p *plan) appendPrefix(dst []byte, idPrefix, object string) []byte {
+	dst = append(dst, `{"id":"`...)
+	dst = append(dst, idPrefix...)
+	dst = append(dst, p.id[:]...)
+	dst = append(dst, `","object":"`...)
+	dst = append(dst, object...)
+	dst = append(dst, `","created":`...)
+	dst = strconv.AppendInt(dst, p.s.cfg.Created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = appendJSONString(dst, b2s(p.model))
+	return append(dst, `,"choices":[`...)
+}
+
+// appendTokenString appends the JSON string shown for token id in logprobs.
+func (p *plan) appendTokenString(dst []byte, id uint32) []byte {
+	if p.asTokenIDs {
+		dst = append(dst, `"token_id:`...)
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+		return append(dst, '"')
+	}
+	return appendJSONString(dst, vocab[id])
+}
+
+// appendTokenBytes appends the UTF-8 bytes of token id as a JSON list.
+func appendTokenBytes(dst []byte, id uint32) []byte {
+	tok := vocab[id]
+	if !validUTF8Token(id) {
+		tok = "\ufffd"
+	}
+	dst = append(dst, '[')
+	for i := 0; i < len(tok); i++ {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(tok[i]), 10)
+	}
+	return append(dst, ']')
+}
+
+// appendTextOf appends the escaped text of ids (no quotes). Generated tokens are ASCII, so
+// escaping token by token is exact.
+func appendTextOf(dst []byte, ids []uint32) []byte {
+	for _, id := range ids {
+		dst = appendJSONStringBody(dst, vocab[id])
+	}
+	return dst
+}
+
+// delay waits as a non-streaming response would take: TTFT plus ITL per further step.
+func (p *plan) delay() error {
+	d := p.k.ttft
+	if n := p.maxSteps(); n > 1 {
+		d += time.Duration(n-1) * p.k.itl
+	}
+	return p.s.wait(&p.timer, d)
+}
+
+// respond writes the non-streaming body produced by render, or a stream produced by streamFn.
+func (p *plan) respond(ctx *fasthttp.RequestCtx, stream bool, render func(*plan, []byte) []byte, streamFn func(*plan, *bufio.Writer)) {
+	if !stream {
+		defer p.release()
+		if p.k.midstream {
+			writeError(ctx, fasthttp.StatusInternalServerError, "mock failure: midstream requested by x-mock-fail")
+			return
+		}
+		if err := p.delay(); err != nil {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
+			return
+		}
+		p.buf = render(p, p.buf[:0])
+		writeJSON(ctx, p.buf)
+		return
+	}
+	ctx.SetContentType("text/event-stream; charset=utf-8")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	p.s.streams.Add(1)
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		s := p.s
+		defer s.streams.Add(-1)
+		defer p.release()
+		streamFn(p, w)
+	})
+}
+
+// midstreamError is the event sent by x-mock-fail: midstream.
+const midstreamError = `{"error":{"message":"mock failure: midstream requested by x-mock-fail","type":"InternalServerError","code":500}}`
+
+// failStep returns the step before which a midstream failure happens, or -1.
+func (p *plan) failStep(steps int) int {
+	if !p.k.midstream {
+		return -1
+	}
+	return max(0, min(3, steps-1))
+}
+
+// dropIDs reports whether the ids of content chunk number n (1-based) are omitted.
+func (p *plan) dropIDs(n int) bool {
+	k := p.s.cfg.DropIDsEvery
+	return k > 0 && n%k == 0
+}
+
+// wantIDs reads return_token_ids, honouring IgnoreReturnTokenIDs.
+func (p *plan) wantIDs(f *fields) bool {
+	return f.returnIDs && !p.s.cfg.IgnoreReturnTokenIDs
+}
+
+// genText fills c with a text answer of up to limit tokens.
+func (p *plan) genText(c *planChoice, limit int) {
+	n, finish := p.outputLen(limit)
+	c.ids = genTextIDs(c.ids, c.seed, n)
+	c.finish = finish
+}
+
+// appendArgValue appends a deterministic JSON value conforming to the JSON schema.
+func appendArgValue(dst []byte, schema gjson.Result, r *rng, depth int) []byte {
+	if enum := schema.Get("enum"); enum.IsArray() {
+		vals := enum.Array()
+		if len(vals) > 0 {
+			return appendCompactJSON(dst, vals[r.next()%uint64(len(vals))].Raw)
+		}
+	}
+	typ := schema.Get("type")
+	if typ.IsArray() { // ["string","null"]: take the first
+		typ = typ.Get("0")
+	}
+	switch typ.Str {
+	case "integer":
+		return strconv.AppendUint(dst, r.next()%100, 10)
+	case "number":
+		return appendFloat(dst, float64(r.next()%1000)/10)
+	case "boolean":
+		return strconv.AppendBool(dst, r.next()%2 == 0)
+	case "null":
+		return append(dst, "null"...)
+	case "array":
+		if depth > 3 {
+			return append(dst, "[]"...)
+		}
+		dst = append(dst, '[')
+		dst = appendArgValue(dst, schema.Get("items"), r, depth+1)
+		return append(dst, ']')
+	case "object":
+		if depth > 3 {
+			return append(dst, "{}"...)
+		}
+		return appendToolArgs(dst, schema, r, depth+1)
+	}
+	w := genWords[r.next()%uint64(len(genWords))]
+	return appendJSONString(dst, vocab[w][1:])
+}
+
+// appendToolArgs appends a JSON object with a value for every property of schema, in order.
+func appendToolArgs(dst []byte, schema gjson.Result, r *rng, depth int) []byte {
+	dst = append(dst, '{')
+	first := true
+	schema.Get("properties").ForEach(func(k, v gjson.Result) bool {
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = appendJSONString(dst, k.String())
+		dst = append(dst, ':')
+		dst = appendArgValue(dst, v, r, depth)
+		return true
+	})
+	return append(dst, '}')
+}
