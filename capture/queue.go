@@ -1,0 +1,278 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/metrics"
+)
+
+// Pending is the raw material of one call, handed over by the gateway's hot
+// path once the response is complete. Everything in it is owned by the
+// pipeline after TryPush succeeds; get one with AcquirePending.
+type Pending struct {
+	// Meta carries the call's columns that do not depend on the choice:
+	// attribution, sequence id, timings, endpoint, model, backend, status, error.
+	Meta export.Call
+	// Endpoint tells the assembler how to read the response.
+	Endpoint Endpoint
+	// Request is the request body as the client sent it.
+	Request []byte
+	// Body is the upstream response body of a non-streamed call (before any
+	// stripping), or the error body the gateway returned itself.
+	Body []byte
+	// NoBodies leaves request_body and response_body empty in the rows
+	// (embeddings are captured without bodies by default).
+	NoBodies bool
+
+	events    []byte // data payloads of a streamed response, concatenated
+	eventEnds []int  // end offset of each payload in events
+}
+
+var pendingPool = sync.Pool{New: func() any { return new(Pending) }}
+
+// AcquirePending returns an empty Pending from a pool.
+func AcquirePending() *Pending { return pendingPool.Get().(*Pending) }
+
+// releasePending resets p and returns it to the pool. Very large buffers are
+// not pooled, so one huge response does not pin memory.
+func releasePending(p *Pending) {
+	const maxPooled = 1 << 20
+	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled {
+		return
+	}
+	p.Meta = export.Call{}
+	p.Endpoint = 0
+	p.NoBodies = false
+	p.Request = p.Request[:0]
+	p.Body = p.Body[:0]
+	p.events = p.events[:0]
+	p.eventEnds = p.eventEnds[:0]
+	pendingPool.Put(p)
+}
+
+// AddEvent records the data payload of one streamed SSE event (copied).
+func (p *Pending) AddEvent(data []byte) {
+	p.events = append(p.events, data...)
+	p.eventEnds = append(p.eventEnds, len(p.events))
+}
+
+// Streamed reports whether events were recorded.
+func (p *Pending) Streamed() bool { return len(p.eventEnds) > 0 }
+
+// eachEvent calls f with every recorded payload in order.
+func (p *Pending) eachEvent(f func(data []byte)) {
+	start := 0
+	for _, end := range p.eventEnds {
+		f(p.events[start:end])
+		start = end
+	}
+}
+
+// NamedSink is a sink with the name used in metrics and logs.
+type NamedSink struct {
+	Name string
+	Sink export.Sink
+}
+
+// Config sizes the capture pipeline. Zero values take the documented defaults.
+type Config struct {
+	// QueueSize is how many completed calls may wait for assembly (default 8192).
+	// When full, TryPush returns false and the call is counted as dropped.
+	QueueSize int
+	// Workers assemble calls into rows (default 2).
+	Workers int
+	// BatchSize is the number of rows that triggers a write (default 1000).
+	BatchSize int
+	// FlushInterval is the longest a row waits before being written (default 200ms).
+	FlushInterval time.Duration
+	// Retries is how many times a failed batch write is retried, with
+	// exponential backoff from 100ms, before its rows are dropped and counted (default 5).
+	Retries int
+}
+
+func (c *Config) setDefaults() {
+	if c.QueueSize <= 0 {
+		c.QueueSize = 8192
+	}
+	if c.Workers <= 0 {
+		c.Workers = 2
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 1000
+	}
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = 200 * time.Millisecond
+	}
+	if c.Retries <= 0 {
+		c.Retries = 5
+	}
+}
+
+// Pipeline moves completed calls off the hot path: a bounded queue, workers
+// that assemble rows, and a batcher that writes them to every sink.
+type Pipeline struct {
+	cfg   Config
+	sinks []NamedSink
+	m     *metrics.Metrics
+	log   *slog.Logger
+
+	queue chan *Pending
+	rows  chan export.Call
+	wg    sync.WaitGroup // workers
+	done  chan struct{}  // batcher finished
+
+	mu     sync.RWMutex
+	closed bool
+}
+
+// NewPipeline starts the workers and the batcher.
+func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Logger) *Pipeline {
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Pipeline{
+		cfg:   cfg,
+		sinks: sinks,
+		m:     m,
+		log:   log,
+		queue: make(chan *Pending, cfg.QueueSize),
+		rows:  make(chan export.Call, cfg.BatchSize),
+		done:  make(chan struct{}),
+	}
+	m.CaptureQueueCapacity.Set(float64(cfg.QueueSize))
+	for range cfg.Workers {
+		p.wg.Add(1)
+		go p.work()
+	}
+	go p.batch()
+	return p
+}
+
+// TryPush hands a completed call to the pipeline without blocking. It returns
+// false, counts the drop and logs it when the queue is full or closed; the
+// caller keeps ownership of c in that case.
+func (p *Pipeline) TryPush(c *Pending) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if !p.closed {
+		select {
+		case p.queue <- c:
+			p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
+			return true
+		default:
+		}
+	}
+	p.m.CaptureDropped.Inc()
+	p.log.Warn("capture queue full: call not captured (raise --capture-queue or add export capacity)",
+		"rollout_id", c.Meta.RolloutID, "sequence_id", c.Meta.SequenceID, "span_id", c.Meta.SpanID,
+		"queue_size", p.cfg.QueueSize)
+	return false
+}
+
+// Close stops accepting calls, assembles and writes everything queued, and
+// returns once the sinks have it or ctx ends.
+func (p *Pipeline) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.queue)
+	p.mu.Unlock()
+	go func() { p.wg.Wait(); close(p.rows) }()
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("capture: flushing on close: %w", ctx.Err())
+	}
+}
+
+func (p *Pipeline) work() {
+	defer p.wg.Done()
+	var a Assembler
+	for c := range p.queue {
+		p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
+		rows := Rows(c, &a)
+		if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
+			p.m.Tokens.WithLabelValues(rows[0].Model, "prompt").Add(float64(rows[0].PromptTokens))
+			p.m.Tokens.WithLabelValues(rows[0].Model, "completion").Add(float64(rows[0].CompletionTokens))
+		}
+		for _, row := range rows {
+			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
+			p.m.CapturedRows.Inc()
+			p.rows <- row
+		}
+		releasePending(c)
+	}
+}
+
+func (p *Pipeline) batch() {
+	defer close(p.done)
+	t := time.NewTicker(p.cfg.FlushInterval)
+	defer t.Stop()
+	b := &export.Batch{Calls: make([]export.Call, 0, p.cfg.BatchSize)}
+	flush := func() {
+		if len(b.Calls) == 0 {
+			return
+		}
+		p.write(b)
+		b.Calls = b.Calls[:0]
+	}
+	for {
+		select {
+		case row, ok := <-p.rows:
+			if !ok {
+				flush()
+				return
+			}
+			b.Calls = append(b.Calls, row)
+			if len(b.Calls) >= p.cfg.BatchSize {
+				flush()
+			}
+		case <-t.C:
+			flush()
+		}
+	}
+}
+
+// write stores b in every sink, retrying with backoff; rows a sink never
+// accepts are counted as dropped and logged.
+func (p *Pipeline) write(b *export.Batch) {
+	for _, s := range p.sinks {
+		var err error
+		backoff := 100 * time.Millisecond
+		for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
+			if attempt > 0 {
+				time.Sleep(backoff)
+				backoff *= 2
+			}
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err = s.Sink.Write(ctx, b)
+			cancel()
+			p.m.ExportDuration.WithLabelValues(s.Name).Observe(time.Since(start).Seconds())
+			if err == nil {
+				p.m.ExportBatches.WithLabelValues(s.Name, "ok").Inc()
+				p.m.ExportRows.WithLabelValues(s.Name, "llm_calls").Add(float64(len(b.Calls)))
+				break
+			}
+			p.m.ExportBatches.WithLabelValues(s.Name, "error").Inc()
+			p.m.ExportErrors.WithLabelValues(s.Name).Inc()
+			p.log.Warn("export: batch write failed", "sink", s.Name, "rows", b.Len(), "attempt", attempt+1, "err", err)
+		}
+		if err != nil {
+			p.m.ExportDropped.WithLabelValues(s.Name).Add(float64(b.Len()))
+			p.log.Error("export: rows dropped after retries (durable spool not configured)", "sink", s.Name,
+				"rows", b.Len(), "err", errors.Unwrap(err))
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package capture
+
+import (
+	"slices"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/tokenize"
+)
+
+// Rows assembles a completed call into llm_calls rows, one per choice (one
+// row with choice_index 0 when the response has no choices, e.g. an error or
+// an embedding). Token ids are checked against usage and the verdict is
+// recorded in token_source and token_check. a is reused scratch space.
+func Rows(p *Pending, a *Assembler) []export.Call {
+	a.Reset(p.Endpoint)
+	if p.Streamed() {
+		p.eachEvent(a.AddChunk)
+	} else if len(p.Body) > 0 {
+		a.SetBody(p.Body)
+	}
+	res := a.Result()
+
+	base := p.Meta
+	if !p.NoBodies {
+		base.RequestBody = string(p.Request)
+		if p.Streamed() {
+			base.ResponseBody = string(res.ResponseBody)
+		} else {
+			base.ResponseBody = string(p.Body)
+		}
+	}
+	if base.Error == "" && res.Error != "" {
+		base.Error = res.Error
+	}
+	if res.Usage.Present {
+		base.PromptTokens = res.Usage.PromptTokens
+		base.CompletionTokens = res.Usage.CompletionTokens
+	}
+
+	tc := tokenize.Call{
+		PromptTokenIDs:   res.PromptTokenIDs,
+		PromptTokens:     res.Usage.PromptTokens,
+		CompletionTokens: res.Usage.CompletionTokens,
+		HasUsage:         res.Usage.Present,
+		Endpoint:         base.Endpoint,
+		N:                requestN(p.Request),
+	}
+	for i := range res.Choices {
+		ch := &res.Choices[i]
+		lp := -1
+		if len(ch.Logprobs) > 0 {
+			lp = len(ch.Logprobs)
+		}
+		tc.Choices = append(tc.Choices, tokenize.Choice{
+			PromptTokenIDs: ch.PromptTokenIDs, TokenIDs: ch.TokenIDs,
+			HasTokenIDs: ch.HasTokenIDs, Logprobs: lp,
+		})
+	}
+	verdict := tokenize.Verify(&tc)
+	base.TokenSource = verdict.Source
+	base.TokenCheck = verdict.Check()
+
+	if len(res.Choices) == 0 {
+		base.PromptTokenIDs = slices.Clone(res.PromptTokenIDs)
+		return []export.Call{base}
+	}
+	rows := make([]export.Call, len(res.Choices))
+	for i := range res.Choices {
+		ch := &res.Choices[i]
+		r := base
+		r.ChoiceIndex = ch.Index
+		r.ResponseMessage = string(ch.Message)
+		if len(ch.PromptTokenIDs) > 0 {
+			r.PromptTokenIDs = slices.Clone(ch.PromptTokenIDs)
+		} else {
+			r.PromptTokenIDs = slices.Clone(res.PromptTokenIDs)
+		}
+		r.ResponseTokenIDs = slices.Clone(ch.TokenIDs)
+		r.ResponseLogprobs = slices.Clone(ch.Logprobs)
+		r.FinishReason = ch.FinishReason
+		rows[i] = r
+	}
+	return rows
+}
+
+// requestN is the request's "n" (1 when absent or invalid).
+func requestN(req []byte) int {
+	n := gjson.GetBytes(req, "n")
+	if n.Type != gjson.Number || n.Int() < 1 {
+		return 1
+	}
+	return int(n.Int())
+}

@@ -1,0 +1,379 @@
+package rewrite
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+)
+
+// Options tune what Rewrite injects. The zero value injects only what token
+// capture needs (token ids and usage).
+type Options struct {
+	// Logprobs injects logprobs when the client did not ask for them (chat:
+	// "logprobs":true; completions: "logprobs":0, the sampled token only).
+	// Off by default: logprobs cost engine time and response bytes.
+	Logprobs bool
+}
+
+// Injected records which fields Rewrite added to a request; the same fields
+// must be stripped from the client's copy of the response. A field the client
+// set itself is never listed.
+type Injected uint8
+
+// Injected flags.
+const (
+	// ReturnTokenIDs: "return_token_ids":true was added.
+	ReturnTokenIDs Injected = 1 << iota
+	// IncludeUsage: stream_options.include_usage:true was added.
+	IncludeUsage
+	// Logprobs: logprobs were requested.
+	Logprobs
+)
+
+// String lists the flags, for logs ("return_token_ids|include_usage").
+func (f Injected) String() string {
+	if f == 0 {
+		return "none"
+	}
+	var b []byte
+	add := func(s string) {
+		if len(b) > 0 {
+			b = append(b, '|')
+		}
+		b = append(b, s...)
+	}
+	if f&ReturnTokenIDs != 0 {
+		add("return_token_ids")
+	}
+	if f&IncludeUsage != 0 {
+		add("include_usage")
+	}
+	if f&Logprobs != 0 {
+		add("logprobs")
+	}
+	return string(b)
+}
+
+// Request is what Rewrite read from the client's body.
+type Request struct {
+	// Model is the "model" string. It aliases the input body unless the JSON
+	// string contained escapes (then it is a fresh copy); nil when absent or null.
+	Model []byte
+	// Stream is the "stream" flag (false when absent or null).
+	Stream bool
+	// N is "n" (1 when absent or null).
+	N int
+	// ReturnTokenIDs is true when the client itself sent "return_token_ids":true.
+	ReturnTokenIDs bool
+	// Logprobs is true when the client itself asked for logprobs (chat:
+	// "logprobs":true; completions: a number).
+	Logprobs bool
+	// IncludeUsage is true when the client itself sent
+	// "stream_options":{"include_usage":true}.
+	IncludeUsage bool
+}
+
+// ErrInvalidBody is wrapped by every RequestError: errors.Is(err,
+// ErrInvalidBody) means the gateway should answer HTTP 400.
+var ErrInvalidBody = errors.New("invalid request body")
+
+// RequestError is a request body the gateway refuses (HTTP 400): not JSON,
+// not an object, or a field of the wrong type.
+type RequestError struct {
+	Field  string // the offending top-level field, "" for the body as a whole
+	Reason string
+}
+
+// Error renders the message sent back to the client.
+func (e *RequestError) Error() string {
+	if e.Field == "" {
+		return "invalid request body: " + e.Reason
+	}
+	return fmt.Sprintf("invalid request body: field %q %s", e.Field, e.Reason)
+}
+
+// Unwrap returns ErrInvalidBody.
+func (e *RequestError) Unwrap() error { return ErrInvalidBody }
+
+// maxN bounds "n": larger values are refused rather than parsed.
+const maxN = 1 << 20
+
+// edit replaces body[start:end] with text.
+type edit struct {
+	start, end int
+	text       string
+}
+
+// span is the position of a top-level member's value; ok when present.
+type span struct {
+	start, end int
+	ok         bool
+}
+
+func (s span) null(b []byte) bool { return !s.ok || isNull(b[s.start:s.end]) }
+
+// Texts of the injected members; the first appended member of an empty
+// object goes without the leading comma.
+const (
+	textIDs          = `,"return_token_ids":true`
+	textUsage        = `,"stream_options":{"include_usage":true}`
+	textUsageObj     = `{"include_usage":true}`
+	textIncludeUsage = `,"include_usage":true`
+	textLogprobsChat = `,"logprobs":true`
+	textLogprobsCmpl = `,"logprobs":0`
+)
+
+// Rewrite validates a client's request body, reads the fields the gateway
+// needs (info) and appends to dst the body to send upstream, with the fields
+// listed in inj injected.
+//
+// For Chat and Completions towards vLLM or SGLang it adds
+// "return_token_ids":true (not for SGLang streaming chat, which rejects it),
+// for streams "stream_options":{"include_usage":true} (merged into an existing
+// stream_options object), and with opt.Logprobs the logprobs of the sampled
+// tokens. A field the client set to a non-null value is left as is; a null
+// value is replaced. Nothing is ever injected towards KindOpenAI, nor for
+// other endpoints. The rest of the body is copied byte for byte.
+//
+// An invalid body, a body that is not a JSON object, or a "model", "stream"
+// or "n" of the wrong type yields a *RequestError (errors.Is ErrInvalidBody);
+// out is then dst unchanged.
+func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out []byte, info Request, inj Injected, err error) {
+	info.N = 1
+	if !gjson.ValidBytes(body) {
+		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
+	}
+	open := skipWS(body, 0)
+	if open >= len(body) || body[open] != '{' {
+		return dst, info, 0, &RequestError{Reason: "must be a JSON object"}
+	}
+
+	var model, stream, n, ids, so, lp, tlp span
+	lastEnd := open + 1 // where members are appended
+	hasMembers := false
+	it := newObjIter(body, open)
+	var m member
+	for it.next(&m) {
+		hasMembers = true
+		lastEnd = m.valEnd
+		s := span{start: m.valStart, end: m.valEnd, ok: true}
+		// Later duplicates win, as in the engines' JSON decoders.
+		switch string(m.key(body)) {
+		case "model":
+			model = s
+		case "stream":
+			stream = s
+		case "n":
+			n = s
+		case "return_token_ids":
+			ids = s
+		case "stream_options":
+			so = s
+		case "logprobs":
+			lp = s
+		case "top_logprobs":
+			tlp = s
+		}
+	}
+	if it.bad { // cannot happen after ValidBytes; keep the scanner honest
+		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
+	}
+
+	if !model.null(body) {
+		v := body[model.start:model.end]
+		if v[0] != '"' {
+			return dst, info, 0, &RequestError{Field: "model", Reason: "must be a string, got " + jsonType(v)}
+		}
+		raw := v[1 : len(v)-1]
+		if bytes.IndexByte(raw, '\\') < 0 {
+			info.Model = raw
+		} else {
+			info.Model = []byte(gjson.ParseBytes(v).String())
+		}
+	}
+	if !stream.null(body) {
+		switch v := body[stream.start:stream.end]; string(v) {
+		case "true":
+			info.Stream = true
+		case "false":
+		default:
+			return dst, info, 0, &RequestError{Field: "stream", Reason: "must be a boolean, got " + jsonType(v)}
+		}
+	}
+	if !n.null(body) {
+		v, err := parseN(body[n.start:n.end])
+		if err != nil {
+			return dst, info, 0, err
+		}
+		info.N = v
+	}
+	info.ReturnTokenIDs = ids.ok && string(body[ids.start:ids.end]) == "true"
+	if !lp.null(body) {
+		v := body[lp.start:lp.end]
+		if endpoint == Completions {
+			info.Logprobs = v[0] == '-' || (v[0] >= '0' && v[0] <= '9')
+		} else {
+			info.Logprobs = string(v) == "true"
+		}
+	}
+
+	// stream_options: find include_usage / continuous_usage_stats inside.
+	var usage, contUsage span
+	soEnd := 0
+	soMembers := false
+	soObject := so.ok && body[so.start] == '{'
+	if soObject {
+		sit := newObjIter(body, so.start)
+		soEnd = so.start + 1
+		for sit.next(&m) {
+			soMembers = true
+			soEnd = m.valEnd
+			s := span{start: m.valStart, end: m.valEnd, ok: true}
+			switch string(m.key(body)) {
+			case "include_usage":
+				usage = s
+			case "continuous_usage_stats":
+				contUsage = s
+			}
+		}
+		info.IncludeUsage = usage.ok && string(body[usage.start:usage.end]) == "true"
+	}
+
+	if kind == KindOpenAI || (endpoint != Chat && endpoint != Completions) {
+		return append(dst, body...), info, 0, nil
+	}
+
+	var edits [4]edit
+	ne := 0
+	comma := hasMembers
+	appendMember := func(text string) {
+		if !comma {
+			text = text[1:]
+		}
+		comma = true
+		edits[ne] = edit{lastEnd, lastEnd, text}
+		ne++
+	}
+	replace := func(s span, text string) {
+		edits[ne] = edit{s.start, s.end, text}
+		ne++
+	}
+
+	if (kind == KindVLLM || kind == KindSGLang) && ids.null(body) &&
+		!(kind == KindSGLang && endpoint == Chat && info.Stream) {
+		inj |= ReturnTokenIDs
+		if ids.ok {
+			replace(ids, "true")
+		} else {
+			appendMember(textIDs)
+		}
+	}
+
+	// include_usage: only on streams; not when the client set it, nor when
+	// stream_options is not an object (the engine refuses it anyway), nor with
+	// continuous_usage_stats (injecting would add usage to every chunk).
+	continuous := soObject && !contUsage.null(body) && string(body[contUsage.start:contUsage.end]) != "false"
+	if info.Stream && usage.null(body) && (so.null(body) || soObject) && !continuous {
+		inj |= IncludeUsage
+		switch {
+		case !so.ok:
+			appendMember(textUsage)
+		case !soObject: // null
+			replace(so, textUsageObj)
+		case usage.ok: // null
+			replace(usage, "true")
+		default:
+			t := textIncludeUsage
+			if !soMembers {
+				t = t[1:]
+			}
+			edits[ne] = edit{soEnd, soEnd, t}
+			ne++
+		}
+	}
+
+	// logprobs: chat refuses top_logprobs without logprobs:true; injecting
+	// would turn that error into a success, so leave such requests alone.
+	if opt.Logprobs && lp.null(body) && (endpoint != Chat || tlp.null(body)) {
+		inj |= Logprobs
+		text, val := textLogprobsChat, "true"
+		if endpoint == Completions {
+			text, val = textLogprobsCmpl, "0"
+		}
+		if lp.ok {
+			replace(lp, val)
+		} else {
+			appendMember(text)
+		}
+	}
+
+	// Stable insertion sort by position: appended members share lastEnd and
+	// keep their order.
+	for i := 1; i < ne; i++ {
+		for j := i; j > 0 && edits[j].start < edits[j-1].start; j-- {
+			edits[j], edits[j-1] = edits[j-1], edits[j]
+		}
+	}
+	out = dst
+	prev := 0
+	for _, e := range edits[:ne] {
+		out = append(out, body[prev:e.start]...)
+		out = append(out, e.text...)
+		prev = e.end
+	}
+	out = append(out, body[prev:]...)
+	return out, info, inj, nil
+}
+
+// parseN parses "n": an integer (2.0 is accepted, as the engines' validators
+// do) between 1 and maxN.
+func parseN(v []byte) (int, error) {
+	if c := v[0]; c != '-' && (c < '0' || c > '9') {
+		return 0, &RequestError{Field: "n", Reason: "must be an integer, got " + jsonType(v)}
+	}
+	x := 0
+	digits := true
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			digits = false
+			break
+		}
+		if x = x*10 + int(c-'0'); x > maxN {
+			return 0, &RequestError{Field: "n", Reason: fmt.Sprintf("must be at most %d, got %s", maxN, v)}
+		}
+	}
+	if !digits {
+		f, err := strconv.ParseFloat(string(v), 64)
+		if err == nil && f > maxN {
+			return 0, &RequestError{Field: "n", Reason: fmt.Sprintf("must be at most %d, got %s", maxN, v)}
+		}
+		if err != nil || f < -maxN || f != float64(int64(f)) {
+			return 0, &RequestError{Field: "n", Reason: "must be an integer, got " + string(v)}
+		}
+		x = int(f)
+	}
+	if x < 1 {
+		return 0, &RequestError{Field: "n", Reason: "must be at least 1, got " + string(v)}
+	}
+	return x, nil
+}
+
+// jsonType names the JSON type of a raw value, for error messages.
+func jsonType(v []byte) string {
+	switch v[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}

@@ -1,0 +1,315 @@
+package rewrite
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+func TestParseKind(t *testing.T) {
+	f := func(s string, want Kind) {
+		t.Helper()
+		k, err := ParseKind(s)
+		if err != nil {
+			t.Fatalf("ParseKind(%q): %v", s, err)
+		}
+		if k != want || k.String() != strings.ToLower(strings.TrimSpace(s)) {
+			t.Fatalf("ParseKind(%q) = %v, want %v", s, k, want)
+		}
+	}
+	f("vllm", KindVLLM)
+	f("sglang", KindSGLang)
+	f("openai", KindOpenAI)
+	f("VLLM", KindVLLM)
+	if _, err := ParseKind("llamacpp"); err == nil || !strings.Contains(err.Error(), "llamacpp") {
+		t.Fatalf("ParseKind(llamacpp) error = %v", err)
+	}
+}
+
+func TestEndpointOf(t *testing.T) {
+	f := func(path string, want Endpoint) {
+		t.Helper()
+		if got := EndpointOf(path); got != want {
+			t.Fatalf("EndpointOf(%q) = %v, want %v", path, got, want)
+		}
+	}
+	f("/v1/chat/completions", Chat)
+	f("/rollout/r/attempt/a/v1/chat/completions", Chat)
+	f("/v1/completions", Completions)
+	f("/v1/responses", Responses)
+	f("/v1/embeddings", Embeddings)
+	f("/v1/models", Other)
+}
+
+func TestRewrite(t *testing.T) {
+	f := func(body string, ep Endpoint, kind Kind, opt Options, want string, wantInj Injected) {
+		t.Helper()
+		prefix := []byte("PREFIX")
+		out, _, inj, err := Rewrite(prefix, []byte(body), ep, kind, opt)
+		if err != nil {
+			t.Fatalf("Rewrite(%s): %v", body, err)
+		}
+		if !strings.HasPrefix(string(out), "PREFIX") {
+			t.Fatalf("Rewrite(%s) did not append to dst: %q", body, out)
+		}
+		got := string(out[len("PREFIX"):])
+		if got != want {
+			t.Fatalf("Rewrite(%s)\n got %s\nwant %s", body, got, want)
+		}
+		if inj != wantInj {
+			t.Fatalf("Rewrite(%s) injected %v, want %v", body, inj, wantInj)
+		}
+		if !gjson.Valid(got) {
+			t.Fatalf("Rewrite(%s) produced invalid JSON %s", body, got)
+		}
+	}
+	none := Options{}
+	lp := Options{Logprobs: true}
+
+	// vLLM: ids always, usage on streams.
+	f(`{"model":"m","messages":[]}`, Chat, KindVLLM, none,
+		`{"model":"m","messages":[],"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","stream":true}`, Chat, KindVLLM, none,
+		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
+	f(`{"model":"m","prompt":"x","stream":true}`, Completions, KindVLLM, none,
+		`{"model":"m","prompt":"x","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
+	// SGLang: no ids on streaming chat (400 there), ids elsewhere.
+	f(`{"model":"m","stream":true}`, Chat, KindSGLang, none,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, IncludeUsage)
+	f(`{"model":"m"}`, Chat, KindSGLang, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","stream":true}`, Completions, KindSGLang, none,
+		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
+	// OpenAI upstream and other endpoints: never touched.
+	f(`{"model":"m","stream":true}`, Chat, KindOpenAI, lp, `{"model":"m","stream":true}`, 0)
+	f(`{"model":"m","input":"x","stream":true}`, Responses, KindVLLM, lp, `{"model":"m","input":"x","stream":true}`, 0)
+	f(`{"model":"m","input":"x"}`, Embeddings, KindVLLM, lp, `{"model":"m","input":"x"}`, 0)
+	f(`{"model":"m"}`, Other, KindVLLM, lp, `{"model":"m"}`, 0)
+	// Client set the field itself: untouched (even to false).
+	f(`{"model":"m","return_token_ids":true}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":true}`, 0)
+	f(`{"model":"m","return_token_ids":false}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":false}`, 0)
+	f(`{"model":"m","return_token_ids":null}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
+	// stream_options: merge, respect, replace null.
+	f(`{"stream":true,"stream_options":{},"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, IncludeUsage)
+	f(`{"stream":true,"stream_options":{ },"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"include_usage":true },"return_token_ids":true}`, IncludeUsage)
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":false},"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"continuous_usage_stats":false,"include_usage":true},"return_token_ids":true}`, IncludeUsage)
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":true},"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"continuous_usage_stats":true},"return_token_ids":true}`, 0)
+	f(`{"stream":true,"stream_options":{"include_usage":false},"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"include_usage":false},"return_token_ids":true}`, 0)
+	f(`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, 0)
+	f(`{"stream":true,"stream_options":{"include_usage":null},"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, IncludeUsage)
+	f(`{"stream":true,"stream_options":null,"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, IncludeUsage)
+	f(`{"stream":true,"stream_options":"x","return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":true,"stream_options":"x","return_token_ids":true}`, 0)
+	// Not a stream: no stream_options, even when stream is null or false.
+	f(`{"stream":false,"return_token_ids":true}`, Chat, KindVLLM, none, `{"stream":false,"return_token_ids":true}`, 0)
+	f(`{"stream":null,"return_token_ids":true}`, Chat, KindVLLM, none, `{"stream":null,"return_token_ids":true}`, 0)
+	// Duplicate keys: the last one wins, as in the engines' decoders.
+	f(`{"stream":false,"stream":true,"return_token_ids":true}`, Chat, KindVLLM, none,
+		`{"stream":false,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, IncludeUsage)
+	// Whitespace and pretty-printed bodies.
+	f("{\n  \"model\": \"m\",\n  \"stream\": true\n}\n", Chat, KindVLLM, none,
+		"{\n  \"model\": \"m\",\n  \"stream\": true,\"return_token_ids\":true,\"stream_options\":{\"include_usage\":true}\n}\n", ReturnTokenIDs|IncludeUsage)
+	f("  {\"stream\" : true , \"stream_options\" : { \"continuous_usage_stats\" : false } }  ", Chat, KindSGLang, none,
+		"  {\"stream\" : true , \"stream_options\" : { \"continuous_usage_stats\" : false,\"include_usage\":true } }  ", IncludeUsage)
+	f(`{}`, Chat, KindVLLM, none, `{"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{ }`, Chat, KindVLLM, none, `{"return_token_ids":true }`, ReturnTokenIDs)
+	f(`{}`, Chat, KindVLLM, lp, `{"return_token_ids":true,"logprobs":true}`, ReturnTokenIDs|Logprobs)
+	// Logprobs (opt-in).
+	f(`{"model":"m"}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m"}`, Chat, KindVLLM, lp, `{"model":"m","return_token_ids":true,"logprobs":true}`, ReturnTokenIDs|Logprobs)
+	f(`{"model":"m"}`, Completions, KindVLLM, lp, `{"model":"m","return_token_ids":true,"logprobs":0}`, ReturnTokenIDs|Logprobs)
+	f(`{"model":"m","logprobs":null}`, Chat, KindVLLM, lp, `{"model":"m","logprobs":true,"return_token_ids":true}`, ReturnTokenIDs|Logprobs)
+	f(`{"model":"m","logprobs":false}`, Chat, KindVLLM, lp, `{"model":"m","logprobs":false,"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","logprobs":2}`, Completions, KindVLLM, lp, `{"model":"m","logprobs":2,"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","top_logprobs":3}`, Chat, KindVLLM, lp, `{"model":"m","top_logprobs":3,"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","stream":true,"return_token_ids":null,"stream_options":null,"logprobs":null}`, Chat, KindVLLM, lp,
+		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true},"logprobs":true}`, ReturnTokenIDs|IncludeUsage|Logprobs)
+}
+
+func TestRewriteInfo(t *testing.T) {
+	f := func(body string, ep Endpoint, want Request) {
+		t.Helper()
+		_, info, _, err := Rewrite(nil, []byte(body), ep, KindVLLM, Options{})
+		if err != nil {
+			t.Fatalf("Rewrite(%s): %v", body, err)
+		}
+		if string(info.Model) != string(want.Model) || info.Stream != want.Stream || info.N != want.N ||
+			info.ReturnTokenIDs != want.ReturnTokenIDs || info.Logprobs != want.Logprobs || info.IncludeUsage != want.IncludeUsage {
+			t.Fatalf("Rewrite(%s) info = %+v (model %q), want %+v (model %q)", body, info, info.Model, want, want.Model)
+		}
+	}
+	f(`{}`, Chat, Request{N: 1})
+	f(`{"model":"qwen/Qwen3-8B","stream":true,"n":4}`, Chat, Request{Model: []byte("qwen/Qwen3-8B"), Stream: true, N: 4})
+	f(`{"model":"qwen\/Qwen3\u002d8B"}`, Chat, Request{Model: []byte("qwen/Qwen3-8B"), N: 1})
+	f(`{"model":null,"stream":null,"n":null}`, Chat, Request{N: 1})
+	f(`{"n":2.0}`, Chat, Request{N: 2})
+	f(`{"return_token_ids":true,"logprobs":true,"stream":true,"stream_options":{"include_usage":true}}`, Chat,
+		Request{ReturnTokenIDs: true, Logprobs: true, IncludeUsage: true, Stream: true, N: 1})
+	f(`{"logprobs":0}`, Completions, Request{Logprobs: true, N: 1})
+	f(`{"logprobs":false}`, Chat, Request{N: 1})
+}
+
+func TestRewriteModelAliasesBody(t *testing.T) {
+	body := []byte(`{"model":"m1"}`)
+	_, info, _, err := Rewrite(nil, body, Chat, KindVLLM, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body[11] = '2'
+	if string(info.Model) != "m2" {
+		t.Fatalf("Model = %q, want it to alias the body", info.Model)
+	}
+}
+
+func TestRewriteErrors(t *testing.T) {
+	f := func(body, field, msg string) {
+		t.Helper()
+		dst := []byte("keep")
+		out, _, inj, err := Rewrite(dst, []byte(body), Chat, KindVLLM, Options{})
+		if err == nil {
+			t.Fatalf("Rewrite(%q): no error", body)
+		}
+		if !errors.Is(err, ErrInvalidBody) {
+			t.Fatalf("Rewrite(%q): error %v does not wrap ErrInvalidBody", body, err)
+		}
+		var re *RequestError
+		if !errors.As(err, &re) || re.Field != field {
+			t.Fatalf("Rewrite(%q): error %#v, want field %q", body, err, field)
+		}
+		if !strings.Contains(err.Error(), msg) {
+			t.Fatalf("Rewrite(%q): error %q does not contain %q", body, err, msg)
+		}
+		if string(out) != "keep" || inj != 0 {
+			t.Fatalf("Rewrite(%q): out %q inj %v on error", body, out, inj)
+		}
+	}
+	f(``, "", "not valid JSON")
+	f(`{"model":`, "", "not valid JSON")
+	f(`{"model":"m"}}`, "", "not valid JSON")
+	f(`{"a":1,}`, "", "not valid JSON")
+	f(`[{"model":"m"}]`, "", "must be a JSON object")
+	f(`"model"`, "", "must be a JSON object")
+	f(`null`, "", "must be a JSON object")
+	f(`{"model":1}`, "model", `"model" must be a string, got a number`)
+	f(`{"model":["m"]}`, "model", "must be a string, got an array")
+	f(`{"stream":"true"}`, "stream", `"stream" must be a boolean, got a string`)
+	f(`{"stream":1}`, "stream", "must be a boolean, got a number")
+	f(`{"n":"2"}`, "n", `"n" must be an integer, got a string`)
+	f(`{"n":true}`, "n", "must be an integer, got a boolean")
+	f(`{"n":1.5}`, "n", "must be an integer, got 1.5")
+	f(`{"n":0}`, "n", "must be at least 1")
+	f(`{"n":-3}`, "n", "must be at least 1")
+	f(`{"n":99999999999999999999}`, "n", "must be at most")
+	f(`{"n":1e99}`, "n", "must be at most")
+}
+
+func FuzzRewrite(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":false}}`,
+		`{"stream":true,"stream_options":null,"return_token_ids":null,"logprobs":null}`,
+		"{\n\t\"stream\" : true }\n",
+		`{}`, `[]`, `{"n":2.0}`, `{"model":"\u00e9"}`, `{"a":{"b":[1,2,{"c":"}"}]}}`,
+	} {
+		f.Add([]byte(s), uint8(0), uint8(0), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, ep, kind uint8, logprobs bool) {
+		endpoint := Endpoint(ep % 5)
+		k := Kind(kind % 3)
+		out, info, inj, err := Rewrite(nil, body, endpoint, k, Options{Logprobs: logprobs})
+		if err != nil {
+			if !errors.Is(err, ErrInvalidBody) {
+				t.Fatalf("error %v does not wrap ErrInvalidBody", err)
+			}
+			return
+		}
+		if !gjson.ValidBytes(out) {
+			t.Fatalf("Rewrite(%q) = %q: invalid JSON", body, out)
+		}
+		if info.N < 1 {
+			t.Fatalf("N = %d", info.N)
+		}
+		if inj == 0 && string(out) != string(body) {
+			t.Fatalf("nothing injected but body changed: %q -> %q", body, out)
+		}
+		if inj != 0 && (k == KindOpenAI || (endpoint != Chat && endpoint != Completions)) {
+			t.Fatalf("injected %v towards %v %v", inj, k, endpoint)
+		}
+		// Injected fields carry the injected value, as the engine will read it
+		// (last duplicate wins: check the last occurrence).
+		last := func(key string) string {
+			v := ""
+			gjson.ParseBytes(out).ForEach(func(k, val gjson.Result) bool {
+				if k.String() == key {
+					v = val.Raw
+				}
+				return true
+			})
+			return v
+		}
+		if inj&ReturnTokenIDs != 0 && last("return_token_ids") != "true" {
+			t.Fatalf("return_token_ids not true in %s", out)
+		}
+		if inj&IncludeUsage != 0 {
+			so := gjson.Parse(last("stream_options"))
+			v := ""
+			so.ForEach(func(k, val gjson.Result) bool {
+				if k.String() == "include_usage" {
+					v = val.Raw
+				}
+				return true
+			})
+			if v != "true" {
+				t.Fatalf("include_usage not true in %s", out)
+			}
+		}
+		if inj&Logprobs != 0 {
+			if v := last("logprobs"); v != "true" && v != "0" {
+				t.Fatalf("logprobs = %q in %s", v, out)
+			}
+		}
+	})
+}
+
+// chatBody2K is a realistic ~2 KB agent request: system prompt, a few turns,
+// one tool.
+var chatBody2K = []byte(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"system","content":"You are a careful software engineering agent. You can read files, run shell commands and edit code. Think step by step, keep answers short, and always call a tool when you need information you do not have. Never invent file contents."},{"role":"user","content":"The test TestParseConfig fails with 'unexpected end of JSON input'. Find the cause and fix it."},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"run","arguments":"{\"cmd\":\"go test ./config -run TestParseConfig\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"--- FAIL: TestParseConfig (0.00s)\n    config_test.go:41: unexpected end of JSON input\nFAIL\nexit status 1\nFAIL\tgithub.com/example/app/config\t0.012s"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_2","type":"function","function":{"name":"run","arguments":"{\"cmd\":\"sed -n 30,50p config/config_test.go\"}"}}]},{"role":"tool","tool_call_id":"call_2","content":"func TestParseConfig(t *testing.T) {\n\tdata, err := os.ReadFile(\"testdata/config.json\")\n\tif err != nil {\n\t\tt.Fatal(err)\n\t}\n\tvar c Config\n\tif err := json.Unmarshal(data[:len(data)-1], &c); err != nil {\n\t\tt.Fatal(err)\n\t}\n}"}],"tools":[{"type":"function","function":{"name":"run","description":"Run a shell command in the repository and return its combined output.","parameters":{"type":"object","properties":{"cmd":{"type":"string","description":"the command line"}},"required":["cmd"]}}}],"tool_choice":"auto","temperature":1.0,"top_p":1.0,"max_tokens":2048,"stream":true}`)
+
+func BenchmarkRewrite(b *testing.B) {
+	dst := make([]byte, 0, len(chatBody2K)+256)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chatBody2K)))
+	for b.Loop() {
+		out, _, _, err := Rewrite(dst[:0], chatBody2K, Chat, KindVLLM, Options{})
+		if err != nil || len(out) == 0 {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestRewriteAllocs(t *testing.T) {
+	dst := make([]byte, 0, len(chatBody2K)+256)
+	var inj Injected
+	allocs := testing.AllocsPerRun(100, func() {
+		var err error
+		_, _, inj, err = Rewrite(dst[:0], chatBody2K, Chat, KindVLLM, Options{Logprobs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	if inj != ReturnTokenIDs|IncludeUsage|Logprobs {
+		t.Fatalf("injected %v", inj)
+	}
+	if allocs != 0 {
+		t.Fatalf("Rewrite allocates %v times per call, want 0", allocs)
+	}
+}

@@ -1,0 +1,231 @@
+package rewrite
+
+// Stripping restores what the engine would have sent had the gateway not
+// injected anything (see notes/wire.md, vLLM >= 0.10.2):
+//   - non-streaming bodies and completions stream chunks: injected keys are set
+//     to null (prompt_token_ids, choices[].token_ids, choices[].prompt_token_ids,
+//     choices[].logprobs), because the engine serialises every field;
+//   - chat stream chunks: prompt_token_ids and choices[].token_ids (and
+//     choices[].prompt_token_ids) are deleted, because the engine omits unset
+//     keys there; choices[].logprobs is set to null;
+//   - with include_usage injected, the final usage chunk ("choices":[] and a
+//     non-null "usage") is dropped;
+//   - with return_token_ids injected, a chat chunk whose every choice has an
+//     empty delta and no finish_reason is dropped: vLLM sends such chunks only
+//     to carry token ids a tool/reasoning parser swallowed.
+// A stream event whose body is a non-streaming object ("object":
+// "chat.completion", as vLLM sends for some completions) follows the
+// non-streaming rule. Everything else is copied byte for byte.
+
+// StripBody removes the injected fields from a non-streaming JSON response.
+// When nothing changes (nothing injected, another endpoint, an input it cannot
+// walk, or no injected field present) it returns body itself; otherwise it
+// returns dst with the stripped body appended.
+func StripBody(dst, body []byte, endpoint Endpoint, inj Injected) []byte {
+	if inj&(ReturnTokenIDs|Logprobs) == 0 || (endpoint != Chat && endpoint != Completions) {
+		return body
+	}
+	out, _ := strip(dst, body, endpoint, inj, false)
+	return out
+}
+
+// StripEvent removes the injected fields from the data payload of one SSE
+// event (without the "data: " prefix and the blank line). drop reports that
+// the whole event must not reach the client. When nothing changes it returns
+// data itself; otherwise dst with the stripped payload appended. Non-JSON
+// payloads such as [DONE] and error events are returned unchanged.
+func StripEvent(dst, data []byte, endpoint Endpoint, inj Injected) (out []byte, drop bool) {
+	if inj == 0 || (endpoint != Chat && endpoint != Completions) {
+		return data, false
+	}
+	return strip(dst, data, endpoint, inj, true)
+}
+
+// writer splices edits into a copy of src appended to dst.
+type writer struct {
+	src, dst []byte
+	copied   int // src[:copied] is done
+	changed  bool
+	bad      bool
+}
+
+func (w *writer) replace(start, end int, text string) {
+	if start < w.copied || end < start || end > len(w.src) {
+		w.bad = true // edits out of order: never expected, never panic
+		return
+	}
+	w.dst = append(w.dst, w.src[w.copied:start]...)
+	w.dst = append(w.dst, text...)
+	w.copied = end
+	w.changed = true
+}
+
+// objEd tracks deletions inside one object so that commas stay right: a
+// deleted member takes its preceding comma with it, or, when no member before
+// it is kept, the comma that follows it.
+type objEd struct {
+	pending int // key start of a run of deleted leading members, or -1
+	kept    bool
+	prevEnd int // end of the previous member's value
+}
+
+func newObjEd() objEd { return objEd{pending: -1} }
+
+func (o *objEd) keep(w *writer, m *member) {
+	if o.pending >= 0 {
+		w.replace(o.pending, m.keyStart, "")
+		o.pending = -1
+	}
+	o.kept = true
+	o.prevEnd = m.valEnd
+}
+
+func (o *objEd) setNull(w *writer, m *member) {
+	o.keep(w, m)
+	if !isNull(m.val(w.src)) {
+		w.replace(m.valStart, m.valEnd, "null")
+	}
+}
+
+func (o *objEd) del(w *writer, m *member) {
+	switch {
+	case o.kept:
+		w.replace(o.prevEnd, m.valEnd, "")
+	case o.pending < 0:
+		o.pending = m.keyStart
+	}
+	o.prevEnd = m.valEnd
+}
+
+func (o *objEd) end(w *writer) {
+	if o.pending >= 0 {
+		w.replace(o.pending, o.prevEnd, "")
+		o.pending = -1
+	}
+}
+
+func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byte, bool) {
+	open := skipWS(data, 0)
+	if open >= len(data) || data[open] != '{' {
+		return data, false
+	}
+	w := writer{src: data, dst: dst}
+	ids := inj&ReturnTokenIDs != 0
+	lps := inj&Logprobs != 0
+	deleteMode := event && endpoint == Chat
+
+	choicesSeen, usageSet := false, false
+	nChoices := 0
+	allFiller := true // every choice has delta {} and no finish_reason
+
+	top := newObjIter(data, open)
+	ed := newObjEd()
+	var m member
+	for top.next(&m) {
+		switch string(m.key(data)) {
+		case "object":
+			if string(m.val(data)) == `"chat.completion"` {
+				deleteMode = false
+			}
+			ed.keep(&w, &m)
+		case "prompt_token_ids":
+			switch {
+			case !ids:
+				ed.keep(&w, &m)
+			case deleteMode:
+				ed.del(&w, &m)
+			default:
+				ed.setNull(&w, &m)
+			}
+		case "usage":
+			usageSet = !isNull(m.val(data))
+			ed.keep(&w, &m)
+		case "choices":
+			ed.keep(&w, &m)
+			if data[m.valStart] != '[' {
+				break
+			}
+			choicesSeen = true
+			arr := newArrIter(data, m.valStart)
+			for {
+				s, _, ok := arr.next()
+				if !ok {
+					break
+				}
+				nChoices++
+				if data[s] != '{' {
+					allFiller = false
+					continue
+				}
+				if !stripChoice(&w, s, ids, lps, deleteMode) {
+					allFiller = false
+				}
+			}
+			if arr.bad {
+				return data, false
+			}
+		default:
+			ed.keep(&w, &m)
+		}
+	}
+	if top.bad {
+		return data, false
+	}
+	ed.end(&w)
+	if w.bad {
+		return data, false
+	}
+	if event && inj&IncludeUsage != 0 && choicesSeen && nChoices == 0 && usageSet {
+		return dst, true
+	}
+	if event && deleteMode && ids && nChoices > 0 && allFiller {
+		return dst, true
+	}
+	if !w.changed {
+		return data, false
+	}
+	return append(w.dst, data[w.copied:]...), false
+}
+
+// stripChoice strips one element of "choices" starting at data[open] == '{'.
+// It reports whether the choice is a filler: delta {} and finish_reason null.
+func stripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool) {
+	data := w.src
+	emptyDelta, finishNull := false, true
+	it := newObjIter(data, open)
+	ed := newObjEd()
+	var m member
+	for it.next(&m) {
+		switch string(m.key(data)) {
+		case "token_ids", "prompt_token_ids":
+			switch {
+			case !ids:
+				ed.keep(w, &m)
+			case deleteMode:
+				ed.del(w, &m)
+			default:
+				ed.setNull(w, &m)
+			}
+		case "logprobs":
+			if lps {
+				ed.setNull(w, &m)
+			} else {
+				ed.keep(w, &m)
+			}
+		case "delta":
+			emptyDelta = isEmptyObject(m.val(data))
+			ed.keep(w, &m)
+		case "finish_reason":
+			finishNull = isNull(m.val(data))
+			ed.keep(w, &m)
+		default:
+			ed.keep(w, &m)
+		}
+	}
+	if it.bad {
+		w.bad = true
+		return false
+	}
+	ed.end(w)
+	return emptyDelta && finishNull
+}

@@ -1,0 +1,117 @@
+// Package metrics holds rollgate's Prometheus collectors, registered on one
+// registry that /metrics exposes. Names follow Prometheus conventions: a
+// rollgate_ prefix, base units (seconds), _total for counters.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics is the set of collectors shared by the gateway, capture and export.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	// Requests counts proxied requests by model, backend, endpoint and status code.
+	Requests *prometheus.CounterVec
+	// RequestDuration is the time from request arrival to the last response byte.
+	RequestDuration *prometheus.HistogramVec
+	// TTFT is the time from request arrival to the first streamed event.
+	TTFT *prometheus.HistogramVec
+	// Tokens counts tokens by model and kind (prompt, completion) as reported in usage.
+	Tokens *prometheus.CounterVec
+	// InFlight is the number of requests being proxied right now.
+	InFlight prometheus.Gauge
+	// BackendInFlight is the number of outstanding requests per backend replica.
+	BackendInFlight *prometheus.GaugeVec
+
+	// CaptureQueueDepth is the number of calls waiting in the capture queue.
+	CaptureQueueDepth prometheus.Gauge
+	// CaptureQueueCapacity is the capture queue's capacity.
+	CaptureQueueCapacity prometheus.Gauge
+	// CaptureDropped counts calls dropped because the capture queue was full.
+	CaptureDropped prometheus.Counter
+	// CapturedRows counts llm_calls rows produced by capture.
+	CapturedRows prometheus.Counter
+	// TokenIDs counts captured rows by token_source (engine, engine_mismatch, none, ...).
+	TokenIDs *prometheus.CounterVec
+
+	// ExportBatches counts batches written, by sink and result (ok, error).
+	ExportBatches *prometheus.CounterVec
+	// ExportRows counts rows written, by sink and table.
+	ExportRows *prometheus.CounterVec
+	// ExportErrors counts failed writes by sink.
+	ExportErrors *prometheus.CounterVec
+	// ExportDropped counts rows given up on after retries, by sink.
+	ExportDropped *prometheus.CounterVec
+	// ExportDuration is the time a sink took to write one batch.
+	ExportDuration *prometheus.HistogramVec
+}
+
+// latencyBuckets spans 100 µs to ~100 s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
+
+// New creates and registers every collector on a fresh registry, together
+// with the Go runtime and process collectors.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_requests_total", Help: "Proxied requests by model, backend, endpoint and HTTP status returned to the client.",
+		}, []string{"model", "backend", "endpoint", "status"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rollgate_request_duration_seconds", Help: "Time from request arrival to the last response byte.", Buckets: latencyBuckets,
+		}, []string{"model", "endpoint", "stream"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rollgate_time_to_first_token_seconds", Help: "Time from request arrival to the first streamed event sent to the client.", Buckets: latencyBuckets,
+		}, []string{"model", "endpoint"}),
+		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_tokens_total", Help: "Tokens by model and kind (prompt, completion), from the engine's usage.",
+		}, []string{"model", "kind"}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rollgate_in_flight_requests", Help: "Requests being proxied right now.",
+		}),
+		BackendInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rollgate_backend_in_flight_requests", Help: "Outstanding requests per backend replica.",
+		}, []string{"backend"}),
+		CaptureQueueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rollgate_capture_queue_depth", Help: "Calls waiting in the capture queue.",
+		}),
+		CaptureQueueCapacity: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rollgate_capture_queue_capacity", Help: "Capacity of the capture queue (see --capture-queue).",
+		}),
+		CaptureDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rollgate_capture_dropped_total", Help: "Calls not captured because the capture queue was full.",
+		}),
+		CapturedRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rollgate_captured_rows_total", Help: "llm_calls rows produced by capture.",
+		}),
+		TokenIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_token_ids_total", Help: "Captured rows by token_source: engine (verified), engine_mismatch (counts differ from usage), none (missing).",
+		}, []string{"source"}),
+		ExportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_export_batches_total", Help: "Batches written to a sink, by result.",
+		}, []string{"sink", "result"}),
+		ExportRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_export_rows_total", Help: "Rows written to a sink, by table.",
+		}, []string{"sink", "table"}),
+		ExportErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_export_errors_total", Help: "Failed batch writes, by sink.",
+		}, []string{"sink"}),
+		ExportDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_export_dropped_rows_total", Help: "Rows given up on after the export retries were exhausted, by sink.",
+		}, []string{"sink"}),
+		ExportDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rollgate_export_batch_duration_seconds", Help: "Time a sink took to store one batch.", Buckets: latencyBuckets,
+		}, []string{"sink"}),
+	}
+	r.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
+		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs,
+		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
+	)
+	return m
+}
