@@ -1,0 +1,59 @@
+// Command rollgate is a transparent OpenAI-compatible gateway that captures
+// every LLM call of an agent (request, response, exact token ids) for RL
+// training. Run "rollgate --help" for the subcommands.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+const usage = `rollgate — transparent OpenAI-compatible gateway that captures LLM calls for RL training
+
+Usage:
+  rollgate serve [flags]        run the gateway (embedded store ./rollgate.db by default;
+                                without --upstream it also starts the built-in mock engine)
+  rollgate sql [flags] "QUERY"  run SQL on the configured store and print a table
+  rollgate mock [flags]         run the mock vLLM engine (for tests and benchmarks)
+  rollgate help [command]       show help for a command
+
+Every flag can also be set through the environment: --some-flag is ROLLGATE_SOME_FLAG.
+Secrets belong in the environment: ROLLGATE_CLICKHOUSE (a DSN with a password),
+ROLLGATE_UPSTREAM_API_KEY (sent to --upstream as a bearer token), and the variables
+named by api_key_env in the config file.
+
+Run "rollgate help serve" (or "rollgate serve --help") for the flags of a command.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	if cmd == "help" {
+		if len(rest) == 0 {
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
+		cmd, rest = rest[0], []string{"--help"}
+	}
+	switch cmd {
+	case "-h", "--help", "-help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "serve":
+		return runServe(rest, stdout, stderr)
+	case "sql":
+		return runSQL(rest, stdout, stderr)
+	case "mock":
+		return runMock(rest, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "rollgate: unknown command %q\n\n%s", cmd, usage)
+	return 2
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export/stores"
+	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/metrics"
+)
+
+// fileConfig is the YAML config file of "rollgate serve --config".
+type fileConfig struct {
+	Gateway gateway.Config `yaml:",inline"`
+	// ClickHouse is a DSN (clickhouse://host:9000/db); empty uses the embedded store.
+	ClickHouse string `yaml:"clickhouse"`
+	// DB is the embedded SQLite store's path.
+	DB string `yaml:"db"`
+	// Capture sizes the capture pipeline.
+	Capture struct {
+		QueueSize     int           `yaml:"queue_size"`
+		Workers       int           `yaml:"workers"`
+		BatchSize     int           `yaml:"batch_size"`
+		FlushInterval time.Duration `yaml:"flush_interval"`
+	} `yaml:"capture"`
+}
+
+const serveSummary = `rollgate serve — run the gateway.
+
+Agents point OPENAI_BASE_URL at http://LISTEN/v1, or at
+http://LISTEN/rollout/{rollout_id}/attempt/{attempt_id}/v1 to attribute calls to a rollout.
+One backend: --upstream http://host:8000/v1. Many models/replicas: --config rollgate.yaml
+(see deploy/rollgate.example.yaml). Without --upstream or backends in the config, the
+built-in mock vLLM engine is started on loopback so you can try everything at once.`
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("serve", serveSummary, stdout)
+	var (
+		configPath     = fs.String("config", "", "YAML config file with many models/replicas (flags given explicitly override it)")
+		listen         = fs.String("listen", "127.0.0.1:8000", "address to serve on")
+		publicURL      = fs.String("public-url", "", "base URL agents reach the gateway at, used in returned base_url (default http://LISTEN)")
+		upstream       = fs.String("upstream", "", "OpenAI base URL of one backend, ending in /v1 (e.g. http://127.0.0.1:8001/v1); empty starts the built-in mock")
+		upstreamKind   = fs.String("upstream-kind", "auto", "backend kind of --upstream: vllm, sglang, openai or auto (probe /version and /v1/models)")
+		model          = fs.String("model", "*", "model name routed to --upstream (\"*\" = every model)")
+		policyVersion  = fs.String("policy-version", "", "weights version served by --upstream, recorded on every captured row")
+		clickhouseDSN  = fs.String("clickhouse", "", "ClickHouse DSN, e.g. clickhouse://127.0.0.1:9000/rollgate (empty = embedded store; prefer ROLLGATE_CLICKHOUSE for DSNs with passwords)")
+		dbPath         = fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
+		injectLogprobs = fs.Bool("inject-logprobs", false, "ask engines for logprobs of sampled tokens even when the client did not (stripped from the client's copy)")
+		maxBody        = fs.Int("max-body-bytes", 32<<20, "largest request body accepted; larger ones get 413")
+		timeout        = fs.Duration("upstream-timeout", 10*time.Minute, "longest a backend call may take, stream included; 504 if nothing was sent by then")
+		queueSize      = fs.Int("capture-queue", 8192, "calls that may wait for capture; when full, calls are dropped from capture and counted (rollgate_capture_dropped_total)")
+		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
+	)
+	set, err := parseWithEnv(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "rollgate serve:", err)
+		return 2
+	}
+	log := newLogger(stderr, *logLevel)
+
+	var fc fileConfig
+	if *configPath != "" {
+		b, err := os.ReadFile(*configPath)
+		if err != nil {
+			fmt.Fprintln(stderr, "rollgate serve: reading config:", err)
+			return 2
+		}
+		if err := yaml.Unmarshal(b, &fc); err != nil {
+			fmt.Fprintf(stderr, "rollgate serve: parsing %s: %v\n", *configPath, err)
+			return 2
+		}
+	}
+	cfg := fc.Gateway
+	if set["listen"] || cfg.Listen == "" {
+		cfg.Listen = *listen
+	}
+	if set["public-url"] {
+		cfg.PublicURL = *publicURL
+	}
+	if set["inject-logprobs"] {
+		cfg.InjectLogprobs = *injectLogprobs
+	}
+	if set["max-body-bytes"] || cfg.MaxRequestBodyBytes == 0 {
+		cfg.MaxRequestBodyBytes = *maxBody
+	}
+	if set["upstream-timeout"] || cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = *timeout
+	}
+	if set["clickhouse"] || fc.ClickHouse == "" {
+		fc.ClickHouse = *clickhouseDSN
+	}
+	if set["db"] || fc.DB == "" {
+		fc.DB = *dbPath
+	}
+	if set["capture-queue"] || fc.Capture.QueueSize == 0 {
+		fc.Capture.QueueSize = *queueSize
+	}
+
+	var mockSrv *mock.Server
+	if *upstream != "" {
+		r := gateway.Replica{URL: *upstream, Kind: *upstreamKind, PolicyVersion: *policyVersion}
+		if os.Getenv("ROLLGATE_UPSTREAM_API_KEY") != "" {
+			r.APIKeyEnv = "ROLLGATE_UPSTREAM_API_KEY"
+		}
+		cfg.Backends = append(cfg.Backends, gateway.Backend{Model: *model, Replicas: []gateway.Replica{r}})
+	} else if len(cfg.Backends) == 0 {
+		s, base, err := mock.Start(mock.Config{})
+		if err != nil {
+			fmt.Fprintln(stderr, "rollgate serve: starting the built-in mock engine:", err)
+			return 1
+		}
+		mockSrv = s
+		cfg.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "mock", URL: base, Kind: "vllm", PolicyVersion: *policyVersion}}}}
+		fmt.Fprintf(stderr, "no --upstream given: started the built-in mock vLLM engine at %s (model %q; any model name is answered)\n", base, "mock-model")
+	}
+
+	ctx := context.Background()
+	store, err := stores.Open(ctx, fc.ClickHouse, fc.DB)
+	if err != nil {
+		fmt.Fprintln(stderr, "rollgate serve: opening store:", err)
+		return 1
+	}
+	m := metrics.New()
+	pipe := capture.NewPipeline(capture.Config{
+		QueueSize: fc.Capture.QueueSize, Workers: fc.Capture.Workers,
+		BatchSize: fc.Capture.BatchSize, FlushInterval: fc.Capture.FlushInterval,
+	}, []capture.NamedSink{{Name: store.Name(), Sink: store}}, m, log)
+	srv, err := gateway.New(cfg, store, pipe, m, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "rollgate serve:", err)
+		return 2
+	}
+	where := "embedded store " + fc.DB
+	if fc.ClickHouse != "" {
+		where = "ClickHouse " + redactDSN(fc.ClickHouse)
+	}
+	cfg.SetDefaults()
+	fmt.Fprintf(stderr, "rollgate listening on http://%s (OPENAI_BASE_URL=%s/v1), capturing to %s\n", cfg.Listen, cfg.PublicURL, where)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	code := 0
+	select {
+	case err := <-errc:
+		if err != nil {
+			fmt.Fprintln(stderr, "rollgate serve:", err)
+			code = 1
+		}
+	case s := <-sig:
+		log.Info("shutting down: draining in-flight calls and flushing capture", "signal", s.String())
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Error("shutdown", "err", err)
+	}
+	if err := pipe.Close(sctx); err != nil {
+		log.Error("flushing capture", "err", err)
+		code = 1
+	}
+	if err := store.Close(); err != nil {
+		log.Error("closing store", "err", err)
+	}
+	if mockSrv != nil {
+		_ = mockSrv.Shutdown()
+	}
+	return code
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+// redactDSN hides a password in a DSN for logs.
+func redactDSN(dsn string) string {
+	at := strings.LastIndex(dsn, "@")
+	scheme := strings.Index(dsn, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return dsn
+	}
+	userinfo := dsn[scheme+3 : at]
+	if i := strings.IndexByte(userinfo, ':'); i >= 0 {
+		return dsn[:scheme+3] + userinfo[:i] + ":***" + dsn[at:]
+	}
+	return dsn
+}

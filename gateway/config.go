@@ -1,0 +1,120 @@
+// Package gateway is rollgate's OpenAI-compatible HTTP front: routes,
+// attribution to rollouts, sequence ids, request rewriting for capture,
+// backend pools, and the /api/v1 surface of CONTRACT.md §2.
+package gateway
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Config is the gateway's configuration. Zero values take the documented defaults.
+type Config struct {
+	// Listen is the address to serve on (default "127.0.0.1:8000").
+	Listen string `yaml:"listen"`
+	// PublicURL is the base URL agents reach this gateway at, used in the
+	// base_url returned by POST /api/v1/rollouts (default "http://" + Listen).
+	PublicURL string `yaml:"public_url"`
+	// MaxRequestBodyBytes bounds request bodies; larger ones get 413 (default 32 MiB).
+	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
+	// MaxResponseBodyBytes bounds non-streamed upstream responses (default 256 MiB).
+	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
+	// UpstreamTimeout bounds a whole upstream call, stream included (default 10m).
+	// A call that has sent nothing when it expires gets 504.
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// ConnectTimeout bounds dialing a backend (default 5s); a failed dial is 502.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
+	// client did not (default false); they are stripped from the client's copy.
+	InjectLogprobs bool `yaml:"inject_logprobs"`
+	// CaptureEmbeddingBodies stores request/response bodies of embedding calls (default false).
+	CaptureEmbeddingBodies bool `yaml:"capture_embedding_bodies"`
+	// Backends is the initial routing table.
+	Backends []Backend `yaml:"backends"`
+}
+
+// Backend is one model and the replicas that serve it.
+type Backend struct {
+	// Model is the name clients put in "model". "*" matches any model not
+	// listed elsewhere (used with a single --upstream).
+	Model string `yaml:"model" json:"model"`
+	// Replicas serve the model; requests go to the one with the fewest
+	// outstanding requests (weights break ties).
+	Replicas []Replica `yaml:"replicas" json:"replicas"`
+}
+
+// Replica is one inference server.
+type Replica struct {
+	// Name identifies the replica in captured rows and metrics (default: its URL).
+	Name string `yaml:"name" json:"name,omitempty"`
+	// URL is the OpenAI base URL, ending in /v1 (e.g. http://10.0.0.5:8000/v1).
+	URL string `yaml:"url" json:"url"`
+	// Kind is vllm, sglang, openai or auto (default auto: probe /version and /v1/models).
+	Kind string `yaml:"kind" json:"kind,omitempty"`
+	// Weight biases selection among equally loaded replicas (default 1).
+	Weight int `yaml:"weight" json:"weight,omitempty"`
+	// PolicyVersion is the weights version served, recorded on every captured row.
+	PolicyVersion string `yaml:"policy_version" json:"policy_version,omitempty"`
+	// APIKeyEnv names an environment variable holding the upstream API key,
+	// sent as "Authorization: Bearer ..." (secrets stay out of config files).
+	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
+	// ServedModel, when set, replaces "model" in requests sent to this replica.
+	ServedModel string `yaml:"served_model" json:"served_model,omitempty"`
+}
+
+// SetDefaults fills zero values with the documented defaults.
+func (c *Config) SetDefaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8000"
+	}
+	if c.PublicURL == "" {
+		c.PublicURL = "http://" + c.Listen
+	}
+	c.PublicURL = strings.TrimRight(c.PublicURL, "/")
+	if c.MaxRequestBodyBytes <= 0 {
+		c.MaxRequestBodyBytes = 32 << 20
+	}
+	if c.MaxResponseBodyBytes <= 0 {
+		c.MaxResponseBodyBytes = 256 << 20
+	}
+	if c.UpstreamTimeout <= 0 {
+		c.UpstreamTimeout = 10 * time.Minute
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 5 * time.Second
+	}
+}
+
+// ValidateBackends checks a routing table and says which entry is wrong.
+func ValidateBackends(bs []Backend) error {
+	seen := map[string]bool{}
+	for i, b := range bs {
+		if b.Model == "" {
+			return fmt.Errorf("backends[%d]: model is empty", i)
+		}
+		if seen[b.Model] {
+			return fmt.Errorf("backends[%d]: model %q listed twice", i, b.Model)
+		}
+		seen[b.Model] = true
+		if len(b.Replicas) == 0 {
+			return fmt.Errorf("backends[%d] (model %q): no replicas", i, b.Model)
+		}
+		for j, r := range b.Replicas {
+			u, err := url.Parse(r.URL)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("backends[%d].replicas[%d]: url %q is not an http(s) URL like http://host:8000/v1", i, j, r.URL)
+			}
+			switch r.Kind {
+			case "", "auto", "vllm", "sglang", "openai":
+			default:
+				return fmt.Errorf("backends[%d].replicas[%d]: kind %q is not one of vllm, sglang, openai, auto", i, j, r.Kind)
+			}
+			if r.Weight < 0 {
+				return fmt.Errorf("backends[%d].replicas[%d]: weight %d is negative", i, j, r.Weight)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package gateway
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Error types in OpenAI-style error bodies.
+const (
+	errInvalidRequest = "invalid_request_error"
+	errNotFound       = "not_found_error"
+	errUpstream       = "upstream_error"
+	errTimeout        = "timeout_error"
+	errServer         = "server_error"
+)
+
+// appendError appends an OpenAI-style error body:
+// {"error":{"message":...,"type":...,"param":null,"code":...}}.
+func appendError(dst []byte, status int, typ, msg string) []byte {
+	dst = append(dst, `{"error":{"message":`...)
+	dst = strconv.AppendQuote(dst, msg)
+	dst = append(dst, `,"type":`...)
+	dst = strconv.AppendQuote(dst, typ)
+	dst = append(dst, `,"param":null,"code":`...)
+	dst = strconv.AppendInt(dst, int64(status), 10)
+	dst = append(dst, "}}"...)
+	return dst
+}
+
+// upstreamStatus maps an error from a backend call to the status returned to
+// the client: 504 on timeout, 502 otherwise (refused, reset, closed early).
+func upstreamStatus(err error) (int, string) {
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrTimeout), errors.As(err, &ne) && ne.Timeout(), errors.Is(err, fasthttp.ErrDialTimeout):
+		return fasthttp.StatusGatewayTimeout, errTimeout
+	case errors.Is(err, syscall.ECONNREFUSED), strings.Contains(err.Error(), "connection refused"):
+		return fasthttp.StatusBadGateway, errUpstream
+	}
+	return fasthttp.StatusBadGateway, errUpstream
+}

@@ -1,0 +1,459 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/gateway/rewrite"
+)
+
+// call is the state of one proxied request.
+type call struct {
+	start    time.Time
+	endpoint capture.Endpoint
+	rwEP     rewrite.Endpoint
+	pend     *capture.Pending
+	model    string
+}
+
+// errClientGone marks an upstream stream closed because the client went away.
+var errClientGone = errors.New("client disconnected")
+
+// hop-by-hop and framing headers never copied between client and backend.
+var skipHeaders = map[string]bool{
+	"connection": true, "keep-alive": true, "proxy-connection": true, "transfer-encoding": true,
+	"te": true, "trailer": true, "upgrade": true, "content-length": true, "host": true,
+	"accept-encoding": true, "content-encoding": true, "proxy-authorization": true, "proxy-authenticate": true,
+	"x-rollout-id": true, "x-attempt-id": true, "x-sequence-id": true, "x-request-id": true,
+}
+
+func lowerASCII(dst, b []byte) []byte {
+	dst = dst[:0]
+	for _, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// proxy handles an OpenAI route: attribution, rewriting, forwarding,
+// streaming back, and capture.
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.Endpoint, path []byte) {
+	s.m.InFlight.Inc()
+	defer s.m.InFlight.Dec()
+	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep)}
+	p := capture.AcquirePending()
+	c.pend = p
+	p.Endpoint = ep
+	s.beginCall(ctx, p, attr, path, c.start)
+
+	body := ctx.PostBody()
+	p.Request = append(p.Request[:0], body...)
+	p.NoBodies = ep == capture.EndpointEmbeddings && !s.cfg.CaptureEmbeddingBodies
+	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
+		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,
+			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
+		return
+	}
+	modelRes := gjson.GetBytes(body, "model")
+	if modelRes.Type != gjson.String || modelRes.Str == "" {
+		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
+		return
+	}
+	c.model = modelRes.Str
+	p.Meta.Model = c.model
+	t := s.table.Load()
+	pl := t.lookup(c.model)
+	if pl == nil {
+		s.fail(ctx, &c, fasthttp.StatusNotFound, errNotFound,
+			fmt.Sprintf("The model `%s` does not exist or is not routed by this gateway (see GET /v1/models).", c.model))
+		return
+	}
+	r := s.selector.Select(pl)
+	kind := r.resolveKind()
+
+	out := s.bufs.get()
+	defer s.bufs.put(out)
+	rewritten, info, inj, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs})
+	if err != nil {
+		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+		return
+	}
+	*out = rewritten
+	if r.spec.ServedModel != "" {
+		rewritten = replaceModel(rewritten, r.spec.ServedModel)
+		*out = rewritten
+	}
+	p.Meta.Backend = r.name
+	p.Meta.PolicyVersion = r.spec.PolicyVersion
+	p.Meta.Stream = info.Stream
+
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	s.buildUpstream(ctx, req, r, path, rewritten)
+
+	resp := fasthttp.AcquireResponse()
+	r.outstanding.Add(1)
+	s.m.BackendInFlight.WithLabelValues(r.name).Inc()
+	done := func() {
+		r.outstanding.Add(-1)
+		s.m.BackendInFlight.WithLabelValues(r.name).Dec()
+	}
+	err = r.client.DoDeadline(req, resp, c.start.Add(s.cfg.UpstreamTimeout))
+	if err != nil {
+		done()
+		fasthttp.ReleaseResponse(resp)
+		status, typ := upstreamStatus(err)
+		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: %v", r.name, err))
+		return
+	}
+
+	status := resp.StatusCode()
+	ctx.SetStatusCode(status)
+	copyResponseHeaders(ctx, resp)
+	p.Meta.HTTPStatus = uint16(status)
+
+	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			defer done()
+			s.stream(w, resp, &c, inj)
+		})
+		return
+	}
+
+	// Non-streamed: read the whole body, strip what we injected, send it.
+	raw, rerr := readAll(resp, s.cfg.MaxResponseBodyBytes)
+	p.Body = append(p.Body[:0], raw...)
+	if rerr != nil {
+		abortResponse(resp, rerr)
+	} else {
+		fasthttp.ReleaseResponse(resp)
+	}
+	done()
+	if rerr != nil {
+		status, typ := upstreamStatus(rerr)
+		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: reading response: %v", r.name, rerr))
+		return
+	}
+	if inj != 0 && status < 300 {
+		sb := s.bufs.get()
+		*sb = rewrite.StripBody((*sb)[:0], p.Body, c.rwEP, inj)
+		ctx.Response.SetBody(*sb)
+		s.bufs.put(sb)
+	} else {
+		ctx.Response.SetBody(p.Body)
+	}
+	if status >= 400 {
+		p.Meta.Error = "backend returned HTTP " + strconv.Itoa(status)
+		if msg := gjson.GetBytes(p.Body, "error.message").String(); msg != "" {
+			p.Meta.Error += ": " + truncate(msg, 500)
+		} else if msg := gjson.GetBytes(p.Body, "message").String(); msg != "" {
+			p.Meta.Error += ": " + truncate(msg, 500)
+		}
+	}
+	s.finish(&c, time.Now())
+}
+
+// stream forwards SSE events one by one as they arrive, stripping injected
+// fields, flushing after each read, and records the payloads for capture.
+func (s *Server) stream(w *bufio.Writer, resp *fasthttp.Response, c *call, inj rewrite.Injected) {
+	p := c.pend
+	sc := s.scanners.Get().(*capture.SSEScanner)
+	defer s.scanners.Put(sc)
+	sc.Reset()
+	bufp := s.bufs.get()
+	defer s.bufs.put(bufp)
+	outp := s.bufs.get()
+	defer s.bufs.put(outp)
+	buf := (*bufp)[:cap(*bufp)]
+	if len(buf) < 32<<10 {
+		buf = make([]byte, 32<<10)
+		*bufp = buf
+	}
+
+	var (
+		first    = true
+		werr     error
+		rerr     error
+		upstream = resp.BodyStream()
+	)
+	if upstream == nil {
+		upstream = bytes.NewReader(resp.Body())
+	}
+	for werr == nil {
+		n, err := upstream.Read(buf)
+		if n > 0 {
+			sc.Feed(buf[:n])
+			for {
+				ev, ok := sc.Next()
+				if !ok {
+					break
+				}
+				if len(ev.Data) > 0 {
+					p.AddEvent(ev.Data)
+				}
+				if inj == 0 || len(ev.Data) == 0 {
+					_, werr = w.Write(ev.Raw)
+				} else {
+					o, drop := rewrite.StripEvent((*outp)[:0], ev.Data, c.rwEP, inj)
+					*outp = o
+					switch {
+					case drop:
+					case bytes.Equal(o, ev.Data):
+						_, werr = w.Write(ev.Raw)
+					default:
+						w.WriteString("data: ")
+						w.Write(o)
+						_, werr = w.WriteString("\n\n")
+					}
+				}
+				if werr != nil {
+					break
+				}
+			}
+			if werr == nil {
+				werr = w.Flush()
+			}
+			if first && werr == nil {
+				first = false
+				ttft := time.Since(c.start)
+				p.Meta.TTFTNano = uint64(ttft)
+				s.m.TTFT.WithLabelValues(c.model, p.Meta.Endpoint).Observe(ttft.Seconds())
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				rerr = err
+			}
+			break
+		}
+	}
+	// An event without its closing blank line at EOF is forwarded as is.
+	if rest := sc.Rest(); werr == nil && rerr == nil && len(rest) > 0 {
+		if _, werr = w.Write(rest); werr == nil {
+			werr = w.Flush()
+		}
+		if ev, ok := sc.Finish(); ok && len(ev.Data) > 0 {
+			p.AddEvent(ev.Data)
+		}
+	}
+	switch {
+	case werr != nil:
+		// The client went away: close the upstream connection so the engine
+		// aborts generation, and say so in the captured row.
+		abortResponse(resp, errClientGone)
+		p.Meta.Error = "client disconnected mid-stream"
+	case rerr != nil:
+		abortResponse(resp, rerr)
+		status, typ := upstreamStatus(rerr)
+		msg := fmt.Sprintf("backend %s failed mid-stream: %v", p.Meta.Backend, rerr)
+		p.Meta.Error = msg
+		e := appendError(nil, status, typ, msg)
+		w.WriteString("data: ")
+		w.Write(e)
+		w.WriteString("\n\n")
+		w.Flush()
+	default:
+		fasthttp.ReleaseResponse(resp)
+	}
+	s.finish(c, time.Now())
+}
+
+// abortResponse closes a streamed upstream response without returning its
+// connection to the pool (it may hold unread bytes). The Response object is
+// left to the garbage collector: releasing it would close the stream twice.
+func abortResponse(resp *fasthttp.Response, cause error) {
+	if rc, ok := resp.BodyStream().(fasthttp.ReadCloserWithError); ok {
+		_ = rc.CloseWithError(cause)
+		return
+	}
+	fasthttp.ReleaseResponse(resp)
+}
+
+// readAll reads a (possibly streamed) response body up to limit bytes.
+func readAll(resp *fasthttp.Response, limit int) ([]byte, error) {
+	bs := resp.BodyStream()
+	if bs == nil {
+		return resp.Body(), nil
+	}
+	var b bytes.Buffer
+	n, err := b.ReadFrom(io.LimitReader(bs, int64(limit)+1))
+	if err != nil {
+		return b.Bytes(), err
+	}
+	if n > int64(limit) {
+		return b.Bytes()[:limit], fmt.Errorf("response body larger than %d bytes (raise max_response_body_bytes)", limit)
+	}
+	return b.Bytes(), nil
+}
+
+// buildUpstream prepares the request to the backend: its URL, the client's
+// headers minus hop-by-hop ones, the replica's credentials, the rewritten body.
+func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, req *fasthttp.Request, r *replica, path, body []byte) {
+	uri := s.bufs.get()
+	defer s.bufs.put(uri)
+	u := append((*uri)[:0], r.origin...)
+	u = append(u, r.basePath...)
+	u = append(u, bytes.TrimPrefix(path, []byte("/v1"))...)
+	if q := ctx.URI().QueryString(); len(q) > 0 {
+		u = append(u, '?')
+		u = append(u, q...)
+	}
+	*uri = u
+	req.SetRequestURIBytes(u)
+	req.Header.SetMethodBytes(ctx.Method())
+	var lower []byte
+	for k, v := range ctx.Request.Header.All() {
+		lower = lowerASCII(lower, k)
+		if skipHeaders[string(lower)] {
+			continue
+		}
+		if r.auth != "" && string(lower) == "authorization" {
+			continue
+		}
+		req.Header.AddBytesKV(k, v)
+	}
+	if r.auth != "" {
+		req.Header.Set("Authorization", r.auth)
+	}
+	req.SetBodyRaw(body)
+}
+
+func copyResponseHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	var lower []byte
+	for k, v := range resp.Header.All() {
+		lower = lowerASCII(lower, k)
+		if skipHeaders[string(lower)] || string(lower) == "server" || string(lower) == "date" {
+			continue
+		}
+		ctx.Response.Header.SetBytesKV(k, v)
+	}
+}
+
+// beginCall fills the call's attribution, ids and timing, and sets the
+// attribution response headers.
+func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, attr attribution, path []byte, start time.Time) {
+	p.Meta.RolloutID = attr.rolloutID
+	p.Meta.AttemptID = attr.attemptID
+	p.Meta.TaskID = attr.taskID
+	p.Meta.AgentName = attr.agentName
+	if p.Meta.TaskID == "" && attr.rolloutID != "" {
+		if ri, ok := s.rollouts.Load(attr.rolloutID); ok {
+			p.Meta.TaskID = ri.(*rolloutInfo).taskID
+		}
+	}
+	p.Meta.SequenceID = s.seq.next(attr.rolloutID, attr.attemptID)
+	p.Meta.SpanID = newSpanID()
+	p.Meta.TraceID = traceIDFrom(ctx.Request.Header.Peek("traceparent"))
+	p.Meta.StartTimeUnixNano = uint64(start.UnixNano())
+	p.Meta.Endpoint = endpointName(p.Endpoint, path)
+	h := &ctx.Response.Header
+	if attr.rolloutID != "" {
+		h.Set("x-rollout-id", attr.rolloutID)
+		h.Set("x-attempt-id", attr.attemptID)
+	}
+	var num [20]byte
+	h.SetBytesV("x-sequence-id", strconv.AppendUint(num[:0], p.Meta.SequenceID, 10))
+	h.Set("x-request-id", p.Meta.SpanID)
+}
+
+// fail answers with an OpenAI-style error and captures the call with it.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg string) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(nil)
+	ctx.Response.SetBody(appendError(ctx.Response.Body()[:0], status, typ, msg))
+	c.pend.Meta.HTTPStatus = uint16(status)
+	c.pend.Meta.Error = msg
+	c.pend.Body = append(c.pend.Body[:0], ctx.Response.Body()...)
+	s.finish(c, time.Now())
+}
+
+// finish records metrics and hands the call to capture.
+func (s *Server) finish(c *call, end time.Time) {
+	p := c.pend
+	p.Meta.EndTimeUnixNano = uint64(end.UnixNano())
+	model := p.Meta.Model
+	s.m.Requests.WithLabelValues(model, p.Meta.Backend, p.Meta.Endpoint, strconv.Itoa(int(p.Meta.HTTPStatus))).Inc()
+	s.m.RequestDuration.WithLabelValues(model, p.Meta.Endpoint, boolLabel(p.Meta.Stream)).Observe(end.Sub(c.start).Seconds())
+	// On false the pipeline has counted and logged the drop; p is left to the GC.
+	s.capture.TryPush(p)
+}
+
+func boolLabel(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// replaceModel rewrites "model" in a JSON body (for replicas serving the
+// model under another name).
+func replaceModel(body []byte, model string) []byte {
+	res := gjson.GetBytes(body, "model")
+	if res.Index <= 0 {
+		return body
+	}
+	out := make([]byte, 0, len(body)+len(model))
+	out = append(out, body[:res.Index]...)
+	out = strconv.AppendQuote(out, model)
+	return append(out, body[res.Index+len(res.Raw):]...)
+}
+
+// endpointName is the endpoint column: the route without the rollout prefix.
+func endpointName(ep capture.Endpoint, path []byte) string {
+	if n := ep.String(); n != "" {
+		return n
+	}
+	return string(path)
+}
+
+// routeOf maps a path (without rollout prefix) to the LLM endpoint it
+// names exactly, or EndpointUnknown.
+func routeOf(path []byte) capture.Endpoint {
+	switch string(path) {
+	case "/v1/chat/completions":
+		return capture.EndpointChatCompletions
+	case "/v1/completions":
+		return capture.EndpointCompletions
+	case "/v1/responses":
+		return capture.EndpointResponses
+	case "/v1/embeddings":
+		return capture.EndpointEmbeddings
+	}
+	return capture.EndpointUnknown
+}
+
+func rewriteEndpoint(ep capture.Endpoint) rewrite.Endpoint {
+	switch ep {
+	case capture.EndpointChatCompletions:
+		return rewrite.Chat
+	case capture.EndpointCompletions:
+		return rewrite.Completions
+	case capture.EndpointResponses:
+		return rewrite.Responses
+	case capture.EndpointEmbeddings:
+		return rewrite.Embeddings
+	}
+	return rewrite.Other
+}

@@ -1,0 +1,240 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/metrics"
+)
+
+// Server is the gateway: an OpenAI-compatible proxy with capture and the
+// /api/v1 surface.
+type Server struct {
+	cfg      Config
+	store    export.Store
+	capture  *capture.Pipeline
+	m        *metrics.Metrics
+	log      *slog.Logger
+	selector Selector
+
+	table    atomic.Pointer[table]
+	tableMu  sync.Mutex // serialises PUT /api/v1/backends
+	clients  clientCache
+	seq      sequences
+	rollouts sync.Map // rollout_id → *rolloutInfo
+	draining atomic.Bool
+
+	bufs     bufPool
+	scanners sync.Pool
+
+	srv            *fasthttp.Server
+	metricsHandler fasthttp.RequestHandler
+}
+
+// rolloutInfo is what the gateway remembers of a registered rollout.
+type rolloutInfo struct {
+	taskID    string
+	createdNs uint64
+	metadata  string
+}
+
+// New builds a gateway. store serves the /api/v1 reads and writes; pipe
+// receives every completed call.
+func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logger) (*Server, error) {
+	cfg.SetDefaults()
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg:      cfg,
+		store:    store,
+		capture:  pipe,
+		m:        m,
+		log:      log,
+		selector: LeastOutstanding{},
+	}
+	s.clients = clientCache{clients: map[string]*fasthttp.HostClient{}, cfg: &s.cfg}
+	s.scanners.New = func() any { return new(capture.SSEScanner) }
+	t, err := buildTable(cfg.Backends, nil, &s.clients)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: routing table: %w", err)
+	}
+	s.table.Store(t)
+	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	s.srv = &fasthttp.Server{
+		Handler:                       s.Handle,
+		ErrorHandler:                  s.handleParseError,
+		Name:                          "rollgate",
+		NoDefaultServerHeader:         true,
+		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
+		ReadTimeout:                   5 * time.Minute,
+		IdleTimeout:                   2 * time.Minute,
+		ReadBufferSize:                16 << 10,
+		DisableHeaderNamesNormalizing: false,
+		CloseOnShutdown:               true,
+		StreamRequestBody:             false,
+		Concurrency:                   1 << 20,
+	}
+	return s, nil
+}
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.srv.Serve(ln); err != nil {
+		return fmt.Errorf("gateway: serving on %s: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// ListenAndServe listens on Config.Listen and serves until Shutdown.
+func (s *Server) ListenAndServe() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway: listen on %s: %w (is another process using the port? try --listen)", s.cfg.Listen, err)
+	}
+	return s.Serve(ln)
+}
+
+// Shutdown stops accepting connections and waits for in-flight calls to
+// finish or ctx to end. The capture pipeline is closed by its owner.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	if err := s.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("gateway: shutdown: %w", err)
+	}
+	return nil
+}
+
+// Handle is the gateway's fasthttp handler.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	var attr attribution
+	if r, a, rest, ok := splitRolloutPath(path); ok {
+		attr.rolloutID, attr.attemptID = string(r), string(a)
+		path = rest
+	} else {
+		h := &ctx.Request.Header
+		if v := h.Peek("x-rollout-id"); len(v) > 0 {
+			attr.rolloutID = string(v)
+			attr.attemptID = string(h.Peek("x-attempt-id"))
+		}
+	}
+	if v := ctx.Request.Header.Peek("x-task-id"); len(v) > 0 {
+		attr.taskID = string(v)
+	}
+	if v := ctx.Request.Header.Peek("x-agent-name"); len(v) > 0 {
+		attr.agentName = string(v)
+	}
+
+	if ep := routeOf(path); ep != capture.EndpointUnknown {
+		if !ctx.IsPost() {
+			s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use POST")
+			return
+		}
+		s.proxy(ctx, attr, ep, path)
+		return
+	}
+	switch string(path) {
+	case "/v1/models":
+		s.models(ctx)
+		return
+	case "/metrics":
+		s.metricsHandler(ctx)
+		return
+	case "/healthz":
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+		return
+	case "/readyz":
+		s.readyz(ctx)
+		return
+	}
+	if len(path) >= 8 && string(path[:8]) == "/api/v1/" {
+		s.api(ctx, string(path[7:]))
+		return
+	}
+	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
+}
+
+// plainError answers with an OpenAI-style error without capturing (for
+// non-LLM routes).
+func (s *Server) plainError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(appendError(nil, status, typ, msg))
+}
+
+// handleParseError answers requests fasthttp could not read (body too large,
+// broken framing) with an OpenAI-style error, and captures LLM calls among them.
+func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	status, typ, msg := fasthttp.StatusBadRequest, errInvalidRequest, "cannot read request: "+err.Error()
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		status = fasthttp.StatusRequestEntityTooLarge
+		msg = fmt.Sprintf("request body larger than %d bytes (the gateway's max_request_body_bytes)", s.cfg.MaxRequestBodyBytes)
+	}
+	path := ctx.Path()
+	var attr attribution
+	if r, a, rest, ok := splitRolloutPath(path); ok {
+		attr.rolloutID, attr.attemptID = string(r), string(a)
+		path = rest
+	} else if v := ctx.Request.Header.Peek("x-rollout-id"); len(v) > 0 {
+		attr.rolloutID, attr.attemptID = string(v), string(ctx.Request.Header.Peek("x-attempt-id"))
+	}
+	attr.taskID = string(ctx.Request.Header.Peek("x-task-id"))
+	attr.agentName = string(ctx.Request.Header.Peek("x-agent-name"))
+	ep := routeOf(path)
+	if ep == capture.EndpointUnknown {
+		s.plainError(ctx, status, typ, msg)
+		return
+	}
+	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), pend: capture.AcquirePending()}
+	c.pend.Endpoint = ep
+	s.beginCall(ctx, c.pend, attr, path, c.start)
+	s.fail(ctx, &c, status, typ, msg)
+}
+
+func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	t := s.table.Load()
+	switch {
+	case s.draining.Load():
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"draining"}`)
+	case len(t.pools) == 0 && t.wildcard == nil:
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"no backends configured"}`)
+	default:
+		ctx.SetBodyString(`{"status":"ready"}`)
+	}
+}
+
+// bufPool pools byte slices; slices over 1 MiB are not kept.
+type bufPool struct{ p sync.Pool }
+
+func (b *bufPool) get() *[]byte {
+	if v := b.p.Get(); v != nil {
+		return v.(*[]byte)
+	}
+	s := make([]byte, 0, 4096)
+	return &s
+}
+
+func (b *bufPool) put(s *[]byte) {
+	if cap(*s) > 1<<20 {
+		return
+	}
+	*s = (*s)[:0]
+	b.p.Put(s)
+}

@@ -1,0 +1,290 @@
+package gateway
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/gateway/rewrite"
+)
+
+// replica is one backend server in the live routing table. Its counters are
+// atomics so in-flight calls keep working on it after a table swap.
+type replica struct {
+	spec     Replica
+	name     string
+	origin   string // scheme://host[:port]
+	basePath string // path of the base URL without trailing slash, e.g. "/v1"
+	client   *fasthttp.HostClient
+	auth     string // "Bearer ..." from APIKeyEnv, or ""
+
+	outstanding atomic.Int64
+
+	// kind is resolved once for kind "auto"; kindOK is 0 until then.
+	kindMu      sync.Mutex
+	kind        atomic.Uint32
+	kindOK      atomic.Bool
+	nextProbeAt atomic.Int64
+}
+
+// pool is the set of replicas serving one model.
+type pool struct {
+	model    string
+	replicas []*replica
+	next     atomic.Uint64 // rotates the starting point of ties
+}
+
+type replicaKey struct {
+	model string
+	spec  Replica
+}
+
+// table is an immutable routing table; the server swaps whole tables.
+type table struct {
+	spec     []Backend
+	pools    map[string]*pool
+	wildcard *pool
+}
+
+// Selector picks a replica of a pool for one call.
+type Selector interface {
+	Select(p *pool) *replica
+}
+
+// LeastOutstanding picks the replica with the fewest outstanding requests
+// relative to its weight; ties rotate.
+type LeastOutstanding struct{}
+
+// Select implements Selector.
+func (LeastOutstanding) Select(p *pool) *replica {
+	n := len(p.replicas)
+	if n == 1 {
+		return p.replicas[0]
+	}
+	start := int(p.next.Add(1) % uint64(n))
+	var best *replica
+	var bestLoad int64
+	for i := range n {
+		r := p.replicas[(start+i)%n]
+		w := int64(r.spec.Weight)
+		if w <= 0 {
+			w = 1
+		}
+		load := r.outstanding.Load() * 1000 / w
+		if best == nil || load < bestLoad {
+			best, bestLoad = r, load
+		}
+	}
+	return best
+}
+
+var _ Selector = LeastOutstanding{}
+
+// lookup returns the pool serving model, or nil.
+func (t *table) lookup(model string) *pool {
+	if p, ok := t.pools[model]; ok {
+		return p
+	}
+	return t.wildcard
+}
+
+// models lists the configured model names (not "*"), sorted.
+func (t *table) models() []string {
+	out := make([]string, 0, len(t.pools))
+	for m := range t.pools {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// clientCache keeps one HostClient per origin so connections survive table swaps.
+type clientCache struct {
+	mu      sync.Mutex
+	clients map[string]*fasthttp.HostClient
+	cfg     *Config
+}
+
+func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
+	key := u.Scheme + "://" + u.Host
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hc, ok := c.clients[key]; ok {
+		return hc
+	}
+	addr := u.Host
+	isTLS := u.Scheme == "https"
+	if u.Port() == "" {
+		if isTLS {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	connectTimeout := c.cfg.ConnectTimeout
+	hc := &fasthttp.HostClient{
+		Addr:                          addr,
+		IsTLS:                         isTLS,
+		TLSConfig:                     &tls.Config{MinVersion: tls.VersionTLS12},
+		StreamResponseBody:            true,
+		MaxConns:                      16384,
+		MaxIdleConnDuration:           90 * time.Second,
+		MaxResponseBodySize:           c.cfg.MaxResponseBodyBytes,
+		ReadBufferSize:                16 << 10,
+		WriteBufferSize:               16 << 10,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		Dial: func(addr string) (net.Conn, error) {
+			return fasthttp.DialTimeout(addr, connectTimeout)
+		},
+	}
+	c.clients[key] = hc
+	return hc
+}
+
+// buildTable turns a validated spec into a live table, carrying the counters
+// and resolved kinds of replicas that are still present in old.
+func buildTable(spec []Backend, old *table, cc *clientCache) (*table, error) {
+	if err := ValidateBackends(spec); err != nil {
+		return nil, err
+	}
+	// A replica whose spec is unchanged keeps its object, so its load counter
+	// and resolved kind carry over and in-flight calls stay accounted.
+	prev := map[replicaKey]*replica{}
+	if old != nil {
+		for _, p := range old.allPools() {
+			for _, r := range p.replicas {
+				prev[replicaKey{p.model, r.spec}] = r
+			}
+		}
+	}
+	t := &table{spec: spec, pools: map[string]*pool{}}
+	for _, b := range spec {
+		p := &pool{model: b.Model}
+		for _, rs := range b.Replicas {
+			if rs.Weight == 0 {
+				rs.Weight = 1
+			}
+			if rs.Kind == "" {
+				rs.Kind = "auto"
+			}
+			if o, ok := prev[replicaKey{b.Model, rs}]; ok {
+				p.replicas = append(p.replicas, o)
+				continue
+			}
+			u, err := url.Parse(strings.TrimRight(rs.URL, "/"))
+			if err != nil {
+				return nil, fmt.Errorf("backend %q: url %q: %w", b.Model, rs.URL, err)
+			}
+			name := rs.Name
+			if name == "" {
+				name = u.Host + u.Path
+			}
+			r := &replica{
+				spec:     rs,
+				name:     name,
+				origin:   u.Scheme + "://" + u.Host,
+				basePath: u.Path,
+				client:   cc.get(u),
+			}
+			if rs.APIKeyEnv != "" {
+				key := os.Getenv(rs.APIKeyEnv)
+				if key == "" {
+					return nil, fmt.Errorf("backend %q replica %q: environment variable %s (api_key_env) is empty", b.Model, name, rs.APIKeyEnv)
+				}
+				r.auth = "Bearer " + key
+			}
+			if k, err := rewrite.ParseKind(rs.Kind); err == nil {
+				r.kind.Store(uint32(k))
+				r.kindOK.Store(true)
+			}
+			p.replicas = append(p.replicas, r)
+		}
+		if b.Model == "*" {
+			t.wildcard = p
+		} else {
+			t.pools[b.Model] = p
+		}
+	}
+	return t, nil
+}
+
+func (t *table) allPools() []*pool {
+	out := make([]*pool, 0, len(t.pools)+1)
+	for _, p := range t.pools {
+		out = append(out, p)
+	}
+	if t.wildcard != nil {
+		out = append(out, t.wildcard)
+	}
+	return out
+}
+
+// resolveKind returns the replica's backend kind, probing it once when its
+// kind is "auto": GET /version answers on vLLM; otherwise /v1/models'
+// owned_by names the engine. Until a probe succeeds the replica is treated
+// as an OpenAI-compatible server (nothing injected), and probes are retried
+// at most every 5 seconds.
+func (r *replica) resolveKind() rewrite.Kind {
+	if r.kindOK.Load() {
+		return rewrite.Kind(r.kind.Load())
+	}
+	now := time.Now().UnixNano()
+	if now < r.nextProbeAt.Load() || !r.kindMu.TryLock() {
+		return rewrite.KindOpenAI
+	}
+	defer r.kindMu.Unlock()
+	r.nextProbeAt.Store(now + int64(5*time.Second))
+	k, ok := r.probe()
+	if ok {
+		r.kind.Store(uint32(k))
+		r.kindOK.Store(true)
+	}
+	return k
+}
+
+func (r *replica) probe() (rewrite.Kind, bool) {
+	get := func(path string) (int, []byte) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI(r.origin + path)
+		req.Header.SetMethod(fasthttp.MethodGet)
+		if r.auth != "" {
+			req.Header.Set("Authorization", r.auth)
+		}
+		// The streaming client hands back a body stream; read it whole.
+		if err := r.client.DoTimeout(req, resp, 3*time.Second); err != nil {
+			fasthttp.ReleaseResponse(resp)
+			return 0, nil
+		}
+		body, _ := readAll(resp, 1<<20)
+		status := resp.StatusCode()
+		fasthttp.ReleaseResponse(resp)
+		return status, body
+	}
+	if st, body := get("/version"); st == 200 && gjson.GetBytes(body, "version").Exists() {
+		return rewrite.KindVLLM, true
+	}
+	st, body := get(r.basePath + "/models")
+	if st != 200 {
+		return rewrite.KindOpenAI, false
+	}
+	switch strings.ToLower(gjson.GetBytes(body, "data.0.owned_by").String()) {
+	case "vllm":
+		return rewrite.KindVLLM, true
+	case "sglang":
+		return rewrite.KindSGLang, true
+	}
+	return rewrite.KindOpenAI, true
+}
