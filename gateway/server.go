@@ -77,6 +77,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		Handler:                       s.Handle,
 		ErrorHandler:                  s.handleParseError,
 		Name:                          "rollgate",
+		Logger:                        fasthttpLogger{log},
 		NoDefaultServerHeader:         true,
 		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
 		ReadTimeout:                   5 * time.Minute,
@@ -183,6 +184,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		status = fasthttp.StatusRequestEntityTooLarge
 		msg = fmt.Sprintf("request body larger than %d bytes (the gateway's max_request_body_bytes)", s.cfg.MaxRequestBodyBytes)
+		drainBody(ctx.Conn(), int64(ctx.Request.Header.ContentLength()))
 	}
 	path := ctx.Path()
 	var attr attribution
@@ -205,6 +207,27 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	s.fail(ctx, &c, status, typ, msg)
 }
 
+// drainBody reads and discards what the client is still sending of a body we
+// refused, so that it receives the error response instead of a connection
+// reset. It gives up after 64 MiB or once the client pauses for 200ms.
+func drainBody(c net.Conn, contentLength int64) {
+	const maxDrain = 64 << 20
+	if contentLength <= 0 || contentLength > maxDrain {
+		return
+	}
+	buf := make([]byte, 32<<10)
+	var n int64
+	for n < contentLength {
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		k, err := c.Read(buf)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	_ = c.SetReadDeadline(time.Time{})
+}
+
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	t := s.table.Load()
@@ -218,6 +241,15 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 	default:
 		ctx.SetBodyString(`{"status":"ready"}`)
 	}
+}
+
+// fasthttpLogger sends fasthttp's own messages (mostly broken client
+// connections, already answered with an error) to slog at debug level.
+type fasthttpLogger struct{ log *slog.Logger }
+
+// Printf implements fasthttp.Logger.
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Debug("fasthttp: " + fmt.Sprintf(format, args...))
 }
 
 // bufPool pools byte slices; slices over 1 MiB are not kept.

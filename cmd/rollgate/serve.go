@@ -17,6 +17,7 @@ import (
 
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/stores"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
@@ -27,6 +28,9 @@ type fileConfig struct {
 	Gateway gateway.Config `yaml:",inline"`
 	// ClickHouse is a DSN (clickhouse://host:9000/db); empty uses the embedded store.
 	ClickHouse string `yaml:"clickhouse"`
+	// ClickHouseTTLDays expires captured rows after this many days on servers
+	// that support TTL (0 = keep forever).
+	ClickHouseTTLDays int `yaml:"clickhouse_ttl_days"`
 	// DB is the embedded SQLite store's path.
 	DB string `yaml:"db"`
 	// Capture sizes the capture pipeline.
@@ -57,6 +61,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		model          = fs.String("model", "*", "model name routed to --upstream (\"*\" = every model)")
 		policyVersion  = fs.String("policy-version", "", "weights version served by --upstream, recorded on every captured row")
 		clickhouseDSN  = fs.String("clickhouse", "", "ClickHouse DSN, e.g. clickhouse://127.0.0.1:9000/rollgate (empty = embedded store; prefer ROLLGATE_CLICKHOUSE for DSNs with passwords)")
+		ttlDays        = fs.Int("clickhouse-ttl-days", 0, "expire captured rows after N days (ClickHouse >= 19.6; 0 = keep forever)")
 		dbPath         = fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
 		injectLogprobs = fs.Bool("inject-logprobs", false, "ask engines for logprobs of sampled tokens even when the client did not (stripped from the client's copy)")
 		maxBody        = fs.Int("max-body-bytes", 32<<20, "largest request body accepted; larger ones get 413")
@@ -105,6 +110,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["clickhouse"] || fc.ClickHouse == "" {
 		fc.ClickHouse = *clickhouseDSN
 	}
+	if set["clickhouse-ttl-days"] {
+		fc.ClickHouseTTLDays = *ttlDays
+	}
 	if set["db"] || fc.DB == "" {
 		fc.DB = *dbPath
 	}
@@ -131,7 +139,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 
 	ctx := context.Background()
-	store, err := stores.Open(ctx, fc.ClickHouse, fc.DB)
+	store, err := stores.OpenWith(ctx, fc.ClickHouse, fc.DB, clickhouse.Options{TTLDays: fc.ClickHouseTTLDays, Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve: opening store:", err)
 		return 1

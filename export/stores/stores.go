@@ -15,8 +15,13 @@ import (
 // Open returns a ClickHouse store when clickhouseDSN is non-empty (default
 // Options), else a SQLite store at sqlitePath.
 func Open(ctx context.Context, clickhouseDSN, sqlitePath string) (export.Store, error) {
+	return OpenWith(ctx, clickhouseDSN, sqlitePath, clickhouse.Options{})
+}
+
+// OpenWith is Open with ClickHouse options (TTL and the like).
+func OpenWith(ctx context.Context, clickhouseDSN, sqlitePath string, opt clickhouse.Options) (export.Store, error) {
 	if clickhouseDSN != "" {
-		s, err := clickhouse.Open(ctx, clickhouseDSN, clickhouse.Options{})
+		s, err := clickhouse.Open(ctx, clickhouseDSN, opt)
 		if err != nil {
 			return nil, err
 		}
