@@ -203,8 +203,9 @@ func (p *Pipeline) work() {
 		p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
 		rows := Rows(c, &a)
 		if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
-			p.m.Tokens.WithLabelValues(rows[0].Model, "prompt").Add(float64(rows[0].PromptTokens))
-			p.m.Tokens.WithLabelValues(rows[0].Model, "completion").Add(float64(rows[0].CompletionTokens))
+			model := metrics.ModelLabel(rows[0].Model)
+			p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
+			p.m.Tokens.WithLabelValues(model, "completion").Add(float64(rows[0].CompletionTokens))
 		}
 		for _, row := range rows {
 			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()

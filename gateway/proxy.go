@@ -14,6 +14,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/metrics"
 )
 
 // call is the state of one proxied request.
@@ -129,6 +130,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 			defer done()
+			defer s.recoverPanic("stream")
 			s.stream(w, resp, &c, inj)
 		})
 		return
@@ -231,7 +233,7 @@ func (s *Server) stream(w *bufio.Writer, resp *fasthttp.Response, c *call, inj r
 				first = false
 				ttft := time.Since(c.start)
 				p.Meta.TTFTNano = uint64(ttft)
-				s.m.TTFT.WithLabelValues(c.model, p.Meta.Endpoint).Observe(ttft.Seconds())
+				s.m.TTFT.WithLabelValues(metricModel(c.model, p.Meta.Backend), p.Meta.Endpoint).Observe(ttft.Seconds())
 			}
 		}
 		if err != nil {
@@ -386,11 +388,21 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg st
 func (s *Server) finish(c *call, end time.Time) {
 	p := c.pend
 	p.Meta.EndTimeUnixNano = uint64(end.UnixNano())
-	model := p.Meta.Model
+	model := metricModel(p.Meta.Model, p.Meta.Backend)
 	s.m.Requests.WithLabelValues(model, p.Meta.Backend, p.Meta.Endpoint, strconv.Itoa(int(p.Meta.HTTPStatus))).Inc()
 	s.m.RequestDuration.WithLabelValues(model, p.Meta.Endpoint, boolLabel(p.Meta.Stream)).Observe(end.Sub(c.start).Seconds())
 	// On false the pipeline has counted and logged the drop; p is left to the GC.
 	s.capture.TryPush(p)
+}
+
+// metricModel is the model label: the requested name when it was routed,
+// "unrouted" when no backend took it, "invalid" when it is not a sane label
+// (invalid UTF-8 or over 128 bytes), so clients cannot break /metrics.
+func metricModel(model, backend string) string {
+	if backend == "" {
+		return "unrouted"
+	}
+	return metrics.ModelLabel(model)
 }
 
 func boolLabel(b bool) string {

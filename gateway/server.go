@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,6 +121,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Handle is the gateway's fasthttp handler.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("BUG: panic while handling a request; answered 500", "panic", v, "path", string(ctx.Path()), "stack", string(debug.Stack()))
+			ctx.Response.Reset()
+			s.plainError(ctx, fasthttp.StatusInternalServerError, errServer, "internal error in the gateway (logged)")
+		}
+	}()
 	path := ctx.Path()
 	var attr attribution
 	if r, a, rest, ok := splitRolloutPath(path); ok {
@@ -226,6 +234,14 @@ func drainBody(c net.Conn, contentLength int64) {
 		}
 	}
 	_ = c.SetReadDeadline(time.Time{})
+}
+
+// recoverPanic logs a panic in a goroutine the gateway owns instead of
+// letting it take the process down.
+func (s *Server) recoverPanic(where string) {
+	if v := recover(); v != nil {
+		s.log.Error("BUG: panic in "+where, "panic", v, "stack", string(debug.Stack()))
+	}
 }
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {

@@ -4,6 +4,8 @@
 package metrics
 
 import (
+	"unicode/utf8"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -114,4 +116,14 @@ func New() *Metrics {
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
 	return m
+}
+
+// ModelLabel makes a client-supplied model name safe as a label value:
+// "invalid" when it is not valid UTF-8 or longer than 128 bytes (the
+// Prometheus client panics on invalid UTF-8).
+func ModelLabel(model string) string {
+	if len(model) > 128 || !utf8.ValidString(model) {
+		return "invalid"
+	}
+	return model
 }

@@ -1,0 +1,112 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/metrics"
+)
+
+// gateSink blocks every write until release is closed, then records rows.
+type gateSink struct {
+	release chan struct{}
+	rows    atomic.Int64
+	fail    atomic.Int64 // writes left to fail
+}
+
+func (g *gateSink) Write(ctx context.Context, b *export.Batch) error {
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if g.fail.Add(-1) >= 0 {
+		return errors.New("sink down")
+	}
+	g.rows.Add(int64(len(b.Calls)))
+	return nil
+}
+
+func pending(seq uint64) *Pending {
+	p := AcquirePending()
+	p.Meta = export.Call{SpanID: "s", SequenceID: seq, HTTPStatus: 200, Endpoint: "/v1/chat/completions"}
+	p.Endpoint = EndpointChatCompletions
+	p.Body = append(p.Body[:0], `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop","token_ids":[5,6]}],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4},"prompt_token_ids":[1,2]}`...)
+	return p
+}
+
+// TestPipelineFullQueueCountsDrops fills a tiny queue behind a blocked sink:
+// the overflow is refused, counted in metrics, and everything accepted is
+// written once the sink recovers (after a failed first attempt).
+func TestPipelineFullQueueCountsDrops(t *testing.T) {
+	m := metrics.New()
+	sink := &gateSink{release: make(chan struct{})}
+	sink.fail.Store(1)
+	p := NewPipeline(Config{QueueSize: 2, Workers: 1, BatchSize: 1, FlushInterval: time.Millisecond, Retries: 3},
+		[]NamedSink{{Name: "gate", Sink: sink}}, m, nil)
+	accepted, refused := 0, 0
+	for i := range 50 {
+		if p.TryPush(pending(uint64(i + 1))) {
+			accepted++
+		} else {
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Fatal("a full queue accepted every call")
+	}
+	if got := testutil.ToFloat64(m.CaptureDropped); got != float64(refused) {
+		t.Fatalf("rollgate_capture_dropped_total = %v, want %d", got, refused)
+	}
+	close(sink.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.rows.Load(); got != int64(accepted) {
+		t.Fatalf("sink stored %d rows, want the %d accepted", got, accepted)
+	}
+	if got := testutil.ToFloat64(m.ExportErrors.WithLabelValues("gate")); got != 1 {
+		t.Fatalf("export errors = %v, want 1 (the failed first attempt)", got)
+	}
+	if p.TryPush(pending(99)) {
+		t.Fatal("a closed pipeline accepted a call")
+	}
+}
+
+// TestRowsVerdict checks one assembled call end to end: rows per choice,
+// bodies, and the token verdict.
+func TestRowsVerdict(t *testing.T) {
+	var a Assembler
+	p := pending(1)
+	p.Request = append(p.Request[:0], `{"model":"m","messages":[]}`...)
+	rows := Rows(p, &a)
+	if len(rows) != 1 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	r := rows[0]
+	if r.TokenSource != export.TokenSourceEngine || r.FinishReason != "stop" || len(r.ResponseTokenIDs) != 2 ||
+		len(r.PromptTokenIDs) != 2 || r.PromptTokens != 2 || !strings.Contains(r.ResponseMessage, "hi") || r.RequestBody == "" {
+		t.Fatalf("row: %+v", r)
+	}
+	// Usage disagreeing with the ids: not engine.
+	p = pending(2)
+	p.Body = []byte(strings.Replace(string(p.Body), `"completion_tokens":2`, `"completion_tokens":3`, 1))
+	if r := Rows(p, &a)[0]; r.TokenSource == export.TokenSourceEngine || !strings.Contains(r.TokenCheck, "completion_count") {
+		t.Fatalf("mismatch not flagged: %q %q", r.TokenSource, r.TokenCheck)
+	}
+	// Embeddings without bodies.
+	p = pending(3)
+	p.NoBodies = true
+	if r := Rows(p, &a)[0]; r.RequestBody != "" || r.ResponseBody != "" {
+		t.Fatalf("bodies stored despite NoBodies: %+v", r)
+	}
+}
