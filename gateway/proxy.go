@@ -62,7 +62,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	body := ctx.PostBody()
 	p.Request = append(p.Request[:0], body...)
 	p.NoBodies = ep == capture.EndpointEmbeddings && !s.cfg.CaptureEmbeddingBodies
-	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
+	if !isJSONObject(body) {
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,
 			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
 		return
@@ -137,8 +137,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	}
 
 	// Non-streamed: read the whole body, strip what we injected, send it.
-	raw, rerr := readAll(resp, s.cfg.MaxResponseBodyBytes)
-	p.Body = append(p.Body[:0], raw...)
+	var rerr error
+	p.Body, rerr = appendBody(p.Body[:0], resp, s.cfg.MaxResponseBodyBytes)
 	if rerr != nil {
 		abortResponse(resp, rerr)
 	} else {
@@ -287,19 +287,39 @@ func abortResponse(resp *fasthttp.Response, cause error) {
 
 // readAll reads a (possibly streamed) response body up to limit bytes.
 func readAll(resp *fasthttp.Response, limit int) ([]byte, error) {
+	return appendBody(nil, resp, limit)
+}
+
+// appendBody appends a (possibly streamed) response body to dst, reading at
+// most limit bytes; a longer body is an error.
+func appendBody(dst []byte, resp *fasthttp.Response, limit int) ([]byte, error) {
 	bs := resp.BodyStream()
 	if bs == nil {
-		return resp.Body(), nil
+		return append(dst, resp.Body()...), nil
 	}
-	var b bytes.Buffer
-	n, err := b.ReadFrom(io.LimitReader(bs, int64(limit)+1))
-	if err != nil {
-		return b.Bytes(), err
+	start := len(dst)
+	for {
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, err := bs.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if len(dst)-start > limit {
+			return dst[:start+limit], fmt.Errorf("response body larger than %d bytes (raise max_response_body_bytes)", limit)
+		}
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
 	}
-	if n > int64(limit) {
-		return b.Bytes()[:limit], fmt.Errorf("response body larger than %d bytes (raise max_response_body_bytes)", limit)
-	}
-	return b.Bytes(), nil
+}
+
+// isJSONObject reports whether body is valid JSON whose top level is an object.
+func isJSONObject(body []byte) bool {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	return len(b) > 0 && b[0] == '{' && gjson.ValidBytes(body)
 }
 
 // buildUpstream prepares the request to the backend: its URL, the client's
