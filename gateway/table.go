@@ -208,6 +208,9 @@ func buildTable(spec []Backend, old *table, cc *clientCache) (*table, error) {
 			if k, err := rewrite.ParseKind(rs.Kind); err == nil {
 				r.kind.Store(uint32(k))
 				r.kindOK.Store(true)
+			} else {
+				// Probe in the background so the first call rarely waits for it.
+				go r.resolveKind()
 			}
 			p.replicas = append(p.replicas, r)
 		}
