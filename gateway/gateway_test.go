@@ -409,3 +409,31 @@ func TestBackendFailsMidStream(t *testing.T) {
 		t.Fatalf("row has no error: %+v", row)
 	}
 }
+
+// TestClientAskedFieldsKept: what the client asked for itself (token ids, the
+// usage chunk, logprobs) reaches it untouched, byte for byte as from the engine.
+func TestClientAskedFieldsKept(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.InjectLogprobs = true })
+	for _, body := range []string{
+		withStream(chatBody, `"return_token_ids":true,"logprobs":true`),
+		withStream(chatBody, `"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}`),
+		`{"model":"m","prompt":"abc","stream":true,"stream_options":{"include_usage":true},"logprobs":1}`,
+	} {
+		path := "/chat/completions"
+		if strings.Contains(body, `"prompt"`) {
+			path = "/completions"
+		}
+		direct := do(t, "POST", e.mockURL+path, body)
+		got := do(t, "POST", e.url+"/v1"+path, body)
+		if string(got.body) != string(direct.body) {
+			t.Fatalf("client-requested fields altered:\n gateway %s\n direct  %s", got.body, direct.body)
+		}
+		if strings.Contains(body, "return_token_ids") && !strings.Contains(string(got.body), `"token_ids":[`) {
+			t.Fatalf("ids the client asked for are missing: %s", got.body)
+		}
+		if strings.Contains(body, "include_usage") && !strings.Contains(string(got.body), `"usage":{`) {
+			t.Fatalf("usage chunk the client asked for is missing: %s", got.body)
+		}
+	}
+}
