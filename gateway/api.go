@@ -44,7 +44,7 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		req.Header.SetMethod(fasthttp.MethodGet)
 		if r.auth != "" {
 			req.Header.Set("Authorization", r.auth)
-		} else if a := ctx.Request.Header.Peek("Authorization"); len(a) > 0 {
+		} else if a := ctx.Request.Header.Peek("Authorization"); len(a) > 0 && s.cfg.ForwardClientAuthorization {
 			req.Header.SetBytesV("Authorization", a)
 		}
 		if err := r.client.DoTimeout(req, resp, 10*time.Second); err == nil && resp.StatusCode() == 200 {
@@ -71,7 +71,14 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 func (s *Server) api(ctx *fasthttp.RequestCtx, sub string) {
 	method := string(ctx.Method())
 	parts := strings.Split(strings.Trim(sub, "/"), "/")
+	if method != "GET" && !s.authorizedAdmin(ctx) {
+		return
+	}
 	switch {
+	case sub == "/pause" && method == "POST":
+		s.postPause(ctx)
+	case sub == "/resume" && method == "POST":
+		s.postResume(ctx)
 	case sub == "/backends" && method == "GET":
 		s.getBackends(ctx)
 	case sub == "/backends" && method == "PUT":
@@ -119,6 +126,7 @@ func (s *Server) storeCtx() (context.Context, context.CancelFunc) {
 
 type backendsDoc struct {
 	Backends []backendView `json:"backends"`
+	Drain    pauseView     `json:"drain"`
 }
 
 type backendView struct {
@@ -130,11 +138,12 @@ type replicaView struct {
 	Replica
 	ResolvedKind string `json:"resolved_kind,omitempty"`
 	Outstanding  int64  `json:"outstanding"`
+	Healthy      bool   `json:"healthy"`
 }
 
 func (s *Server) getBackends(ctx *fasthttp.RequestCtx) {
 	t := s.table.Load()
-	doc := backendsDoc{Backends: []backendView{}}
+	doc := backendsDoc{Backends: []backendView{}, Drain: s.pauseState()}
 	for _, b := range t.spec {
 		p := t.lookup(b.Model)
 		if b.Model == "*" {
@@ -142,7 +151,7 @@ func (s *Server) getBackends(ctx *fasthttp.RequestCtx) {
 		}
 		v := backendView{Model: b.Model}
 		for _, r := range p.replicas {
-			rv := replicaView{Replica: r.spec, Outstanding: r.outstanding.Load()}
+			rv := replicaView{Replica: r.spec, Outstanding: r.outstanding.Load(), Healthy: r.healthy()}
 			if r.kindOK.Load() {
 				rv.ResolvedKind = rewrite.Kind(r.kind.Load()).String()
 			}

@@ -26,6 +26,30 @@ type Config struct {
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 	// ConnectTimeout bounds dialing a backend (default 5s); a failed dial is 502.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// Retries is how many times a call that failed before any response byte
+	// (connection refused, reset, closed) is sent again, to another replica
+	// when the pool has one (default 2; -1 disables).
+	Retries int `yaml:"retries"`
+	// RetryBackoff is the wait before the first retry, doubled each time (default 50ms).
+	RetryBackoff time.Duration `yaml:"retry_backoff"`
+	// UnhealthyAfter consecutive failures (calls or health checks) take a
+	// replica out of selection for UnhealthyCooldown (defaults 3 and 10s).
+	UnhealthyAfter    int           `yaml:"unhealthy_after"`
+	UnhealthyCooldown time.Duration `yaml:"unhealthy_cooldown"`
+	// HealthInterval is the period of active health checks (GET /health) of
+	// every replica (default 5s; negative disables).
+	HealthInterval time.Duration `yaml:"health_interval"`
+	// PauseMaxHold is the longest a call waits while the gateway is paused
+	// before it is answered 503 with Retry-After (default 5m).
+	PauseMaxHold time.Duration `yaml:"pause_max_hold"`
+	// AdminToken, when set, is required as "Authorization: Bearer ..." on the
+	// /api/v1 write routes (backends, pause/resume, rollouts, rewards, status).
+	// Set it through the environment (ROLLGATE_ADMIN_TOKEN), not a file.
+	AdminToken string `yaml:"-"`
+	// ForwardClientAuthorization passes the client's Authorization header to
+	// replicas that have no api_key_env of their own (default false: the
+	// gateway holds upstream credentials; agents' keys stay with the gateway).
+	ForwardClientAuthorization bool `yaml:"forward_client_authorization"`
 	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
 	// client did not (default false); they are stripped from the client's copy.
 	InjectLogprobs bool `yaml:"inject_logprobs"`
@@ -84,6 +108,27 @@ func (c *Config) SetDefaults() {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 5 * time.Second
+	}
+	switch {
+	case c.Retries == 0:
+		c.Retries = 2
+	case c.Retries < 0:
+		c.Retries = 0
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = 50 * time.Millisecond
+	}
+	if c.UnhealthyAfter <= 0 {
+		c.UnhealthyAfter = 3
+	}
+	if c.UnhealthyCooldown <= 0 {
+		c.UnhealthyCooldown = 10 * time.Second
+	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = 5 * time.Second
+	}
+	if c.PauseMaxHold <= 0 {
+		c.PauseMaxHold = 5 * time.Minute
 	}
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -43,4 +44,17 @@ func upstreamStatus(err error) (int, string) {
 		return fasthttp.StatusBadGateway, errUpstream
 	}
 	return fasthttp.StatusBadGateway, errUpstream
+}
+
+// retryable reports whether a failed backend call may be sent again: the
+// connection failed before any response byte (refused, reset, closed early).
+// Timeouts are not retried: the engine may still be generating.
+func retryable(err error) bool {
+	var ne net.Error
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "connection refused") ||
+		strings.Contains(err.Error(), "connection reset")
 }

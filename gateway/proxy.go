@@ -81,44 +81,70 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 			fmt.Sprintf("The model `%s` does not exist or is not routed by this gateway (see GET /v1/models).", c.model))
 		return
 	}
-	r := s.selector.Select(pl)
-	kind := r.resolveKind()
+	if !s.waitIfPaused(ctx, &c) {
+		return
+	}
 
 	out := s.bufs.get()
 	defer s.bufs.put(out)
-	rewritten, info, inj, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs})
-	if err != nil {
-		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
-		return
-	}
-	*out = rewritten
-	if r.spec.ServedModel != "" {
-		rewritten = replaceModel(rewritten, r.spec.ServedModel)
-		*out = rewritten
-	}
-	p.Meta.Backend = r.name
-	p.Meta.PolicyVersion = r.spec.PolicyVersion
-	p.Meta.Stream = info.Stream
-
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	s.buildUpstream(ctx, req, r, path, rewritten)
+	deadline := c.start.Add(s.cfg.UpstreamTimeout)
+	var (
+		r       *replica
+		resp    *fasthttp.Response
+		inj     rewrite.Injected
+		tried   []*replica
+		backoff = s.cfg.RetryBackoff
+	)
+	for attempt := 0; ; attempt++ {
+		r = s.selector.Select(pl, tried)
+		if r == nil { // every replica tried once: start over
+			tried = tried[:0]
+			r = s.selector.Select(pl, nil)
+		}
+		kind := r.resolveKind()
+		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs})
+		if err != nil {
+			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+			return
+		}
+		*out = rewritten
+		if r.spec.ServedModel != "" {
+			rewritten = replaceModel(rewritten, r.spec.ServedModel)
+		}
+		inj = injected
+		p.Meta.Backend = r.name
+		p.Meta.PolicyVersion = r.spec.PolicyVersion
+		p.Meta.Stream = info.Stream
 
-	resp := fasthttp.AcquireResponse()
-	r.outstanding.Add(1)
-	s.m.BackendInFlight.WithLabelValues(r.name).Inc()
-	done := func() {
-		r.outstanding.Add(-1)
-		s.m.BackendInFlight.WithLabelValues(r.name).Dec()
-	}
-	err = r.client.DoDeadline(req, resp, c.start.Add(s.cfg.UpstreamTimeout))
-	if err != nil {
-		done()
+		req.Reset()
+		s.buildUpstream(ctx, req, r, path, rewritten)
+		resp = fasthttp.AcquireResponse()
+		s.acquire(r)
+		err = r.client.DoDeadline(req, resp, deadline)
+		if err == nil {
+			r.markSuccess()
+			break
+		}
+		s.release(r)
 		fasthttp.ReleaseResponse(resp)
-		status, typ := upstreamStatus(err)
-		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: %v", r.name, err))
-		return
+		r.markFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
+		tried = append(tried, r)
+		if attempt >= s.cfg.Retries || !retryable(err) || time.Now().Add(backoff).After(deadline) {
+			status, typ := upstreamStatus(err)
+			msg := fmt.Sprintf("backend %s: %v", r.name, err)
+			if attempt > 0 {
+				msg = fmt.Sprintf("%s (after %d attempts)", msg, attempt+1)
+			}
+			s.fail(ctx, &c, status, typ, msg)
+			return
+		}
+		s.log.Debug("backend call failed before any response; retrying", "backend", r.name, "attempt", attempt+1, "err", err)
+		time.Sleep(backoff)
+		backoff *= 2
 	}
+	done := func() { s.release(r) }
 
 	status := resp.StatusCode()
 	ctx.SetStatusCode(status)
@@ -274,6 +300,17 @@ func (s *Server) stream(w *bufio.Writer, resp *fasthttp.Response, c *call, inj r
 	s.finish(c, time.Now())
 }
 
+// acquire and release count a call outstanding on a replica.
+func (s *Server) acquire(r *replica) {
+	r.outstanding.Add(1)
+	s.m.BackendInFlight.WithLabelValues(r.name).Inc()
+}
+
+func (s *Server) release(r *replica) {
+	r.outstanding.Add(-1)
+	s.m.BackendInFlight.WithLabelValues(r.name).Dec()
+}
+
 // abortResponse closes a streamed upstream response without returning its
 // connection to the pool (it may hold unread bytes). The Response object is
 // left to the garbage collector: releasing it would close the stream twice.
@@ -343,7 +380,7 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, req *fasthttp.Request, 
 		if skipHeaders[string(lower)] {
 			continue
 		}
-		if r.auth != "" && string(lower) == "authorization" {
+		if string(lower) == "authorization" && (r.auth != "" || !s.cfg.ForwardClientAuthorization) {
 			continue
 		}
 		req.Header.AddBytesKV(k, v)

@@ -36,6 +36,9 @@ type Server struct {
 	seq      sequences
 	rollouts sync.Map // rollout_id → *rolloutInfo
 	draining atomic.Bool
+	pause    pauser
+	held     atomic.Int64 // calls waiting while paused
+	stop     chan struct{}
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -66,6 +69,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		log:      log,
 		selector: LeastOutstanding{},
 	}
+	s.stop = make(chan struct{})
 	s.clients = clientCache{clients: map[string]*fasthttp.HostClient{}, cfg: &s.cfg}
 	s.scanners.New = func() any { return new(capture.SSEScanner) }
 	t, err := buildTable(cfg.Backends, nil, &s.clients)
@@ -73,6 +77,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		return nil, fmt.Errorf("gateway: routing table: %w", err)
 	}
 	s.table.Store(t)
+	go s.healthLoop(s.stop)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	s.srv = &fasthttp.Server{
 		Handler:                       s.Handle,
@@ -112,7 +117,9 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting connections and waits for in-flight calls to
 // finish or ctx to end. The capture pipeline is closed by its owner.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.draining.Store(true)
+	if s.draining.CompareAndSwap(false, true) {
+		close(s.stop)
+	}
 	if err := s.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("gateway: shutdown: %w", err)
 	}

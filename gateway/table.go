@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,6 +30,11 @@ type replica struct {
 	auth     string // "Bearer ..." from APIKeyEnv, or ""
 
 	outstanding atomic.Int64
+
+	// Health: consecutive failures and the time (unix ns) until which the
+	// replica is left out of selection.
+	fails          atomic.Int32
+	unhealthyUntil atomic.Int64
 
 	// kind is resolved once for kind "auto"; kindOK is 0 until then.
 	kindMu      sync.Mutex
@@ -56,26 +62,37 @@ type table struct {
 	wildcard *pool
 }
 
-// Selector picks a replica of a pool for one call.
+// Selector picks a replica of a pool for one call, skipping those in exclude
+// (already tried for this call). It returns nil when none is left.
 type Selector interface {
-	Select(p *pool) *replica
+	Select(p *pool, exclude []*replica) *replica
 }
 
-// LeastOutstanding picks the replica with the fewest outstanding requests
-// relative to its weight; ties rotate.
+// LeastOutstanding picks the healthy replica with the fewest outstanding
+// requests relative to its weight; ties rotate. When every candidate is
+// unhealthy it still picks one (the least loaded), so a pool never refuses
+// calls only because checks failed.
 type LeastOutstanding struct{}
 
 // Select implements Selector.
-func (LeastOutstanding) Select(p *pool) *replica {
-	n := len(p.replicas)
-	if n == 1 {
-		return p.replicas[0]
+func (LeastOutstanding) Select(p *pool, exclude []*replica) *replica {
+	now := time.Now().UnixNano()
+	if r := leastLoaded(p, exclude, now, true); r != nil {
+		return r
 	}
+	return leastLoaded(p, exclude, now, false)
+}
+
+func leastLoaded(p *pool, exclude []*replica, now int64, healthyOnly bool) *replica {
+	n := len(p.replicas)
 	start := int(p.next.Add(1) % uint64(n))
 	var best *replica
 	var bestLoad int64
 	for i := range n {
 		r := p.replicas[(start+i)%n]
+		if slices.Contains(exclude, r) || (healthyOnly && r.unhealthyUntil.Load() > now) {
+			continue
+		}
 		w := int64(r.spec.Weight)
 		if w <= 0 {
 			w = 1
@@ -290,4 +307,52 @@ func (r *replica) probe() (rewrite.Kind, bool) {
 		return rewrite.KindSGLang, true
 	}
 	return rewrite.KindOpenAI, true
+}
+
+// markFailure records a failed call or check; after failThreshold
+// consecutive failures the replica leaves selection for cooldown.
+func (r *replica) markFailure(failThreshold int, cooldown time.Duration) {
+	if int(r.fails.Add(1)) >= failThreshold {
+		r.unhealthyUntil.Store(time.Now().Add(cooldown).UnixNano())
+	}
+}
+
+// markSuccess records a successful call or check: the replica is healthy.
+func (r *replica) markSuccess() {
+	if r.fails.Load() != 0 {
+		r.fails.Store(0)
+	}
+	if r.unhealthyUntil.Load() != 0 {
+		r.unhealthyUntil.Store(0)
+	}
+}
+
+// healthy reports whether the replica is in selection now.
+func (r *replica) healthy() bool { return r.unhealthyUntil.Load() <= time.Now().UnixNano() }
+
+// checkHealth asks the replica's engine whether it is up: GET /health on its
+// origin (vLLM, SGLang), falling back to GET {base}/models for other servers.
+func (r *replica) checkHealth(timeout time.Duration) bool {
+	for _, path := range []string{"/health", r.basePath + "/models"} {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		req.SetRequestURI(r.origin + path)
+		req.Header.SetMethod(fasthttp.MethodGet)
+		if r.auth != "" {
+			req.Header.Set("Authorization", r.auth)
+		}
+		err := r.client.DoTimeout(req, resp, timeout)
+		ok := err == nil && resp.StatusCode() == 200
+		if err == nil {
+			_, _ = readAll(resp, 1<<20)
+		}
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+		if ok {
+			return true
+		}
+		if err != nil {
+			return false // unreachable: no point trying another path
+		}
+	}
+	return false
 }

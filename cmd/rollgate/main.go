@@ -16,12 +16,14 @@ Usage:
                                 without --upstream it also starts the built-in mock engine)
   rollgate sql [flags] "QUERY"  run SQL on the configured store and print a table
   rollgate mock [flags]         run the mock vLLM engine (for tests and benchmarks)
+  rollgate bridge [flags]       turn captured calls and rewards into training samples (JSONL, Parquet)
   rollgate help [command]       show help for a command
 
 Every flag can also be set through the environment: --some-flag is ROLLGATE_SOME_FLAG.
 Secrets belong in the environment: ROLLGATE_CLICKHOUSE (a DSN with a password),
-ROLLGATE_UPSTREAM_API_KEY (sent to --upstream as a bearer token), and the variables
-named by api_key_env in the config file.
+ROLLGATE_UPSTREAM_API_KEY (sent to --upstream as a bearer token), ROLLGATE_ADMIN_TOKEN
+(required as a bearer token on /api/v1 write routes when set), and the variables named
+by api_key_env in the config file.
 
 Run "rollgate help serve" (or "rollgate serve --help") for the flags of a command.
 `
@@ -53,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runSQL(rest, stdout, stderr)
 	case "mock":
 		return runMock(rest, stdout, stderr)
+	case "bridge":
+		return runBridge(rest, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "rollgate: unknown command %q\n\n%s", cmd, usage)
 	return 2

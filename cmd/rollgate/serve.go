@@ -67,6 +67,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		maxBody        = fs.Int("max-body-bytes", 32<<20, "largest request body accepted; larger ones get 413")
 		timeout        = fs.Duration("upstream-timeout", 10*time.Minute, "longest a backend call may take, stream included; 504 if nothing was sent by then")
 		queueSize      = fs.Int("capture-queue", 8192, "calls that may wait for capture; when full, calls are dropped from capture and counted (rollgate_capture_dropped_total)")
+		fwdAuth        = fs.Bool("forward-client-authorization", false, "pass the agent's Authorization header to backends that have no key of their own (default: the gateway holds upstream credentials)")
+		retries        = fs.Int("retries", 2, "times a call that failed before any response byte is retried on another replica (-1 = never)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	set, err := parseWithEnv(fs, args)
@@ -107,6 +109,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["upstream-timeout"] || cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = *timeout
 	}
+	if set["forward-client-authorization"] {
+		cfg.ForwardClientAuthorization = *fwdAuth
+	}
+	if set["retries"] || cfg.Retries == 0 {
+		cfg.Retries = *retries
+	}
+	cfg.AdminToken = os.Getenv("ROLLGATE_ADMIN_TOKEN")
 	if set["clickhouse"] || fc.ClickHouse == "" {
 		fc.ClickHouse = *clickhouseDSN
 	}

@@ -1,0 +1,118 @@
+package gateway_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/gateway"
+)
+
+// TestRetryOnAnotherReplica: with a dead replica in the pool, every call
+// still succeeds (retried before any byte reached the client), and the dead
+// replica is marked unhealthy and left out.
+func TestRetryOnAnotherReplica(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) {
+		c.HealthInterval = -1 // passive checks only, so the test sees them
+		c.Backends[0].Replicas = append([]gateway.Replica{{Name: "dead", URL: "http://127.0.0.1:1/v1", Kind: "vllm"}}, c.Backends[0].Replicas...)
+	})
+	for i := range 8 {
+		r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
+		if r.status != 200 {
+			t.Fatalf("call %d: %d %s", i, r.status, r.body)
+		}
+		if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.Backend != "mock-1" || row.Error != "" {
+			t.Fatalf("call %d row: backend %q error %q", i, row.Backend, row.Error)
+		}
+	}
+	g := do(t, "GET", e.url+"/api/v1/backends", "")
+	if gjson.GetBytes(g.body, `backends.0.replicas.#(name=="dead").healthy`).Bool() ||
+		!gjson.GetBytes(g.body, `backends.0.replicas.#(name=="mock-1").healthy`).Bool() {
+		t.Fatalf("health not tracked: %s", g.body)
+	}
+}
+
+// TestPauseResume: while paused, new calls wait and in-flight ones finish;
+// resume releases the held calls; past the hold deadline a call gets 503
+// with Retry-After.
+func TestPauseResume(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.PauseMaxHold = 3 * time.Second })
+	slow := make(chan resp, 1)
+	go func() {
+		slow <- do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true`), "x-mock-itl-ms", "30")
+	}()
+	time.Sleep(100 * time.Millisecond)
+	p := do(t, "POST", e.url+"/api/v1/pause", "")
+	if p.status != 200 || !gjson.GetBytes(p.body, "paused").Bool() {
+		t.Fatalf("pause: %d %s", p.status, p.body)
+	}
+	held := make(chan resp, 1)
+	go func() { held <- do(t, "POST", e.url+"/v1/chat/completions", chatBody) }()
+	if r := <-slow; r.status != 200 || !strings.Contains(string(r.body), "[DONE]") {
+		t.Fatalf("in-flight stream did not finish while paused: %d %s", r.status, r.body)
+	}
+	// Drained: nothing in flight, one call held.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g := do(t, "GET", e.url+"/api/v1/backends", "")
+		d := gjson.GetBytes(g.body, "drain")
+		if d.Get("state").String() == "paused" && d.Get("held_calls").Int() == 1 && d.Get("drained").Bool() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("drain state never reached: %s", d.Raw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case r := <-held:
+		t.Fatalf("a call went through while paused: %d", r.status)
+	default:
+	}
+	if r := do(t, "POST", e.url+"/api/v1/resume", ""); r.status != 200 || gjson.GetBytes(r.body, "paused").Bool() {
+		t.Fatalf("resume: %d %s", r.status, r.body)
+	}
+	if r := <-held; r.status != 200 {
+		t.Fatalf("held call after resume: %d %s", r.status, r.body)
+	}
+	// Paused past the hold deadline: 503 + Retry-After, captured.
+	do(t, "POST", e.url+"/api/v1/pause", "")
+	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
+	if r.status != 503 || r.header.Get("Retry-After") == "" {
+		t.Fatalf("held past deadline: %d %v %s", r.status, r.header, r.body)
+	}
+	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.HTTPStatus != 503 || !strings.Contains(row.Error, "paused") {
+		t.Fatalf("503 row: %+v", row)
+	}
+	do(t, "POST", e.url+"/api/v1/resume", "")
+}
+
+// TestAdminTokenAndAuthorization: write routes need the admin token when set;
+// the client's Authorization is not forwarded upstream by default.
+func TestAdminTokenAndAuthorization(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.AdminToken = "s3cret" })
+	if r := do(t, "POST", e.url+"/api/v1/pause", ""); r.status != 401 {
+		t.Fatalf("pause without token: %d", r.status)
+	}
+	if r := do(t, "POST", e.url+"/api/v1/rollouts/x/rewards", `{"value":1}`, "Authorization", "Bearer wrong"); r.status != 401 {
+		t.Fatalf("reward with a wrong token: %d", r.status)
+	}
+	if r := do(t, "POST", e.url+"/api/v1/rollouts/x/rewards", `{"value":1}`, "Authorization", "Bearer s3cret"); r.status != 200 {
+		t.Fatalf("reward with the token: %d %s", r.status, r.body)
+	}
+	if r := do(t, "GET", e.url+"/api/v1/backends", ""); r.status != 200 {
+		t.Fatalf("reads stay open: %d", r.status)
+	}
+	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody, "Authorization", "Bearer sk-agent")
+	if r.status != 200 || e.mock.LastHeader("Authorization") != "" {
+		t.Fatalf("client Authorization forwarded: %q", e.mock.LastHeader("Authorization"))
+	}
+	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; strings.Contains(row.RequestBody, "sk-agent") {
+		t.Fatal("credential stored")
+	}
+}

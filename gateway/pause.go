@@ -1,0 +1,150 @@
+package gateway
+
+import (
+	"crypto/subtle"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// pauser holds new calls while a trainer updates weights (POST
+// /api/v1/pause ... /resume). Calls already sent upstream finish normally.
+type pauser struct {
+	mu      sync.Mutex
+	paused  bool
+	since   time.Time
+	resumed chan struct{} // closed on resume
+}
+
+// state returns whether calls are held, since when, and the channel that
+// closes on resume.
+func (p *pauser) state() (bool, time.Time, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused, p.since, p.resumed
+}
+
+func (p *pauser) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.paused {
+		p.paused, p.since, p.resumed = true, time.Now(), make(chan struct{})
+	}
+}
+
+func (p *pauser) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused {
+		p.paused = false
+		close(p.resumed)
+	}
+}
+
+// waitIfPaused holds the call while the gateway is paused, up to
+// PauseMaxHold; then it answers 503 with Retry-After and returns false.
+func (s *Server) waitIfPaused(ctx *fasthttp.RequestCtx, c *call) bool {
+	paused, _, resumed := s.pause.state()
+	if !paused {
+		return true
+	}
+	s.held.Add(1)
+	defer s.held.Add(-1)
+	t := time.NewTimer(s.cfg.PauseMaxHold)
+	defer t.Stop()
+	select {
+	case <-resumed:
+		return true
+	case <-t.C:
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds))
+		s.fail(ctx, c, fasthttp.StatusServiceUnavailable, errServer,
+			"the gateway is paused for a weight update and did not resume within pause_max_hold; retry later")
+		return false
+	}
+}
+
+const retryAfterSeconds = 5
+
+// pauseView is the drain state reported by pause/resume and GET backends.
+type pauseView struct {
+	Paused      bool   `json:"paused"`
+	PausedSince int64  `json:"paused_since_unix_nano,omitempty"`
+	HeldCalls   int64  `json:"held_calls"`
+	InFlight    int64  `json:"in_flight"`
+	Drained     bool   `json:"drained"`
+	State       string `json:"state"`
+}
+
+func (s *Server) pauseState() pauseView {
+	paused, since, _ := s.pause.state()
+	var inflight int64
+	t := s.table.Load()
+	for _, p := range t.allPools() {
+		for _, r := range p.replicas {
+			inflight += r.outstanding.Load()
+		}
+	}
+	v := pauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running"}
+	if paused {
+		v.PausedSince = since.UnixNano()
+		v.State = "draining"
+		if v.Drained {
+			v.State = "paused"
+		}
+	}
+	return v
+}
+
+func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
+	s.pause.pause()
+	s.log.Info("paused: holding new calls", "in_flight", s.pauseState().InFlight)
+	writeJSON(ctx, fasthttp.StatusOK, s.pauseState())
+}
+
+func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
+	s.pause.resume()
+	s.log.Info("resumed: releasing held calls")
+	writeJSON(ctx, fasthttp.StatusOK, s.pauseState())
+}
+
+// authorizedAdmin checks the admin token on write routes (constant-time).
+func (s *Server) authorizedAdmin(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.AdminToken == "" {
+		return true
+	}
+	got := ctx.Request.Header.Peek("Authorization")
+	want := "Bearer " + s.cfg.AdminToken
+	if subtle.ConstantTimeCompare(got, []byte(want)) == 1 {
+		return true
+	}
+	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate admin"`)
+	s.plainError(ctx, fasthttp.StatusUnauthorized, "authentication_error", "this /api/v1 route needs the admin token: Authorization: Bearer $ROLLGATE_ADMIN_TOKEN")
+	return false
+}
+
+// healthLoop checks every replica actively until stop closes.
+func (s *Server) healthLoop(stop <-chan struct{}) {
+	if s.cfg.HealthInterval < 0 {
+		return
+	}
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		for _, p := range s.table.Load().allPools() {
+			for _, r := range p.replicas {
+				if r.checkHealth(2 * time.Second) {
+					r.markSuccess()
+				} else {
+					r.markFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
+				}
+			}
+		}
+	}
+}
