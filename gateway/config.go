@@ -24,6 +24,10 @@ type Config struct {
 	// UpstreamTimeout bounds a whole upstream call, stream included (default 10m).
 	// A call that has sent nothing when it expires gets 504.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// IdleTimeout bounds how long a backend may send nothing: before the
+	// response headers (first-byte timeout, 504) and between chunks of a
+	// stream (the client then gets an SSE error event) (default 2m).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// ConnectTimeout bounds dialing a backend (default 5s); a failed dial is 502.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// Retries is how many times a call that failed before any response byte
@@ -105,6 +109,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.UpstreamTimeout <= 0 {
 		c.UpstreamTimeout = 10 * time.Minute
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 5 * time.Second

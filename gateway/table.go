@@ -148,7 +148,7 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 			addr += ":80"
 		}
 	}
-	connectTimeout := c.cfg.ConnectTimeout
+	connectTimeout, idle := c.cfg.ConnectTimeout, c.cfg.IdleTimeout
 	hc := &fasthttp.HostClient{
 		Addr:                          addr,
 		IsTLS:                         isTLS,
@@ -163,7 +163,11 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 		Dial: func(addr string) (net.Conn, error) {
-			return fasthttp.DialTimeout(addr, connectTimeout)
+			conn, err := fasthttp.DialTimeout(addr, connectTimeout)
+			if err != nil {
+				return nil, err
+			}
+			return &idleConn{Conn: conn, idle: idle}, nil
 		},
 	}
 	c.clients[key] = hc
