@@ -3,6 +3,14 @@
 // recorded as token_source "engine" only when their counts agree with the
 // usage the engine reported; otherwise the call is marked "engine_mismatch"
 // and the failed checks are listed (export.Call.TokenCheck).
+//
+// It also checks captured ids after the fact: CheckTurns / Tracker classify
+// how each call's prompt ids continue the previous call of its rollout
+// attempt (prefix, template, retokenized, edited), which tells the trainer
+// bridge whether turns can be merged; CheckDetokenization decodes output ids
+// and compares them with the returned text. Sub-packages: fallback (ids from
+// a backend's /tokenize and from logprobs) and hf (local Hugging Face and
+// tiktoken tokenizers).
 package tokenize
 
 import (

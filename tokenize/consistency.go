@@ -1,0 +1,383 @@
+package tokenize
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// Turn kinds: how a call's prompt ids relate to the previous call of the same
+// rollout attempt (its prompt ids followed by its response ids). Only
+// TurnPrefix lets a trainer merge the two turns into one sequence safely.
+const (
+	// TurnFirst: the first call of the attempt (nothing to compare with).
+	TurnFirst = "first"
+	// TurnPrefix: the prompt starts with the previous prompt + response ids.
+	TurnPrefix = "prefix"
+	// TurnResend: the prompt is exactly the previous prompt (a retry or a
+	// resampled branch); the previous response is not part of the context.
+	TurnResend = "resend"
+	// TurnTemplate: the ids differ at the boundary because of template or role
+	// tokens: the divergence lies in the previous prompt's last TemplateWindow
+	// ids (its generation prompt, e.g. a "<think>\n\n</think>" the template
+	// adds only to the open turn), or anywhere after that with a special id
+	// (TurnOptions.Special) as the first differing id on either side (an
+	// end-of-turn token the response lacks or the template replaces).
+	TurnTemplate = "template"
+	// TurnRetokenized: the previous response's text was rendered back and
+	// tokenized differently (an "H"+"AVING" that becomes "HAV"+"ING"): the
+	// divergence lies inside the previous response, no special id is
+	// involved, and either Decode shows the same text, or (without Decode)
+	// both sides realign within ResyncWindow ids and match to the end of the
+	// response, or the divergence is within the response's last
+	// ResyncWindow ids.
+	TurnRetokenized = "retokenized"
+	// TurnEdited: the context was edited: the divergence lies in the previous
+	// prompt well before its end, or in the previous response without any
+	// realignment (truncated history, a summarised or rewritten turn, tool
+	// call arguments parsed and re-serialised).
+	TurnEdited = "edited"
+	// TurnNoIDs: this call or the previous one has no prompt or response ids.
+	TurnNoIDs = "no_ids"
+	// TurnError: the call failed (error or HTTP status >= 400); it is not
+	// compared and never serves as a previous call.
+	TurnError = "error"
+	// TurnUnordered: the call reached a Tracker after a later call of its
+	// attempt; it was not compared (only from Tracker.Observe).
+	TurnUnordered = "unordered"
+)
+
+// TurnOptions tune the classification of breaks. The zero value works; its
+// windows take the defaults below.
+type TurnOptions struct {
+	// Special reports whether id is a template, role or end-of-turn token of
+	// the model's vocabulary (e.g. <|im_start|>, <|im_end|>, <|eot_id|>).
+	// Nil: no id is treated as special, and template breaks are only found
+	// through TemplateWindow.
+	Special func(id uint32) bool
+	// Decode, when set, turns ids into text; it confirms retokenized breaks
+	// (same text, different ids). A local tokenizer (package tokenize/hf) or
+	// an engine's /detokenize can serve.
+	Decode func(ids []uint32) (string, error)
+	// TemplateWindow is how many ids at the end of the previous prompt count
+	// as its generation prompt (default 8).
+	TemplateWindow int
+	// ResyncWindow is how many ids either side may differ before both
+	// sequences realign (default 4).
+	ResyncWindow int
+}
+
+func (o *TurnOptions) windows() (tw, rw int) {
+	tw, rw = 8, 4
+	if o != nil && o.TemplateWindow > 0 {
+		tw = o.TemplateWindow
+	}
+	if o != nil && o.ResyncWindow > 0 {
+		rw = o.ResyncWindow
+	}
+	return tw, rw
+}
+
+// Turn is the consistency result of one call (one sequence id).
+type Turn struct {
+	RolloutID, AttemptID string
+	SequenceID           uint64
+	// Kind is one of the Turn* constants.
+	Kind string
+	// PrevSequenceID is the call compared with (0 for first, error, or when
+	// no earlier successful call exists).
+	PrevSequenceID uint64
+	// PrevChoice is the choice of the previous call whose response matched
+	// this prompt best (the one the agent continued).
+	PrevChoice uint32
+	// PrevLen is len(previous prompt) + len(previous response).
+	PrevLen int
+	// PrefixLen is the length of the common prefix of the previous prompt +
+	// response and this prompt.
+	PrefixLen int
+	// BoundaryOffset is PrefixLen - PrevLen: 0 for prefix, negative when the
+	// divergence lies before the end of the previous response.
+	BoundaryOffset int
+	// InResponse is true when the divergence lies inside the previous response.
+	InResponse bool
+	// MixedSources is true when the two calls' ids have different
+	// token_source values (e.g. engine and retokenized): never merge those.
+	MixedSources bool
+}
+
+// Mergeable reports whether this turn extends the previous one exactly.
+func (t Turn) Mergeable() bool { return t.Kind == TurnPrefix && !t.MixedSources }
+
+// RolloutTurns summarises the turns of one rollout attempt.
+type RolloutTurns struct {
+	RolloutID, AttemptID string
+	Calls                int
+	// Counts per Turn* kind.
+	Counts map[string]int
+	// Mergeable is true when every call after the first successful one is a
+	// prefix extension of its predecessor with the same token source.
+	Mergeable bool
+	// FirstBreak is the sequence id of the first call that is neither first,
+	// prefix nor error (0 when none).
+	FirstBreak uint64
+}
+
+// CheckTurns classifies every call of calls (llm_calls rows, any order, any
+// rollouts; several choices per sequence id allowed) against the previous
+// successful call of its rollout attempt, ordered by sequence_id. It returns
+// one Turn per (rollout, attempt, sequence id), ordered by rollout, attempt,
+// sequence id, and one summary per attempt in the same order.
+func CheckTurns(calls []export.Call, opt *TurnOptions) ([]Turn, []RolloutTurns) {
+	rows := slices.Clone(calls)
+	slices.SortStableFunc(rows, func(a, b export.Call) int {
+		return cmp.Or(cmp.Compare(a.RolloutID, b.RolloutID), cmp.Compare(a.AttemptID, b.AttemptID),
+			cmp.Compare(a.SequenceID, b.SequenceID), cmp.Compare(a.ChoiceIndex, b.ChoiceIndex))
+	})
+	var turns []Turn
+	var sums []RolloutTurns
+	var prev []export.Call // choices of the previous successful call of the attempt
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j].RolloutID == rows[i].RolloutID && rows[j].AttemptID == rows[i].AttemptID &&
+			rows[j].SequenceID == rows[i].SequenceID {
+			j++
+		}
+		cur := rows[i:j]
+		newAttempt := len(sums) == 0 || sums[len(sums)-1].RolloutID != cur[0].RolloutID ||
+			sums[len(sums)-1].AttemptID != cur[0].AttemptID
+		if newAttempt {
+			prev = nil
+			sums = append(sums, RolloutTurns{RolloutID: cur[0].RolloutID, AttemptID: cur[0].AttemptID,
+				Counts: map[string]int{}, Mergeable: true})
+		}
+		t := compareTurn(prev, cur, opt)
+		if t.Kind != TurnError {
+			prev = cur
+		}
+		s := &sums[len(sums)-1]
+		s.Calls++
+		s.Counts[t.Kind]++
+		if t.Kind != TurnFirst && t.Kind != TurnError && !t.Mergeable() {
+			s.Mergeable = false
+			if s.FirstBreak == 0 {
+				s.FirstBreak = t.SequenceID
+			}
+		}
+		turns = append(turns, t)
+		i = j
+	}
+	return turns, sums
+}
+
+// CompareTurn classifies the call cur (its rows, one per choice) against prev
+// (the rows of the previous successful call of the same attempt, nil when
+// there is none). The capture pipeline calls it through a Tracker.
+func CompareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
+	return compareTurn(prev, cur, opt)
+}
+
+func failed(c *export.Call) bool { return c.Error != "" || c.HTTPStatus >= 400 }
+
+func compareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
+	c := &cur[0]
+	t := Turn{RolloutID: c.RolloutID, AttemptID: c.AttemptID, SequenceID: c.SequenceID}
+	switch {
+	case failed(c):
+		t.Kind = TurnError
+		return t
+	case len(prev) == 0:
+		t.Kind = TurnFirst
+		return t
+	}
+	t.PrevSequenceID = prev[0].SequenceID
+	if len(c.PromptTokenIDs) == 0 || !hasTurnIDs(prev) {
+		t.Kind = TurnNoIDs
+		return t
+	}
+	// The choice the agent continued: the longest common prefix.
+	best, bestLCP := 0, -1
+	for k := range prev {
+		p := &prev[k]
+		if len(p.PromptTokenIDs) == 0 {
+			continue
+		}
+		n := lcp2(p.PromptTokenIDs, p.ResponseTokenIDs, c.PromptTokenIDs)
+		if n > bestLCP {
+			best, bestLCP = k, n
+		}
+	}
+	p := &prev[best]
+	t.PrevChoice = p.ChoiceIndex
+	t.MixedSources = p.TokenSource != c.TokenSource
+	pp, pr, cp := p.PromptTokenIDs, p.ResponseTokenIDs, c.PromptTokenIDs
+	t.PrevLen = len(pp) + len(pr)
+	t.PrefixLen = bestLCP
+	t.BoundaryOffset = bestLCP - t.PrevLen
+	t.Kind = classify(pp, pr, cp, bestLCP, opt)
+	t.InResponse = t.Kind != TurnPrefix && t.Kind != TurnResend && bestLCP >= len(pp)
+	return t
+}
+
+func hasTurnIDs(rows []export.Call) bool {
+	for i := range rows {
+		if len(rows[i].PromptTokenIDs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// at returns element i of the concatenation a+b.
+func at(a, b []uint32, i int) uint32 {
+	if i < len(a) {
+		return a[i]
+	}
+	return b[i-len(a)]
+}
+
+// lcp2 is the common prefix length of a+b and c.
+func lcp2(a, b, c []uint32) int {
+	n := min(len(a)+len(b), len(c))
+	for i := 0; i < n; i++ {
+		if at(a, b, i) != c[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// classify decides the kind of a turn whose common prefix with the previous
+// prompt pp + response pr is d ids long.
+func classify(pp, pr, cp []uint32, d int, opt *TurnOptions) string {
+	end := len(pp) + len(pr)
+	if d == end {
+		return TurnPrefix
+	}
+	if d == len(pp) && len(cp) == len(pp) {
+		return TurnResend
+	}
+	tw, rw := opt.windows()
+	if d < len(pp)-tw {
+		return TurnEdited
+	}
+	if opt != nil && opt.Special != nil {
+		if opt.Special(at(pp, pr, d)) || (d < len(cp) && opt.Special(cp[d])) {
+			return TurnTemplate
+		}
+	}
+	if d < len(pp) {
+		return TurnTemplate
+	}
+	// Divergence inside the previous response.
+	tail := pr[d-len(pp):]
+	rest := cp[d:]
+	if opt != nil && opt.Decode != nil {
+		if sameTextPrefix(tail, rest, opt.Decode) {
+			return TurnRetokenized
+		}
+		return TurnEdited
+	}
+	if len(tail) <= rw {
+		return TurnRetokenized
+	}
+	for i := 1; i <= rw && i < len(tail); i++ {
+		for k := 1; k <= rw && k < len(rest); k++ {
+			if hasPrefix(rest[k:], tail[i:]) {
+				return TurnRetokenized
+			}
+		}
+	}
+	return TurnEdited
+}
+
+func hasPrefix(s, prefix []uint32) bool {
+	return len(s) >= len(prefix) && slices.Equal(s[:len(prefix)], prefix)
+}
+
+// sameTextPrefix reports whether some prefix of rest decodes to the same text
+// as tail (decode errors count as different).
+func sameTextPrefix(tail, rest []uint32, decode func([]uint32) (string, error)) bool {
+	want, err := decode(tail)
+	if err != nil || want == "" {
+		return false
+	}
+	// A retokenization keeps the byte length; ids may be up to one per byte.
+	for m := 1; m <= len(rest) && m <= len(want); m++ {
+		got, err := decode(rest[:m])
+		if err != nil {
+			return false
+		}
+		if got == want {
+			return true
+		}
+		if len(got) > len(want) {
+			return false
+		}
+	}
+	return false
+}
+
+// Tracker classifies calls as they are captured, remembering for each rollout
+// attempt the rows of its latest successful call. Calls of one attempt are
+// sequential (an agent sends the next call after reading the previous
+// answer), but capture workers may assemble them out of order: a call that
+// arrives after a later call of its attempt is reported as TurnUnordered
+// (CheckTurns over the stored rows classifies it properly). Safe for
+// concurrent use.
+type Tracker struct {
+	opt TurnOptions
+	max int
+
+	mu   sync.Mutex
+	last map[attemptKey][]export.Call
+}
+
+type attemptKey struct{ rollout, attempt string }
+
+// NewTracker returns a Tracker keeping at most maxAttempts attempts (default
+// 65536); when full, an arbitrary attempt is forgotten (its next call is then
+// reported as first).
+func NewTracker(opt TurnOptions, maxAttempts int) *Tracker {
+	if maxAttempts <= 0 {
+		maxAttempts = 65536
+	}
+	return &Tracker{opt: opt, max: maxAttempts, last: map[attemptKey][]export.Call{}}
+}
+
+// Observe classifies the rows of one call (all its choices, as capture.Rows
+// returns them; rows[0] carries the attribution) and remembers them as the
+// attempt's latest call. The rows are kept by reference and only read; the
+// caller must not modify their id slices afterwards.
+func (tr *Tracker) Observe(rows []export.Call) Turn {
+	if len(rows) == 0 {
+		return Turn{Kind: TurnNoIDs}
+	}
+	k := attemptKey{rows[0].RolloutID, rows[0].AttemptID}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	prev, known := tr.last[k]
+	if known && prev[0].SequenceID >= rows[0].SequenceID {
+		return Turn{RolloutID: k.rollout, AttemptID: k.attempt, SequenceID: rows[0].SequenceID, Kind: TurnUnordered}
+	}
+	t := compareTurn(prev, rows, &tr.opt)
+	if t.Kind != TurnError {
+		if !known && len(tr.last) >= tr.max {
+			for old := range tr.last {
+				delete(tr.last, old)
+				break
+			}
+		}
+		tr.last[k] = rows
+	}
+	return t
+}
+
+// Forget drops what the tracker remembers of an attempt (call it when a
+// rollout is finished).
+func (tr *Tracker) Forget(rolloutID, attemptID string) {
+	tr.mu.Lock()
+	delete(tr.last, attemptKey{rolloutID, attemptID})
+	tr.mu.Unlock()
+}
