@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
 // Pending is the raw material of one call, handed over by the gateway's hot
@@ -74,6 +76,12 @@ func (p *Pending) eachEvent(f func(data []byte)) {
 	}
 }
 
+// IDFiller completes missing or miscounted token ids of one call's rows
+// after the fact (tokenize/fallback.Client: the backend's /tokenize, ids in logprobs).
+type IDFiller interface {
+	Fill(ctx context.Context, rows []export.Call, request []byte, payloads func(func(data []byte))) (fallback.Outcome, error)
+}
+
 // NamedSink is a sink with the name used in metrics and logs.
 type NamedSink struct {
 	Name string
@@ -91,6 +99,10 @@ type Config struct {
 	BatchSize int
 	// FlushInterval is the longest a row waits before being written (default 200ms).
 	FlushInterval time.Duration
+	// Fallback, when set, returns the id filler for the backend that served a
+	// call (nil: none). It runs for calls whose engine ids are missing or
+	// failed a check, off the hot path, before the rows are written.
+	Fallback func(backend string) IDFiller
 	// Retries is how many times a failed batch write is retried, with
 	// exponential backoff from 100ms, before its rows are dropped and counted (default 5).
 	Retries int
@@ -129,6 +141,13 @@ type Pipeline struct {
 
 	mu     sync.RWMutex
 	closed bool
+
+	fallback atomic.Pointer[func(backend string) IDFiller]
+}
+
+// SetFallback sets (or replaces) Config.Fallback; safe while running.
+func (p *Pipeline) SetFallback(f func(backend string) IDFiller) {
+	p.fallback.Store(&f)
 }
 
 // NewPipeline starts the workers and the batcher.
@@ -145,6 +164,9 @@ func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Lo
 		queue: make(chan *Pending, cfg.QueueSize),
 		rows:  make(chan export.Call, cfg.BatchSize),
 		done:  make(chan struct{}),
+	}
+	if cfg.Fallback != nil {
+		p.SetFallback(cfg.Fallback)
 	}
 	m.CaptureQueueCapacity.Set(float64(cfg.QueueSize))
 	for range cfg.Workers {
@@ -202,6 +224,7 @@ func (p *Pipeline) work() {
 	for c := range p.queue {
 		p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
 		rows := Rows(c, &a)
+		p.fill(c, rows)
 		if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
 			model := metrics.ModelLabel(rows[0].Model)
 			p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
@@ -213,6 +236,36 @@ func (p *Pipeline) work() {
 			p.rows <- row
 		}
 		releasePending(c)
+	}
+}
+
+// fill runs the configured id fallback for a call whose engine ids are not verified.
+func (p *Pipeline) fill(c *Pending, rows []export.Call) {
+	fp := p.fallback.Load()
+	if fp == nil || *fp == nil || len(rows) == 0 || rows[0].TokenSource == export.TokenSourceEngine ||
+		rows[0].Error != "" || rows[0].HTTPStatus >= 300 {
+		return
+	}
+	f := (*fp)(rows[0].Backend)
+	if f == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := f.Fill(ctx, rows, c.Request, func(fn func([]byte)) {
+		if c.Streamed() {
+			c.eachEvent(fn)
+		} else {
+			fn(c.Body)
+		}
+	})
+	switch {
+	case err != nil:
+		p.m.TokenFallback.WithLabelValues("failed").Inc()
+		p.log.Debug("token id fallback failed", "backend", rows[0].Backend, "span_id", rows[0].SpanID, "err", err)
+	case out.Skipped:
+	default:
+		p.m.TokenFallback.WithLabelValues("filled").Inc()
 	}
 }
 

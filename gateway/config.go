@@ -54,6 +54,10 @@ type Config struct {
 	// replicas that have no api_key_env of their own (default false: the
 	// gateway holds upstream credentials; agents' keys stay with the gateway).
 	ForwardClientAuthorization bool `yaml:"forward_client_authorization"`
+	// DisableTokenizeFallback turns off completing missing or miscounted
+	// token ids of vLLM replicas from their /tokenize endpoint and from
+	// "token_id:NNN" logprobs (marked token_source = tokenize). Default: on.
+	DisableTokenizeFallback bool `yaml:"disable_tokenize_fallback"`
 	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
 	// client did not (default false); they are stripped from the client's copy.
 	InjectLogprobs bool `yaml:"inject_logprobs"`

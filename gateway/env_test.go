@@ -109,6 +109,7 @@ func newEnv(t *testing.T, store export.Store, mutate func(*gateway.Config)) *env
 		t.Fatal(err)
 	}
 	e.gw = gw
+	e.pipe.SetFallback(gw.FallbackFor)
 	go gw.Serve(ln)
 	e.url = "http://" + ln.Addr().String()
 	t.Cleanup(func() {

@@ -437,3 +437,38 @@ func TestClientAskedFieldsKept(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenizeFallback: an engine that ignores return_token_ids (vLLM before
+// 0.10.2) still yields exact ids when the agent asked for logprobs with
+// return_tokens_as_token_ids: prompt ids from /tokenize, output ids from the
+// logprobs, marked token_source = tokenize and equal to what a newer engine sends.
+func TestTokenizeFallback(t *testing.T) {
+	s, _ := openSQLite(t)
+	old, base, err := mock.Start(mock.Config{IgnoreReturnTokenIDs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { old.Shutdown() })
+	e := newEnv(t, s, func(c *gateway.Config) { c.Backends[0].Replicas[0].URL = base })
+	for _, stream := range []bool{false, true} {
+		body := withStream(chatBody, `"logprobs":true,"return_tokens_as_token_ids":true`)
+		if stream {
+			body = withStream(body, `"stream":true`)
+		}
+		r := do(t, "POST", e.url+"/v1/chat/completions", body)
+		if r.status != 200 {
+			t.Fatalf("status %d %s", r.status, r.body)
+		}
+		row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]
+		wantPrompt, wantChoices := directIDs(t, e, "/chat/completions", chatBody)
+		if row.TokenSource != export.TokenSourceTokenize || !equalIDs(row.PromptTokenIDs, wantPrompt) || !equalIDs(row.ResponseTokenIDs, wantChoices[0]) {
+			t.Fatalf("stream=%v: source %q check %q prompt %v (want %v) output %v (want %v)", stream, row.TokenSource, row.TokenCheck,
+				row.PromptTokenIDs, wantPrompt, row.ResponseTokenIDs, wantChoices[0])
+		}
+	}
+	// Without logprobs the output ids cannot be recovered: not claimed.
+	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
+	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.TokenSource == export.TokenSourceEngine || row.TokenSource == export.TokenSourceTokenize {
+		t.Fatalf("ids claimed without a source: %q", row.TokenSource)
+	}
+}

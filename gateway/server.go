@@ -17,6 +17,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
 )
 
@@ -95,6 +96,22 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		Concurrency:                   1 << 20,
 	}
 	return s, nil
+}
+
+// FallbackFor returns the token-id filler of the replica named backend, for
+// capture.Pipeline.SetFallback: vLLM replicas only, unless disabled.
+func (s *Server) FallbackFor(backend string) capture.IDFiller {
+	if s.cfg.DisableTokenizeFallback {
+		return nil
+	}
+	for _, p := range s.table.Load().allPools() {
+		for _, r := range p.replicas {
+			if r.name == backend && r.kindOK.Load() && rewrite.Kind(r.kind.Load()) == rewrite.KindVLLM {
+				return r.filler
+			}
+		}
+	}
+	return nil
 }
 
 // Serve serves on ln until Shutdown.

@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
 // replica is one backend server in the live routing table. Its counters are
@@ -35,6 +36,8 @@ type replica struct {
 	// replica is left out of selection.
 	fails          atomic.Int32
 	unhealthyUntil atomic.Int64
+
+	filler *fallback.Client // lazily built id filler (vLLM kinds)
 
 	// kind is resolved once for kind "auto"; kindOK is 0 until then.
 	kindMu      sync.Mutex
@@ -226,6 +229,7 @@ func buildTable(spec []Backend, old *table, cc *clientCache) (*table, error) {
 				}
 				r.auth = "Bearer " + key
 			}
+			r.filler = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindVLLM}
 			if k, err := rewrite.ParseKind(rs.Kind); err == nil {
 				r.kind.Store(uint32(k))
 				r.kindOK.Store(true)

@@ -163,6 +163,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
 		return 2
 	}
+	pipe.SetFallback(srv.FallbackFor)
 	where := "embedded store " + fc.DB
 	if fc.ClickHouse != "" {
 		where = "ClickHouse " + redactDSN(fc.ClickHouse)

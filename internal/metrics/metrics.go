@@ -38,6 +38,10 @@ type Metrics struct {
 	// TokenIDs counts captured rows by token_source (engine, engine_mismatch, none, ...).
 	TokenIDs *prometheus.CounterVec
 
+	// TokenFallback counts calls whose ids were completed after the fact
+	// (/tokenize, ids in logprobs), by result (filled, failed).
+	TokenFallback *prometheus.CounterVec
+
 	// ExportBatches counts batches written, by sink and result (ok, error).
 	ExportBatches *prometheus.CounterVec
 	// ExportRows counts rows written, by sink and table.
@@ -92,6 +96,9 @@ func New() *Metrics {
 		TokenIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_ids_total", Help: "Captured rows by token_source: engine (verified), engine_mismatch (counts differ from usage), none (missing).",
 		}, []string{"source"}),
+		TokenFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_token_fallback_total", Help: "Calls whose missing or miscounted token ids were completed from the backend's /tokenize or from logprobs, by result.",
+		}, []string{"result"}),
 		ExportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_export_batches_total", Help: "Batches written to a sink, by result.",
 		}, []string{"sink", "result"}),
@@ -112,7 +119,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
-		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs,
+		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
 	return m
