@@ -31,8 +31,8 @@ type Transition struct {
 	Reward           float64
 }
 
-// Stats counts what was left out and why.
-type Stats struct {
+// TransitionStats counts what Transitions left out and why.
+type TransitionStats struct {
 	Calls          int // llm_calls rows read
 	Used           int // rows turned into transitions
 	Errored        int // rows with an error or a non-2xx status
@@ -48,8 +48,8 @@ var trusted = map[string]bool{export.TokenSourceEngine: true, export.TokenSource
 // and returns a transition per successful call choice, each credited with
 // the rollout's final episode reward named rewardName ("" = "primary"):
 // the last such reward reported, as Agent Lightning does.
-func Transitions(ctx context.Context, store export.Store, rolloutID, attemptID, rewardName string) ([]Transition, Stats, error) {
-	var st Stats
+func Transitions(ctx context.Context, store export.Store, rolloutID, attemptID, rewardName string) ([]Transition, TransitionStats, error) {
+	var st TransitionStats
 	if rewardName == "" {
 		rewardName = "primary"
 	}

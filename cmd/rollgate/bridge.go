@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rollgate/rollgate/export/stores"
+	bridge "github.com/rollgate/rollgate/trainer-bridge"
+	"github.com/rollgate/rollgate/trainer-bridge/advantage"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
+	"github.com/rollgate/rollgate/trainer-bridge/credit"
+	"github.com/rollgate/rollgate/trainer-bridge/lease"
+)
+
+const bridgeSummary = `rollgate bridge — turn captured calls and rewards into training samples.
+
+  rollgate bridge --out batch.jsonl --estimator grpo
+  rollgate bridge --mode trajectories --agent '^solver$' --status succeeded --out batch.parquet
+
+Selects rollout attempts (latest succeeded by default), excludes and counts calls that
+errored or lack verified token ids, adds automatic intermediate rewards (AIR) from rules
+over the captured calls, spreads rewards over calls (credit), computes advantages grouped
+by task id and writes one sample per line (JSONL), one per row (Parquet) or a padded
+batch with verl's tensor names (safetensors), chosen by --format or the file extension.
+With --serve, online trainers pull the samples instead: POST /lease {"n": N} hands out
+the next N under a lease id, POST /ack {"lease_id": ...} consumes them, and a lease not
+acknowledged within --lease-ttl returns its samples to the queue.
+A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goes to stderr.`
+
+func runBridge(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("bridge", bridgeSummary, stdout)
+	clickhouseDSN := fs.String("clickhouse", "", "ClickHouse DSN (empty = embedded store)")
+	dbPath := fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
+	out := fs.String("out", "", "output file (required; '-' = stdout, JSONL only)")
+	format := fs.String("format", "", "jsonl, parquet or safetensors (default: from the --out extension, else jsonl)")
+	padID := fs.Int64("pad-id", 0, "padding token id of safetensors batches")
+	mode := fs.String("mode", bridge.ModeTransitions, "transitions or trajectories")
+	rewardName := fs.String("reward-name", "primary", "name of the episode and per-call rewards")
+	creditMode := fs.String("credit", string(credit.Identical), "credit assignment: identical, discounted, last")
+	gamma := fs.Float64("gamma", 1, "discount for --credit discounted")
+	estimator := fs.String("estimator", "grpo", "advantage: grpo, drgrpo, rloo, reinforce++-baseline, none")
+	level := fs.String("level", bridge.LevelRollout, "advantage level: rollout (broadcast) or transition")
+	dropZero := fs.Bool("drop-zero-variance", false, "drop groups whose scores are all equal")
+	since := fs.String("since", "", "first call at or after this time (RFC 3339 or unix nanoseconds)")
+	until := fs.String("until", "", "first call before this time (RFC 3339 or unix nanoseconds)")
+	tasks := fs.String("tasks", "", "comma-separated task ids (empty = all)")
+	status := fs.String("status", "succeeded", "comma-separated attempt statuses (empty = any)")
+	agent := fs.String("agent", "", "regular expression on agent_name (empty = all agents)")
+	minPV := fs.String("min-policy-version", "", "drop calls served by an older policy version")
+	attempts := fs.String("attempts", bridge.AttemptsLatest, "latest or all attempts per rollout")
+	maxPrompt := fs.Int("max-prompt", 0, "maximum prompt tokens (0 = no limit)")
+	maxResponse := fs.Int("max-response", 0, "maximum response tokens (0 = no limit)")
+	truncation := fs.String("truncation", bridge.TruncDrop, "over a limit: drop or trim")
+	airOn := fs.Bool("air", true, "compute automatic intermediate rewards")
+	airWrite := fs.Bool("air-write", false, "store AIR outcomes in the rewards table (source = rule name)")
+	airRules := fs.String("air-rules", "", "comma-separated rule=weight or rule=off, e.g. air_truncated=-1,air_repeat=off (rules: "+strings.Join(air.RuleNames, ", ")+")")
+	var airPatterns []string
+	fs.Func("air-failure-pattern", "regular expression marking a failed tool result (repeatable; default: built-in patterns)", func(s string) error {
+		if _, err := regexp.Compile(s); err != nil {
+			return err
+		}
+		airPatterns = append(airPatterns, s)
+		return nil
+	})
+	airMinRepeats := fs.Int("air-min-repeats", 2, "identical consecutive calls from which air_repeat hits")
+	timeout := fs.Duration("timeout", time.Hour, "timeout of the selection and assembly")
+	serve := fs.String("serve", "", "instead of writing a file, serve the samples to online trainers on this address (POST /lease, POST /ack, GET /counts) until all are acknowledged")
+	leaseTTL := fs.Duration("lease-ttl", 5*time.Minute, "with --serve: an unacknowledged lease returns its samples to the queue after this long")
+	_, err := parseWithEnv(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(stderr, "rollgate bridge: "+format+"\n", a...)
+		return code
+	}
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	if *out == "" && *serve == "" {
+		return fail(2, "--out (or --serve) is required")
+	}
+	if *format == "" {
+		*format = "jsonl"
+		switch {
+		case strings.HasSuffix(*out, ".parquet"):
+			*format = "parquet"
+		case strings.HasSuffix(*out, ".safetensors"):
+			*format = "safetensors"
+		}
+	}
+	if *format != "jsonl" && *format != "parquet" && *format != "safetensors" {
+		return fail(2, "--format %q is not jsonl, parquet or safetensors", *format)
+	}
+	if *format != "jsonl" && *out == "-" && *serve == "" {
+		return fail(2, "%s output needs a file", *format)
+	}
+	o := bridge.Options{Mode: *mode, RewardName: *rewardName, Gamma: *gamma, Level: *level, DropZeroVariance: *dropZero,
+		MaxPrompt: *maxPrompt, MaxResponse: *maxResponse, Truncation: *truncation, WriteAIR: *airWrite}
+	if o.Credit, err = credit.ParseMode(*creditMode); err != nil {
+		return fail(2, "%v", err)
+	}
+	if o.Estimator, err = advantage.Parse(*estimator); err != nil {
+		return fail(2, "%v", err)
+	}
+	sel := bridge.Selection{TaskIDs: splitList(*tasks), Statuses: splitList(*status), MinPolicyVersion: *minPV, Attempts: *attempts}
+	if sel.Since, err = parseTime(*since); err != nil {
+		return fail(2, "--since: %v", err)
+	}
+	if sel.Until, err = parseTime(*until); err != nil {
+		return fail(2, "--until: %v", err)
+	}
+	if *agent != "" {
+		if sel.AgentName, err = regexp.Compile(*agent); err != nil {
+			return fail(2, "--agent: %v", err)
+		}
+	}
+	o.Selection = sel
+	if *airOn {
+		cfg := air.DefaultConfig()
+		cfg.FailurePatterns, cfg.MinRepeats = airPatterns, *airMinRepeats
+		for _, kv := range splitList(*airRules) {
+			name, val, ok := strings.Cut(kv, "=")
+			if !ok {
+				return fail(2, "--air-rules: %q is not rule=weight or rule=off", kv)
+			}
+			r := cfg.Rules[name]
+			if val == "off" {
+				r.Enabled = false
+			} else {
+				w, err := strconv.ParseFloat(val, 64)
+				if err != nil {
+					return fail(2, "--air-rules: %q: %v", kv, err)
+				}
+				r.Enabled, r.Weight = true, w
+			}
+			cfg.Rules[name] = r
+		}
+		if o.AIR, err = air.New(cfg); err != nil {
+			return fail(2, "%v", err)
+		}
+	}
+	o.Progress = func(done, total int) {
+		if done == total || done%1000 == 0 {
+			fmt.Fprintf(stderr, "\rrollgate bridge: %d/%d attempts", done, total)
+			if done == total {
+				fmt.Fprintln(stderr)
+			}
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	store, err := stores.Open(ctx, *clickhouseDSN, *dbPath)
+	if err != nil {
+		return fail(1, "opening store: %v", err)
+	}
+	defer store.Close()
+	res, err := bridge.Build(ctx, store, o)
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	if *serve != "" {
+		printSummary(stderr, &res.Stats, "http://"+*serve)
+		if err := serveSamples(*serve, *leaseTTL, res.Samples, stderr); err != nil {
+			return fail(1, "%v", err)
+		}
+		return 0
+	}
+	if err := writeSamples(*out, *format, *padID, stdout, res.Samples); err != nil {
+		return fail(1, "%v", err)
+	}
+	printSummary(stderr, &res.Stats, *out)
+	return 0
+}
+
+// serveSamples runs the lease API on addr until every sample is acknowledged
+// or SIGINT/SIGTERM arrives.
+func serveSamples(addr string, ttl time.Duration, samples []*bridge.Sample, stderr io.Writer) error {
+	q := lease.New(ttl, nil)
+	for i, s := range samples {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return fmt.Errorf("encoding sample %d: %w", i, err)
+		}
+		q.Add(b)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: q.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	fmt.Fprintf(stderr, "bridge: serving %d samples on http://%s (POST /lease {\"n\":N}, POST /ack {\"lease_id\":...})\n", len(samples), ln.Addr())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-sig:
+			c := q.Counts()
+			fmt.Fprintf(stderr, "bridge: stopped with %d samples pending, %d leased, %d acknowledged\n", c.Pending, c.Leased, c.Acked)
+			return nil
+		case <-tick.C:
+			if c := q.Counts(); c.Acked == len(samples) {
+				fmt.Fprintf(stderr, "bridge: all %d samples acknowledged\n", c.Acked)
+				return nil
+			}
+		}
+	}
+}
+
+// writeSamples writes to a temporary file renamed into place, so a reader
+// never sees half a batch.
+func writeSamples(path, format string, padID int64, stdout io.Writer, samples []*bridge.Sample) error {
+	if path == "-" {
+		return bridge.WriteJSONL(stdout, samples)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".bridge-*")
+	if err != nil {
+		return fmt.Errorf("creating output: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	switch format {
+	case "parquet":
+		err = bridge.WriteParquet(tmp, samples)
+	case "safetensors":
+		err = bridge.WriteSafetensors(tmp, samples, padID)
+	default:
+		err = bridge.WriteJSONL(tmp, samples)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func printSummary(w io.Writer, st *bridge.Stats, out string) {
+	fmt.Fprintf(w, "bridge: %d samples in %d groups from %d attempts (%d calls) -> %s\n", st.Samples, st.Groups, st.Attempts, st.Calls, out)
+	if st.Merged > 0 || len(st.Breaks) > 0 {
+		fmt.Fprintf(w, "  trajectories: %d calls merged, breaks %s\n", st.Merged, kv(st.Breaks))
+	}
+	if st.Trimmed > 0 || st.DroppedGroups > 0 {
+		fmt.Fprintf(w, "  trimmed %d samples; dropped %d zero-variance groups (%d samples)\n", st.Trimmed, st.DroppedGroups, st.DroppedSamples)
+	}
+	fmt.Fprintf(w, "  excluded: %s\n", kv(st.Excluded))
+	fmt.Fprintf(w, "  AIR hits: %s\n", kv(st.AIRHits))
+	tasks := make([]string, 0, len(st.Tasks))
+	for t := range st.Tasks {
+		tasks = append(tasks, t)
+	}
+	sort.Strings(tasks)
+	for _, t := range tasks {
+		ts := st.Tasks[t]
+		fmt.Fprintf(w, "  task %q: %d samples, reward mean %.4g std %.4g\n", t, ts.Samples, ts.Mean, ts.Std)
+	}
+}
+
+func kv(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return time.Unix(0, n), nil
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}

@@ -1,0 +1,226 @@
+// Package advantage holds the outcome advantage estimators of TRAINERS.md as
+// pure functions over per-sample scores grouped by a key (the task id).
+//
+// Conventions follow verl (trainer/ppo/core_algos.py):
+//
+//   - GRPO: A_i = (s_i - mean_g) / (std_g + 1e-6), std unbiased (N-1); a
+//     group of one has mean 0 and std 1.
+//   - Dr.GRPO: A_i = s_i - mean_g; a group of one has mean 0.
+//   - RLOO: A_i = s_i - mean_{j != i} s_j = n/(n-1) * (s_i - mean_g); a group
+//     of one gets A = s.
+//   - REINFORCE++-baseline: x_i = s_i - mean_g (group of one: mean 0)
+//     broadcast to every masked token of sample i, then whitened over all
+//     masked tokens of the batch: (x - mu) / sqrt(var + 1e-8), var unbiased.
+//   - None: A_i = s_i.
+//
+// A "sample" is whatever unit the caller chooses: a transition
+// (transition-level) or a whole rollout whose advantage is then broadcast to
+// its transitions (rollout-level).
+package advantage
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Estimator names an advantage estimator.
+type Estimator string
+
+// The estimators.
+const (
+	GRPO        Estimator = "grpo"
+	DrGRPO      Estimator = "drgrpo"
+	RLOO        Estimator = "rloo"
+	ReinforcePP Estimator = "reinforce++-baseline"
+	None        Estimator = "none"
+)
+
+// Epsilons as verl uses them.
+const (
+	GRPOEps   = 1e-6 // added to the group std
+	WhitenEps = 1e-8 // added to the batch variance before the square root
+)
+
+// Parse turns a name (case-insensitive; "dr_grpo", "dr.grpo", "reinforce_plus_plus_baseline" accepted) into an Estimator.
+func Parse(s string) (Estimator, error) {
+	switch strings.NewReplacer("_", "", ".", "", "-", "").Replace(strings.ToLower(s)) {
+	case "grpo":
+		return GRPO, nil
+	case "drgrpo":
+		return DrGRPO, nil
+	case "rloo":
+		return RLOO, nil
+	case "reinforce++baseline", "reinforceplusplusbaseline", "reinforcebaseline":
+		return ReinforcePP, nil
+	case "none", "":
+		return None, nil
+	}
+	return "", fmt.Errorf("advantage: unknown estimator %q (grpo, drgrpo, rloo, reinforce++-baseline, none)", s)
+}
+
+// Input is a batch of samples: one score per sample, its group key, and
+// (for REINFORCE++-baseline only) its number of masked response tokens.
+type Input struct {
+	Scores []float64
+	Groups []string
+	// Tokens[i] is the number of response tokens with mask 1 of sample i
+	// (the weight of the sample in the batch whitening). Only
+	// REINFORCE++-baseline reads it; nil means 1 per sample.
+	Tokens []int
+}
+
+// Options tune Compute.
+type Options struct {
+	// DropZeroVariance drops every group of two or more samples whose scores
+	// are all equal (they carry no signal). Groups of one are kept, as
+	// verl's DAPO filter does. Dropping happens before any batch statistic.
+	DropZeroVariance bool
+}
+
+// Result is one advantage per sample; Keep[i] is false for dropped samples
+// (their advantage is 0).
+type Result struct {
+	Advantages []float64
+	Keep       []bool
+	// DroppedGroups is the number of groups dropped for zero variance.
+	DroppedGroups int
+}
+
+// Compute returns the advantages of in under estimator e.
+func Compute(e Estimator, in Input, opt Options) (*Result, error) {
+	n := len(in.Scores)
+	if len(in.Groups) != n {
+		return nil, fmt.Errorf("advantage: %d scores but %d group keys", n, len(in.Groups))
+	}
+	if in.Tokens != nil && len(in.Tokens) != n {
+		return nil, fmt.Errorf("advantage: %d scores but %d token counts", n, len(in.Tokens))
+	}
+	for i, s := range in.Scores {
+		if math.IsNaN(s) || math.IsInf(s, 0) {
+			return nil, fmt.Errorf("advantage: score %d is %v", i, s)
+		}
+	}
+	res := &Result{Advantages: make([]float64, n), Keep: make([]bool, n)}
+	// Group members in input order.
+	members := map[string][]int{}
+	var order []string
+	for i, g := range in.Groups {
+		if _, ok := members[g]; !ok {
+			order = append(order, g)
+		}
+		members[g] = append(members[g], i)
+	}
+	for _, g := range order {
+		idx := members[g]
+		drop := false
+		if opt.DropZeroVariance && len(idx) > 1 {
+			drop = true
+			for _, i := range idx[1:] {
+				if in.Scores[i] != in.Scores[idx[0]] {
+					drop = false
+					break
+				}
+			}
+		}
+		if drop {
+			res.DroppedGroups++
+			continue
+		}
+		for _, i := range idx {
+			res.Keep[i] = true
+		}
+		mean, std := groupStats(in.Scores, idx)
+		k := float64(len(idx))
+		for _, i := range idx {
+			s := in.Scores[i]
+			switch e {
+			case GRPO:
+				res.Advantages[i] = (s - mean) / (std + GRPOEps)
+			case DrGRPO, ReinforcePP:
+				res.Advantages[i] = s - mean
+			case RLOO:
+				if len(idx) > 1 {
+					res.Advantages[i] = k / (k - 1) * (s - mean)
+				} else {
+					res.Advantages[i] = s
+				}
+			case None:
+				res.Advantages[i] = s
+			default:
+				return nil, fmt.Errorf("advantage: unknown estimator %q", e)
+			}
+		}
+	}
+	if e == ReinforcePP {
+		if err := whiten(res, in.Tokens); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// groupStats is verl's group mean and unbiased std; a group of one has mean 0, std 1.
+func groupStats(scores []float64, idx []int) (mean, std float64) {
+	if len(idx) == 1 {
+		return 0, 1
+	}
+	for _, i := range idx {
+		mean += scores[i]
+	}
+	mean /= float64(len(idx))
+	var ss float64
+	for _, i := range idx {
+		d := scores[i] - mean
+		ss += d * d
+	}
+	return mean, math.Sqrt(ss / float64(len(idx)-1))
+}
+
+// whiten applies verl's masked_whiten over the kept samples, each weighted
+// by its masked token count: mu = masked mean, var = masked variance times
+// N/(N-1), x' = (x - mu) / sqrt(var + 1e-8).
+func whiten(res *Result, tokens []int) error {
+	var n, sum float64
+	for i, a := range res.Advantages {
+		if !res.Keep[i] {
+			continue
+		}
+		w := weight(tokens, i)
+		n += w
+		sum += w * a
+	}
+	if n == 0 {
+		return nil // nothing kept
+	}
+	if n < 2 {
+		return fmt.Errorf("advantage: REINFORCE++-baseline whitening needs at least 2 masked tokens in the batch, got %v", n)
+	}
+	mu := sum / n
+	var ss float64
+	for i, a := range res.Advantages {
+		if res.Keep[i] {
+			d := a - mu
+			ss += weight(tokens, i) * d * d
+		}
+	}
+	v := ss / n * (n / (n - 1))
+	inv := 1 / math.Sqrt(v+WhitenEps)
+	for i, a := range res.Advantages {
+		if res.Keep[i] {
+			if weight(tokens, i) == 0 {
+				res.Advantages[i] = 0 // verl multiplies by the response mask
+				continue
+			}
+			res.Advantages[i] = (a - mu) * inv
+		}
+	}
+	return nil
+}
+
+func weight(tokens []int, i int) float64 {
+	if tokens == nil {
+		return 1
+	}
+	return float64(tokens[i])
+}

@@ -1,0 +1,397 @@
+// Package air computes automatic intermediate rewards (AIR): rules over the
+// captured llm_calls rows of a rollout attempt that turn what the gateway can
+// see (malformed tool arguments, truncated answers, backend errors, failing
+// tool results, loops) into per-call rewards. Outcomes are export.Reward rows
+// with Source = the rule name and SequenceID = the call's, so they can be
+// written to the rewards table and inspected with SQL.
+package air
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// Rule names (the Source of the reward rows).
+const (
+	RuleToolArgs     = "air_tool_args"     // tool-call arguments not valid JSON, unknown tool, or not matching the declared schema
+	RuleTruncated    = "air_truncated"     // finish_reason = length
+	RuleBackendError = "air_backend_error" // error / non-2xx status / empty output
+	RuleToolFailure  = "air_tool_failure"  // the tool result in the next request signals failure
+	RuleRepeat       = "air_repeat"        // the same call repeated in a loop
+)
+
+// RuleNames lists every rule in a fixed order.
+var RuleNames = []string{RuleToolArgs, RuleTruncated, RuleBackendError, RuleToolFailure, RuleRepeat}
+
+// DefaultFailurePatterns are the tool-result patterns that signal failure
+// when Config.FailurePatterns is empty.
+var DefaultFailurePatterns = []string{
+	`(?i)^\s*(error|exception|fatal)\b`,
+	`(?i)traceback \(most recent call last\)`,
+	`(?i)\b(command not found|no such file or directory|permission denied|timed out|connection refused)\b`,
+	`(?i)"(error|status)"\s*:\s*"(error|failed|failure)"`,
+	`(?i)"error"\s*:\s*\{`,
+}
+
+// Rule is one rule's setting.
+type Rule struct {
+	Enabled bool
+	Weight  float64 // the reward value of a hit (usually negative)
+}
+
+// Config selects and weighs the rules.
+type Config struct {
+	Rules map[string]Rule
+	// FailurePatterns are regular expressions matched against tool results;
+	// empty = DefaultFailurePatterns.
+	FailurePatterns []string
+	// MinRepeats is the run length from which identical consecutive calls
+	// are hits (2 = the first repetition is a hit; default 2).
+	MinRepeats int
+	// RewardName is the Name of the reward rows (default "air").
+	RewardName string
+}
+
+// DefaultConfig enables every rule with weight -0.5 (-1 for backend errors).
+func DefaultConfig() Config {
+	return Config{Rules: map[string]Rule{
+		RuleToolArgs:     {Enabled: true, Weight: -0.5},
+		RuleTruncated:    {Enabled: true, Weight: -0.5},
+		RuleBackendError: {Enabled: true, Weight: -1},
+		RuleToolFailure:  {Enabled: true, Weight: -0.5},
+		RuleRepeat:       {Enabled: true, Weight: -0.5},
+	}}
+}
+
+// Engine evaluates a Config.
+type Engine struct {
+	cfg      Config
+	patterns []*regexp.Regexp
+}
+
+// New compiles cfg.
+func New(cfg Config) (*Engine, error) {
+	for name := range cfg.Rules {
+		if !known(name) {
+			return nil, fmt.Errorf("air: unknown rule %q (one of %s)", name, strings.Join(RuleNames, ", "))
+		}
+	}
+	pats := cfg.FailurePatterns
+	if len(pats) == 0 {
+		pats = DefaultFailurePatterns
+	}
+	e := &Engine{cfg: cfg}
+	for _, p := range pats {
+		re, err := regexp.Compile(p)
+		if err != nil {
+			return nil, fmt.Errorf("air: failure pattern %q: %w", p, err)
+		}
+		e.patterns = append(e.patterns, re)
+	}
+	if e.cfg.MinRepeats < 2 {
+		e.cfg.MinRepeats = 2
+	}
+	if e.cfg.RewardName == "" {
+		e.cfg.RewardName = "air"
+	}
+	return e, nil
+}
+
+func known(name string) bool {
+	for _, n := range RuleNames {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) on(rule string) bool { return e.cfg.Rules[rule].Enabled }
+
+// Evaluate applies the enabled rules to calls, which may hold several
+// rollouts and attempts in any order. It returns one reward row per (rollout,
+// attempt, sequence id, rule) that hit — a rule hitting on several choices of
+// one request counts once — stamped with timeUnixNano, ordered by rollout,
+// attempt, sequence id and rule order.
+func (e *Engine) Evaluate(calls []export.Call, timeUnixNano uint64) []export.Reward {
+	type key struct{ r, a string }
+	groups := map[key][]export.Call{}
+	var keys []key
+	for _, c := range calls {
+		k := key{c.RolloutID, c.AttemptID}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], c)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].r != keys[j].r {
+			return keys[i].r < keys[j].r
+		}
+		return keys[i].a < keys[j].a
+	})
+	var out []export.Reward
+	for _, k := range keys {
+		out = append(out, e.attempt(groups[k], timeUnixNano)...)
+	}
+	return out
+}
+
+// parsed is what the rules need from one call row.
+type parsed struct {
+	c         export.Call
+	msg       message // the response message
+	reqMsgs   []message
+	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema)
+	toolsSeen bool                      // the request declared tools
+}
+
+type message struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	ToolCallID string          `json:"tool_call_id"`
+	ToolCalls  []struct {
+		ID       string `json:"id"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+// text is the content as plain text: a string, or the text parts of a list.
+func (m message) text() string {
+	if len(m.Content) == 0 || string(m.Content) == "null" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(m.Content, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(m.Content, &parts) == nil {
+		var b strings.Builder
+		for _, p := range parts {
+			b.WriteString(p.Text)
+		}
+		return b.String()
+	}
+	return string(m.Content)
+}
+
+func parse(c export.Call) parsed {
+	p := parsed{c: c}
+	_ = json.Unmarshal([]byte(c.ResponseMessage), &p.msg)
+	var req struct {
+		Messages []message `json:"messages"`
+		Tools    []struct {
+			Function struct {
+				Name       string         `json:"name"`
+				Parameters map[string]any `json:"parameters"`
+			} `json:"function"`
+		} `json:"tools"`
+	}
+	d := json.NewDecoder(strings.NewReader(c.RequestBody))
+	d.UseNumber()
+	if d.Decode(&req) == nil {
+		p.reqMsgs = req.Messages
+		if len(req.Tools) > 0 {
+			p.toolsSeen = true
+			p.tools = map[string]map[string]any{}
+			for _, t := range req.Tools {
+				p.tools[t.Function.Name] = t.Function.Parameters
+			}
+		}
+	}
+	return p
+}
+
+func (e *Engine) attempt(calls []export.Call, now uint64) []export.Reward {
+	sort.SliceStable(calls, func(i, j int) bool {
+		if calls[i].SequenceID != calls[j].SequenceID {
+			return calls[i].SequenceID < calls[j].SequenceID
+		}
+		return calls[i].ChoiceIndex < calls[j].ChoiceIndex
+	})
+	ps := make([]parsed, len(calls))
+	for i, c := range calls {
+		ps[i] = parse(c)
+	}
+	type hit struct {
+		seq  uint64
+		rule int
+	}
+	hits := map[hit]bool{}
+	add := func(seq uint64, rule string) {
+		for i, n := range RuleNames {
+			if n == rule {
+				hits[hit{seq, i}] = true
+			}
+		}
+	}
+	// next[i] is the index of the first call of the next request (higher sequence id).
+	next := make([]int, len(ps))
+	j := len(ps)
+	for i := len(ps) - 1; i >= 0; i-- {
+		if i+1 < len(ps) && ps[i+1].c.SequenceID != ps[i].c.SequenceID {
+			j = i + 1
+		}
+		next[i] = j
+	}
+	prevSig, run := "", 0
+	var prevSeq uint64
+	for i, p := range ps {
+		c := p.c
+		failed := c.Error != "" || c.HTTPStatus >= 300
+		if e.on(RuleBackendError) && (failed || (p.msg.text() == "" && len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0)) {
+			add(c.SequenceID, RuleBackendError)
+		}
+		if failed {
+			continue
+		}
+		if e.on(RuleTruncated) && c.FinishReason == "length" {
+			add(c.SequenceID, RuleTruncated)
+		}
+		if e.on(RuleToolArgs) && e.badToolArgs(p) {
+			add(c.SequenceID, RuleToolArgs)
+		}
+		if e.on(RuleToolFailure) && next[i] < len(ps) && e.toolFailed(p, ps[next[i]]) {
+			add(c.SequenceID, RuleToolFailure)
+		}
+		if e.on(RuleRepeat) && c.ChoiceIndex == 0 {
+			sig := signature(p.msg)
+			if sig != "" && sig == prevSig && c.SequenceID != prevSeq {
+				run++
+			} else {
+				run = 1
+			}
+			if run >= e.cfg.MinRepeats {
+				add(c.SequenceID, RuleRepeat)
+			}
+			prevSig, prevSeq = sig, c.SequenceID
+		}
+	}
+	out := make([]export.Reward, 0, len(hits))
+	for h := range hits {
+		out = append(out, export.Reward{RolloutID: calls[0].RolloutID, AttemptID: calls[0].AttemptID, SequenceID: h.seq,
+			Name: e.cfg.RewardName, Value: e.cfg.Rules[RuleNames[h.rule]].Weight, Source: RuleNames[h.rule], TimeUnixNano: now})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].SequenceID != out[j].SequenceID {
+			return out[i].SequenceID < out[j].SequenceID
+		}
+		return ruleIndex(out[i].Source) < ruleIndex(out[j].Source)
+	})
+	return out
+}
+
+func ruleIndex(name string) int {
+	for i, n := range RuleNames {
+		if n == name {
+			return i
+		}
+	}
+	return len(RuleNames)
+}
+
+// badToolArgs: a tool call whose arguments are not a JSON object, name a tool
+// the request did not declare, or do not match its parameters schema.
+func (e *Engine) badToolArgs(p parsed) bool {
+	for _, tc := range p.msg.ToolCalls {
+		d := json.NewDecoder(strings.NewReader(tc.Function.Arguments))
+		d.UseNumber()
+		var v any
+		if err := d.Decode(&v); err != nil || d.More() {
+			return true
+		}
+		if _, ok := v.(map[string]any); !ok {
+			return true
+		}
+		if !p.toolsSeen {
+			continue
+		}
+		schema, declared := p.tools[tc.Function.Name]
+		if !declared {
+			return true
+		}
+		if checkSchema(schema, v, "$") != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// toolFailed: one of p's tool calls has, in the next request, a tool message
+// (matched by tool_call_id) whose content matches a failure pattern.
+func (e *Engine) toolFailed(p, next parsed) bool {
+	if len(p.msg.ToolCalls) == 0 {
+		return false
+	}
+	ids := map[string]bool{}
+	for _, tc := range p.msg.ToolCalls {
+		ids[tc.ID] = true
+	}
+	for _, m := range next.reqMsgs {
+		if m.Role != "tool" || !ids[m.ToolCallID] {
+			continue
+		}
+		t := m.text()
+		for _, re := range e.patterns {
+			if re.MatchString(t) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// signature identifies "the same call": its tool calls (name and canonical
+// arguments) or, without tool calls, its text.
+func signature(m message) string {
+	if len(m.ToolCalls) == 0 {
+		return strings.TrimSpace(m.text())
+	}
+	var b bytes.Buffer
+	for _, tc := range m.ToolCalls {
+		b.WriteString(tc.Function.Name)
+		b.WriteByte('(')
+		var v any
+		if json.Unmarshal([]byte(tc.Function.Arguments), &v) == nil {
+			canon, _ := json.Marshal(v) // map keys sorted
+			b.Write(canon)
+		} else {
+			b.WriteString(tc.Function.Arguments)
+		}
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+// Counts tallies reward rows per rule (Source).
+func Counts(rs []export.Reward) map[string]int {
+	m := map[string]int{}
+	for _, r := range rs {
+		m[r.Source]++
+	}
+	return m
+}
+
+// Write stores the rule outcomes in the rewards table.
+func Write(ctx context.Context, s export.Sink, rs []export.Reward) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	if err := s.Write(ctx, &export.Batch{Rewards: rs}); err != nil {
+		return fmt.Errorf("air: writing %d rewards: %w", len(rs), err)
+	}
+	return nil
+}

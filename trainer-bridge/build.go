@@ -1,0 +1,329 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/trainer-bridge/advantage"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
+	"github.com/rollgate/rollgate/trainer-bridge/credit"
+)
+
+// Advantage levels.
+const (
+	LevelRollout    = "rollout"    // one score per attempt (R + sum of process rewards), advantage broadcast to its samples
+	LevelTransition = "transition" // every sample is scored and grouped on its own (Agent Lightning)
+)
+
+// Options configure Build. The zero value plus a Selection is LightningRL:
+// transitions, identical credit, reward "primary", no advantage.
+type Options struct {
+	Selection  Selection
+	Mode       string // ModeTransitions (default) or ModeTrajectories
+	RewardName string // episode and per-call reward name, default "primary"
+	Credit     credit.Mode
+	Gamma      float64 // for credit.Discounted
+	Estimator  advantage.Estimator
+	Level      string // LevelRollout (default) or LevelTransition
+	// DropZeroVariance drops groups whose scores are all equal.
+	DropZeroVariance bool
+	// AIR, when set, computes automatic intermediate rewards over every call
+	// of each selected attempt and adds them to the process rewards.
+	AIR *air.Engine
+	// WriteAIR stores the AIR outcomes in the rewards table.
+	WriteAIR bool
+	// MaxPrompt and MaxResponse limit sample lengths (0 = no limit);
+	// Truncation is TruncDrop (default) or TruncTrim.
+	MaxPrompt, MaxResponse int
+	Truncation             string
+	// Now stamps AIR rows; nil = time.Now.
+	Now func() time.Time
+	// Progress, when set, is called after each attempt with (done, total).
+	Progress func(done, total int)
+}
+
+// TaskStat is the reward distribution of one task's samples.
+type TaskStat struct {
+	Samples   int
+	Mean, Std float64 // population std of sample rewards
+}
+
+// Stats summarises a run: what was used, what was left out and why.
+type Stats struct {
+	Attempts       int            // attempts selected
+	Calls          int            // llm_calls rows of the selected attempts
+	Samples        int            // samples produced
+	Groups         int            // advantage groups (task ids) among the samples
+	Merged         int            // trajectory mode: calls merged into an earlier turn's sample
+	Trimmed        int            // samples trimmed by the truncation policy
+	DroppedGroups  int            // zero-variance groups dropped
+	DroppedSamples int            // samples of those groups
+	Excluded       map[string]int // by reason (Excl* constants)
+	Breaks         map[string]int // trajectory breaks by class (Break* constants)
+	AIRHits        map[string]int // AIR reward rows by rule
+	Tasks          map[string]TaskStat
+}
+
+// Result is what Build returns.
+type Result struct {
+	Samples []*Sample
+	Stats   Stats
+}
+
+// Build selects attempts from store, assembles samples, credits rewards and
+// computes advantages.
+func Build(ctx context.Context, store export.Store, o Options) (*Result, error) {
+	if o.RewardName == "" {
+		o.RewardName = "primary"
+	}
+	if o.Credit == "" {
+		o.Credit = credit.Identical
+	}
+	if o.Estimator == "" {
+		o.Estimator = advantage.None
+	}
+	if o.Level == "" {
+		o.Level = LevelRollout
+	}
+	if o.Level != LevelRollout && o.Level != LevelTransition {
+		return nil, fmt.Errorf("bridge: advantage level %q is not %q or %q", o.Level, LevelRollout, LevelTransition)
+	}
+	if o.Truncation == "" {
+		o.Truncation = TruncDrop
+	}
+	if o.Truncation != TruncDrop && o.Truncation != TruncTrim {
+		return nil, fmt.Errorf("bridge: truncation policy %q is not %q or %q", o.Truncation, TruncDrop, TruncTrim)
+	}
+	if o.Mode == "" {
+		o.Mode = ModeTransitions
+	}
+	if o.Mode != ModeTransitions && o.Mode != ModeTrajectories {
+		return nil, fmt.Errorf("bridge: unknown mode %q (%s, %s)", o.Mode, ModeTransitions, ModeTrajectories)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	refs, err := SelectAttempts(ctx, store, o.Selection)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Stats: Stats{Attempts: len(refs), Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
+	type unit struct {
+		samples []*Sample
+		score   float64
+		group   string
+	}
+	var units []unit
+	for i, ref := range refs {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		samples, score, rewarded, err := buildAttempt(ctx, store, ref, o, &res.Stats)
+		if err != nil {
+			return nil, err
+		}
+		if o.Progress != nil {
+			o.Progress(i+1, len(refs))
+		}
+		if !rewarded {
+			continue // counted as no_reward
+		}
+		if len(samples) == 0 {
+			res.Stats.Excluded[ExclNoSample]++
+			continue
+		}
+		group := groupOf(samples[0])
+		if o.Level == LevelRollout {
+			units = append(units, unit{samples: samples, score: score, group: group})
+			continue
+		}
+		for _, s := range samples {
+			units = append(units, unit{samples: []*Sample{s}, score: s.Reward, group: group})
+		}
+	}
+	in := advantage.Input{Scores: make([]float64, len(units)), Groups: make([]string, len(units)), Tokens: make([]int, len(units))}
+	for i, u := range units {
+		in.Scores[i], in.Groups[i] = u.score, u.group
+		for _, s := range u.samples {
+			for _, m := range s.ResponseMask {
+				in.Tokens[i] += int(m)
+			}
+		}
+	}
+	adv, err := advantage.Compute(o.Estimator, in, advantage.Options{DropZeroVariance: o.DropZeroVariance})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	res.Stats.DroppedGroups = adv.DroppedGroups
+	groups := map[string]bool{}
+	for i, u := range units {
+		if !adv.Keep[i] {
+			res.Stats.DroppedSamples += len(u.samples)
+			continue
+		}
+		groups[u.group] = true
+		for _, s := range u.samples {
+			s.Advantage, s.GroupUID = adv.Advantages[i], u.group
+			res.Samples = append(res.Samples, s)
+		}
+	}
+	res.Stats.Samples, res.Stats.Groups = len(res.Samples), len(groups)
+	res.Stats.Tasks = taskStats(res.Samples)
+	return res, nil
+}
+
+// groupOf is the GRPO group key: the task id, or the rollout id for calls without one.
+func groupOf(s *Sample) string {
+	if s.TaskID != "" {
+		return s.TaskID
+	}
+	return "rollout:" + s.RolloutID
+}
+
+// buildAttempt assembles one attempt's samples and returns them with the
+// attempt's undiscounted return (the rollout-level score); rewarded is false
+// when the attempt has no episode reward.
+func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Options, st *Stats) (samples []*Sample, score float64, rewarded bool, err error) {
+	d, err := store.Rollout(ctx, ref.RolloutID)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("bridge: reading rollout %s: %w", ref.RolloutID, err)
+	}
+	calls := make([]export.Call, 0, len(d.Calls))
+	for _, c := range d.Calls {
+		if c.AttemptID == ref.AttemptID {
+			calls = append(calls, c)
+		}
+	}
+	sort.SliceStable(calls, func(i, j int) bool {
+		if calls[i].SequenceID != calls[j].SequenceID {
+			return calls[i].SequenceID < calls[j].SequenceID
+		}
+		return calls[i].ChoiceIndex < calls[j].ChoiceIndex
+	})
+	st.Calls += len(calls)
+
+	// Process rewards per sequence id: the last API reward of that name, plus AIR.
+	process := map[uint64]float64{}
+	seqs := map[uint64]bool{}
+	for _, c := range calls {
+		seqs[c.SequenceID] = true
+	}
+	type last struct {
+		v  float64
+		at uint64
+	}
+	api := map[uint64]last{}
+	for _, r := range d.Rewards {
+		if r.SequenceID == 0 || r.Name != o.RewardName || (r.AttemptID != "" && r.AttemptID != ref.AttemptID) {
+			continue
+		}
+		if l, ok := api[r.SequenceID]; !ok || r.TimeUnixNano >= l.at {
+			api[r.SequenceID] = last{r.Value, r.TimeUnixNano}
+		}
+	}
+	for seq, l := range api {
+		process[seq] += l.v
+		seqs[seq] = true
+	}
+	if o.AIR != nil {
+		rs := o.AIR.Evaluate(calls, uint64(o.Now().UnixNano()))
+		for _, r := range rs {
+			process[r.SequenceID] += r.Value
+			st.AIRHits[r.Source]++
+		}
+		if o.WriteAIR {
+			if err := air.Write(ctx, store, rs); err != nil {
+				return nil, 0, false, fmt.Errorf("bridge: %w", err)
+			}
+		}
+	}
+	episode, ok := finalReward(d.Rewards, ref.AttemptID, o.RewardName)
+	if !ok {
+		st.Excluded[ExclNoReward]++
+		return nil, 0, false, nil
+	}
+	order := make([]uint64, 0, len(seqs))
+	for s := range seqs {
+		order = append(order, s)
+	}
+	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
+	pv := make([]float64, len(order))
+	step := map[uint64]int{}
+	for i, s := range order {
+		pv[i], step[s] = process[s], i
+	}
+	returns, err := credit.AssignN(o.Credit, len(order), episode, pv, o.Gamma)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("bridge: %w", err)
+	}
+
+	kept := calls[:0:0]
+	for _, c := range calls {
+		switch {
+		case c.Error != "" || c.HTTPStatus >= 300:
+			st.Excluded[ExclErrored]++
+		case !trusted[c.TokenSource] || len(c.PromptTokenIDs) == 0 || len(c.ResponseTokenIDs) == 0:
+			st.Excluded[ExclUnverified]++
+		case o.Selection.AgentName != nil && !o.Selection.AgentName.MatchString(c.AgentName):
+			st.Excluded[ExclAgent]++
+		case versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion):
+			st.Excluded[ExclPolicyVersion]++
+		default:
+			kept = append(kept, c)
+		}
+	}
+	samples, err = assemble(o.Mode, kept, st)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	lastSeq := order[len(order)-1]
+	out := samples[:0]
+	for _, s := range samples {
+		switch {
+		case o.Mode == ModeTransitions:
+			s.Reward = returns[step[s.SequenceIDs[0]]]
+		case o.Credit == credit.Discounted:
+			s.Reward = returns[step[s.SequenceIDs[0]]]
+		default:
+			for _, q := range s.SequenceIDs {
+				s.Reward += process[q]
+			}
+			if o.Credit == credit.Identical || s.SequenceIDs[len(s.SequenceIDs)-1] == lastSeq {
+				s.Reward += episode
+			}
+		}
+		keep, trimmed := truncate(s, o.MaxPrompt, o.MaxResponse, o.Truncation)
+		if !keep {
+			st.Excluded[ExclTruncDropped]++
+			continue
+		}
+		if trimmed {
+			st.Trimmed++
+		}
+		out = append(out, s)
+	}
+	return out, credit.Episode(episode, pv), true, nil
+}
+
+func taskStats(samples []*Sample) map[string]TaskStat {
+	sum := map[string][2]float64{}
+	n := map[string]int{}
+	for _, s := range samples {
+		a := sum[s.TaskID]
+		a[0] += s.Reward
+		a[1] += s.Reward * s.Reward
+		sum[s.TaskID] = a
+		n[s.TaskID]++
+	}
+	out := map[string]TaskStat{}
+	for t, a := range sum {
+		k := float64(n[t])
+		mean := a[0] / k
+		out[t] = TaskStat{Samples: n[t], Mean: mean, Std: math.Sqrt(math.Max(0, a[1]/k-mean*mean))}
+	}
+	return out
+}

@@ -1,0 +1,366 @@
+package bridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/trainer-bridge/advantage"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
+	"github.com/rollgate/rollgate/trainer-bridge/credit"
+)
+
+const weatherTools = `"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`
+
+func body(toolResults ...string) string {
+	msgs := []string{`{"role":"user","content":"weather?"}`}
+	for i := 0; i+1 < len(toolResults); i += 2 {
+		msgs = append(msgs, `{"role":"assistant","content":null,"tool_calls":[{"id":"`+toolResults[i]+`","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}`,
+			`{"role":"tool","tool_call_id":"`+toolResults[i]+`","content":"`+toolResults[i+1]+`"}`)
+	}
+	return `{"model":"m","messages":[` + strings.Join(msgs, ",") + `],` + weatherTools + `}`
+}
+
+const toolCall = `{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}`
+
+type cs struct {
+	ro, at, task, agent string
+	seq                 uint64
+	prompt, resp        []uint32
+	lp                  []float32
+	req, msg, finish    string
+	src, errMsg, pv     string
+}
+
+func (c cs) call() export.Call {
+	status := uint16(200)
+	if c.errMsg != "" {
+		status = 500
+	}
+	src := c.src
+	if src == "" {
+		src = export.TokenSourceEngine
+	}
+	pv := c.pv
+	if pv == "" {
+		pv = "v2"
+	}
+	if c.req == "" {
+		c.req = body()
+	}
+	if c.msg == "" {
+		c.msg = `{"role":"assistant","content":"answer ` + fmt.Sprint(c.seq) + `"}`
+	}
+	if c.finish == "" {
+		c.finish = "stop"
+	}
+	return export.Call{SpanID: fmt.Sprintf("%s-%s-%d", c.ro, c.at, c.seq), RolloutID: c.ro, AttemptID: c.at, TaskID: c.task, AgentName: c.agent,
+		SequenceID: c.seq, StartTimeUnixNano: 1_000 + c.seq, HTTPStatus: status, Error: c.errMsg, Endpoint: "/v1/chat/completions",
+		Model: "m", PolicyVersion: pv, RequestBody: c.req, ResponseMessage: c.msg, PromptTokenIDs: c.prompt, ResponseTokenIDs: c.resp,
+		ResponseLogprobs: c.lp, TokenSource: src, FinishReason: c.finish, PromptTokens: uint32(len(c.prompt)), CompletionTokens: uint32(len(c.resp))}
+}
+
+// fill writes the scenario described in TestBuild to a fresh SQLite store.
+func fill(t *testing.T) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "bridge.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	calls := []cs{
+		{ro: "r1", at: "a1", task: "t1", agent: "solver", seq: 1, prompt: []uint32{1, 2, 3}, resp: []uint32{9}},
+		{ro: "r1", at: "a2", task: "t1", agent: "solver", seq: 1, prompt: []uint32{1, 2, 3}, resp: []uint32{10, 11}, lp: []float32{-0.1, -0.2}, msg: toolCall, finish: "tool_calls"},
+		{ro: "r1", at: "a2", task: "t1", agent: "solver", seq: 2, prompt: []uint32{1, 2, 3, 10, 11, 20, 21}, resp: []uint32{12}, lp: []float32{-0.3}, req: body("c1", "Error: city not found")},
+		{ro: "r1", at: "a2", task: "t1", agent: "critic", seq: 3, prompt: []uint32{5, 6}, resp: []uint32{7}},
+		{ro: "r2", at: "a1", task: "t1", agent: "solver", seq: 1, prompt: []uint32{1, 2, 3}, resp: []uint32{13, 14, 15, 16}, lp: []float32{-1, -1, -1, -1}, msg: toolCall, finish: "tool_calls"},
+		{ro: "r2", at: "a1", task: "t1", agent: "solver", seq: 2, prompt: []uint32{1, 2, 3, 13, 99, 22}, resp: []uint32{17}, lp: []float32{-2}, req: body("c1", "sunny"), finish: "length"},
+		{ro: "r2", at: "a1", task: "t1", agent: "solver", seq: 3, prompt: []uint32{1}, errMsg: "upstream 500", msg: "{}"},
+		{ro: "r3", at: "a1", task: "t1", agent: "solver", seq: 1, prompt: []uint32{1, 2, 3}, resp: []uint32{18}, src: export.TokenSourceRetokenized},
+		{ro: "r3", at: "a1", task: "t1", agent: "solver", seq: 2, prompt: []uint32{1, 2, 3}, resp: []uint32{19}, pv: "v1"},
+		{ro: "r4", at: "a1", task: "t2", agent: "solver", seq: 1, prompt: []uint32{4}, resp: []uint32{40, 41}, lp: []float32{-0.5, -0.5}},
+		{ro: "r5", at: "a1", task: "t2", agent: "solver", seq: 1, prompt: []uint32{4}, resp: []uint32{40}},
+		{ro: "r6", at: "a1", task: "t2", agent: "solver", seq: 1, prompt: []uint32{4}, resp: []uint32{42}},
+	}
+	b := &export.Batch{}
+	for _, c := range calls {
+		b.Calls = append(b.Calls, c.call())
+	}
+	ro := func(id, at, task, status string, upd uint64) export.Rollout {
+		return export.Rollout{RolloutID: id, AttemptID: at, TaskID: task, Status: status, Metadata: "{}", CreatedUnixNano: 1, UpdatedUnixNano: upd}
+	}
+	b.Rollouts = []export.Rollout{
+		ro("r1", "a1", "t1", "failed", 5), ro("r1", "a2", "t1", "succeeded", 9),
+		ro("r2", "a1", "t1", "succeeded", 5), ro("r3", "a1", "t1", "succeeded", 5),
+		ro("r4", "a1", "t2", "succeeded", 5), ro("r5", "a1", "t2", "running", 5), ro("r6", "a1", "t2", "succeeded", 5),
+	}
+	rw := func(id, at string, seq uint64, v float64, tm uint64) export.Reward {
+		return export.Reward{RolloutID: id, AttemptID: at, SequenceID: seq, Name: "primary", Value: v, Source: "api", TimeUnixNano: tm}
+	}
+	b.Rewards = []export.Reward{
+		rw("r1", "a1", 0, -1, 1), rw("r1", "a2", 0, 0.2, 1), rw("r1", "a2", 0, 1, 2), // the last one wins
+		rw("r2", "", 0, 0.5, 1), rw("r3", "a1", 0, 0, 1),
+		rw("r4", "a1", 0, 2, 1), rw("r4", "a1", 1, 0.25, 1), // a process reward on call 1
+		rw("r5", "a1", 0, 3, 1),
+	}
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func options(t *testing.T) Options {
+	e, err := air.New(air.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := DefaultSelection()
+	sel.AgentName = regexp.MustCompile(`^solver$`)
+	sel.MinPolicyVersion = "v2"
+	return Options{Selection: sel, Estimator: advantage.GRPO, AIR: e, Now: func() time.Time { return time.Unix(0, 77) }}
+}
+
+// sp prints its operands separated by spaces.
+func sp(a ...any) string { return strings.TrimSuffix(fmt.Sprintln(a...), "\n") }
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
+
+// TestBuild checks a transitions run value by value.
+//
+// AIR: r1/a2 call 1's tool result (in request 2) is "Error: ..." -> -0.5 on seq 1;
+// r2 call 2 is truncated -> -0.5 on seq 2; r2 call 3 is a backend error -> -1 on seq 3.
+// Identical credit, G_t = R + p_t:
+//
+//	r1/a2 (R=1, the later of 0.2 and 1): seq1 1-0.5 = 0.5, seq2 1; critic excluded by agent regex
+//	r2    (R=0.5, posted without attempt): seq1 0.5, seq2 0.5-0.5 = 0; seq3 errored
+//	r3: seq1 retokenized (unverified), seq2 policy v1 < v2 -> no sample
+//	r4    (R=2, p1=0.25): seq1 2.25
+//	r5 running (not selected); r6 no reward; r1/a1 failed (not selected)
+//
+// Rollout-level GRPO scores R + sum p: r1 0.5, r2 0.5-1.5 = -1 (group t1), r4 2.25 (t2, alone).
+// t1: mean -0.25, unbiased var (0.75^2 + 0.75^2)/1 = 1.125, std 1.0606601717798212,
+// A(r1) = 0.75/(std+1e-6), A(r2) = -A(r1); t2: A(r4) = 2.25/(1+1e-6).
+func TestBuild(t *testing.T) {
+	s := fill(t)
+	ctx := context.Background()
+	res, err := Build(ctx, s, options(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := 0.75 / (math.Sqrt(1.125) + 1e-6)
+	want := []struct {
+		ro        string
+		seq       uint64
+		reward    float64
+		advantage float64
+	}{{"r1", 1, 0.5, a1}, {"r1", 2, 1, a1}, {"r2", 1, 0.5, -a1}, {"r2", 2, 0, -a1}, {"r4", 1, 2.25, 2.25 / (1 + 1e-6)}}
+	if len(res.Samples) != len(want) {
+		t.Fatalf("%d samples: %+v", len(res.Samples), res.Samples)
+	}
+	for i, w := range want {
+		g := res.Samples[i]
+		if g.RolloutID != w.ro || g.SequenceIDs[0] != w.seq || !near(g.Reward, w.reward) || !near(g.Advantage, w.advantage) {
+			t.Errorf("sample %d: %s/%v reward %v adv %v, want %+v", i, g.RolloutID, g.SequenceIDs, g.Reward, g.Advantage, w)
+		}
+	}
+	if g := res.Samples[1]; sp(g.Prompt, g.Response, g.ResponseMask, g.Logprobs, g.GroupUID, g.AttemptID) != "[1 2 3 10 11 20 21] [12] [1] [-0.3] t1 a2" {
+		t.Errorf("r1 seq2: %v %v %v %v %v %v", g.Prompt, g.Response, g.ResponseMask, g.Logprobs, g.GroupUID, g.AttemptID)
+	}
+	st := res.Stats
+	wantExcl := map[string]int{ExclAgent: 1, ExclErrored: 1, ExclUnverified: 1, ExclPolicyVersion: 1, ExclNoSample: 1, ExclNoReward: 1}
+	// no_sample is r3 (no usable call); r6 counts only as no_reward.
+	if fmt.Sprint(st.Excluded) != fmt.Sprint(wantExcl) {
+		t.Errorf("excluded %v, want %v", st.Excluded, wantExcl)
+	}
+	if st.Attempts != 5 || st.Calls != 10 || st.Samples != 5 || st.Groups != 2 {
+		t.Errorf("stats %+v", st)
+	}
+	if fmt.Sprint(st.AIRHits) != "map[air_backend_error:1 air_tool_failure:1 air_truncated:1]" {
+		t.Errorf("AIR hits %v", st.AIRHits)
+	}
+	if ts := st.Tasks["t1"]; ts.Samples != 4 || !near(ts.Mean, 0.5) {
+		t.Errorf("task stats %+v", ts)
+	}
+
+	var buf bytes.Buffer
+	if err := WriteJSONL(&buf, res.Samples); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	var row map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &row); err != nil {
+		t.Fatal(err)
+	}
+	if sp(row["response_mask"], row["response_ids"], row["uid"], row["reward"], row["sequence_ids"]) != "[1 1] [10 11] t1 0.5 [1]" {
+		t.Errorf("jsonl row %s", lines[0])
+	}
+}
+
+// TestBuildTrajectories: r1/a2's two solver calls merge (prompt 2 = prompt 1 +
+// response 1 + observation [20 21]); r2's second prompt keeps prompt 1 but
+// rewrites response 1 (13 99 ... instead of 13 14 15 16): a retokenization break.
+// Identical credit: sample reward R + sum of its calls' process rewards.
+func TestBuildTrajectories(t *testing.T) {
+	s := fill(t)
+	o := options(t)
+	o.Mode, o.Estimator = ModeTrajectories, advantage.None
+	res, err := Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range res.Samples {
+		got = append(got, sp(g.RolloutID, g.SequenceIDs, g.Prompt, g.Response, g.ResponseMask, g.Logprobs, g.Reward, g.Advantage))
+	}
+	want := []string{
+		// advantage none at rollout level = the rollout score (R + sum p): r1 0.5, r2 -1, r4 2.25
+		"r1 [1 2] [1 2 3] [10 11 20 21 12] [1 1 0 0 1] [-0.1 -0.2 0 0 -0.3] 0.5 0.5",
+		"r2 [1] [1 2 3] [13 14 15 16] [1 1 1 1] [-1 -1 -1 -1] 0.5 -1",
+		"r2 [2] [1 2 3 13 99 22] [17] [1] [-2] 0 -1",
+		"r4 [1] [4] [40 41] [1 1] [-0.5 -0.5] 2.25 2.25",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if res.Stats.Merged != 1 || fmt.Sprint(res.Stats.Breaks) != "map[retokenization:1]" {
+		t.Fatalf("merged %d breaks %v", res.Stats.Merged, res.Stats.Breaks)
+	}
+
+	// Truncation: responses over 4 tokens. drop removes r1's trajectory (5),
+	// trim keeps its first 4 tokens.
+	o.MaxResponse, o.Truncation = 4, TruncDrop
+	res, err = Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 3 || res.Stats.Excluded[ExclTruncDropped] != 1 || res.Samples[0].RolloutID != "r2" {
+		t.Fatalf("drop: %d samples, %v", len(res.Samples), res.Stats.Excluded)
+	}
+	o.Truncation = TruncTrim
+	res, err = Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := res.Samples[0]; res.Stats.Trimmed != 1 || sp(g.Response, g.ResponseMask, g.Logprobs, g.Trimmed) != "[10 11 20 21] [1 1 0 0] [-0.1 -0.2 0 0] true" {
+		t.Fatalf("trim: %+v %+v", res.Stats, g)
+	}
+}
+
+// TestBuildCredit: discounted credit over every call of the attempt. r1/a2 has
+// three calls (the critic's is the last step): r = [-0.5, 0, 1] with gamma 0.5
+// G3 = 1, G2 = 0 + 0.5*1 = 0.5, G1 = -0.5 + 0.5*0.5 = -0.25.
+// Last-call-only: G = r_t: seq1 -0.5, seq2 0 (R sits on the critic's call).
+// Transition-level Dr.GRPO over t1's samples under discounted credit:
+// r2: r = [0, -0.5, 0.5-1] -> G3 = -0.5, G2 = -0.5 + 0.5*-0.5 = -0.75, G1 = 0 + 0.5*-0.75 = -0.375
+// t1 scores [-0.25, 0.5, -0.375, -0.75], mean -0.21875.
+func TestBuildCredit(t *testing.T) {
+	s := fill(t)
+	o := options(t)
+	o.Credit, o.Gamma, o.Estimator, o.Level = credit.Discounted, 0.5, advantage.DrGRPO, LevelTransition
+	res, err := Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantR := []float64{-0.25, 0.5, -0.375, -0.75, 2.25}
+	wantA := []float64{-0.25 + 0.21875, 0.5 + 0.21875, -0.375 + 0.21875, -0.75 + 0.21875, 2.25}
+	for i := range wantR {
+		if !near(res.Samples[i].Reward, wantR[i]) || !near(res.Samples[i].Advantage, wantA[i]) {
+			t.Errorf("sample %d: reward %v adv %v, want %v %v", i, res.Samples[i].Reward, res.Samples[i].Advantage, wantR[i], wantA[i])
+		}
+	}
+	o.Credit, o.Estimator = credit.LastOnly, advantage.None
+	res, err = Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Samples[0].Reward != -0.5 || res.Samples[1].Reward != 0 {
+		t.Fatalf("last-only: %v %v", res.Samples[0].Reward, res.Samples[1].Reward)
+	}
+}
+
+// TestSelection checks the filters on their own.
+func TestSelection(t *testing.T) {
+	s := fill(t)
+	ctx := context.Background()
+	names := func(sel Selection) string {
+		refs, err := SelectAttempts(ctx, s, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range refs {
+			out = append(out, r.RolloutID+"/"+r.AttemptID)
+		}
+		return strings.Join(out, " ")
+	}
+	cases := []struct {
+		sel  Selection
+		want string
+	}{
+		{DefaultSelection(), "r1/a2 r2/a1 r3/a1 r4/a1 r6/a1"},
+		{Selection{}, "r1/a2 r2/a1 r3/a1 r4/a1 r5/a1 r6/a1"},
+		{Selection{Attempts: AttemptsAll}, "r1/a1 r1/a2 r2/a1 r3/a1 r4/a1 r5/a1 r6/a1"},
+		{Selection{Statuses: []string{"failed"}}, "r1/a1"},
+		{Selection{TaskIDs: []string{"t2"}, Statuses: []string{"succeeded", "running"}}, "r4/a1 r5/a1 r6/a1"},
+		// first call start times are 1000 + seq: every attempt starts at 1001
+		{Selection{Since: time.Unix(0, 1002)}, ""},
+		{Selection{Until: time.Unix(0, 1002), TaskIDs: []string{"t1"}}, "r1/a2 r2/a1 r3/a1"},
+	}
+	for i, c := range cases {
+		if got := names(c.sel); got != c.want {
+			t.Errorf("case %d: got %q want %q", i, got, c.want)
+		}
+	}
+	if _, err := SelectAttempts(ctx, s, Selection{Attempts: "first"}); err == nil {
+		t.Error("bad attempt choice accepted")
+	}
+	for _, c := range []struct {
+		v, min string
+		below  bool
+	}{{"v1", "v2", true}, {"v10", "v9", false}, {"3", "3", false}, {"", "v1", true}, {"b", "a", false}, {"x", "", false}} {
+		if got := versionBelow(c.v, c.min); got != c.below {
+			t.Errorf("versionBelow(%q, %q) = %v", c.v, c.min, got)
+		}
+	}
+}
+
+// TestWriteAIR: the rule outcomes land in the rewards table with their rule
+// as source, and a second run does not count them twice.
+func TestWriteAIR(t *testing.T) {
+	s := fill(t)
+	o := options(t)
+	o.WriteAIR = true
+	first, err := Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Query(context.Background(), "SELECT rollout_id, sequence_id, source, value FROM rewards WHERE name = 'air' ORDER BY rollout_id, sequence_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(res.Rows) != "[[r1 1 air_tool_failure -0.5] [r2 2 air_truncated -0.5] [r2 3 air_backend_error -1]]" {
+		t.Fatalf("rows %v", res.Rows)
+	}
+	o.WriteAIR = false
+	second, err := Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range first.Samples {
+		if first.Samples[i].Reward != second.Samples[i].Reward {
+			t.Fatalf("sample %d reward changed: %v -> %v", i, first.Samples[i].Reward, second.Samples[i].Reward)
+		}
+	}
+}

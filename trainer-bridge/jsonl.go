@@ -1,0 +1,97 @@
+package bridge
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// Row is the JSON (and Parquet) shape of a Sample.
+type Row struct {
+	RolloutID     string    `json:"rollout_id"`
+	AttemptID     string    `json:"attempt_id"`
+	TaskID        string    `json:"task_id"`
+	AgentName     string    `json:"agent_name"`
+	PolicyVersion string    `json:"policy_version"`
+	UID           string    `json:"uid"`
+	ChoiceIndex   uint32    `json:"choice_index"`
+	SequenceIDs   []uint64  `json:"sequence_ids"`
+	PromptIDs     []uint32  `json:"prompt_ids"`
+	ResponseIDs   []uint32  `json:"response_ids"`
+	ResponseMask  []uint8   `json:"response_mask"`
+	Logprobs      []float32 `json:"rollout_log_probs"`
+	Reward        float64   `json:"reward"`
+	Advantage     float64   `json:"advantage"`
+	Trimmed       bool      `json:"trimmed"`
+}
+
+// ToRow converts a Sample to its row form. Nil slices become empty ones.
+func (s *Sample) ToRow() Row {
+	r := Row{RolloutID: s.RolloutID, AttemptID: s.AttemptID, TaskID: s.TaskID, AgentName: s.AgentName,
+		PolicyVersion: s.PolicyVersion, UID: s.GroupUID, ChoiceIndex: s.ChoiceIndex, SequenceIDs: s.SequenceIDs,
+		PromptIDs: s.Prompt, ResponseIDs: s.Response, ResponseMask: s.ResponseMask, Logprobs: s.Logprobs,
+		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed}
+	if r.SequenceIDs == nil {
+		r.SequenceIDs = []uint64{}
+	}
+	if r.PromptIDs == nil {
+		r.PromptIDs = []uint32{}
+	}
+	if r.ResponseIDs == nil {
+		r.ResponseIDs = []uint32{}
+	}
+	if r.ResponseMask == nil {
+		r.ResponseMask = []uint8{}
+	}
+	if r.Logprobs == nil {
+		r.Logprobs = []float32{}
+	}
+	return r
+}
+
+// maskJSON renders response_mask as numbers ([]uint8 would marshal as base64).
+type maskJSON []uint8
+
+func (m maskJSON) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 2*len(m)+2)
+	b = append(b, '[')
+	for i, v := range m {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '0'+v%10)
+	}
+	return append(b, ']'), nil
+}
+
+// jsonRow is Row with the mask rendered as numbers.
+type jsonRow struct {
+	rowAlias
+	ResponseMask maskJSON `json:"response_mask"`
+}
+
+type rowAlias Row
+
+func (s *Sample) jsonRow() jsonRow {
+	r := s.ToRow()
+	return jsonRow{rowAlias(r), maskJSON(r.ResponseMask)}
+}
+
+// MarshalJSON renders a sample as one JSONL line holds it (without the newline).
+func (s *Sample) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonRow()) }
+
+// WriteJSONL writes one JSON object per sample per line.
+func WriteJSONL(w io.Writer, samples []*Sample) error {
+	bw := bufio.NewWriterSize(w, 1<<16)
+	enc := json.NewEncoder(bw)
+	for i, s := range samples {
+		if err := enc.Encode(s.jsonRow()); err != nil {
+			return fmt.Errorf("bridge: writing sample %d: %w", i, err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("bridge: writing samples: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,190 @@
+package lease
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func raws(xs ...string) []json.RawMessage {
+	out := make([]json.RawMessage, len(xs))
+	for i, x := range xs {
+		out[i] = json.RawMessage(x)
+	}
+	return out
+}
+
+func str(rs []json.RawMessage) string {
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, string(r))
+	}
+	return strings.Join(parts, ",")
+}
+
+func TestLeaseAckExpire(t *testing.T) {
+	c := &clock{t: time.Unix(100, 0)}
+	q := New(10*time.Second, c.now)
+	q.Add(raws("1", "2", "3", "4", "5")...)
+	id1, s1, exp := q.Lease(2)
+	if str(s1) != "1,2" || !exp.Equal(time.Unix(110, 0)) {
+		t.Fatalf("lease 1: %s %v", str(s1), exp)
+	}
+	id2, s2, _ := q.Lease(2)
+	if str(s2) != "3,4" {
+		t.Fatalf("lease 2: %s", str(s2))
+	}
+	if err := q.Ack(id2); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Ack(id2); err != ErrUnknownLease {
+		t.Fatalf("second ack: %v", err)
+	}
+	// Lease 1 expires: 1 and 2 go back in front of 5, in order.
+	c.t = time.Unix(110, 0)
+	if got := q.Counts(); got != (Counts{Pending: 3, Leased: 0, Acked: 2}) {
+		t.Fatalf("counts %+v", got)
+	}
+	if err := q.Ack(id1); err != ErrUnknownLease {
+		t.Fatalf("ack of an expired lease: %v", err)
+	}
+	id3, s3, _ := q.Lease(10)
+	if str(s3) != "1,2,5" || id3 == id1 {
+		t.Fatalf("lease 3: %s %s", id3, str(s3))
+	}
+	if err := q.Ack(id3); err != nil {
+		t.Fatal(err)
+	}
+	if id, s, _ := q.Lease(1); id != "" || s != nil {
+		t.Fatalf("empty queue leased %s %v", id, s)
+	}
+	if got := q.Counts(); got != (Counts{Acked: 5}) {
+		t.Fatalf("final counts %+v", got)
+	}
+}
+
+// TestConcurrentConsumers: trainers lease, some let their leases expire
+// (the clock advances), the rest ack; in the end every sample is acked
+// exactly once.
+func TestConcurrentConsumers(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(0, 0)
+	q := New(time.Second, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	const total = 2000
+	for i := range total {
+		q.Add(json.RawMessage(fmt.Sprint(i)))
+	}
+	seen := make([]int, total)
+	var seenMu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ; k++ {
+				id, s, _ := q.Lease(7)
+				if id == "" {
+					if c := q.Counts(); c.Pending == 0 && c.Leased == 0 {
+						return
+					}
+					mu.Lock()
+					now = now.Add(time.Second) // let abandoned leases expire
+					mu.Unlock()
+					continue
+				}
+				if (k+w)%5 == 0 {
+					continue // abandon this lease
+				}
+				if q.Ack(id) != nil {
+					continue // expired meanwhile: its samples are back in the queue
+				}
+				seenMu.Lock()
+				for _, r := range s {
+					var i int
+					json.Unmarshal(r, &i)
+					seen[i]++
+				}
+				seenMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for i, n := range seen {
+		if n != 1 {
+			t.Fatalf("sample %d acked %d times", i, n)
+		}
+	}
+}
+
+func TestHTTP(t *testing.T) {
+	c := &clock{t: time.Unix(0, 0)}
+	q := New(time.Minute, c.now)
+	q.Add(raws(`{"a":1}`, `{"a":2}`, `{"a":3}`)...)
+	srv := httptest.NewServer(q.Handler())
+	defer srv.Close()
+	post := func(path, body string) (int, string) {
+		r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
+	}
+	code, body := post("/lease", `{"n":2}`)
+	var l struct {
+		LeaseID string            `json:"lease_id"`
+		Expires int64             `json:"expires_unix_nano"`
+		Samples []json.RawMessage `json:"samples"`
+	}
+	if code != 200 || json.Unmarshal([]byte(body), &l) != nil || str(l.Samples) != `{"a":1},{"a":2}` || l.Expires != int64(time.Minute) {
+		t.Fatalf("lease: %d %s", code, body)
+	}
+	if code, body = post("/ack", `{"lease_id":"`+l.LeaseID+`"}`); code != 200 {
+		t.Fatalf("ack: %d %s", code, body)
+	}
+	if code, body = post("/ack", `{"lease_id":"`+l.LeaseID+`"}`); code != 409 || !strings.Contains(body, "already acknowledged") {
+		t.Fatalf("second ack: %d %s", code, body)
+	}
+	if code, _ = post("/lease", `{"n":0}`); code != 400 {
+		t.Fatalf("n=0: %d", code)
+	}
+	if code, _ = post("/lease", `{"n":5}`); code != 200 {
+		t.Fatalf("last lease: %d", code)
+	}
+	if code, _ = post("/lease", `{"n":5}`); code != 204 {
+		t.Fatalf("empty: %d", code)
+	}
+	r, err := http.Get(srv.URL + "/counts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if strings.TrimSpace(string(b)) != `{"pending":0,"leased":1,"acked":2}` {
+		t.Fatalf("counts %s", b)
+	}
+}
+
+func BenchmarkLeaseAck(b *testing.B) {
+	q := New(time.Minute, nil)
+	s := json.RawMessage(`{"prompt_ids":[1,2,3]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		q.Add(s, s, s, s)
+		id, _, _ := q.Lease(4)
+		if q.Ack(id) != nil {
+			b.Fatal("ack")
+		}
+	}
+}

@@ -1,0 +1,213 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// Attempt choices for Selection.Attempts.
+const (
+	AttemptsLatest = "latest" // per rollout, the latest attempt that passes the status filter
+	AttemptsAll    = "all"    // every attempt that passes the status filter
+)
+
+// Exclusion reasons counted in Stats.Excluded (calls unless noted).
+const (
+	ExclErrored       = "errored"        // error set or HTTP status >= 300
+	ExclUnverified    = "unverified_ids" // token_source not engine/tokenize, or no ids
+	ExclAgent         = "agent_name"     // agent_name does not match the regex
+	ExclPolicyVersion = "policy_version" // policy_version below the minimum
+	ExclTruncDropped  = "truncated"      // samples dropped by the truncation policy (samples)
+	ExclNoReward      = "no_reward"      // attempts without an episode reward (attempts)
+	ExclNoSample      = "no_sample"      // attempts left without any sample (attempts)
+)
+
+// Selection chooses rollout attempts and calls. The zero value selects every
+// attempt of every status; DefaultSelection is the latest succeeded attempt.
+type Selection struct {
+	// Since and Until bound the start time of an attempt's first call
+	// (Since inclusive, Until exclusive); zero = unbounded.
+	Since, Until time.Time
+	// TaskIDs keeps only these tasks (empty = all).
+	TaskIDs []string
+	// Statuses keeps attempts whose latest status is one of these (empty =
+	// any, including attempts never registered in the rollouts table).
+	Statuses []string
+	// AgentName keeps only calls whose agent_name matches (nil = all).
+	AgentName *regexp.Regexp
+	// MinPolicyVersion drops calls served by an older policy version
+	// (compared as integers when both are integers, optionally "v"-prefixed,
+	// else as strings). Empty = no minimum.
+	MinPolicyVersion string
+	// Attempts is AttemptsLatest (default) or AttemptsAll.
+	Attempts string
+}
+
+// DefaultSelection selects the latest succeeded attempt of every rollout.
+func DefaultSelection() Selection {
+	return Selection{Statuses: []string{"succeeded"}, Attempts: AttemptsLatest}
+}
+
+// AttemptRef names one selected attempt.
+type AttemptRef struct {
+	RolloutID, AttemptID, TaskID, Status string
+	FirstCallUnixNano                    uint64
+}
+
+// SelectAttempts lists the attempts sel chooses, ordered by task, rollout
+// and attempt. It reads the rollouts table and a per-attempt aggregate of
+// llm_calls through Store.Query with SQL that SQLite and ClickHouse both run;
+// filtering happens here so no value is spliced into SQL.
+func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]AttemptRef, error) {
+	type key struct{ r, a string }
+	type info struct {
+		AttemptRef
+		updated   uint64
+		hasStatus bool
+		hasCalls  bool
+	}
+	m := map[key]*info{}
+	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano FROM rollouts")
+	if err != nil {
+		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
+	}
+	for _, row := range res.Rows {
+		if len(row) < 5 {
+			return nil, fmt.Errorf("bridge: listing rollouts: row with %d columns", len(row))
+		}
+		upd, err := strconv.ParseUint(row[4], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: listing rollouts: updated_unix_nano %q: %w", row[4], err)
+		}
+		k := key{row[0], row[1]}
+		in := m[k]
+		if in == nil {
+			in = &info{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
+			m[k] = in
+		}
+		if !in.hasStatus || upd >= in.updated { // latest row wins (ReplacingMergeTree may hold several)
+			in.Status, in.updated, in.hasStatus = row[3], upd, true
+			if row[2] != "" {
+				in.TaskID = row[2]
+			}
+		}
+	}
+	res, err = store.Query(ctx, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls GROUP BY rollout_id, attempt_id")
+	if err != nil {
+		return nil, fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
+	}
+	for _, row := range res.Rows {
+		if len(row) < 4 {
+			return nil, fmt.Errorf("bridge: listing attempts: row with %d columns", len(row))
+		}
+		first, err := strconv.ParseUint(row[3], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: listing attempts: start time %q: %w", row[3], err)
+		}
+		if row[0] == "" {
+			continue // calls not attributed to any rollout
+		}
+		k := key{row[0], row[1]}
+		in := m[k]
+		if in == nil {
+			in = &info{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
+			m[k] = in
+		}
+		in.hasCalls, in.FirstCallUnixNano = true, first
+		if in.TaskID == "" {
+			in.TaskID = row[2]
+		}
+	}
+	tasks := set(sel.TaskIDs)
+	statuses := set(sel.Statuses)
+	var since, until uint64
+	if !sel.Since.IsZero() {
+		since = uint64(sel.Since.UnixNano())
+	}
+	if !sel.Until.IsZero() {
+		until = uint64(sel.Until.UnixNano())
+	}
+	byRollout := map[string][]*info{}
+	for _, in := range m {
+		switch {
+		case !in.hasCalls,
+			len(tasks) > 0 && !tasks[in.TaskID],
+			len(statuses) > 0 && !statuses[in.Status],
+			since != 0 && in.FirstCallUnixNano < since,
+			until != 0 && in.FirstCallUnixNano >= until:
+			continue
+		}
+		byRollout[in.RolloutID] = append(byRollout[in.RolloutID], in)
+	}
+	var out []AttemptRef
+	for _, as := range byRollout {
+		if sel.Attempts == AttemptsAll {
+			for _, a := range as {
+				out = append(out, a.AttemptRef)
+			}
+			continue
+		}
+		if sel.Attempts != "" && sel.Attempts != AttemptsLatest {
+			return nil, fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
+		}
+		best := as[0]
+		for _, a := range as[1:] {
+			if later(a.updated, a.FirstCallUnixNano, a.AttemptID, best.updated, best.FirstCallUnixNano, best.AttemptID) {
+				best = a
+			}
+		}
+		out = append(out, best.AttemptRef)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.TaskID != b.TaskID {
+			return a.TaskID < b.TaskID
+		}
+		if a.RolloutID != b.RolloutID {
+			return a.RolloutID < b.RolloutID
+		}
+		return a.AttemptID < b.AttemptID
+	})
+	return out, nil
+}
+
+// later orders attempts by last status update, then first call, then id.
+func later(upd, first uint64, id string, bUpd, bFirst uint64, bID string) bool {
+	if upd != bUpd {
+		return upd > bUpd
+	}
+	if first != bFirst {
+		return first > bFirst
+	}
+	return id > bID
+}
+
+func set(xs []string) map[string]bool {
+	m := map[string]bool{}
+	for _, x := range xs {
+		if x = strings.TrimSpace(x); x != "" {
+			m[x] = true
+		}
+	}
+	return m
+}
+
+// versionBelow reports whether version v is older than min.
+func versionBelow(v, min string) bool {
+	if min == "" {
+		return false
+	}
+	a, errA := strconv.ParseInt(strings.TrimPrefix(strings.TrimPrefix(v, "v"), "V"), 10, 64)
+	b, errB := strconv.ParseInt(strings.TrimPrefix(strings.TrimPrefix(min, "v"), "V"), 10, 64)
+	if errA == nil && errB == nil {
+		return a < b
+	}
+	return v < min
+}
