@@ -1,0 +1,12 @@
+//go:build !unix
+
+package spool
+
+import "os"
+
+// lockDir opens path; without flock, nothing keeps a second process out.
+func lockDir(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+}
+
+func unlockDir(f *os.File) { f.Close() }

@@ -1,0 +1,510 @@
+// Package spool is a durable, bounded, ordered buffer in front of an export
+// sink: when the sink fails or is slow, batches go to local append-only
+// segment files and a replayer sends them to the sink, in order, once it is
+// back. A spooled batch is removed only after the sink's Write returned nil.
+//
+// # Durability
+//
+// Write returns nil only once the batch is stored in the sink or written to a
+// segment file. Each record is handed to the kernel with one write(2) before
+// Write returns, so killing the process (SIGKILL, OOM kill, panic) loses no
+// acknowledged batch. With Config.SyncInterval 0 (the default) every record is
+// also fsynced before Write returns, so an OS crash or power loss loses
+// nothing acknowledged either; with SyncInterval > 0 records are fsynced in
+// the background at that interval, and an OS crash or power loss can lose the
+// records acknowledged during the last SyncInterval. What the spool never
+// sees cannot be saved by it: batches still in the capture pipeline's memory
+// when the process dies are lost.
+//
+// Delivery to the sink is at least once: a batch whose write the sink
+// committed but did not confirm (a timeout after the commit, a crash between
+// the sink's answer and the spool recording it) is sent again.
+//
+// # Layout
+//
+// Config.Dir holds segment files NNNNNNNNNNNNNNNNNNNN.seg, each an 8-byte
+// magic followed by records (see AppendRecord: length, CRC-32C, payload), a
+// file "ack" with the position of the next unacknowledged record, and a lock
+// file that keeps a second process out. At New, segments are scanned; a torn
+// or corrupt record ends its segment (the file is truncated there and the
+// record counted in rollgate_spool_corrupt_records_total), and everything not
+// acknowledged is replayed.
+package spool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// FullPolicy is what Write does when a batch does not fit in the spool.
+type FullPolicy string
+
+const (
+	// Block waits until the replayer frees space, the caller's context ends
+	// or the spool is closed. Nothing is dropped by the spool; the caller
+	// sees the error and decides.
+	Block FullPolicy = "block"
+	// Drop refuses the batch at once with an error wrapping ErrFull and
+	// counts its rows in rollgate_spool_dropped_rows_total.
+	Drop FullPolicy = "drop"
+)
+
+// Errors returned by Write.
+var (
+	// ErrFull means the batch did not fit in the spool (policy Drop, a
+	// record larger than MaxBytes, or policy Block and the context ended).
+	ErrFull = errors.New("spool: full")
+	// ErrClosed means the spool was closed.
+	ErrClosed = errors.New("spool: closed")
+)
+
+// Config sizes the spool. Zero values take the documented defaults; Dir is required.
+type Config struct {
+	// Dir holds the segment files. It is created if missing; only one
+	// process may use it at a time.
+	Dir string
+	// MaxBytes bounds the spooled records' total size (default 1 GiB).
+	MaxBytes int64
+	// SegmentBytes is the size at which a new segment file is started
+	// (default MaxBytes/8, at most 64 MiB). A segment is deleted once all
+	// its records are acknowledged.
+	SegmentBytes int64
+	// FullPolicy is Block (default) or Drop.
+	FullPolicy FullPolicy
+	// SyncInterval is how often spooled records are fsynced. 0 (default)
+	// fsyncs every record before Write returns; > 0 fsyncs in the background
+	// at this interval (faster spilling; an OS crash may lose the last
+	// interval's records; a process kill loses nothing either way).
+	SyncInterval time.Duration
+	// DirectTimeout bounds a direct sink write before the batch is spooled
+	// instead (default 5s).
+	DirectTimeout time.Duration
+	// ReplayTimeout bounds one replay write to the sink (default 30s).
+	ReplayTimeout time.Duration
+	// RetryMin and RetryMax bound the replayer's exponential backoff after a
+	// failed replay (defaults 100ms and 10s).
+	RetryMin, RetryMax time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if c.Dir == "" {
+		return errors.New("spool: Config.Dir is required (e.g. --spool-dir /var/lib/rollgate/spool)")
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = 1 << 30
+	}
+	if c.SegmentBytes <= 0 {
+		c.SegmentBytes = min(c.MaxBytes/8, 64<<20)
+	}
+	switch c.FullPolicy {
+	case "":
+		c.FullPolicy = Block
+	case Block, Drop:
+	default:
+		return fmt.Errorf("spool: unknown full policy %q (use %q or %q)", c.FullPolicy, Block, Drop)
+	}
+	if c.DirectTimeout <= 0 {
+		c.DirectTimeout = 5 * time.Second
+	}
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = 30 * time.Second
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = max(10*time.Second, c.RetryMin)
+	}
+	return nil
+}
+
+// Stats is a snapshot of the spool's state and counters.
+type Stats struct {
+	Records        int   // spooled batches not yet acknowledged
+	Bytes          int64 // their size on disk
+	Segments       int   // segment files holding them
+	SpilledRows    uint64
+	ReplayedRows   uint64
+	DroppedRows    uint64
+	CorruptRecords uint64
+	ReplayErrors   uint64
+}
+
+// Spool is an export.Sink that forwards to another sink and spools to disk
+// what that sink does not take. It is safe for concurrent use; concurrent
+// Writes are serialized, and batches reach the sink in the order their
+// Writes were admitted.
+type Spool struct {
+	cfg  Config
+	sink export.Sink
+	name string
+	log  *slog.Logger
+	m    *collectors
+	dir  *dirState
+
+	writeTok chan struct{} // held by the one Write in progress (and by Close)
+	buf      []byte        // record encoding buffer, guarded by writeTok
+
+	mu      sync.Mutex
+	space   chan struct{} // closed and replaced whenever records are acknowledged
+	closed  bool
+	stopped chan struct{} // closed by Close: wakes waiters, stops the replayer
+	wake    chan struct{} // a record was spooled (capacity 1)
+
+	replayCtx    context.Context
+	replayCancel context.CancelFunc
+	done         chan struct{} // replayer and syncer finished
+	closeOnce    sync.Once
+
+	spilled, replayed, dropped, corrupt, replayErrs atomic.Uint64
+}
+
+var _ export.Sink = (*Spool)(nil)
+
+// New opens (or creates) the spool in cfg.Dir in front of sink, recovers the
+// records a previous process left there and starts replaying them. name
+// labels the metrics (const label sink=name) and logs; the metrics are
+// registered on reg unless it is nil.
+func New(cfg Config, sink export.Sink, name string, reg prometheus.Registerer, log *slog.Logger) (*Spool, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("sink", name, "spool_dir", cfg.Dir)
+	m, err := newCollectors(reg, name)
+	if err != nil {
+		return nil, err
+	}
+	m.maxBytes.Set(float64(cfg.MaxBytes))
+	s := &Spool{
+		cfg:      cfg,
+		sink:     sink,
+		name:     name,
+		log:      log,
+		m:        m,
+		writeTok: make(chan struct{}, 1),
+		space:    make(chan struct{}),
+		stopped:  make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	s.dir, err = openDir(cfg.Dir, cfg.SegmentBytes, s.countCorrupt, log)
+	if err != nil {
+		return nil, err
+	}
+	s.updateGauges()
+	if st := s.dir; st.records > 0 {
+		log.Warn("spool: replaying batches left by a previous run", "records", st.records, "bytes", st.bytes, "segments", len(st.segs))
+	}
+	s.replayCtx, s.replayCancel = context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); s.replay() }()
+	if cfg.SyncInterval > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.syncLoop() }()
+	}
+	go func() { wg.Wait(); close(s.done) }()
+	return s, nil
+}
+
+func (s *Spool) countCorrupt() {
+	s.corrupt.Add(1)
+	s.m.corruptRecords.Inc()
+}
+
+// Write stores b in the sink, or in the spool when the sink fails, takes
+// longer than DirectTimeout, or earlier batches are still spooled (order is
+// kept). It returns nil once b is in the sink or in a segment file (fsynced
+// when SyncInterval is 0). A full spool waits (Block) or refuses (Drop) with
+// an error wrapping ErrFull. b is not retained.
+func (s *Spool) Write(ctx context.Context, b *export.Batch) error {
+	if b == nil || b.Len() == 0 {
+		return nil
+	}
+	select {
+	case s.writeTok <- struct{}{}:
+	case <-s.stopped:
+		return ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("spool %s: waiting for an earlier write: %w", s.name, ctx.Err())
+	}
+	defer func() { <-s.writeTok }()
+
+	s.mu.Lock()
+	closed, empty := s.closed, s.dir.records == 0
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if empty {
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.DirectTimeout)
+		err := s.sink.Write(dctx, b)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		s.log.Warn("spool: sink write failed; spooling to disk until it recovers", "rows", b.Len(), "err", err)
+	}
+	return s.spill(ctx, b)
+}
+
+// spill appends b to the spool. The caller holds writeTok.
+func (s *Spool) spill(ctx context.Context, b *export.Batch) error {
+	s.buf = AppendRecord(s.buf[:0], b)
+	n := int64(len(s.buf))
+	if n > s.cfg.MaxBytes {
+		s.m.full.Inc()
+		s.drop(b, "batch larger than the whole spool")
+		return fmt.Errorf("%w: batch of %d bytes exceeds the spool capacity of %d bytes (raise --spool-max-bytes)", ErrFull, n, s.cfg.MaxBytes)
+	}
+	s.mu.Lock()
+	counted := false
+	for s.dir.bytes+n > s.cfg.MaxBytes {
+		if !counted {
+			s.m.full.Inc()
+			counted = true
+		}
+		if s.cfg.FullPolicy == Drop {
+			s.mu.Unlock()
+			s.drop(b, "spool full")
+			return fmt.Errorf("%w: %d bytes spooled, capacity %d (policy drop)", ErrFull, s.dir.bytes, s.cfg.MaxBytes)
+		}
+		ch := s.space
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-s.stopped:
+			return ErrClosed
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waited for space (policy block): %w", ErrFull, ctx.Err())
+		}
+		s.mu.Lock()
+	}
+	defer s.mu.Unlock()
+	if err := s.dir.append(s.buf, s.cfg.SyncInterval == 0); err != nil {
+		return fmt.Errorf("spool %s: %w", s.name, err)
+	}
+	rows := uint64(b.Len())
+	s.spilled.Add(rows)
+	s.m.spilledRows.Add(float64(rows))
+	s.updateGaugesLocked()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (s *Spool) drop(b *export.Batch, why string) {
+	rows := uint64(b.Len())
+	s.dropped.Add(rows)
+	s.m.droppedRows.Add(float64(rows))
+	s.log.Error("spool: rows dropped", "reason", why, "rows", rows, "max_bytes", s.cfg.MaxBytes, "policy", string(s.cfg.FullPolicy))
+}
+
+// replay sends spooled records to the sink in order until the spool closes.
+func (s *Spool) replay() {
+	backoff := s.cfg.RetryMin
+	var (
+		cur      *export.Batch
+		curPos   position
+		failures int
+	)
+	for {
+		s.mu.Lock()
+		empty := s.dir.records == 0
+		var pos position
+		if !empty {
+			pos = s.dir.head()
+		}
+		s.mu.Unlock()
+		if empty {
+			select {
+			case <-s.wake:
+				continue
+			case <-s.stopped:
+				return
+			}
+		}
+		select {
+		case <-s.stopped:
+			return
+		default:
+		}
+		if cur == nil || pos.seg != curPos.seg || pos.off != curPos.off {
+			b, n, err := s.dir.read(pos)
+			if err != nil {
+				s.countCorrupt()
+				s.log.Error("spool: unreadable record; skipping the rest of its segment", "segment", pos.seg, "offset", pos.off, "err", err)
+				s.mu.Lock()
+				s.dir.skipSegment(pos.seg)
+				s.signalSpaceLocked()
+				s.updateGaugesLocked()
+				s.mu.Unlock()
+				cur = nil
+				continue
+			}
+			cur, curPos = b, pos
+			curPos.n = n
+		}
+		ctx, cancel := context.WithTimeout(s.replayCtx, s.cfg.ReplayTimeout)
+		err := s.sink.Write(ctx, cur)
+		cancel()
+		if err != nil {
+			failures++
+			s.replayErrs.Add(1)
+			s.m.replayErrors.Inc()
+			s.log.Warn("spool: replay to sink failed; retrying", "attempt", failures, "retry_in", backoff, "rows", cur.Len(), "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-s.stopped:
+				return
+			}
+			backoff = min(2*backoff, s.cfg.RetryMax)
+			continue
+		}
+		if failures > 0 {
+			s.log.Info("spool: sink accepted a spooled batch again", "failed_attempts", failures)
+		}
+		failures, backoff = 0, s.cfg.RetryMin
+		rows := uint64(cur.Len())
+		s.mu.Lock()
+		err = s.dir.ack(curPos)
+		s.signalSpaceLocked()
+		s.updateGaugesLocked()
+		drained := s.dir.records == 0
+		s.mu.Unlock()
+		if err != nil {
+			s.log.Error("spool: recording replay progress failed (the batch may be replayed again after a restart)", "err", err)
+		}
+		s.replayed.Add(rows)
+		s.m.replayedRows.Add(float64(rows))
+		cur = nil
+		if drained {
+			s.log.Info("spool: drained; writing to the sink directly again", "replayed_rows_total", s.replayed.Load())
+		}
+	}
+}
+
+func (s *Spool) syncLoop() {
+	t := time.NewTicker(s.cfg.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.mu.Lock()
+			err := s.dir.sync()
+			s.mu.Unlock()
+			if err != nil {
+				s.log.Error("spool: fsync failed", "err", err)
+			}
+		case <-s.stopped:
+			return
+		}
+	}
+}
+
+func (s *Spool) signalSpaceLocked() {
+	close(s.space)
+	s.space = make(chan struct{})
+}
+
+func (s *Spool) updateGauges() {
+	s.mu.Lock()
+	s.updateGaugesLocked()
+	s.mu.Unlock()
+}
+
+func (s *Spool) updateGaugesLocked() {
+	s.m.bytes.Set(float64(s.dir.bytes))
+	s.m.records.Set(float64(s.dir.records))
+}
+
+// Drain waits until every spooled batch has been acknowledged by the sink,
+// ctx ends, or the spool is closed.
+func (s *Spool) Drain(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		n, ch := s.dir.records, s.space
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-s.stopped:
+			return ErrClosed
+		case <-ctx.Done():
+			return fmt.Errorf("spool %s: drain: %d batches still spooled: %w", s.name, n, ctx.Err())
+		}
+	}
+}
+
+// Stats returns a snapshot of the spool's state and counters.
+func (s *Spool) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{Records: s.dir.records, Bytes: s.dir.bytes, Segments: len(s.dir.segs)}
+	s.mu.Unlock()
+	st.SpilledRows = s.spilled.Load()
+	st.ReplayedRows = s.replayed.Load()
+	st.DroppedRows = s.dropped.Load()
+	st.CorruptRecords = s.corrupt.Load()
+	st.ReplayErrors = s.replayErrs.Load()
+	return st
+}
+
+// Close stops accepting writes, waits for the Write in progress, lets the
+// replayer finish its current attempt (cancelled when ctx ends), fsyncs and
+// closes the segment files. Spooled batches stay on disk for the next New.
+// Calls after the first return nil.
+func (s *Spool) Close(ctx context.Context) error {
+	err := ErrClosed
+	s.closeOnce.Do(func() { err = s.close(ctx) })
+	if errors.Is(err, ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Spool) close(ctx context.Context) error {
+	close(s.stopped)
+	var errs []error
+	select {
+	case s.writeTok <- struct{}{}: // held for good: no Write runs after this
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("spool %s: close: waiting for a write in progress: %w", s.name, ctx.Err()))
+	}
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		s.replayCancel()
+		<-s.done
+	}
+	s.replayCancel()
+	s.mu.Lock()
+	err := s.dir.close()
+	records, bytes := s.dir.records, s.dir.bytes
+	s.mu.Unlock()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("spool %s: close: %w", s.name, err))
+	}
+	if records > 0 {
+		s.log.Warn("spool: closed with batches still spooled; they are replayed at the next start", "records", records, "bytes", bytes)
+	}
+	return errors.Join(errs...)
+}
