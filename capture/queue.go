@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/tokenize/fallback"
@@ -322,11 +323,14 @@ func (p *Pipeline) write(b *export.Batch) {
 			p.m.ExportBatches.WithLabelValues(s.Name, "error").Inc()
 			p.m.ExportErrors.WithLabelValues(s.Name).Inc()
 			p.log.Warn("export: batch write failed", "sink", s.Name, "rows", b.Len(), "attempt", attempt+1, "err", err)
+			if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrClosed) {
+				break // the spool counted its drop; retrying would only stall the batcher
+			}
 		}
 		if err != nil {
 			p.m.ExportDropped.WithLabelValues(s.Name).Add(float64(b.Len()))
-			p.log.Error("export: rows dropped after retries (durable spool not configured)", "sink", s.Name,
-				"rows", b.Len(), "err", errors.Unwrap(err))
+			p.log.Error("export: rows dropped after retries (enable --spool-dir to keep them through sink outages)", "sink", s.Name,
+				"rows", b.Len(), "err", err)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/stores"
 	"github.com/rollgate/rollgate/gateway"
@@ -33,6 +35,13 @@ type fileConfig struct {
 	ClickHouseTTLDays int `yaml:"clickhouse_ttl_days"`
 	// DB is the embedded SQLite store's path.
 	DB string `yaml:"db"`
+	// Spool keeps captured rows on local disk while the store is down or slow.
+	Spool struct {
+		Dir          string        `yaml:"dir"`
+		MaxBytes     int64         `yaml:"max_bytes"`
+		FullPolicy   string        `yaml:"full_policy"`
+		SyncInterval time.Duration `yaml:"sync_interval"`
+	} `yaml:"spool"`
 	// Capture sizes the capture pipeline.
 	Capture struct {
 		QueueSize     int           `yaml:"queue_size"`
@@ -69,6 +78,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		queueSize      = fs.Int("capture-queue", 8192, "calls that may wait for capture; when full, calls are dropped from capture and counted (rollgate_capture_dropped_total)")
 		fwdAuth        = fs.Bool("forward-client-authorization", false, "pass the agent's Authorization header to backends that have no key of their own (default: the gateway holds upstream credentials)")
 		retries        = fs.Int("retries", 2, "times a call that failed before any response byte is retried on another replica (-1 = never)")
+		spoolDir       = fs.String("spool-dir", "", "durable spool folder: captured rows wait here (checksummed, replayed in order) while the store is down or slow; empty = no spool (rows are dropped, counted, after retries)")
+		spoolMax       = fs.Int64("spool-max-bytes", 1<<30, "largest size of the spool")
+		spoolPolicy    = fs.String("spool-full-policy", "block", "when the spool is full: block (capture waits) or drop (rows dropped and counted in rollgate_spool_dropped_rows_total)")
+		spoolSync      = fs.Duration("spool-sync-interval", 0, "fsync the spool at this interval instead of on every batch (0); an OS crash can lose up to one interval, a killed process loses nothing written")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	set, err := parseWithEnv(fs, args)
@@ -125,6 +138,18 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["db"] || fc.DB == "" {
 		fc.DB = *dbPath
 	}
+	if set["spool-dir"] || fc.Spool.Dir == "" {
+		fc.Spool.Dir = *spoolDir
+	}
+	if set["spool-max-bytes"] || fc.Spool.MaxBytes == 0 {
+		fc.Spool.MaxBytes = *spoolMax
+	}
+	if set["spool-full-policy"] || fc.Spool.FullPolicy == "" {
+		fc.Spool.FullPolicy = *spoolPolicy
+	}
+	if set["spool-sync-interval"] {
+		fc.Spool.SyncInterval = *spoolSync
+	}
 	if set["capture-queue"] || fc.Capture.QueueSize == 0 {
 		fc.Capture.QueueSize = *queueSize
 	}
@@ -154,10 +179,21 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	m := metrics.New()
+	sink := capture.NamedSink{Name: store.Name(), Sink: store}
+	var sp *spool.Spool
+	if fc.Spool.Dir != "" {
+		sp, err = spool.New(spool.Config{Dir: filepath.Join(fc.Spool.Dir, store.Name()), MaxBytes: fc.Spool.MaxBytes,
+			FullPolicy: spool.FullPolicy(fc.Spool.FullPolicy), SyncInterval: fc.Spool.SyncInterval}, store, store.Name(), m.Registry, log)
+		if err != nil {
+			fmt.Fprintln(stderr, "rollgate serve: opening the spool:", err)
+			return 1
+		}
+		sink.Sink = sp
+	}
 	pipe := capture.NewPipeline(capture.Config{
 		QueueSize: fc.Capture.QueueSize, Workers: fc.Capture.Workers,
 		BatchSize: fc.Capture.BatchSize, FlushInterval: fc.Capture.FlushInterval,
-	}, []capture.NamedSink{{Name: store.Name(), Sink: store}}, m, log)
+	}, []capture.NamedSink{sink}, m, log)
 	srv, err := gateway.New(cfg, store, pipe, m, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
@@ -193,6 +229,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if err := pipe.Close(sctx); err != nil {
 		log.Error("flushing capture", "err", err)
 		code = 1
+	}
+	if sp != nil {
+		dctx, dcancel := context.WithTimeout(sctx, 5*time.Second)
+		if err := sp.Drain(dctx); err != nil {
+			log.Warn("spool not drained before exit; its rows stay on disk and are replayed at the next start", "err", err)
+		}
+		dcancel()
+		if err := sp.Close(sctx); err != nil {
+			log.Error("closing spool", "err", err)
+		}
 	}
 	if err := store.Close(); err != nil {
 		log.Error("closing store", "err", err)
