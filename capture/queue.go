@@ -12,6 +12,7 @@ import (
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/tokenize"
 	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
@@ -144,6 +145,7 @@ type Pipeline struct {
 	closed bool
 
 	fallback atomic.Pointer[func(backend string) IDFiller]
+	turns    *tokenize.Tracker
 }
 
 // SetFallback sets (or replaces) Config.Fallback; safe while running.
@@ -165,6 +167,7 @@ func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Lo
 		queue: make(chan *Pending, cfg.QueueSize),
 		rows:  make(chan export.Call, cfg.BatchSize),
 		done:  make(chan struct{}),
+		turns: tokenize.NewTracker(tokenize.TurnOptions{}, 0),
 	}
 	if cfg.Fallback != nil {
 		p.SetFallback(cfg.Fallback)
@@ -226,6 +229,7 @@ func (p *Pipeline) work() {
 		p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
 		rows := Rows(c, &a)
 		p.fill(c, rows)
+		p.checkTurn(rows)
 		if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
 			model := metrics.ModelLabel(rows[0].Model)
 			p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
@@ -238,6 +242,21 @@ func (p *Pipeline) work() {
 		}
 		releasePending(c)
 	}
+}
+
+// checkTurn records how this call's prompt ids continue the previous call
+// of the same rollout attempt (tokenize.Tracker): the turn_* columns.
+func (p *Pipeline) checkTurn(rows []export.Call) {
+	if len(rows) == 0 || rows[0].RolloutID == "" || (rows[0].Endpoint != "/v1/chat/completions" && rows[0].Endpoint != "/v1/completions") {
+		return
+	}
+	t := p.turns.Observe(rows)
+	for i := range rows {
+		rows[i].TurnKind = t.Kind
+		rows[i].TurnPrefixLen = uint32(t.PrefixLen)
+		rows[i].TurnPrevSequenceID = t.PrevSequenceID
+	}
+	p.m.Turns.WithLabelValues(t.Kind).Inc()
 }
 
 // fill runs the configured id fallback for a call whose engine ids are not verified.

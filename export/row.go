@@ -50,6 +50,17 @@ type Call struct {
 	FinishReason     string
 	PromptTokens     uint32
 	CompletionTokens uint32
+	// TurnKind says how this call's prompt ids continue the previous call of
+	// the same (rollout, attempt): "first", "prefix" (starts with the previous
+	// prompt + response ids, safe to merge), "resend", "template",
+	// "retokenized", "edited", "no_ids", "unordered"; '' when not checked.
+	// Extra column.
+	TurnKind string
+	// TurnPrefixLen is how many leading prompt ids equal the previous call's
+	// prompt + response ids. Extra column.
+	TurnPrefixLen uint32
+	// TurnPrevSequenceID is the sequence id of the call compared with (0: none). Extra column.
+	TurnPrevSequenceID uint64
 }
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

@@ -472,3 +472,32 @@ func TestTokenizeFallback(t *testing.T) {
 		t.Fatalf("ids claimed without a source: %q", row.TokenSource)
 	}
 }
+
+// TestTurnConsistencyRecorded: consecutive calls of a rollout get turn_kind:
+// "first", then "prefix" when the agent appends to the conversation, and a
+// break kind when it rewrites earlier context.
+func TestTurnConsistencyRecorded(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, nil)
+	url := e.url + "/rollout/turns/attempt/1/v1/chat/completions"
+	first := `{"model":"mock-model","messages":[{"role":"user","content":"Plan a trip to Rome"}]}`
+	r1 := do(t, "POST", url, first)
+	row1 := e.waitCalls(r1.header.Get("x-request-id"), 1)[0]
+	reply := gjson.Get(row1.ResponseMessage, "content").String()
+	second := `{"model":"mock-model","messages":[{"role":"user","content":"Plan a trip to Rome"},{"role":"assistant","content":` +
+		strconv.Quote(reply) + `},{"role":"user","content":"Make it shorter"}]}`
+	r2 := do(t, "POST", url, second)
+	row2 := e.waitCalls(r2.header.Get("x-request-id"), 1)[0]
+	edited := `{"model":"mock-model","messages":[{"role":"user","content":"Plan a trip to Paris instead"},{"role":"user","content":"Go"}]}`
+	r3 := do(t, "POST", url, edited)
+	row3 := e.waitCalls(r3.header.Get("x-request-id"), 1)[0]
+	if row1.TurnKind != "first" || row2.TurnKind != "prefix" || row2.TurnPrevSequenceID != 1 ||
+		row2.TurnPrefixLen != uint32(len(row1.PromptTokenIDs)+len(row1.ResponseTokenIDs)) {
+		t.Fatalf("turns: %q, then %q (prev %d, prefix %d of %d)", row1.TurnKind, row2.TurnKind, row2.TurnPrevSequenceID,
+			row2.TurnPrefixLen, len(row1.PromptTokenIDs)+len(row1.ResponseTokenIDs))
+	}
+	if row3.TurnKind == "prefix" || row3.TurnKind == "" || row3.TurnPrevSequenceID != 2 {
+		t.Fatalf("edited context recorded as %q (prev %d)", row3.TurnKind, row3.TurnPrevSequenceID)
+	}
+	t.Logf("edited context classified %q", row3.TurnKind)
+}

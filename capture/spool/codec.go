@@ -159,6 +159,9 @@ func appendCall(dst []byte, c *export.Call) []byte {
 	}
 	dst = binary.AppendUvarint(dst, uint64(c.PromptTokens))
 	dst = binary.AppendUvarint(dst, uint64(c.CompletionTokens))
+	dst = appendString(dst, c.TurnKind)
+	dst = binary.AppendUvarint(dst, uint64(c.TurnPrefixLen))
+	dst = binary.AppendUvarint(dst, c.TurnPrevSequenceID)
 	return dst
 }
 
@@ -369,4 +372,7 @@ func (d *decoder) call(c *export.Call) {
 	c.FinishReason = d.string()
 	c.PromptTokens = d.uint32v()
 	c.CompletionTokens = d.uint32v()
+	c.TurnKind = d.string()
+	c.TurnPrefixLen = d.uint32v()
+	c.TurnPrevSequenceID = d.uvarint()
 }

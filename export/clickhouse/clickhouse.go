@@ -129,6 +129,9 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("clickhouse: create table %s.%s: %w", db, tableOrder[i], err)
 		}
 	}
+	if err := addMissingColumns(ctx, bootConn, db, "llm_calls", callCols); err != nil {
+		return nil, err
+	}
 
 	chOpts.Auth.Database = db
 	conn, err := clickhouse.Open(chOpts)
@@ -197,4 +200,33 @@ func redact(dsn string) string {
 		}
 	}
 	return dsn
+}
+
+// addMissingColumns brings a table created by an older rollgate up to date:
+// columns added since are appended with ALTER TABLE (their defaults fill old rows).
+func addMissingColumns(ctx context.Context, conn driver.Conn, db, table string, cols []colDef) error {
+	rows, err := conn.Query(ctx, "SELECT name FROM system.columns WHERE database = ? AND table = ?", db, table)
+	if err != nil {
+		return fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
+		}
+		have[name] = true
+	}
+	rows.Close()
+	for _, c := range cols {
+		if have[c.name] {
+			continue
+		}
+		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.name) + " " + c.typ
+		if err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.name, db, table, err)
+		}
+	}
+	return nil
 }

@@ -44,6 +44,9 @@ var (
 		{"finish_reason", "String"},
 		{"prompt_tokens", "UInt32"},
 		{"completion_tokens", "UInt32"},
+		{"turn_kind", "String"},
+		{"turn_prefix_len", "UInt32"},
+		{"turn_prev_sequence_id", "UInt64"},
 	}
 	rewardCols = []colDef{
 		{"rollout_id", "String"},
@@ -97,6 +100,7 @@ func callValues(c *export.Call) []any {
 		c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage,
 		nonNil(c.PromptTokenIDs), nonNil(c.ResponseTokenIDs), nonNil(c.ResponseLogprobs),
 		c.TokenSource, c.TokenCheck, c.FinishReason, c.PromptTokens, c.CompletionTokens,
+		c.TurnKind, c.TurnPrefixLen, c.TurnPrevSequenceID,
 	}
 }
 
@@ -108,6 +112,7 @@ func callDest(c *export.Call, stream *uint8) []any {
 		&c.Error, &c.RequestBody, &c.ResponseBody, &c.ResponseMessage,
 		&c.PromptTokenIDs, &c.ResponseTokenIDs, &c.ResponseLogprobs,
 		&c.TokenSource, &c.TokenCheck, &c.FinishReason, &c.PromptTokens, &c.CompletionTokens,
+		&c.TurnKind, &c.TurnPrefixLen, &c.TurnPrevSequenceID,
 	}
 }
 

@@ -30,7 +30,10 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     token_check          TEXT    NOT NULL DEFAULT '',
     finish_reason        TEXT    NOT NULL DEFAULT '',
     prompt_tokens        INTEGER NOT NULL DEFAULT 0,
-    completion_tokens    INTEGER NOT NULL DEFAULT 0
+    completion_tokens    INTEGER NOT NULL DEFAULT 0,
+    turn_kind            TEXT    NOT NULL DEFAULT '',
+    turn_prefix_len      INTEGER NOT NULL DEFAULT 0,
+    turn_prev_sequence_id INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS llm_calls_by_rollout ON llm_calls (rollout_id, attempt_id, sequence_id, choice_index);
 CREATE INDEX IF NOT EXISTS llm_calls_by_span ON llm_calls (span_id);

@@ -65,6 +65,10 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("sqlite: create tables in %s: %w", path, err)
 	}
+	if err := addMissingColumns(db, "llm_calls", addedCallColumns); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
+	}
 	return &Store{db: db, path: path}, nil
 }
 
@@ -99,6 +103,7 @@ var (
 		"error", "request_body", "response_body", "response_message",
 		"prompt_token_ids", "response_token_ids", "response_logprobs",
 		"token_source", "token_check", "finish_reason", "prompt_tokens", "completion_tokens",
+		"turn_kind", "turn_prefix_len", "turn_prev_sequence_id",
 	}
 	rewardColumns  = []string{"rollout_id", "attempt_id", "sequence_id", "name", "value", "source", "time_unix_nano"}
 	rolloutColumns = []string{"rollout_id", "attempt_id", "task_id", "status", "metadata", "created_unix_nano", "updated_unix_nano"}
@@ -170,6 +175,7 @@ func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
 				c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage,
 				prompt, resp, logprobs,
 				c.TokenSource, c.TokenCheck, c.FinishReason, int64(c.PromptTokens), int64(c.CompletionTokens),
+				c.TurnKind, int64(c.TurnPrefixLen), i64(c.TurnPrevSequenceID),
 			); err != nil {
 				return fmt.Errorf("sqlite: insert into llm_calls (span %q): %w", c.SpanID, err)
 			}
@@ -293,6 +299,7 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 			c                                   export.Call
 			seq, start, end, ttft               int64
 			choice, status, promptTok, complTok int64
+			turnPrefix, turnPrev                int64
 			stream                              int64
 			promptIDs, respIDs, logprobs        string
 		)
@@ -301,13 +308,15 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 			&c.Endpoint, &c.Model, &c.Backend, &c.PolicyVersion, &stream, &status,
 			&c.Error, &c.RequestBody, &c.ResponseBody, &c.ResponseMessage,
 			&promptIDs, &respIDs, &logprobs,
-			&c.TokenSource, &c.TokenCheck, &c.FinishReason, &promptTok, &complTok); err != nil {
+			&c.TokenSource, &c.TokenCheck, &c.FinishReason, &promptTok, &complTok,
+			&c.TurnKind, &turnPrefix, &turnPrev); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 		}
 		c.SequenceID, c.ChoiceIndex = u64(seq), uint32(choice)
 		c.StartTimeUnixNano, c.EndTimeUnixNano, c.TTFTNano = u64(start), u64(end), u64(ttft)
 		c.Stream, c.HTTPStatus = stream != 0, uint16(status)
 		c.PromptTokens, c.CompletionTokens = uint32(promptTok), uint32(complTok)
+		c.TurnPrefixLen, c.TurnPrevSequenceID = uint32(turnPrefix), u64(turnPrev)
 		if c.PromptTokenIDs, err = parseUint32s(promptIDs); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: span %q prompt_token_ids: %w", c.SpanID, err)
 		}
@@ -376,4 +385,39 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 		return nil, fmt.Errorf("sqlite: read rewards: %w", err)
 	}
 	return d, nil
+}
+
+// addedCallColumns are the llm_calls columns added after the first schema,
+// with their declarations, in the order they were added.
+var addedCallColumns = [][2]string{
+	{"turn_kind", "TEXT NOT NULL DEFAULT ''"},
+	{"turn_prefix_len", "INTEGER NOT NULL DEFAULT 0"},
+	{"turn_prev_sequence_id", "INTEGER NOT NULL DEFAULT 0"},
+}
+
+// addMissingColumns brings a table created by an older rollgate up to date.
+func addMissingColumns(db *sql.DB, table string, cols [][2]string) error {
+	rows, err := db.Query("SELECT name FROM pragma_table_info(?)", table)
+	if err != nil {
+		return fmt.Errorf("reading the columns of %s: %w", table, err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("reading the columns of %s: %w", table, err)
+		}
+		have[name] = true
+	}
+	rows.Close()
+	for _, c := range cols {
+		if have[c[0]] {
+			continue
+		}
+		if _, err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c[0] + " " + c[1]); err != nil {
+			return fmt.Errorf("adding column %s to %s: %w", c[0], table, err)
+		}
+	}
+	return nil
 }

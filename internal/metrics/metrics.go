@@ -42,6 +42,10 @@ type Metrics struct {
 	// (/tokenize, ids in logprobs), by result (filled, failed).
 	TokenFallback *prometheus.CounterVec
 
+	// Turns counts captured calls of rollouts by how their prompt continues
+	// the previous call (prefix, template, retokenized, edited, ...).
+	Turns *prometheus.CounterVec
+
 	// ExportBatches counts batches written, by sink and result (ok, error).
 	ExportBatches *prometheus.CounterVec
 	// ExportRows counts rows written, by sink and table.
@@ -99,6 +103,9 @@ func New() *Metrics {
 		TokenFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_fallback_total", Help: "Calls whose missing or miscounted token ids were completed from the backend's /tokenize or from logprobs, by result.",
 		}, []string{"result"}),
+		Turns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_turns_total", Help: "Calls of rollouts by how their prompt ids continue the previous call's prompt + response (turn_kind).",
+		}, []string{"kind"}),
 		ExportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_export_batches_total", Help: "Batches written to a sink, by result.",
 		}, []string{"sink", "result"}),
@@ -119,7 +126,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
-		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback,
+		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
 	return m

@@ -27,7 +27,10 @@ CREATE TABLE IF NOT EXISTS {{.Table "llm_calls"}} (
     token_check {{lowCardinality}},
     finish_reason {{lowCardinality}},
     prompt_tokens UInt32,
-    completion_tokens UInt32
+    completion_tokens UInt32,
+    turn_kind {{lowCardinality}},
+    turn_prefix_len UInt32,
+    turn_prev_sequence_id UInt64
 )
 ENGINE = MergeTree()
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

@@ -1,0 +1,51 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// TestUpgradeAddsNewColumns opens a file created with the first llm_calls
+// schema (no turn_* columns): the columns are added and old rows read back.
+func TestUpgradeAddsNewColumns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := schemaSQL
+	for _, c := range addedCallColumns {
+		old = strings.Replace(old, ",\n    "+c[0]+" ", "\n    -- "+c[0]+" ", 1)
+	}
+	old = strings.Replace(old, "completion_tokens    INTEGER NOT NULL DEFAULT 0\n", "completion_tokens    INTEGER NOT NULL DEFAULT 0\n", 1)
+	if _, err := db.Exec(old); err != nil {
+		t.Fatalf("old schema: %v\n%s", err, old)
+	}
+	if _, err := db.Exec(`INSERT INTO llm_calls (span_id, rollout_id, sequence_id) VALUES ('old', 'r', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM pragma_table_info('llm_calls') WHERE name LIKE 'turn_%'`).Scan(&n)
+	db.Close()
+	if n != 0 {
+		t.Fatalf("the old schema already has %d turn_ columns", n)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Write(ctx, &export.Batch{Calls: []export.Call{{SpanID: "new", RolloutID: "r", SequenceID: 2, TurnKind: "prefix", TurnPrefixLen: 9, TurnPrevSequenceID: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Calls(ctx, export.CallFilter{RolloutID: "r"})
+	if err != nil || len(rows) != 2 || rows[0].TurnKind != "" || rows[1].TurnKind != "prefix" || rows[1].TurnPrefixLen != 9 || rows[1].TurnPrevSequenceID != 1 {
+		t.Fatalf("after upgrade: %+v %v", rows, err)
+	}
+}
