@@ -16,6 +16,7 @@ Usage:
                                 without --upstream it also starts the built-in mock engine)
   rollgate sql [flags] "QUERY"  run SQL on the configured store and print a table
   rollgate mock [flags]         run the mock vLLM engine (for tests and benchmarks)
+  rollgate bench [flags]        generate agent load, report latency/throughput, check the capture
   rollgate bridge [flags]       turn captured calls and rewards into training samples
                                 (JSONL, Parquet, safetensors, or an HTTP lease API with --serve)
   rollgate help [command]       show help for a command
@@ -56,6 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runSQL(rest, stdout, stderr)
 	case "mock":
 		return runMock(rest, stdout, stderr)
+	case "bench":
+		return runBench(rest, stdout, stderr)
 	case "bridge":
 		return runBridge(rest, stdout, stderr)
 	}

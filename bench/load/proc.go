@@ -1,0 +1,142 @@
+package load
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is USER_HZ, the unit of utime/stime in /proc/PID/stat (100 on
+// every Linux architecture Go supports).
+const clockTicks = 100
+
+// ProcUsage is what a set of processes (and their direct children) used
+// during a run, read from /proc.
+type ProcUsage struct {
+	PIDs       []int   `json:"pids"`
+	CPUSeconds float64 `json:"cpu_s"`
+	CPUPer1000 float64 `json:"cpu_s_per_1000"`
+	// PeakRSSMiB is the sum of VmHWM (peak resident set since the process
+	// started, not only during the run) over the processes.
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+}
+
+// ProcSnapshot is the CPU time used so far by processes and their children.
+type ProcSnapshot struct {
+	pids  []int
+	ticks map[int]uint64
+}
+
+// Snapshot reads the CPU time of pids and of their direct children (nginx's
+// workers, a wrapper's child).
+func Snapshot(pids []int) (*ProcSnapshot, error) {
+	s := &ProcSnapshot{ticks: map[int]uint64{}}
+	for _, pid := range pids {
+		all := append([]int{pid}, children(pid)...)
+		for _, p := range all {
+			t, err := cpuTicks(p)
+			if err != nil {
+				return nil, err
+			}
+			s.pids = append(s.pids, p)
+			s.ticks[p] = t
+		}
+	}
+	return s, nil
+}
+
+// Since returns the usage of the snapshot's processes since it was taken,
+// with CPU per 1,000 calls for calls > 0.
+func (s *ProcSnapshot) Since(calls int) (*ProcUsage, error) {
+	u := &ProcUsage{PIDs: s.pids}
+	var ticks uint64
+	for _, p := range s.pids {
+		t, err := cpuTicks(p)
+		if err != nil {
+			return nil, err
+		}
+		ticks += t - min(t, s.ticks[p])
+		hwm, err := peakRSS(p)
+		if err != nil {
+			return nil, err
+		}
+		u.PeakRSSMiB += float64(hwm) / 1024
+	}
+	u.CPUSeconds = float64(ticks) / clockTicks
+	if calls > 0 {
+		u.CPUPer1000 = u.CPUSeconds * 1000 / float64(calls)
+	}
+	return u, nil
+}
+
+// cpuTicks returns utime+stime of pid from /proc/PID/stat.
+func cpuTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("load: process %d: %w", pid, err)
+	}
+	return parseStat(b)
+}
+
+// parseStat returns utime+stime (fields 14 and 15) of a /proc/PID/stat line.
+// The command name (field 2) is in parentheses and may contain spaces.
+func parseStat(b []byte) (uint64, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("load: malformed /proc stat %.60q", b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), so field n is f[n-3].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("load: short /proc stat %.60q", b)
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("load: malformed /proc stat times %q %q", f[11], f[12])
+	}
+	return ut + st, nil
+}
+
+// peakRSS returns VmHWM of pid in KiB.
+func peakRSS(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("load: process %d: %w", pid, err)
+	}
+	return parseHWM(b)
+}
+
+// parseHWM returns the VmHWM line's value (KiB) of a /proc/PID/status file.
+func parseHWM(b []byte) (uint64, error) {
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				break
+			}
+			return strconv.ParseUint(f[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("load: no VmHWM in /proc status")
+}
+
+// children returns the direct children of pid (all its threads' children).
+func children(pid int) []int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
