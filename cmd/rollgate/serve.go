@@ -20,6 +20,7 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export/clickhouse"
+	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/export/stores"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
@@ -42,6 +43,9 @@ type fileConfig struct {
 		FullPolicy   string        `yaml:"full_policy"`
 		SyncInterval time.Duration `yaml:"sync_interval"`
 	} `yaml:"spool"`
+	// OTLP exports every captured call as an OpenTelemetry span (GenAI
+	// semantic conventions); off unless otlp.endpoint is set.
+	OTLP otlp.Config `yaml:"otlp"`
 	// Capture sizes the capture pipeline.
 	Capture struct {
 		QueueSize     int           `yaml:"queue_size"`
@@ -82,6 +86,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		spoolMax       = fs.Int64("spool-max-bytes", 1<<30, "largest size of the spool")
 		spoolPolicy    = fs.String("spool-full-policy", "block", "when the spool is full: block (capture waits) or drop (rows dropped and counted in rollgate_spool_dropped_rows_total)")
 		spoolSync      = fs.Duration("spool-sync-interval", 0, "fsync the spool at this interval instead of on every batch (0); an OS crash can lose up to one interval, a killed process loses nothing written")
+		otlpEndpoint   = fs.String("otlp-endpoint", "", "export captured calls as OpenTelemetry spans to this OTLP receiver (host:port or URL); empty = off")
+		otlpProtocol   = fs.String("otlp-protocol", "http", "OTLP protocol: http or grpc")
+		otlpHeaders    = fs.String("otlp-headers", "", "extra OTLP headers, k=v,k=v (prefer ROLLGATE_OTLP_HEADERS for tokens)")
+		otlpInsecure   = fs.Bool("otlp-insecure", false, "plain-text gRPC / http:// without TLS")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	set, err := parseWithEnv(fs, args)
@@ -150,6 +158,23 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["spool-sync-interval"] {
 		fc.Spool.SyncInterval = *spoolSync
 	}
+	if set["otlp-endpoint"] {
+		fc.OTLP.Endpoint = *otlpEndpoint
+	}
+	if set["otlp-protocol"] || fc.OTLP.Protocol == "" {
+		fc.OTLP.Protocol = *otlpProtocol
+	}
+	if set["otlp-headers"] {
+		fc.OTLP.Headers = map[string]string{}
+		for _, kv := range strings.Split(*otlpHeaders, ",") {
+			if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k != "" {
+				fc.OTLP.Headers[k] = v
+			}
+		}
+	}
+	if set["otlp-insecure"] {
+		fc.OTLP.Insecure = *otlpInsecure
+	}
 	if set["capture-queue"] || fc.Capture.QueueSize == 0 {
 		fc.Capture.QueueSize = *queueSize
 	}
@@ -190,10 +215,29 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		sink.Sink = sp
 	}
+	sinks := []capture.NamedSink{sink}
+	var otl *otlp.Sink
+	if fc.OTLP.Enabled() {
+		fc.OTLP.Backends = map[string]string{}
+		for _, b := range cfg.Backends {
+			for _, r := range b.Replicas {
+				n := r.Name
+				if n == "" {
+					n = r.URL
+				}
+				fc.OTLP.Backends[n] = r.URL
+			}
+		}
+		if otl, err = otlp.New(ctx, fc.OTLP); err != nil {
+			fmt.Fprintln(stderr, "rollgate serve: OTLP export:", err)
+			return 2
+		}
+		sinks = append(sinks, capture.NamedSink{Name: otl.Name(), Sink: otl})
+	}
 	pipe := capture.NewPipeline(capture.Config{
 		QueueSize: fc.Capture.QueueSize, Workers: fc.Capture.Workers,
 		BatchSize: fc.Capture.BatchSize, FlushInterval: fc.Capture.FlushInterval,
-	}, []capture.NamedSink{sink}, m, log)
+	}, sinks, m, log)
 	srv, err := gateway.New(cfg, store, pipe, m, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
@@ -229,6 +273,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if err := pipe.Close(sctx); err != nil {
 		log.Error("flushing capture", "err", err)
 		code = 1
+	}
+	if otl != nil {
+		if err := otl.Close(sctx); err != nil {
+			log.Error("closing OTLP export", "err", err)
+		}
 	}
 	if sp != nil {
 		dctx, dcancel := context.WithTimeout(sctx, 5*time.Second)
