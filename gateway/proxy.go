@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -202,15 +203,11 @@ func (s *Server) stream(w *bufio.Writer, resp *fasthttp.Response, c *call, inj r
 	sc := s.scanners.Get().(*capture.SSEScanner)
 	defer s.scanners.Put(sc)
 	sc.Reset()
-	bufp := s.bufs.get()
-	defer s.bufs.put(bufp)
+	bufp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bufp)
 	outp := s.bufs.get()
 	defer s.bufs.put(outp)
-	buf := (*bufp)[:cap(*bufp)]
-	if len(buf) < 32<<10 {
-		buf = make([]byte, 32<<10)
-		*bufp = buf
-	}
+	buf := *bufp
 
 	var (
 		first    = true
@@ -310,6 +307,10 @@ func (s *Server) release(r *replica) {
 	r.outstanding.Add(-1)
 	s.m.BackendInFlight.WithLabelValues(r.name).Dec()
 }
+
+// readBufs holds the 16 KiB buffers streams read upstream bytes into (a
+// pool of their own: the general pool's small slices would be regrown).
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // abortResponse closes a streamed upstream response without returning its
 // connection to the pool (it may hold unread bytes). The Response object is

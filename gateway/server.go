@@ -89,7 +89,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
 		ReadTimeout:                   5 * time.Minute,
 		IdleTimeout:                   2 * time.Minute,
-		ReadBufferSize:                16 << 10,
+		ReadBufferSize:                8 << 10, // request headers up to 8 KiB
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		StreamRequestBody:             false,

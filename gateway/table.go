@@ -160,8 +160,8 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 		MaxConns:                      16384,
 		MaxIdleConnDuration:           90 * time.Second,
 		MaxResponseBodySize:           c.cfg.MaxResponseBodyBytes,
-		ReadBufferSize:                16 << 10,
-		WriteBufferSize:               16 << 10,
+		ReadBufferSize:                8 << 10, // response headers; bodies stream past it
+		WriteBufferSize:               4 << 10,
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
