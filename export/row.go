@@ -61,6 +61,10 @@ type Call struct {
 	TurnPrefixLen uint32
 	// TurnPrevSequenceID is the sequence id of the call compared with (0: none). Extra column.
 	TurnPrevSequenceID uint64
+	// ParentSpanID is the span id of the client's W3C traceparent ('' when
+	// none was sent), so exported spans nest under the caller's span. Not a
+	// stored column: it travels to the OTLP sink only.
+	ParentSpanID string
 }
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

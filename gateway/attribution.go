@@ -88,6 +88,17 @@ func traceIDFrom(traceparent []byte) string {
 	return hex.EncodeToString(b[:])
 }
 
+// parentSpanFrom returns the parent span id of a valid W3C traceparent, or "".
+func parentSpanFrom(traceparent []byte) string {
+	if len(traceparent) >= 55 && traceparent[2] == '-' && traceparent[35] == '-' && traceparent[52] == '-' {
+		id := traceparent[36:52]
+		if isLowerHex(id) && isLowerHex(traceparent[3:35]) && string(id) != "0000000000000000" {
+			return string(id)
+		}
+	}
+	return ""
+}
+
 var zeroTraceID = bytes.Repeat([]byte{'0'}, 32)
 
 func isLowerHex(b []byte) bool {

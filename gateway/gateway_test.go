@@ -196,6 +196,10 @@ func TestTraceparent(t *testing.T) {
 	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Fatalf("trace_id %q", row.TraceID)
 	}
+	r = do(t, "POST", e.url+"/v1/chat/completions", chatBody, "traceparent", "00-zz-not-valid")
+	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; len(row.TraceID) != 32 || row.TraceID == "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Fatalf("invalid traceparent: trace %q", row.TraceID)
+	}
 }
 
 // TestToolCallRoundTrip runs an agent turn that calls a tool, then answers

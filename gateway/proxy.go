@@ -417,7 +417,9 @@ func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, attr at
 	}
 	p.Meta.SequenceID = s.seq.next(attr.rolloutID, attr.attemptID)
 	p.Meta.SpanID = newSpanID()
-	p.Meta.TraceID = traceIDFrom(ctx.Request.Header.Peek("traceparent"))
+	tp := ctx.Request.Header.Peek("traceparent")
+	p.Meta.TraceID = traceIDFrom(tp)
+	p.Meta.ParentSpanID = parentSpanFrom(tp)
 	p.Meta.StartTimeUnixNano = uint64(start.UnixNano())
 	p.Meta.Endpoint = endpointName(p.Endpoint, path)
 	h := &ctx.Response.Header

@@ -162,6 +162,7 @@ func appendCall(dst []byte, c *export.Call) []byte {
 	dst = appendString(dst, c.TurnKind)
 	dst = binary.AppendUvarint(dst, uint64(c.TurnPrefixLen))
 	dst = binary.AppendUvarint(dst, c.TurnPrevSequenceID)
+	dst = appendString(dst, c.ParentSpanID)
 	return dst
 }
 
@@ -375,4 +376,5 @@ func (d *decoder) call(c *export.Call) {
 	c.TurnKind = d.string()
 	c.TurnPrefixLen = d.uint32v()
 	c.TurnPrevSequenceID = d.uvarint()
+	c.ParentSpanID = d.string()
 }

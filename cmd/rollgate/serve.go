@@ -19,6 +19,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
+	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/export/stores"
@@ -228,6 +229,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 				fc.OTLP.Backends[n] = r.URL
 			}
 		}
+		fc.OTLP.ParentSpanID = func(c *export.Call) string { return c.ParentSpanID }
 		if otl, err = otlp.New(ctx, fc.OTLP); err != nil {
 			fmt.Fprintln(stderr, "rollgate serve: OTLP export:", err)
 			return 2

@@ -309,6 +309,7 @@ func TestGatewayCallNestsInClientTrace(t *testing.T) {
 	r := newReceiver()
 	sink, err := otlp.New(context.Background(), otlp.Config{
 		Endpoint: startHTTPReceiver(t, r), Timeout: 5 * time.Second, ServiceName: "rollgate-test",
+		ParentSpanID: func(c *export.Call) string { return c.ParentSpanID },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -362,6 +363,9 @@ func TestGatewayCallNestsInClientTrace(t *testing.T) {
 	}
 	if tr := hex.EncodeToString(sp.GetTraceId()); tr != clientTrace {
 		t.Errorf("trace id %s, want the client's %s", tr, clientTrace)
+	}
+	if p := hex.EncodeToString(sp.GetParentSpanId()); p != clientParent {
+		t.Errorf("parent span id %s, want the client's span %s (the call must nest under it)", p, clientParent)
 	}
 	a := attrs(sp)
 	for k, v := range map[string]any{
