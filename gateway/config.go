@@ -43,6 +43,15 @@ type Config struct {
 	// HealthInterval is the period of active health checks (GET /health) of
 	// every replica (default 5s; negative disables).
 	HealthInterval time.Duration `yaml:"health_interval"`
+	// TLSCertFile and TLSKeyFile (PEM) make the gateway serve HTTPS.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
+	// MaxConcurrency bounds the LLM calls in progress (default 0: no limit).
+	// A call that finds no free slot within QueueTimeout gets 429 with
+	// Retry-After, captured.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// QueueTimeout is how long a call waits for a free slot (default 10s).
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
 	// PauseMaxHold is the longest a call waits while the gateway is paused
 	// before it is answered 503 with Retry-After (default 5m).
 	PauseMaxHold time.Duration `yaml:"pause_max_hold"`
@@ -103,6 +112,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.PublicURL == "" {
 		c.PublicURL = "http://" + c.Listen
+		if c.TLSCertFile != "" {
+			c.PublicURL = "https://" + c.Listen
+		}
 	}
 	c.PublicURL = strings.TrimRight(c.PublicURL, "/")
 	if c.MaxRequestBodyBytes <= 0 {
@@ -137,6 +149,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = 5 * time.Second
+	}
+	if c.QueueTimeout <= 0 {
+		c.QueueTimeout = 10 * time.Second
 	}
 	if c.PauseMaxHold <= 0 {
 		c.PauseMaxHold = 5 * time.Minute

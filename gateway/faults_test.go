@@ -141,3 +141,31 @@ func TestIdleTimeouts(t *testing.T) {
 		t.Fatalf("a flowing stream was cut: %s", r.body)
 	}
 }
+
+// TestConcurrencyLimit: with max_concurrency 1, a second call waits for the
+// slot up to queue_timeout and then gets 429 with Retry-After (captured);
+// once the first call ends, calls go through again.
+func TestConcurrencyLimit(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.MaxConcurrency = 1; c.QueueTimeout = 200 * time.Millisecond })
+	slow := make(chan resp, 1)
+	go func() {
+		slow <- do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true`), "x-mock-itl-ms", "100")
+	}()
+	time.Sleep(150 * time.Millisecond)
+	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
+	if r.status != 429 || r.header.Get("Retry-After") == "" || gjson.GetBytes(r.body, "error.type").String() != "rate_limit_error" {
+		t.Fatalf("over the limit: %d %v %s", r.status, r.header, r.body)
+	}
+	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.HTTPStatus != 429 {
+		t.Fatalf("429 not captured: %+v", row)
+	}
+	if first := <-slow; first.status != 200 || !strings.Contains(string(first.body), "[DONE]") {
+		t.Fatalf("first call: %d", first.status)
+	}
+	for i := range 3 {
+		if r := do(t, "POST", e.url+"/v1/chat/completions", chatBody); r.status != 200 {
+			t.Fatalf("call %d after the slot freed: %d %s", i, r.status, r.body)
+		}
+	}
+}

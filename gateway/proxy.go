@@ -85,6 +85,15 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	if !s.waitIfPaused(ctx, &c) {
 		return
 	}
+	if !s.acquireSlot(ctx, &c) {
+		return
+	}
+	slotHeld := true
+	defer func() {
+		if slotHeld {
+			s.releaseSlot()
+		}
+	}()
 
 	out := s.bufs.get()
 	defer s.bufs.put(out)
@@ -145,7 +154,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		time.Sleep(backoff)
 		backoff *= 2
 	}
-	done := func() { s.release(r) }
+	// From here the slot is released when the response is complete (for a
+	// stream: when the stream writer ends).
+	slotHeld = false
+	done := func() { s.release(r); s.releaseSlot() }
 
 	status := resp.StatusCode()
 	ctx.SetStatusCode(status)

@@ -38,6 +38,7 @@ type Server struct {
 	rollouts sync.Map // rollout_id → *rolloutInfo
 	draining atomic.Bool
 	pause    pauser
+	slots    chan struct{} // MaxConcurrency tokens; nil = no limit
 	held     atomic.Int64 // calls waiting while paused
 	stop     chan struct{}
 
@@ -71,6 +72,9 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		selector: LeastOutstanding{},
 	}
 	s.stop = make(chan struct{})
+	if cfg.MaxConcurrency > 0 {
+		s.slots = make(chan struct{}, cfg.MaxConcurrency)
+	}
 	s.clients = clientCache{clients: map[string]*fasthttp.HostClient{}, cfg: &s.cfg}
 	s.scanners.New = func() any { return new(capture.SSEScanner) }
 	t, err := buildTable(cfg.Backends, nil, &s.clients)
@@ -114,8 +118,17 @@ func (s *Server) FallbackFor(backend string) capture.IDFiller {
 	return nil
 }
 
-// Serve serves on ln until Shutdown.
+// Serve serves on ln until Shutdown, with TLS when TLSCertFile is set.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.cfg.TLSCertFile != "" || s.cfg.TLSKeyFile != "" {
+		if s.cfg.TLSCertFile == "" || s.cfg.TLSKeyFile == "" {
+			return fmt.Errorf("gateway: TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+		}
+		if err := s.srv.ServeTLS(ln, s.cfg.TLSCertFile, s.cfg.TLSKeyFile); err != nil {
+			return fmt.Errorf("gateway: serving TLS on %s: %w", ln.Addr(), err)
+		}
+		return nil
+	}
 	if err := s.srv.Serve(ln); err != nil {
 		return fmt.Errorf("gateway: serving on %s: %w", ln.Addr(), err)
 	}

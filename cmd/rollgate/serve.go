@@ -91,6 +91,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		otlpProtocol   = fs.String("otlp-protocol", "http", "OTLP protocol: http or grpc")
 		otlpHeaders    = fs.String("otlp-headers", "", "extra OTLP headers, k=v,k=v (prefer ROLLGATE_OTLP_HEADERS for tokens)")
 		otlpInsecure   = fs.Bool("otlp-insecure", false, "plain-text gRPC / http:// without TLS")
+		maxConc        = fs.Int("max-concurrency", 0, "most LLM calls in progress at once; more wait up to --queue-timeout, then get 429 (0 = no limit)")
+		queueTimeout   = fs.Duration("queue-timeout", 10*time.Second, "how long a call waits for a free slot under --max-concurrency")
+		tlsCert        = fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM); needs --tls-key")
+		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-cert")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	set, err := parseWithEnv(fs, args)
@@ -138,6 +142,18 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		cfg.Retries = *retries
 	}
 	cfg.AdminToken = os.Getenv("ROLLGATE_ADMIN_TOKEN")
+	if set["max-concurrency"] {
+		cfg.MaxConcurrency = *maxConc
+	}
+	if set["queue-timeout"] {
+		cfg.QueueTimeout = *queueTimeout
+	}
+	if set["tls-cert"] {
+		cfg.TLSCertFile = *tlsCert
+	}
+	if set["tls-key"] {
+		cfg.TLSKeyFile = *tlsKey
+	}
 	if set["clickhouse"] || fc.ClickHouse == "" {
 		fc.ClickHouse = *clickhouseDSN
 	}
