@@ -39,7 +39,7 @@ type Server struct {
 	draining atomic.Bool
 	pause    pauser
 	slots    chan struct{} // MaxConcurrency tokens; nil = no limit
-	held     atomic.Int64 // calls waiting while paused
+	held     atomic.Int64  // calls waiting while paused
 	stop     chan struct{}
 
 	bufs     bufPool
