@@ -61,6 +61,9 @@ type Call struct {
 	TurnPrefixLen uint32
 	// TurnPrevSequenceID is the sequence id of the call compared with (0: none). Extra column.
 	TurnPrevSequenceID uint64
+	// APIKeyName names the client API key the call authenticated with (''
+	// when client keys are off). The key itself is never stored. Extra column.
+	APIKeyName string
 	// ParentSpanID is the span id of the client's W3C traceparent ('' when
 	// none was sent), so exported spans nest under the caller's span. Not a
 	// stored column: it travels to the OTLP sink only.

@@ -21,6 +21,10 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "use GET /v1/models")
 		return
 	}
+	if _, ok := s.clientKeyName(ctx); !ok {
+		s.plainError(ctx, fasthttp.StatusUnauthorized, "invalid_request_error", "Incorrect API key provided")
+		return
+	}
 	t := s.table.Load()
 	type model struct {
 		ID      string `json:"id"`

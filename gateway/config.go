@@ -43,6 +43,11 @@ type Config struct {
 	// HealthInterval is the period of active health checks (GET /health) of
 	// every replica (default 5s; negative disables).
 	HealthInterval time.Duration `yaml:"health_interval"`
+	// ClientKeys, when any is set, are the API keys agents must send
+	// ("Authorization: Bearer KEY", the OPENAI_API_KEY of an unmodified agent)
+	// on the OpenAI routes; the matching key's name is recorded on every
+	// captured row (api_key_name). Keys come from the environment.
+	ClientKeys []ClientKey `yaml:"client_keys"`
 	// TLSCertFile and TLSKeyFile (PEM) make the gateway serve HTTPS.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
@@ -188,4 +193,31 @@ func ValidateBackends(bs []Backend) error {
 		}
 	}
 	return nil
+}
+
+// ClientKey is one API key agents may use.
+type ClientKey struct {
+	// Name is recorded on captured rows (api_key_name); never the key.
+	Name string `yaml:"name"`
+	// KeyEnv names the environment variable holding the key.
+	KeyEnv string `yaml:"key_env"`
+	// Key is the key itself (from KeyEnv, or set in code).
+	Key string `yaml:"-"`
+}
+
+// ParseClientKeys reads "name=key,name2=key2" (ROLLGATE_CLIENT_KEYS).
+func ParseClientKeys(s string) ([]ClientKey, error) {
+	var out []ClientKey
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, key, ok := strings.Cut(part, "=")
+		if !ok || name == "" || key == "" {
+			return nil, fmt.Errorf("client key %q is not name=key", strings.SplitN(part, "=", 2)[0])
+		}
+		out = append(out, ClientKey{Name: name, Key: key})
+	}
+	return out, nil
 }

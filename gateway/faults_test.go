@@ -7,6 +7,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 )
 
@@ -168,4 +169,42 @@ func TestConcurrencyLimit(t *testing.T) {
 			t.Fatalf("call %d after the slot freed: %d %s", i, r.status, r.body)
 		}
 	}
+}
+
+// TestClientKeys: with client keys configured, calls need one (401 otherwise,
+// captured); the key's name is recorded, the key is neither stored nor
+// forwarded upstream.
+func TestClientKeys(t *testing.T) {
+	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := newEnv(t, open(t), func(c *gateway.Config) {
+			c.ClientKeys = []gateway.ClientKey{{Name: "team-a", Key: "sk-aaa"}, {Name: "team-b", Key: "sk-bbb"}}
+		})
+		r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
+		if r.status != 401 || gjson.GetBytes(r.body, "error.message").String() == "" {
+			t.Fatalf("no key: %d %s", r.status, r.body)
+		}
+		if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.HTTPStatus != 401 || row.APIKeyName != "" {
+			t.Fatalf("401 row: %+v", row)
+		}
+		if r := do(t, "POST", e.url+"/v1/chat/completions", chatBody, "Authorization", "Bearer sk-wrong"); r.status != 401 {
+			t.Fatalf("wrong key: %d", r.status)
+		}
+		if r := do(t, "GET", e.url+"/v1/models", ""); r.status != 401 {
+			t.Fatalf("models without key: %d", r.status)
+		}
+		r = do(t, "POST", e.url+"/v1/chat/completions", chatBody, "Authorization", "Bearer sk-bbb")
+		if r.status != 200 {
+			t.Fatalf("good key: %d %s", r.status, r.body)
+		}
+		row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]
+		if row.APIKeyName != "team-b" || strings.Contains(row.RequestBody+row.ResponseBody, "sk-bbb") {
+			t.Fatalf("api_key_name %q (or the key was stored)", row.APIKeyName)
+		}
+		if got := e.mock.LastHeader("Authorization"); got != "" {
+			t.Fatalf("client key forwarded upstream: %q", got)
+		}
+		if r := do(t, "POST", e.url+"/v1/chat/completions", chatBody, "api-key", "sk-aaa"); r.status != 200 {
+			t.Fatalf("api-key header: %d", r.status)
+		}
+	})
 }

@@ -62,6 +62,14 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 
 	body := ctx.PostBody()
 	p.Request = append(p.Request[:0], body...)
+	name, ok := s.clientKeyName(ctx)
+	if !ok {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate"`)
+		s.fail(ctx, &c, fasthttp.StatusUnauthorized, "invalid_request_error",
+			"Incorrect API key provided: send one of the gateway's client keys as Authorization: Bearer KEY (OPENAI_API_KEY)")
+		return
+	}
+	p.Meta.APIKeyName = name
 	p.NoBodies = ep == capture.EndpointEmbeddings && !s.cfg.CaptureEmbeddingBodies
 	if !isJSONObject(body) {
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,

@@ -31,16 +31,17 @@ type Server struct {
 	log      *slog.Logger
 	selector Selector
 
-	table    atomic.Pointer[table]
-	tableMu  sync.Mutex // serialises PUT /api/v1/backends
-	clients  clientCache
-	seq      sequences
-	rollouts sync.Map // rollout_id → *rolloutInfo
-	draining atomic.Bool
-	pause    pauser
-	slots    chan struct{} // MaxConcurrency tokens; nil = no limit
-	held     atomic.Int64  // calls waiting while paused
-	stop     chan struct{}
+	table      atomic.Pointer[table]
+	tableMu    sync.Mutex // serialises PUT /api/v1/backends
+	clients    clientCache
+	seq        sequences
+	rollouts   sync.Map // rollout_id → *rolloutInfo
+	draining   atomic.Bool
+	pause      pauser
+	slots      chan struct{} // MaxConcurrency tokens; nil = no limit
+	clientKeys []ClientKey
+	held       atomic.Int64 // calls waiting while paused
+	stop       chan struct{}
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -72,6 +73,11 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		selector: LeastOutstanding{},
 	}
 	s.stop = make(chan struct{})
+	keys, err := resolveClientKeys(cfg.ClientKeys)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	s.clientKeys = keys
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
 	}

@@ -163,6 +163,7 @@ func appendCall(dst []byte, c *export.Call) []byte {
 	dst = binary.AppendUvarint(dst, uint64(c.TurnPrefixLen))
 	dst = binary.AppendUvarint(dst, c.TurnPrevSequenceID)
 	dst = appendString(dst, c.ParentSpanID)
+	dst = appendString(dst, c.APIKeyName)
 	return dst
 }
 
@@ -377,4 +378,5 @@ func (d *decoder) call(c *export.Call) {
 	c.TurnPrefixLen = d.uint32v()
 	c.TurnPrevSequenceID = d.uvarint()
 	c.ParentSpanID = d.string()
+	c.APIKeyName = d.string()
 }

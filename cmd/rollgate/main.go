@@ -24,8 +24,10 @@ Usage:
 Every flag can also be set through the environment: --some-flag is ROLLGATE_SOME_FLAG.
 Secrets belong in the environment: ROLLGATE_CLICKHOUSE (a DSN with a password),
 ROLLGATE_UPSTREAM_API_KEY (sent to --upstream as a bearer token), ROLLGATE_ADMIN_TOKEN
-(required as a bearer token on /api/v1 write routes when set), and the variables named
-by api_key_env in the config file.
+(required as a bearer token on /api/v1 write routes when set), ROLLGATE_CLIENT_KEYS
+("name=key,name2=key2": keys agents must send as their OPENAI_API_KEY; the name is
+recorded on captured rows), and the variables named by api_key_env / key_env in the
+config file.
 
 Run "rollgate help serve" (or "rollgate serve --help") for the flags of a command.
 `

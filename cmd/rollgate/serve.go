@@ -142,6 +142,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		cfg.Retries = *retries
 	}
 	cfg.AdminToken = os.Getenv("ROLLGATE_ADMIN_TOKEN")
+	if v := os.Getenv("ROLLGATE_CLIENT_KEYS"); v != "" {
+		keys, err := gateway.ParseClientKeys(v)
+		if err != nil {
+			fmt.Fprintln(stderr, "rollgate serve: ROLLGATE_CLIENT_KEYS:", err)
+			return 2
+		}
+		cfg.ClientKeys = append(cfg.ClientKeys, keys...)
+	}
 	if set["max-concurrency"] {
 		cfg.MaxConcurrency = *maxConc
 	}

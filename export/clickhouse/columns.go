@@ -47,6 +47,7 @@ var (
 		{"turn_kind", "String"},
 		{"turn_prefix_len", "UInt32"},
 		{"turn_prev_sequence_id", "UInt64"},
+		{"api_key_name", "String"},
 	}
 	rewardCols = []colDef{
 		{"rollout_id", "String"},
@@ -100,7 +101,7 @@ func callValues(c *export.Call) []any {
 		c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage,
 		nonNil(c.PromptTokenIDs), nonNil(c.ResponseTokenIDs), nonNil(c.ResponseLogprobs),
 		c.TokenSource, c.TokenCheck, c.FinishReason, c.PromptTokens, c.CompletionTokens,
-		c.TurnKind, c.TurnPrefixLen, c.TurnPrevSequenceID,
+		c.TurnKind, c.TurnPrefixLen, c.TurnPrevSequenceID, c.APIKeyName,
 	}
 }
 
@@ -112,7 +113,7 @@ func callDest(c *export.Call, stream *uint8) []any {
 		&c.Error, &c.RequestBody, &c.ResponseBody, &c.ResponseMessage,
 		&c.PromptTokenIDs, &c.ResponseTokenIDs, &c.ResponseLogprobs,
 		&c.TokenSource, &c.TokenCheck, &c.FinishReason, &c.PromptTokens, &c.CompletionTokens,
-		&c.TurnKind, &c.TurnPrefixLen, &c.TurnPrevSequenceID,
+		&c.TurnKind, &c.TurnPrefixLen, &c.TurnPrevSequenceID, &c.APIKeyName,
 	}
 }
 

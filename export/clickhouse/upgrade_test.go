@@ -19,7 +19,7 @@ func TestUpgradeAddsNewColumns(t *testing.T) {
 	if err := s.Write(ctx, &export.Batch{Calls: []export.Call{{SpanID: "old", RolloutID: "r", SequenceID: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []string{"turn_kind", "turn_prefix_len", "turn_prev_sequence_id"} {
+	for _, c := range []string{"turn_kind", "turn_prefix_len", "turn_prev_sequence_id", "api_key_name"} {
 		if err := s.conn.Exec(ctx, "ALTER TABLE llm_calls DROP COLUMN "+c); err != nil {
 			t.Fatalf("dropping %s: %v", c, err)
 		}

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     completion_tokens    INTEGER NOT NULL DEFAULT 0,
     turn_kind            TEXT    NOT NULL DEFAULT '',
     turn_prefix_len      INTEGER NOT NULL DEFAULT 0,
-    turn_prev_sequence_id INTEGER NOT NULL DEFAULT 0
+    turn_prev_sequence_id INTEGER NOT NULL DEFAULT 0,
+    api_key_name         TEXT    NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS llm_calls_by_rollout ON llm_calls (rollout_id, attempt_id, sequence_id, choice_index);
 CREATE INDEX IF NOT EXISTS llm_calls_by_span ON llm_calls (span_id);

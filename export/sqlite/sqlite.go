@@ -103,7 +103,7 @@ var (
 		"error", "request_body", "response_body", "response_message",
 		"prompt_token_ids", "response_token_ids", "response_logprobs",
 		"token_source", "token_check", "finish_reason", "prompt_tokens", "completion_tokens",
-		"turn_kind", "turn_prefix_len", "turn_prev_sequence_id",
+		"turn_kind", "turn_prefix_len", "turn_prev_sequence_id", "api_key_name",
 	}
 	rewardColumns  = []string{"rollout_id", "attempt_id", "sequence_id", "name", "value", "source", "time_unix_nano"}
 	rolloutColumns = []string{"rollout_id", "attempt_id", "task_id", "status", "metadata", "created_unix_nano", "updated_unix_nano"}
@@ -175,7 +175,7 @@ func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
 				c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage,
 				prompt, resp, logprobs,
 				c.TokenSource, c.TokenCheck, c.FinishReason, int64(c.PromptTokens), int64(c.CompletionTokens),
-				c.TurnKind, int64(c.TurnPrefixLen), i64(c.TurnPrevSequenceID),
+				c.TurnKind, int64(c.TurnPrefixLen), i64(c.TurnPrevSequenceID), c.APIKeyName,
 			); err != nil {
 				return fmt.Errorf("sqlite: insert into llm_calls (span %q): %w", c.SpanID, err)
 			}
@@ -309,7 +309,7 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 			&c.Error, &c.RequestBody, &c.ResponseBody, &c.ResponseMessage,
 			&promptIDs, &respIDs, &logprobs,
 			&c.TokenSource, &c.TokenCheck, &c.FinishReason, &promptTok, &complTok,
-			&c.TurnKind, &turnPrefix, &turnPrev); err != nil {
+			&c.TurnKind, &turnPrefix, &turnPrev, &c.APIKeyName); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 		}
 		c.SequenceID, c.ChoiceIndex = u64(seq), uint32(choice)
@@ -393,6 +393,7 @@ var addedCallColumns = [][2]string{
 	{"turn_kind", "TEXT NOT NULL DEFAULT ''"},
 	{"turn_prefix_len", "INTEGER NOT NULL DEFAULT 0"},
 	{"turn_prev_sequence_id", "INTEGER NOT NULL DEFAULT 0"},
+	{"api_key_name", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // addMissingColumns brings a table created by an older rollgate up to date.

@@ -90,6 +90,7 @@ func FullCall(rollout, attempt string, seq uint64, choice uint32) export.Call {
 		TurnKind:           "retokenized",
 		TurnPrefixLen:      7,
 		TurnPrevSequenceID: 41,
+		APIKeyName:         "team-a",
 		FinishReason:       "stop",
 		PromptTokens:       uint32(len(prompt)),
 		CompletionTokens:   uint32(len(resp)),

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS {{.Table "llm_calls"}} (
     completion_tokens UInt32,
     turn_kind {{lowCardinality}},
     turn_prefix_len UInt32,
-    turn_prev_sequence_id UInt64
+    turn_prev_sequence_id UInt64,
+    api_key_name {{lowCardinality}}
 )
 ENGINE = MergeTree()
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))
