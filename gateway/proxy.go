@@ -1,13 +1,11 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -165,7 +163,6 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	// From here the slot is released when the response is complete (for a
 	// stream: when the stream writer ends).
 	slotHeld = false
-	done := func() { s.release(r); s.releaseSlot() }
 
 	status := resp.StatusCode()
 	ctx.SetStatusCode(status)
@@ -175,11 +172,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-			defer done()
-			defer s.recoverPanic("stream")
-			s.stream(w, resp, &c, inj)
-		})
+		ctx.Response.SetBodyStream(s.newStreamBody(&c, resp, inj, r), -1)
 		return
 	}
 
@@ -191,7 +184,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	} else {
 		fasthttp.ReleaseResponse(resp)
 	}
-	done()
+	s.release(r)
+	s.releaseSlot()
 	if rerr != nil {
 		status, typ := upstreamStatus(rerr)
 		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: reading response: %v", r.name, rerr))
@@ -216,107 +210,6 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	s.finish(&c, time.Now())
 }
 
-// stream forwards SSE events one by one as they arrive, stripping injected
-// fields, flushing after each read, and records the payloads for capture.
-func (s *Server) stream(w *bufio.Writer, resp *fasthttp.Response, c *call, inj rewrite.Injected) {
-	p := c.pend
-	sc := s.scanners.Get().(*capture.SSEScanner)
-	defer s.scanners.Put(sc)
-	sc.Reset()
-	bufp := readBufs.Get().(*[]byte)
-	defer readBufs.Put(bufp)
-	outp := s.bufs.get()
-	defer s.bufs.put(outp)
-	buf := *bufp
-
-	var (
-		first    = true
-		werr     error
-		rerr     error
-		upstream = resp.BodyStream()
-	)
-	if upstream == nil {
-		upstream = bytes.NewReader(resp.Body())
-	}
-	for werr == nil {
-		n, err := upstream.Read(buf)
-		if n > 0 {
-			sc.Feed(buf[:n])
-			for {
-				ev, ok := sc.Next()
-				if !ok {
-					break
-				}
-				if len(ev.Data) > 0 {
-					p.AddEvent(ev.Data)
-				}
-				if inj == 0 || len(ev.Data) == 0 {
-					_, werr = w.Write(ev.Raw)
-				} else {
-					o, drop := rewrite.StripEvent((*outp)[:0], ev.Data, c.rwEP, inj)
-					*outp = o
-					switch {
-					case drop:
-					case bytes.Equal(o, ev.Data):
-						_, werr = w.Write(ev.Raw)
-					default:
-						w.WriteString("data: ")
-						w.Write(o)
-						_, werr = w.WriteString("\n\n")
-					}
-				}
-				if werr != nil {
-					break
-				}
-			}
-			if werr == nil {
-				werr = w.Flush()
-			}
-			if first && werr == nil {
-				first = false
-				ttft := time.Since(c.start)
-				p.Meta.TTFTNano = uint64(ttft)
-				s.m.TTFT.WithLabelValues(metricModel(c.model, p.Meta.Backend), p.Meta.Endpoint).Observe(ttft.Seconds())
-			}
-		}
-		if err != nil {
-			if err != io.EOF {
-				rerr = err
-			}
-			break
-		}
-	}
-	// An event without its closing blank line at EOF is forwarded as is.
-	if rest := sc.Rest(); werr == nil && rerr == nil && len(rest) > 0 {
-		if _, werr = w.Write(rest); werr == nil {
-			werr = w.Flush()
-		}
-		if ev, ok := sc.Finish(); ok && len(ev.Data) > 0 {
-			p.AddEvent(ev.Data)
-		}
-	}
-	switch {
-	case werr != nil:
-		// The client went away: close the upstream connection so the engine
-		// aborts generation, and say so in the captured row.
-		abortResponse(resp, errClientGone)
-		p.Meta.Error = "client disconnected mid-stream"
-	case rerr != nil:
-		abortResponse(resp, rerr)
-		status, typ := upstreamStatus(rerr)
-		msg := fmt.Sprintf("backend %s failed mid-stream: %v", p.Meta.Backend, rerr)
-		p.Meta.Error = msg
-		e := appendError(nil, status, typ, msg)
-		w.WriteString("data: ")
-		w.Write(e)
-		w.WriteString("\n\n")
-		w.Flush()
-	default:
-		fasthttp.ReleaseResponse(resp)
-	}
-	s.finish(c, time.Now())
-}
-
 // acquire and release count a call outstanding on a replica.
 func (s *Server) acquire(r *replica) {
 	r.outstanding.Add(1)
@@ -327,10 +220,6 @@ func (s *Server) release(r *replica) {
 	r.outstanding.Add(-1)
 	s.m.BackendInFlight.WithLabelValues(r.name).Dec()
 }
-
-// readBufs holds the 16 KiB buffers streams read upstream bytes into (a
-// pool of their own: the general pool's small slices would be regrown).
-var readBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // abortResponse closes a streamed upstream response without returning its
 // connection to the pool (it may hold unread bytes). The Response object is

@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/gateway/rewrite"
+)
+
+// streamBody is the client's copy of a streamed (SSE) backend response, as an
+// io.Reader fasthttp pulls from on the connection's own goroutine. Each Read
+// that finds nothing pending reads the backend once, hands the events to
+// capture, strips what the gateway injected and returns the result; fasthttp
+// writes it as one chunk and flushes. Compared with SetBodyStreamWriter this
+// needs no pipe, no second goroutine and no per-chunk channel hand-off, and
+// it allocates nothing per call (streamBody values are pooled).
+//
+// fasthttp calls CloseWithError exactly once, after the last chunk or after
+// a failed write to the client; that ends the call: the backend response is
+// released (or aborted when the client went away) and the call is captured.
+type streamBody struct {
+	s    *Server
+	c    call
+	resp *fasthttp.Response
+	inj  rewrite.Injected
+	r    *replica // released, with the concurrency slot, when the call ends
+
+	upstream io.Reader
+	sc       capture.SSEScanner
+	in       []byte // backend read buffer
+	out      []byte // bytes for the client, out[off:] not yet returned
+	scratch  []byte // StripEvent output
+	off      int
+	first    bool
+	eof      bool  // the backend stream ended (or failed, see rerr)
+	rerr     error // backend read error other than io.EOF
+	closed   bool
+	bodyRdr  bytes.Reader
+}
+
+var streamBodies = sync.Pool{New: func() any {
+	return &streamBody{in: make([]byte, 16<<10), out: make([]byte, 0, 16<<10)}
+}}
+
+// newStreamBody takes a pooled streamBody for resp.
+func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Injected, r *replica) *streamBody {
+	b := streamBodies.Get().(*streamBody)
+	b.s, b.c, b.resp, b.inj, b.r = s, *c, resp, inj, r
+	b.sc.Reset()
+	b.out, b.scratch = b.out[:0], b.scratch[:0]
+	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
+	b.upstream = resp.BodyStream()
+	if b.upstream == nil {
+		b.bodyRdr.Reset(resp.Body())
+		b.upstream = &b.bodyRdr
+	}
+	return b
+}
+
+// Read returns the next bytes for the client, reading the backend when
+// nothing is pending. It returns io.EOF after the backend stream ended and
+// everything (including a trailing error event) was returned.
+func (b *streamBody) Read(p []byte) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.s.log.Error("panic while streaming a response; stream ended", "panic", r)
+			b.eof, b.rerr = true, fmt.Errorf("internal error: %v", r)
+			n, err = 0, b.rerr
+		}
+	}()
+	for b.off >= len(b.out) {
+		if b.eof {
+			return 0, io.EOF
+		}
+		b.fill()
+	}
+	n = copy(p, b.out[b.off:])
+	b.off += n
+	return n, nil
+}
+
+// fill reads the backend once and turns what arrived into client bytes.
+func (b *streamBody) fill() {
+	b.out, b.off = b.out[:0], 0
+	pend := b.c.pend
+	n, err := b.upstream.Read(b.in)
+	if n > 0 {
+		b.sc.Feed(b.in[:n])
+		for {
+			ev, ok := b.sc.Next()
+			if !ok {
+				break
+			}
+			if len(ev.Data) > 0 {
+				pend.AddEvent(ev.Data)
+			}
+			if b.inj == 0 || len(ev.Data) == 0 {
+				b.out = append(b.out, ev.Raw...)
+				continue
+			}
+			o, drop := rewrite.StripEvent(b.scratch[:0], ev.Data, b.c.rwEP, b.inj)
+			b.scratch = o
+			switch {
+			case drop:
+			case bytes.Equal(o, ev.Data):
+				b.out = append(b.out, ev.Raw...)
+			default:
+				b.out = append(b.out, "data: "...)
+				b.out = append(b.out, o...)
+				b.out = append(b.out, "\n\n"...)
+			}
+		}
+		if b.first {
+			b.first = false
+			ttft := time.Since(b.c.start)
+			pend.Meta.TTFTNano = uint64(ttft)
+			b.s.m.TTFT.WithLabelValues(metricModel(b.c.model, pend.Meta.Backend), pend.Meta.Endpoint).Observe(ttft.Seconds())
+		}
+	}
+	if err == nil {
+		return
+	}
+	b.eof = true
+	if err != io.EOF {
+		b.rerr = err
+		status, typ := upstreamStatus(err)
+		msg := fmt.Sprintf("backend %s failed mid-stream: %v", pend.Meta.Backend, err)
+		pend.Meta.Error = msg
+		b.out = append(b.out, "data: "...)
+		b.out = appendError(b.out, status, typ, msg)
+		b.out = append(b.out, "\n\n"...)
+		return
+	}
+	// An event without its closing blank line at EOF is forwarded as is.
+	if rest := b.sc.Rest(); len(rest) > 0 {
+		b.out = append(b.out, rest...)
+		if ev, ok := b.sc.Finish(); ok && len(ev.Data) > 0 {
+			pend.AddEvent(ev.Data)
+		}
+	}
+}
+
+// CloseWithError ends the call once fasthttp is done with the body: werr is
+// the error writing to the client, if any.
+func (b *streamBody) CloseWithError(werr error) error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	pend := b.c.pend
+	switch {
+	case b.rerr != nil:
+		abortResponse(b.resp, b.rerr)
+	case werr != nil || !b.eof || b.off < len(b.out):
+		// The client went away: close the backend connection so the engine
+		// aborts generation, and say so in the captured row.
+		abortResponse(b.resp, errClientGone)
+		pend.Meta.Error = "client disconnected mid-stream"
+	default:
+		fasthttp.ReleaseResponse(b.resp)
+	}
+	b.s.release(b.r)
+	b.s.releaseSlot()
+	b.s.finish(&b.c, time.Now())
+	b.s, b.resp, b.r, b.upstream, b.c = nil, nil, nil, nil, call{}
+	b.bodyRdr.Reset(nil)
+	if cap(b.out) <= 256<<10 {
+		streamBodies.Put(b)
+	}
+	return nil
+}
