@@ -33,9 +33,38 @@ type Pending struct {
 	// NoBodies leaves request_body and response_body empty in the rows
 	// (embeddings are captured without bodies by default).
 	NoBodies bool
+	// IDs are the call's span, trace and parent span ids as lowercase hex,
+	// written by the gateway without allocating; capture copies them into
+	// Meta.SpanID, TraceID and ParentSpanID off the hot path.
+	IDs CallIDs
 
 	events    []byte // data payloads of a streamed response, concatenated
 	eventEnds []int  // end offset of each payload in events
+}
+
+// CallIDs are W3C ids as lowercase hex in fixed arrays (see Pending.IDs).
+type CallIDs struct {
+	Span      [16]byte
+	Trace     [32]byte
+	Parent    [16]byte
+	Set       bool // Span and Trace hold ids
+	HasParent bool // Parent holds an id
+}
+
+// ResolveIDs copies IDs into Meta's string columns where those are empty.
+func (p *Pending) ResolveIDs() {
+	if !p.IDs.Set {
+		return
+	}
+	if p.Meta.SpanID == "" {
+		p.Meta.SpanID = string(p.IDs.Span[:])
+	}
+	if p.Meta.TraceID == "" {
+		p.Meta.TraceID = string(p.IDs.Trace[:])
+	}
+	if p.Meta.ParentSpanID == "" && p.IDs.HasParent {
+		p.Meta.ParentSpanID = string(p.IDs.Parent[:])
+	}
 }
 
 var pendingPool = sync.Pool{New: func() any { return new(Pending) }}
@@ -53,6 +82,7 @@ func releasePending(p *Pending) {
 	p.Meta = export.Call{}
 	p.Endpoint = 0
 	p.NoBodies = false
+	p.IDs = CallIDs{}
 	p.Request = p.Request[:0]
 	p.Body = p.Body[:0]
 	p.events = p.events[:0]
@@ -196,6 +226,7 @@ func (p *Pipeline) TryPush(c *Pending) bool {
 		}
 	}
 	p.m.CaptureDropped.Inc()
+	c.ResolveIDs()
 	p.log.Warn("capture queue full: call not captured (raise --capture-queue or add export capacity)",
 		"rollout_id", c.Meta.RolloutID, "sequence_id", c.Meta.SequenceID, "span_id", c.Meta.SpanID,
 		"queue_size", p.cfg.QueueSize)

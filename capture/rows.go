@@ -14,6 +14,7 @@ import (
 // an embedding). Token ids are checked against usage and the verdict is
 // recorded in token_source and token_check. a is reused scratch space.
 func Rows(p *Pending, a *Assembler) []export.Call {
+	p.ResolveIDs()
 	a.Reset(p.Endpoint)
 	if p.Streamed() {
 		p.eachEvent(a.AddChunk)

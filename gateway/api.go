@@ -221,6 +221,7 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.rollouts.Store(in.RolloutID, &rolloutInfo{taskID: in.TaskID, createdNs: now, metadata: meta})
+	s.noteRegistered(in.RolloutID, in.TaskID)
 	writeJSON(ctx, fasthttp.StatusOK, map[string]string{
 		"rollout_id": in.RolloutID,
 		"attempt_id": in.AttemptID,

@@ -2,18 +2,40 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/hex"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
 )
 
 // attribution says which rollout, attempt, task and agent a call belongs to.
+// The fields are views into the request (path or headers), valid while the
+// request is being served; beginCall turns them into long-lived strings
+// without allocating in steady state (see sequences and interner).
 type attribution struct {
-	rolloutID string
-	attemptID string
-	taskID    string
-	agentName string
+	rolloutID []byte
+	attemptID []byte
+	taskID    []byte
+	agentName []byte
+}
+
+// attributionOf reads a request's attribution (path prefix first, then
+// headers) and returns it with the path that follows the rollout prefix.
+func attributionOf(ctx *fasthttp.RequestCtx) (attr attribution, path []byte) {
+	path = ctx.Path()
+	h := &ctx.Request.Header
+	if r, a, rest, ok := splitRolloutPath(path); ok {
+		attr.rolloutID, attr.attemptID = r, a
+		path = rest
+	} else if v := h.Peek("x-rollout-id"); len(v) > 0 {
+		attr.rolloutID, attr.attemptID = v, h.Peek("x-attempt-id")
+	}
+	attr.taskID = h.Peek("x-task-id")
+	attr.agentName = h.Peek("x-agent-name")
+	return attr, path
 }
 
 var (
@@ -52,51 +74,109 @@ func splitRolloutPath(path []byte) (rollout, attempt, rest []byte, ok bool) {
 
 // sequences allocates per-(rollout, attempt) sequence ids: strictly
 // increasing from 1, never reused while the gateway runs, independent of clocks.
+// Its entries also hold the rollout and attempt ids as strings, so a call of a
+// known attempt costs no allocation.
 type sequences struct {
-	m sync.Map // key string → *atomic.Uint64
+	mu        sync.RWMutex
+	m         map[string]*seqEntry   // rollout + "\x00" + attempt
+	byRollout map[string][]*seqEntry // the attempts seen of each rollout
+}
+
+// seqEntry is one (rollout, attempt): its counter, its ids, and the task id
+// registered for it (through the API) once known.
+type seqEntry struct {
+	n       atomic.Uint64
+	rollout string
+	attempt string
+	task    atomic.Pointer[string]
+	looked  atomic.Bool // the rollout registry was consulted for the task id
+}
+
+// entry returns the entry of (rollout, attempt), creating it on first use.
+func (s *sequences) entry(rollout, attempt []byte) *seqEntry {
+	var kb [96]byte
+	key := append(append(append(kb[:0], rollout...), 0), attempt...)
+	s.mu.RLock()
+	e := s.m[string(key)]
+	s.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e = s.m[string(key)]; e == nil {
+		if s.m == nil {
+			s.m, s.byRollout = map[string]*seqEntry{}, map[string][]*seqEntry{}
+		}
+		e = &seqEntry{rollout: string(rollout), attempt: string(attempt)}
+		s.m[string(key)] = e
+		s.byRollout[e.rollout] = append(s.byRollout[e.rollout], e)
+	}
+	return e
 }
 
 // next returns the next sequence id of (rollout, attempt).
 func (s *sequences) next(rollout, attempt string) uint64 {
-	key := rollout + "\x00" + attempt
-	if c, ok := s.m.Load(key); ok {
-		return c.(*atomic.Uint64).Add(1)
+	return s.entry([]byte(rollout), []byte(attempt)).n.Add(1)
+}
+
+// interner returns one shared string per distinct byte string, so values
+// that repeat on every call (model, task and agent names) are not allocated
+// per call. It holds at most max strings and starts over when full.
+type interner struct {
+	mu  sync.RWMutex
+	m   map[string]string
+	max int
+}
+
+func (in *interner) get(b []byte) string {
+	if len(b) == 0 {
+		return ""
 	}
-	c, _ := s.m.LoadOrStore(key, new(atomic.Uint64))
-	return c.(*atomic.Uint64).Add(1)
+	in.mu.RLock()
+	v, ok := in.m[string(b)]
+	in.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = string(b)
+	in.mu.Lock()
+	if in.m == nil || len(in.m) >= in.max {
+		in.m = make(map[string]string, 64)
+	}
+	in.m[v] = v
+	in.mu.Unlock()
+	return v
 }
 
-// newSpanID returns 16 random hex characters (a W3C span id).
-func newSpanID() string {
-	var b [8]byte
-	putUint64(b[:], rand.Uint64())
-	return hex.EncodeToString(b[:])
-}
-
-// traceIDFrom returns the trace id of a W3C traceparent header
-// ("00-<32 hex>-<16 hex>-<2 hex>"), or a new random one.
-func traceIDFrom(traceparent []byte) string {
+// fillIDs writes a new random span id, and the trace and parent span ids of
+// a W3C traceparent header ("00-<32 hex>-<16 hex>-<2 hex>") or a new random
+// trace id, into ids.
+func fillIDs(ids *capture.CallIDs, traceparent []byte) {
+	putHex(ids.Span[:], rand.Uint64())
+	ids.Set = true
 	if len(traceparent) >= 55 && traceparent[2] == '-' && traceparent[35] == '-' {
-		id := traceparent[3:35]
-		if isLowerHex(id) && !bytes.Equal(id, zeroTraceID) {
-			return string(id)
+		tid := traceparent[3:35]
+		if isLowerHex(tid) && !bytes.Equal(tid, zeroTraceID) {
+			copy(ids.Trace[:], tid)
+			if pid := traceparent[36:52]; traceparent[52] == '-' && isLowerHex(pid) && string(pid) != "0000000000000000" {
+				copy(ids.Parent[:], pid)
+				ids.HasParent = true
+			}
+			return
 		}
 	}
-	var b [16]byte
-	putUint64(b[:8], rand.Uint64())
-	putUint64(b[8:], rand.Uint64())
-	return hex.EncodeToString(b[:])
+	putHex(ids.Trace[:16], rand.Uint64())
+	putHex(ids.Trace[16:], rand.Uint64())
 }
 
-// parentSpanFrom returns the parent span id of a valid W3C traceparent, or "".
-func parentSpanFrom(traceparent []byte) string {
-	if len(traceparent) >= 55 && traceparent[2] == '-' && traceparent[35] == '-' && traceparent[52] == '-' {
-		id := traceparent[36:52]
-		if isLowerHex(id) && isLowerHex(traceparent[3:35]) && string(id) != "0000000000000000" {
-			return string(id)
-		}
+// putHex writes v as 16 lowercase hex digits into dst.
+func putHex(dst []byte, v uint64) {
+	const digits = "0123456789abcdef"
+	for i := 15; i >= 0; i-- {
+		dst[i] = digits[v&0xf]
+		v >>= 4
 	}
-	return ""
 }
 
 var zeroTraceID = bytes.Repeat([]byte{'0'}, 32)
@@ -108,10 +188,4 @@ func isLowerHex(b []byte) bool {
 		}
 	}
 	return true
-}
-
-func putUint64(b []byte, v uint64) {
-	for i := range 8 {
-		b[i] = byte(v >> (56 - 8*i))
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -74,12 +75,13 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
 		return
 	}
-	modelRes := gjson.GetBytes(body, "model")
+	// A view into body (gjson.Get on the body's bytes), interned below.
+	modelRes := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "model")
 	if modelRes.Type != gjson.String || modelRes.Str == "" {
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
 		return
 	}
-	c.model = modelRes.Str
+	c.model = s.texts.get(unsafe.Slice(unsafe.StringData(modelRes.Str), len(modelRes.Str)))
 	p.Meta.Model = c.model
 	t := s.table.Load()
 	pl := t.lookup(c.model)
@@ -137,6 +139,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		req.Reset()
 		s.buildUpstream(ctx, req, r, path, rewritten)
 		resp = fasthttp.AcquireResponse()
+		resp.StreamBody = info.Stream
 		s.acquire(r)
 		err = r.client.DoDeadline(req, resp, deadline)
 		if err == nil {
@@ -150,6 +153,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		if attempt >= s.cfg.Retries || !retryable(err) || time.Now().Add(backoff).After(deadline) {
 			status, typ := upstreamStatus(err)
 			msg := fmt.Sprintf("backend %s: %v", r.name, err)
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+				msg = fmt.Sprintf("backend %s: response body larger than %d bytes (raise max_response_body_bytes)", r.name, s.cfg.MaxResponseBodyBytes)
+			}
 			if attempt > 0 {
 				msg = fmt.Sprintf("%s (after %d attempts)", msg, attempt+1)
 			}
@@ -315,30 +321,56 @@ func copyResponseHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
 // beginCall fills the call's attribution, ids and timing, and sets the
 // attribution response headers.
 func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, attr attribution, path []byte, start time.Time) {
-	p.Meta.RolloutID = attr.rolloutID
-	p.Meta.AttemptID = attr.attemptID
-	p.Meta.TaskID = attr.taskID
-	p.Meta.AgentName = attr.agentName
-	if p.Meta.TaskID == "" && attr.rolloutID != "" {
-		if ri, ok := s.rollouts.Load(attr.rolloutID); ok {
-			p.Meta.TaskID = ri.(*rolloutInfo).taskID
-		}
+	h := &ctx.Response.Header
+	e := s.seq.entry(attr.rolloutID, attr.attemptID)
+	p.Meta.RolloutID, p.Meta.AttemptID = e.rollout, e.attempt
+	p.Meta.TaskID = s.texts.get(attr.taskID)
+	p.Meta.AgentName = s.texts.get(attr.agentName)
+	if p.Meta.TaskID == "" && e.rollout != "" {
+		p.Meta.TaskID = s.registeredTask(e)
 	}
-	p.Meta.SequenceID = s.seq.next(attr.rolloutID, attr.attemptID)
-	p.Meta.SpanID = newSpanID()
-	tp := ctx.Request.Header.Peek("traceparent")
-	p.Meta.TraceID = traceIDFrom(tp)
-	p.Meta.ParentSpanID = parentSpanFrom(tp)
+	p.Meta.SequenceID = e.n.Add(1)
+	fillIDs(&p.IDs, ctx.Request.Header.Peek("traceparent"))
 	p.Meta.StartTimeUnixNano = uint64(start.UnixNano())
 	p.Meta.Endpoint = endpointName(p.Endpoint, path)
-	h := &ctx.Response.Header
-	if attr.rolloutID != "" {
-		h.Set("x-rollout-id", attr.rolloutID)
-		h.Set("x-attempt-id", attr.attemptID)
+	if e.rollout != "" {
+		h.SetBytesV("x-rollout-id", attr.rolloutID)
+		h.SetBytesV("x-attempt-id", attr.attemptID)
 	}
-	var num [20]byte
-	h.SetBytesV("x-sequence-id", strconv.AppendUint(num[:0], p.Meta.SequenceID, 10))
-	h.Set("x-request-id", p.Meta.SpanID)
+	num := s.bufs.get()
+	*num = strconv.AppendUint((*num)[:0], p.Meta.SequenceID, 10)
+	h.SetBytesV("x-sequence-id", *num)
+	s.bufs.put(num)
+	h.SetBytesV("x-request-id", p.IDs.Span[:])
+}
+
+// registeredTask returns the task id registered (POST /api/v1/rollouts) for
+// the entry's rollout. The registry is consulted once per attempt;
+// registering later sets the entry directly (see noteRegistered).
+func (s *Server) registeredTask(e *seqEntry) string {
+	if t := e.task.Load(); t != nil {
+		return *t
+	}
+	if e.looked.Swap(true) {
+		return ""
+	}
+	if ri, ok := s.rollouts.Load(e.rollout); ok {
+		t := ri.(*rolloutInfo).taskID
+		e.task.Store(&t)
+		return t
+	}
+	return ""
+}
+
+// noteRegistered records a registered rollout's task id on every attempt
+// entry the gateway has seen for it (calls made before the registration).
+func (s *Server) noteRegistered(rolloutID, taskID string) {
+	s.seq.mu.RLock()
+	defer s.seq.mu.RUnlock()
+	for _, e := range s.seq.byRollout[rolloutID] {
+		t := taskID
+		e.task.Store(&t)
+	}
 }
 
 // fail answers with an OpenAI-style error and captures the call with it.
@@ -358,10 +390,26 @@ func (s *Server) finish(c *call, end time.Time) {
 	p := c.pend
 	p.Meta.EndTimeUnixNano = uint64(end.UnixNano())
 	model := metricModel(p.Meta.Model, p.Meta.Backend)
-	s.m.Requests.WithLabelValues(model, p.Meta.Backend, p.Meta.Endpoint, strconv.Itoa(int(p.Meta.HTTPStatus))).Inc()
+	s.m.Requests.WithLabelValues(model, p.Meta.Backend, p.Meta.Endpoint, statusLabel(p.Meta.HTTPStatus)).Inc()
 	s.m.RequestDuration.WithLabelValues(model, p.Meta.Endpoint, boolLabel(p.Meta.Stream)).Observe(end.Sub(c.start).Seconds())
 	// On false the pipeline has counted and logged the drop; p is left to the GC.
 	s.capture.TryPush(p)
+}
+
+// statusLabels holds the label text of every HTTP status, so counting a call
+// allocates nothing.
+var statusLabels = func() (l [600]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+func statusLabel(code uint16) string {
+	if int(code) < len(statusLabels) {
+		return statusLabels[code]
+	}
+	return strconv.Itoa(int(code))
 }
 
 // metricModel is the model label: the requested name when it was routed,

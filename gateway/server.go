@@ -35,6 +35,7 @@ type Server struct {
 	tableMu    sync.Mutex // serialises PUT /api/v1/backends
 	clients    clientCache
 	seq        sequences
+	texts      interner // model, task and agent names
 	rollouts   sync.Map // rollout_id → *rolloutInfo
 	draining   atomic.Bool
 	pause      pauser
@@ -73,6 +74,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		selector: LeastOutstanding{},
 	}
 	s.stop = make(chan struct{})
+	s.texts.max = 1 << 16
 	keys, err := resolveClientKeys(cfg.ClientKeys)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -171,24 +173,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			s.plainError(ctx, fasthttp.StatusInternalServerError, errServer, "internal error in the gateway (logged)")
 		}
 	}()
-	path := ctx.Path()
-	var attr attribution
-	if r, a, rest, ok := splitRolloutPath(path); ok {
-		attr.rolloutID, attr.attemptID = string(r), string(a)
-		path = rest
-	} else {
-		h := &ctx.Request.Header
-		if v := h.Peek("x-rollout-id"); len(v) > 0 {
-			attr.rolloutID = string(v)
-			attr.attemptID = string(h.Peek("x-attempt-id"))
-		}
-	}
-	if v := ctx.Request.Header.Peek("x-task-id"); len(v) > 0 {
-		attr.taskID = string(v)
-	}
-	if v := ctx.Request.Header.Peek("x-agent-name"); len(v) > 0 {
-		attr.agentName = string(v)
-	}
+	attr, path := attributionOf(ctx)
 
 	if ep := routeOf(path); ep != capture.EndpointUnknown {
 		if !ctx.IsPost() {
@@ -237,16 +222,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 		msg = fmt.Sprintf("request body larger than %d bytes (the gateway's max_request_body_bytes)", s.cfg.MaxRequestBodyBytes)
 		drainBody(ctx.Conn(), int64(ctx.Request.Header.ContentLength()))
 	}
-	path := ctx.Path()
-	var attr attribution
-	if r, a, rest, ok := splitRolloutPath(path); ok {
-		attr.rolloutID, attr.attemptID = string(r), string(a)
-		path = rest
-	} else if v := ctx.Request.Header.Peek("x-rollout-id"); len(v) > 0 {
-		attr.rolloutID, attr.attemptID = string(v), string(ctx.Request.Header.Peek("x-attempt-id"))
-	}
-	attr.taskID = string(ctx.Request.Header.Peek("x-task-id"))
-	attr.agentName = string(ctx.Request.Header.Peek("x-agent-name"))
+	attr, path := attributionOf(ctx)
 	ep := routeOf(path)
 	if ep == capture.EndpointUnknown {
 		s.plainError(ctx, status, typ, msg)

@@ -45,7 +45,7 @@ type streamBody struct {
 }
 
 var streamBodies = sync.Pool{New: func() any {
-	return &streamBody{in: make([]byte, 16<<10), out: make([]byte, 0, 16<<10)}
+	return &streamBody{in: make([]byte, 16<<10), out: make([]byte, 0, 16<<10), scratch: make([]byte, 0, 4<<10)}
 }}
 
 // newStreamBody takes a pooled streamBody for resp.

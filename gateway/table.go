@@ -153,10 +153,12 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 	}
 	connectTimeout, idle := c.cfg.ConnectTimeout, c.cfg.IdleTimeout
 	hc := &fasthttp.HostClient{
-		Addr:                          addr,
-		IsTLS:                         isTLS,
-		TLSConfig:                     &tls.Config{MinVersion: tls.VersionTLS12},
-		StreamResponseBody:            true,
+		Addr:      addr,
+		IsTLS:     isTLS,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12},
+		// Responses stream only when the call asked for a stream (proxy sets
+		// Response.StreamBody); other bodies are read whole into pooled buffers.
+		StreamResponseBody:            false,
 		MaxConns:                      16384,
 		MaxIdleConnDuration:           90 * time.Second,
 		MaxResponseBodySize:           c.cfg.MaxResponseBodyBytes,
