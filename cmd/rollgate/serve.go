@@ -96,6 +96,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		tlsCert        = fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM); needs --tls-key")
 		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-cert")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
+		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
 	)
 	set, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -277,6 +278,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	cfg.SetDefaults()
 	fmt.Fprintf(stderr, "rollgate listening on http://%s (OPENAI_BASE_URL=%s/v1), capturing to %s\n", cfg.Listen, cfg.PublicURL, where)
 
+	if *debugListen != "" {
+		if err := servePprof(*debugListen, log); err != nil {
+			fmt.Fprintln(stderr, "rollgate serve:", err)
+			return 2
+		}
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
 	sig := make(chan os.Signal, 1)
