@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // models answers GET /v1/models in OpenAI list format: the routed model names,
@@ -89,6 +91,20 @@ func (s *Server) api(ctx *fasthttp.RequestCtx, sub string) {
 		s.putBackends(ctx)
 	case sub == "/rollouts" && method == "POST":
 		s.postRollout(ctx)
+	case sub == "/rollouts" && method == "GET":
+		s.listRollouts(ctx)
+	case sub == "/tasks" && method == "POST":
+		s.postTasks(ctx)
+	case sub == "/tasks/dequeue" && method == "POST":
+		s.dequeue(ctx)
+	case sub == "/resources" && method == "POST":
+		s.postResources(ctx)
+	case len(parts) == 2 && parts[0] == "resources" && method == "GET":
+		s.getResources(ctx, parts[1])
+	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "heartbeat" && method == "POST":
+		s.heartbeat(ctx, parts[1])
+	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "calls" && method == "POST":
+		s.postCalls(ctx, parts[1])
 	case len(parts) == 2 && parts[0] == "rollouts" && method == "GET":
 		s.getRollout(ctx, parts[1])
 	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "rewards" && method == "POST":
@@ -216,6 +232,13 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		Status: "running", Metadata: meta, CreatedUnixNano: now, UpdatedUnixNano: now}
 	c, cancel := s.storeCtx()
 	defer cancel()
+	if s.queue.Load() != nil {
+		// Registered rollouts complete and page like queued ones.
+		if _, err := s.queue.Load().Register(c, in.RolloutID, in.AttemptID, in.TaskID, json.RawMessage(meta)); err != nil {
+			s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "registering rollout: "+err.Error())
+			return
+		}
+	}
 	if err := s.store.Write(c, &export.Batch{Rollouts: []export.Rollout{row}}); err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "storing rollout: "+err.Error())
 		return
@@ -262,6 +285,7 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	var in struct {
 		Status    string `json:"status"`
 		AttemptID string `json:"attempt_id"`
+		Reason    string `json:"reason"`
 	}
 	if !s.decode(ctx, &in) {
 		return
@@ -274,6 +298,19 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	}
 	c, cancel := s.storeCtx()
 	defer cancel()
+	if s.queue.Load() != nil && in.Status != "running" {
+		ch, err := s.queue.Load().Complete(c, rolloutID, in.AttemptID, in.Status, in.Reason)
+		switch {
+		case err == nil:
+			s.mirror(c, []tasks.Change{*ch})
+			writeJSON(ctx, fasthttp.StatusOK, stateView(&ch.State))
+			return
+		case !errors.Is(err, tasks.ErrNotFound):
+			s.queueError(ctx, err)
+			return
+		}
+		// Not a queued or registered rollout: record the status as given.
+	}
 	now := uint64(time.Now().UnixNano())
 	row := export.Rollout{RolloutID: rolloutID, AttemptID: in.AttemptID, Status: in.Status, Metadata: "{}",
 		CreatedUnixNano: now, UpdatedUnixNano: now}
@@ -336,6 +373,16 @@ func (s *Server) getRollout(ctx *fasthttp.RequestCtx, rolloutID string) {
 		rewards = append(rewards, rewardView(r))
 	}
 	out["rewards"] = rewards
+	if s.queue.Load() != nil {
+		if st, err := s.queue.Load().Get(c, rolloutID); err == nil {
+			q := stateView(st)
+			if hist, err := s.queue.Load().Attempts(c, rolloutID); err == nil {
+				q["attempts"] = hist
+			}
+			out["queue"] = q
+			out["status"], out["attempt_id"] = st.Status, st.AttemptID
+		}
+	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // Server is the gateway: an OpenAI-compatible proxy with capture and the
@@ -43,6 +44,7 @@ type Server struct {
 	clientKeys []ClientKey
 	held       atomic.Int64 // calls waiting while paused
 	stop       chan struct{}
+	queue      atomic.Pointer[tasks.Queue] // nil: no training-loop routes
 
 	bufs     bufPool
 	scanners sync.Pool

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/rollgate/rollgate/export/stores"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // fileConfig is the YAML config file of "rollgate serve --config".
@@ -47,6 +49,13 @@ type fileConfig struct {
 	// OTLP exports every captured call as an OpenTelemetry span (GenAI
 	// semantic conventions); off unless otlp.endpoint is set.
 	OTLP otlp.Config `yaml:"otlp"`
+	// Queue is the training loop's task queue and resources: a SQLite path or
+	// a postgres:// DSN (several gateways sharing one queue); empty keeps them
+	// in the embedded SQLite file (--db), also when capturing to ClickHouse.
+	Queue struct {
+		DSN   string        `yaml:"dsn"`
+		Lease time.Duration `yaml:"lease"`
+	} `yaml:"queue"`
 	// Capture sizes the capture pipeline.
 	Capture struct {
 		QueueSize     int           `yaml:"queue_size"`
@@ -95,6 +104,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		queueTimeout   = fs.Duration("queue-timeout", 10*time.Second, "how long a call waits for a free slot under --max-concurrency")
 		tlsCert        = fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM); needs --tls-key")
 		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-cert")
+		queueDSN       = fs.String("queue", "", "task queue and resources store: a SQLite path or postgres://user@host/db (shared by several gateways; prefer ROLLGATE_QUEUE for DSNs with passwords); empty = the embedded SQLite file (--db)")
+		taskLease      = fs.Duration("task-lease", time.Minute, "how long a dequeued task's lease lasts without a heartbeat (a task's lease_s overrides it)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
 	)
@@ -201,6 +212,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["otlp-insecure"] {
 		fc.OTLP.Insecure = *otlpInsecure
 	}
+	if set["queue"] || fc.Queue.DSN == "" {
+		fc.Queue.DSN = *queueDSN
+	}
+	if set["task-lease"] || fc.Queue.Lease == 0 {
+		fc.Queue.Lease = *taskLease
+	}
 	if set["capture-queue"] || fc.Capture.QueueSize == 0 {
 		fc.Capture.QueueSize = *queueSize
 	}
@@ -271,6 +288,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	pipe.SetFallback(srv.FallbackFor)
+	tq, err := openTaskQueue(ctx, fc.Queue.DSN, fc.DB, fc.Queue.Lease, store)
+	if err != nil {
+		fmt.Fprintln(stderr, "rollgate serve:", err)
+		return 1
+	}
+	defer tq.Close()
+	srv.SetTaskQueue(tq, time.Second)
 	where := "embedded store " + fc.DB
 	if fc.ClickHouse != "" {
 		where = "ClickHouse " + redactDSN(fc.ClickHouse)
@@ -329,6 +353,27 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		_ = mockSrv.Shutdown()
 	}
 	return code
+}
+
+// openTaskQueue opens the task queue: on dsn when given, else in the
+// embedded store's SQLite file (sharing its handle when that is the store).
+func openTaskQueue(ctx context.Context, dsn, dbPath string, lease time.Duration, store export.Store) (*tasks.Queue, error) {
+	opt := tasks.Options{Lease: lease}
+	if dsn == "" {
+		if s, ok := store.(interface{ DB() *sql.DB }); ok {
+			q, err := tasks.New(ctx, s.DB(), tasks.SQLite, opt)
+			if err != nil {
+				return nil, fmt.Errorf("task queue in %s: %w", dbPath, err)
+			}
+			return q, nil
+		}
+		dsn = dbPath
+	}
+	q, err := tasks.Open(ctx, dsn, opt)
+	if err != nil {
+		return nil, fmt.Errorf("opening the task queue: %w", err)
+	}
+	return q, nil
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
