@@ -37,6 +37,9 @@ type Selection struct {
 	Since, Until time.Time
 	// TaskIDs keeps only these tasks (empty = all).
 	TaskIDs []string
+	// RolloutIDs keeps only these rollouts (empty = all); the task queue's
+	// completion cursor resolves to such a list.
+	RolloutIDs []string
 	// Statuses keeps attempts whose latest status is one of these (empty =
 	// any, including attempts never registered in the rollouts table).
 	Statuses []string
@@ -126,6 +129,7 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		}
 	}
 	tasks := set(sel.TaskIDs)
+	rollouts := set(sel.RolloutIDs)
 	statuses := set(sel.Statuses)
 	var since, until uint64
 	if !sel.Since.IsZero() {
@@ -139,6 +143,7 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		switch {
 		case !in.hasCalls,
 			len(tasks) > 0 && !tasks[in.TaskID],
+			len(rollouts) > 0 && !rollouts[in.RolloutID],
 			len(statuses) > 0 && !statuses[in.Status],
 			since != 0 && in.FirstCallUnixNano < since,
 			until != 0 && in.FirstCallUnixNano >= until:

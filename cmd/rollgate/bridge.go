@@ -25,6 +25,7 @@ import (
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 	"github.com/rollgate/rollgate/trainer-bridge/credit"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
+	taskqueue "github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 const bridgeSummary = `rollgate bridge — turn captured calls and rewards into training samples.
@@ -62,6 +63,9 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	status := fs.String("status", "succeeded", "comma-separated attempt statuses (empty = any)")
 	agent := fs.String("agent", "", "regular expression on agent_name (empty = all agents)")
 	minPV := fs.String("min-policy-version", "", "drop calls served by an older policy version")
+	rolloutIDs := fs.String("rollouts", "", "comma-separated rollout ids (empty = all)")
+	after := fs.Int64("after", -1, "only rollouts the task queue completed after this cursor (next_after of GET /api/v1/rollouts; 0 = from the start; -1 = off)")
+	queueDSN := fs.String("queue", "", "task queue for --after: a SQLite path or postgres:// DSN (empty = the embedded SQLite file, --db)")
 	attempts := fs.String("attempts", bridge.AttemptsLatest, "latest or all attempts per rollout")
 	maxPrompt := fs.Int("max-prompt", 0, "maximum prompt tokens (0 = no limit)")
 	maxResponse := fs.Int("max-response", 0, "maximum response tokens (0 = no limit)")
@@ -118,7 +122,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	if o.Estimator, err = advantage.Parse(*estimator); err != nil {
 		return fail(2, "%v", err)
 	}
-	sel := bridge.Selection{TaskIDs: splitList(*tasks), Statuses: splitList(*status), MinPolicyVersion: *minPV, Attempts: *attempts}
+	sel := bridge.Selection{TaskIDs: splitList(*tasks), RolloutIDs: splitList(*rolloutIDs), Statuses: splitList(*status), MinPolicyVersion: *minPV, Attempts: *attempts}
 	if sel.Since, err = parseTime(*since); err != nil {
 		return fail(2, "--since: %v", err)
 	}
@@ -171,6 +175,33 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 		return fail(1, "opening store: %v", err)
 	}
 	defer store.Close()
+	if *after >= 0 {
+		ids, next, err := completedAfter(ctx, *queueDSN, *dbPath, *after)
+		if err != nil {
+			return fail(1, "%v", err)
+		}
+		fmt.Fprintf(stderr, "rollgate bridge: %d rollouts completed after cursor %d; next cursor %d (pass --after %d next time)\n", len(ids), *after, next, next)
+		if len(ids) == 0 {
+			return 0
+		}
+		if len(o.Selection.RolloutIDs) > 0 {
+			keep := map[string]bool{}
+			for _, id := range o.Selection.RolloutIDs {
+				keep[id] = true
+			}
+			var both []string
+			for _, id := range ids {
+				if keep[id] {
+					both = append(both, id)
+				}
+			}
+			if len(both) == 0 {
+				return 0
+			}
+			ids = both
+		}
+		o.Selection.RolloutIDs = ids
+	}
 	res, err := bridge.Build(ctx, store, o)
 	if err != nil {
 		return fail(1, "%v", err)
@@ -187,6 +218,33 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	}
 	printSummary(stderr, &res.Stats, *out)
 	return 0
+}
+
+// completedAfter pages the task queue's completed rollouts after a cursor
+// and returns their ids and the cursor to continue from.
+func completedAfter(ctx context.Context, dsn, dbPath string, after int64) ([]string, int64, error) {
+	if dsn == "" {
+		dsn = dbPath
+	}
+	q, err := taskqueue.Open(ctx, dsn, taskqueue.Options{})
+	if err != nil {
+		return nil, 0, fmt.Errorf("opening the task queue: %w", err)
+	}
+	defer q.Close()
+	var ids []string
+	for {
+		page, next, err := q.List(ctx, taskqueue.ListFilter{After: after, Cursor: true, Limit: 10000})
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, st := range page {
+			ids = append(ids, st.RolloutID)
+		}
+		if len(page) == 0 {
+			return ids, after, nil
+		}
+		after = next
+	}
 }
 
 // serveSamples runs the lease API on addr until every sample is acknowledged
