@@ -45,7 +45,9 @@ type streamBody struct {
 }
 
 var streamBodies = sync.Pool{New: func() any {
-	return &streamBody{in: make([]byte, 16<<10), out: make([]byte, 0, 16<<10), scratch: make([]byte, 0, 4<<10)}
+	// Small buffers: an SSE event is a few hundred bytes, and 1,000 open
+	// streams hold 1,000 of these. out and scratch grow when needed.
+	return &streamBody{in: make([]byte, 4<<10), out: make([]byte, 0, 4<<10), scratch: make([]byte, 0, 1<<10)}
 }}
 
 // newStreamBody takes a pooled streamBody for resp.

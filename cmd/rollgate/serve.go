@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -106,6 +109,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-cert")
 		queueDSN       = fs.String("queue", "", "task queue and resources store: a SQLite path or postgres://user@host/db (shared by several gateways; prefer ROLLGATE_QUEUE for DSNs with passwords); empty = the embedded SQLite file (--db)")
 		taskLease      = fs.Duration("task-lease", time.Minute, "how long a dequeued task's lease lasts without a heartbeat (a task's lease_s overrides it)")
+		memLimit       = fs.String("memory-limit", "", "soft memory limit for the Go runtime, e.g. 192MiB (as GOMEMLIMIT): the GC works harder near it, bounding peak RSS under many open streams; empty = Go's default (GOMEMLIMIT if set)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
 	)
@@ -118,6 +122,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(stderr, *logLevel)
+	if *memLimit != "" {
+		n, err := parseBytes(*memLimit)
+		if err != nil {
+			fmt.Fprintln(stderr, "rollgate serve: --memory-limit:", err)
+			return 2
+		}
+		debug.SetMemoryLimit(n)
+	}
 
 	var fc fileConfig
 	if *configPath != "" {
@@ -374,6 +386,27 @@ func openTaskQueue(ctx context.Context, dsn, dbPath string, lease time.Duration,
 		return nil, fmt.Errorf("opening the task queue: %w", err)
 	}
 	return q, nil
+}
+
+// parseBytes reads a size: a number with an optional B, KiB, MiB, GiB (or
+// KB, MB, GB, powers of 1000) suffix.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), 1.0
+	for _, u := range units {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v <= 0 || v*mult > math.MaxInt64 {
+		return 0, fmt.Errorf("%q is not a size like 192MiB", s)
+	}
+	return int64(v * mult), nil
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
