@@ -93,15 +93,38 @@ type Rollout struct {
 	UpdatedUnixNano uint64
 }
 
+// Span is one agent span received over OTLP (POST /v1/traces), a row of the
+// agent_spans table: what the agent itself reported, for example a tool call
+// and whether it failed. Extra table, not in the minimum contract.
+type Span struct {
+	RolloutID         string
+	AttemptID         string
+	TraceID           string // 32 hex digits
+	SpanID            string // 16 hex digits
+	ParentSpanID      string // '' for a root span
+	Name              string
+	Kind              string // internal, server, client, producer, consumer, unspecified
+	ServiceName       string // resource attribute service.name
+	ToolName          string // gen_ai.tool.name or tool.name, '' when not a tool span
+	ToolCallID        string // gen_ai.tool.call.id, '' when absent
+	StatusCode        string // unset, ok, error
+	StatusMessage     string
+	StartTimeUnixNano uint64
+	EndTimeUnixNano   uint64
+	Attributes        string // span attributes as a JSON object
+	ReceivedUnixNano  uint64
+}
+
 // Batch is what a sink writes at once. Any of its slices may be empty.
 type Batch struct {
 	Calls    []Call
 	Rewards  []Reward
 	Rollouts []Rollout
+	Spans    []Span
 }
 
 // Len is the number of rows in the batch.
-func (b *Batch) Len() int { return len(b.Calls) + len(b.Rewards) + len(b.Rollouts) }
+func (b *Batch) Len() int { return len(b.Calls) + len(b.Rewards) + len(b.Rollouts) + len(b.Spans) }
 
 // Sink writes batches of rows. Write returns only after the rows are stored
 // (acknowledged by the server); an error means none or only some were stored

@@ -192,6 +192,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	case "/metrics":
 		s.metricsHandler(ctx)
 		return
+	case "/v1/traces":
+		s.traces(ctx, attr)
+		return
 	case "/healthz":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)

@@ -25,6 +25,7 @@ const (
 	minCallBytes    = 29
 	minRewardBytes  = 6 + 8
 	minRolloutBytes = 7
+	minSpanBytes    = 16
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -123,6 +124,22 @@ func AppendBatch(dst []byte, b *export.Batch) []byte {
 		dst = appendString(dst, r.Metadata)
 		dst = binary.AppendUvarint(dst, r.CreatedUnixNano)
 		dst = binary.AppendUvarint(dst, r.UpdatedUnixNano)
+	}
+	// Agent spans came later: an optional trailing section, so records
+	// written before it existed decode unchanged.
+	if len(b.Spans) > 0 {
+		dst = binary.AppendUvarint(dst, uint64(len(b.Spans)))
+		for i := range b.Spans {
+			sp := &b.Spans[i]
+			for _, v := range []string{sp.RolloutID, sp.AttemptID, sp.TraceID, sp.SpanID, sp.ParentSpanID, sp.Name,
+				sp.Kind, sp.ServiceName, sp.ToolName, sp.ToolCallID, sp.StatusCode, sp.StatusMessage} {
+				dst = appendString(dst, v)
+			}
+			dst = binary.AppendUvarint(dst, sp.StartTimeUnixNano)
+			dst = binary.AppendUvarint(dst, sp.EndTimeUnixNano)
+			dst = appendString(dst, sp.Attributes)
+			dst = binary.AppendUvarint(dst, sp.ReceivedUnixNano)
+		}
 	}
 	return dst
 }
@@ -224,6 +241,24 @@ func DecodeBatch(p []byte) (*export.Batch, error) {
 			r.Metadata = d.string()
 			r.CreatedUnixNano = d.uvarint()
 			r.UpdatedUnixNano = d.uvarint()
+		}
+	}
+	if d.err == nil && len(d.buf) != 0 {
+		if n := d.count(minSpanBytes); n > 0 {
+			b.Spans = make([]export.Span, n)
+			for i := range b.Spans {
+				sp := &b.Spans[i]
+				for _, f := range []*string{&sp.RolloutID, &sp.AttemptID, &sp.TraceID, &sp.SpanID, &sp.ParentSpanID,
+					&sp.Name, &sp.Kind, &sp.ServiceName, &sp.ToolName, &sp.ToolCallID, &sp.StatusCode, &sp.StatusMessage} {
+					*f = d.string()
+				}
+				sp.StartTimeUnixNano = d.uvarint()
+				sp.EndTimeUnixNano = d.uvarint()
+				sp.Attributes = d.string()
+				sp.ReceivedUnixNano = d.uvarint()
+			}
+		} else if d.err == nil {
+			d.err = fmt.Errorf("%w: empty span section", ErrCorruptRecord)
 		}
 	}
 	if d.err == nil && len(d.buf) != 0 {

@@ -52,6 +52,10 @@ func fullBatch() *export.Batch {
 		fillAll(reflect.ValueOf(&b.Rewards[i]).Elem(), i)
 	}
 	fillAll(reflect.ValueOf(&b.Rollouts[0]).Elem(), 9)
+	b.Spans = make([]export.Span, 2)
+	for i := range b.Spans {
+		fillAll(reflect.ValueOf(&b.Spans[i]).Elem(), 20+i)
+	}
 	return b
 }
 
@@ -77,6 +81,13 @@ func TestRecordRoundTrip(t *testing.T) {
 	f("calls only", &export.Batch{Calls: []export.Call{{SpanID: "s", SequenceID: 1 << 63, HTTPStatus: 65535, ChoiceIndex: 1<<32 - 1}}})
 	f("rewards only", &export.Batch{Rewards: []export.Reward{{RolloutID: "r", Value: -0.0}}})
 	f("empty", &export.Batch{})
+	f("spans only", &export.Batch{Spans: []export.Span{{SpanID: "s", StatusCode: "error", EndTimeUnixNano: 1 << 63}}})
+	// A record written before agent spans existed (no trailing section) still decodes.
+	old := &export.Batch{Rollouts: []export.Rollout{{RolloutID: "r"}}}
+	f("no span section", old)
+	if p := AppendBatch(nil, old); p[len(p)-1] != 0 {
+		t.Fatalf("a batch without spans must end with the rollouts section, got % x", p)
+	}
 }
 
 func TestDecodeRecordErrors(t *testing.T) {

@@ -67,6 +67,24 @@ var (
 		{"created_unix_nano", "UInt64"},
 		{"updated_unix_nano", "UInt64"},
 	}
+	spanCols = []colDef{
+		{"rollout_id", "String"},
+		{"attempt_id", "String"},
+		{"trace_id", "String"},
+		{"span_id", "String"},
+		{"parent_span_id", "String"},
+		{"name", "String"},
+		{"kind", "String"},
+		{"service_name", "String"},
+		{"tool_name", "String"},
+		{"tool_call_id", "String"},
+		{"status_code", "String"},
+		{"status_message", "String"},
+		{"start_time_unix_nano", "UInt64"},
+		{"end_time_unix_nano", "UInt64"},
+		{"attributes", "String"},
+		{"received_unix_nano", "UInt64"},
+	}
 )
 
 // names joins the column names with ", ".
@@ -131,4 +149,10 @@ func rolloutValues(r *export.Rollout) []any {
 
 func rolloutDest(r *export.Rollout) []any {
 	return []any{&r.RolloutID, &r.AttemptID, &r.TaskID, &r.Status, &r.Metadata, &r.CreatedUnixNano, &r.UpdatedUnixNano}
+}
+
+func spanValues(s *export.Span) []any {
+	return []any{s.RolloutID, s.AttemptID, s.TraceID, s.SpanID, s.ParentSpanID, s.Name, s.Kind, s.ServiceName,
+		s.ToolName, s.ToolCallID, s.StatusCode, s.StatusMessage, s.StartTimeUnixNano, s.EndTimeUnixNano,
+		s.Attributes, s.ReceivedUnixNano}
 }

@@ -11,7 +11,7 @@ import (
 var ddlFS embed.FS
 
 // tableOrder is the order in which the tables are created.
-var tableOrder = []string{"llm_calls", "rewards", "rollouts"}
+var tableOrder = []string{"llm_calls", "rewards", "rollouts", "agent_spans"}
 
 // Version is a ClickHouse server version (major.minor.patch).
 type Version struct {
@@ -65,7 +65,7 @@ func (p ddlParams) Table(name string) string {
 }
 
 // RenderDDL renders the CREATE TABLE IF NOT EXISTS statements for every table
-// (llm_calls, rewards, rollouts) in database db, using only the features in f.
+// (llm_calls, rewards, rollouts, agent_spans) in database db, using only the features in f.
 // ttlDays > 0 adds a TTL clause when f.TTL; 0 means keep rows forever.
 func RenderDDL(f Features, db string, ttlDays int) ([]string, error) {
 	if err := checkIdent(db); err != nil {

@@ -24,8 +24,8 @@ func TestRenderDDLOldServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stmts) != 3 {
-		t.Fatalf("%d statements, want 3", len(stmts))
+	if len(stmts) != 4 {
+		t.Fatalf("%d statements, want 4", len(stmts))
 	}
 	all := strings.Join(stmts, "\n")
 	for _, bad := range []string{"LowCardinality", "CODEC", "TTL", "{{", "}}"} {
@@ -42,6 +42,7 @@ func TestRenderDDLOldServer(t *testing.T) {
 		"ORDER BY (rollout_id, attempt_id, sequence_id, choice_index)\nSETTINGS",
 		"PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))",
 		"CREATE TABLE IF NOT EXISTS `rollgate`.`rewards` (",
+		"CREATE TABLE IF NOT EXISTS `rollgate`.`agent_spans` (",
 		"ENGINE = ReplacingMergeTree(updated_unix_nano)",
 	} {
 		if !strings.Contains(all, want) {

@@ -83,8 +83,9 @@ func TestSchemaMatchesServer(t *testing.T) {
 		lc = "LowCardinality(String)"
 	}
 	lowCard := map[string]bool{"agent_name": true, "endpoint": true, "model": true, "backend": true, "policy_version": true,
-		"token_source": true, "token_check": true, "finish_reason": true, "name": true, "source": true, "status": true}
-	for table, cols := range map[string][]colDef{"llm_calls": callCols, "rewards": rewardCols, "rollouts": rolloutCols} {
+		"token_source": true, "token_check": true, "finish_reason": true, "name": true, "source": true, "status": true,
+		"kind": true, "service_name": true, "tool_name": true, "status_code": true}
+	for table, cols := range map[string][]colDef{"llm_calls": callCols, "rewards": rewardCols, "rollouts": rolloutCols, "agent_spans": spanCols} {
 		var want []string
 		for _, c := range cols {
 			typ := c.typ
@@ -101,7 +102,7 @@ func TestSchemaMatchesServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Query system.tables: %v", err)
 	}
-	want := [][]string{{"llm_calls", "MergeTree"}, {"rewards", "MergeTree"}, {"rollouts", "ReplacingMergeTree"}}
+	want := [][]string{{"agent_spans", "MergeTree"}, {"llm_calls", "MergeTree"}, {"rewards", "MergeTree"}, {"rollouts", "ReplacingMergeTree"}}
 	if len(res.Rows) != len(want) {
 		t.Fatalf("tables = %q, want %q", res.Rows, want)
 	}

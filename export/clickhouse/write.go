@@ -15,7 +15,7 @@ import (
 const externalTable = "rollgate_rows"
 
 // Write inserts the batch: one insert per non-empty table (llm_calls, then
-// rewards, then rollouts). Each insert is atomic on the server; the three are
+// rewards, rollouts, agent_spans). Each insert is atomic on the server; the three are
 // not atomic together, so an error may leave earlier tables written (a retry
 // of the whole batch then duplicates those rows).
 func (s *Store) Write(ctx context.Context, b *export.Batch) error {
@@ -58,6 +58,19 @@ func (s *Store) Write(ctx context.Context, b *export.Batch) error {
 			return nil
 		}
 		if err := s.insert(ctx, "rollouts", rolloutCols, rows); err != nil {
+			return err
+		}
+	}
+	if len(b.Spans) > 0 {
+		rows := func(yield func([]any) error) error {
+			for i := range b.Spans {
+				if err := yield(spanValues(&b.Spans[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := s.insert(ctx, "agent_spans", spanCols, rows); err != nil {
 			return err
 		}
 	}

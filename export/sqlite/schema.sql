@@ -63,3 +63,24 @@ CREATE TABLE IF NOT EXISTS rollouts (
     updated_unix_nano INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (rollout_id, attempt_id)
 );
+
+-- Agent spans received over OTLP (POST /v1/traces). Extra table.
+CREATE TABLE IF NOT EXISTS agent_spans (
+    rollout_id           TEXT    NOT NULL DEFAULT '',
+    attempt_id           TEXT    NOT NULL DEFAULT '',
+    trace_id             TEXT    NOT NULL DEFAULT '',
+    span_id              TEXT    NOT NULL DEFAULT '',
+    parent_span_id       TEXT    NOT NULL DEFAULT '',
+    name                 TEXT    NOT NULL DEFAULT '',
+    kind                 TEXT    NOT NULL DEFAULT '',
+    service_name         TEXT    NOT NULL DEFAULT '',
+    tool_name            TEXT    NOT NULL DEFAULT '',
+    tool_call_id         TEXT    NOT NULL DEFAULT '',
+    status_code          TEXT    NOT NULL DEFAULT '',
+    status_message       TEXT    NOT NULL DEFAULT '',
+    start_time_unix_nano INTEGER NOT NULL DEFAULT 0,
+    end_time_unix_nano   INTEGER NOT NULL DEFAULT 0,
+    attributes           TEXT    NOT NULL DEFAULT '{}',
+    received_unix_nano   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS agent_spans_by_rollout ON agent_spans (rollout_id, attempt_id, start_time_unix_nano);

@@ -110,6 +110,10 @@ var (
 
 	insertCall   = insertSQL("llm_calls", callColumns)
 	insertReward = insertSQL("rewards", rewardColumns)
+	spanColumns  = []string{"rollout_id", "attempt_id", "trace_id", "span_id", "parent_span_id", "name", "kind",
+		"service_name", "tool_name", "tool_call_id", "status_code", "status_message", "start_time_unix_nano",
+		"end_time_unix_nano", "attributes", "received_unix_nano"}
+	insertSpan = insertSQL("agent_spans", spanColumns)
 	// The latest row per (rollout, attempt) wins; equal times: the later write.
 	insertRollout = insertSQL("rollouts", rolloutColumns) +
 		" ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET" +
@@ -190,6 +194,20 @@ func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
 		for _, r := range b.Rewards {
 			if _, err := stmt.ExecContext(ctx, r.RolloutID, r.AttemptID, i64(r.SequenceID), r.Name, r.Value, r.Source, i64(r.TimeUnixNano)); err != nil {
 				return fmt.Errorf("sqlite: insert into rewards: %w", err)
+			}
+		}
+	}
+	if len(b.Spans) > 0 {
+		stmt, err := tx.PrepareContext(ctx, insertSpan)
+		if err != nil {
+			return fmt.Errorf("sqlite: insert into agent_spans: %w", err)
+		}
+		defer stmt.Close()
+		for _, sp := range b.Spans {
+			if _, err := stmt.ExecContext(ctx, sp.RolloutID, sp.AttemptID, sp.TraceID, sp.SpanID, sp.ParentSpanID,
+				sp.Name, sp.Kind, sp.ServiceName, sp.ToolName, sp.ToolCallID, sp.StatusCode, sp.StatusMessage,
+				i64(sp.StartTimeUnixNano), i64(sp.EndTimeUnixNano), sp.Attributes, i64(sp.ReceivedUnixNano)); err != nil {
+				return fmt.Errorf("sqlite: insert into agent_spans (span %q): %w", sp.SpanID, err)
 			}
 		}
 	}

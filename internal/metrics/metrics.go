@@ -42,6 +42,11 @@ type Metrics struct {
 	// (/tokenize, ids in logprobs), by result (filled, failed).
 	TokenFallback *prometheus.CounterVec
 
+	// AgentSpans counts agent spans received on /v1/traces, by whether they
+	// were attributed to a rollout ("true", "false") and by result
+	// ("stored", "rejected").
+	AgentSpans *prometheus.CounterVec
+
 	// Turns counts captured calls of rollouts by how their prompt continues
 	// the previous call (prefix, template, retokenized, edited, ...).
 	Turns *prometheus.CounterVec
@@ -103,6 +108,9 @@ func New() *Metrics {
 		TokenFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_fallback_total", Help: "Calls whose missing or miscounted token ids were completed from the backend's /tokenize or from logprobs, by result.",
 		}, []string{"result"}),
+		AgentSpans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_agent_spans_total", Help: "Agent spans received over OTLP (POST /v1/traces), by attribution to a rollout and result.",
+		}, []string{"attributed", "result"}),
 		Turns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_turns_total", Help: "Calls of rollouts by how their prompt ids continue the previous call's prompt + response (turn_kind).",
 		}, []string{"kind"}),
@@ -126,7 +134,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
-		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Turns,
+		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
 	return m
