@@ -16,6 +16,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rollgate/rollgate/export"
+	bridge "github.com/rollgate/rollgate/trainer-bridge"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
 // spansOf reads agent_spans rows of a rollout as maps of column → text.
@@ -146,4 +148,60 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestToolSpanErrorBecomesAIR: an agent calls the model through its rollout
+// URL, gets a tool call, runs the tool, and reports the failed tool as an
+// OTLP span; the bridge turns it into an air_tool_span reward on that call.
+func TestToolSpanErrorBecomesAIR(t *testing.T) {
+	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := newEnv(t, open(t), nil)
+		ctx := context.Background()
+		base := e.url + "/rollout/ro-air/attempt/at-1"
+		c := do(t, "POST", base+"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"weather?"}],`+
+			`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`)
+		callID := gjson.GetBytes(c.body, "choices.0.message.tool_calls.0.id").String()
+		if c.status != 200 || callID == "" {
+			t.Fatalf("no tool call from the mock: %d %s", c.status, c.body)
+		}
+		e.waitCalls(c.header.Get("x-request-id"), 1)
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(base+"/v1/traces"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		_, sp := tp.Tracer("agent").Start(ctx, "execute_tool get_weather", trace.WithAttributes(
+			attribute.String("gen_ai.tool.name", "get_weather"), attribute.String("gen_ai.tool.call.id", callID)))
+		sp.SetStatus(codes.Error, "weather API down")
+		sp.End()
+		if err := tp.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r := do(t, "POST", e.url+"/api/v1/rollouts/ro-air/rewards", `{"value":1,"attempt_id":"at-1"}`); r.status != 200 {
+			t.Fatalf("reward: %d %s", r.status, r.body)
+		}
+		eng, err := air.New(air.DefaultConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := bridge.Build(ctx, e.store, bridge.Options{Selection: bridge.Selection{RolloutIDs: []string{"ro-air"}},
+			AIR: eng, WriteAIR: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stats.AIRHits[air.RuleToolSpan] != 1 {
+			t.Fatalf("AIR hits: %+v", res.Stats.AIRHits)
+		}
+		d, err := e.store.Rollout(ctx, "ro-air")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found bool
+		for _, r := range d.Rewards {
+			found = found || (r.Source == air.RuleToolSpan && r.SequenceID == 1 && r.AttemptID == "at-1" && r.Value == -0.5)
+		}
+		if !found {
+			t.Fatalf("rewards: %+v", d.Rewards)
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/rollgate/rollgate/export"
@@ -22,6 +23,10 @@ const (
 // Options configure Build. The zero value plus a Selection is LightningRL:
 // transitions, identical credit, reward "primary", no advantage.
 type Options struct {
+	// toolSpans are the agent's failed tool spans by (rollout, attempt), read
+	// once per Build for the air_tool_span rule.
+	toolSpans map[[2]string][]export.Span
+
 	Selection  Selection
 	Mode       string // ModeTransitions (default) or ModeTrajectories
 	RewardName string // episode and per-call reward name, default "primary"
@@ -110,6 +115,11 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	refs, err := SelectAttempts(ctx, store, o.Selection)
 	if err != nil {
 		return nil, err
+	}
+	if o.AIR != nil && o.AIR.Enabled(air.RuleToolSpan) {
+		if o.toolSpans, err = failedToolSpans(ctx, store); err != nil {
+			return nil, err
+		}
 	}
 	res := &Result{Stats: Stats{Attempts: len(refs), Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
 	type unit struct {
@@ -230,7 +240,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		seqs[seq] = true
 	}
 	if o.AIR != nil {
-		rs := o.AIR.Evaluate(calls, uint64(o.Now().UnixNano()))
+		rs := o.AIR.EvaluateSpans(calls, o.toolSpans[[2]string{ref.RolloutID, ref.AttemptID}], uint64(o.Now().UnixNano()))
 		for _, r := range rs {
 			process[r.SequenceID] += r.Value
 			st.AIRHits[r.Source]++
@@ -326,4 +336,28 @@ func taskStats(samples []*Sample) map[string]TaskStat {
 		out[t] = TaskStat{Samples: n[t], Mean: mean, Std: math.Sqrt(math.Max(0, a[1]/k-mean*mean))}
 	}
 	return out
+}
+
+// failedToolSpans reads the agent spans (agent_spans, sent over OTLP) that
+// report a failed tool call, by (rollout, attempt).
+func failedToolSpans(ctx context.Context, store export.Store) (map[[2]string][]export.Span, error) {
+	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, span_id, tool_name, tool_call_id, start_time_unix_nano FROM agent_spans "+
+		"WHERE status_code = 'error' AND rollout_id != '' AND (tool_name != '' OR tool_call_id != '')")
+	if err != nil {
+		return nil, fmt.Errorf("bridge: reading failed tool spans: %w", err)
+	}
+	out := map[[2]string][]export.Span{}
+	for _, r := range res.Rows {
+		if len(r) < 6 {
+			return nil, fmt.Errorf("bridge: reading failed tool spans: row with %d columns", len(r))
+		}
+		start, err := strconv.ParseUint(r[5], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: reading failed tool spans: start time %q: %w", r[5], err)
+		}
+		k := [2]string{r[0], r[1]}
+		out[k] = append(out[k], export.Span{RolloutID: r[0], AttemptID: r[1], SpanID: r[2], ToolName: r[3], ToolCallID: r[4],
+			StatusCode: "error", StartTimeUnixNano: start})
+	}
+	return out, nil
 }

@@ -25,10 +25,11 @@ const (
 	RuleBackendError = "air_backend_error" // error / non-2xx status / empty output
 	RuleToolFailure  = "air_tool_failure"  // the tool result in the next request signals failure
 	RuleRepeat       = "air_repeat"        // the same call repeated in a loop
+	RuleToolSpan     = "air_tool_span"     // the agent reported (OTLP) a tool span with status error
 )
 
 // RuleNames lists every rule in a fixed order.
-var RuleNames = []string{RuleToolArgs, RuleTruncated, RuleBackendError, RuleToolFailure, RuleRepeat}
+var RuleNames = []string{RuleToolArgs, RuleTruncated, RuleBackendError, RuleToolFailure, RuleRepeat, RuleToolSpan}
 
 // DefaultFailurePatterns are the tool-result patterns that signal failure
 // when Config.FailurePatterns is empty.
@@ -67,6 +68,7 @@ func DefaultConfig() Config {
 		RuleBackendError: {Enabled: true, Weight: -1},
 		RuleToolFailure:  {Enabled: true, Weight: -0.5},
 		RuleRepeat:       {Enabled: true, Weight: -0.5},
+		RuleToolSpan:     {Enabled: true, Weight: -0.5},
 	}}
 }
 
@@ -121,7 +123,24 @@ func (e *Engine) on(rule string) bool { return e.cfg.Rules[rule].Enabled }
 // one request counts once — stamped with timeUnixNano, ordered by rollout,
 // attempt, sequence id and rule order.
 func (e *Engine) Evaluate(calls []export.Call, timeUnixNano uint64) []export.Reward {
+	return e.EvaluateSpans(calls, nil, timeUnixNano)
+}
+
+// Enabled reports whether a rule is on.
+func (e *Engine) Enabled(rule string) bool { return e.on(rule) }
+
+// EvaluateSpans is Evaluate with the agent's own spans (agent_spans rows, any
+// rollouts): a tool span with status error is a hit of air_tool_span on the
+// call that asked for the tool — the call whose tool_calls carry the span's
+// gen_ai.tool.call.id, else the last call of the attempt that ended before
+// the span started.
+func (e *Engine) EvaluateSpans(calls []export.Call, spans []export.Span, timeUnixNano uint64) []export.Reward {
 	type key struct{ r, a string }
+	bySpan := map[key][]export.Span{}
+	for _, s := range spans {
+		k := key{s.RolloutID, s.AttemptID}
+		bySpan[k] = append(bySpan[k], s)
+	}
 	groups := map[key][]export.Call{}
 	var keys []key
 	for _, c := range calls {
@@ -139,7 +158,7 @@ func (e *Engine) Evaluate(calls []export.Call, timeUnixNano uint64) []export.Rew
 	})
 	var out []export.Reward
 	for _, k := range keys {
-		out = append(out, e.attempt(groups[k], timeUnixNano)...)
+		out = append(out, e.attempt(groups[k], bySpan[key{k.r, k.a}], timeUnixNano)...)
 	}
 	return out
 }
@@ -215,7 +234,7 @@ func parse(c export.Call) parsed {
 	return p
 }
 
-func (e *Engine) attempt(calls []export.Call, now uint64) []export.Reward {
+func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) []export.Reward {
 	sort.SliceStable(calls, func(i, j int) bool {
 		if calls[i].SequenceID != calls[j].SequenceID {
 			return calls[i].SequenceID < calls[j].SequenceID
@@ -280,6 +299,16 @@ func (e *Engine) attempt(calls []export.Call, now uint64) []export.Reward {
 			prevSig, prevSeq = sig, c.SequenceID
 		}
 	}
+	if e.on(RuleToolSpan) {
+		for _, sp := range spans {
+			if sp.StatusCode != "error" || (sp.ToolName == "" && sp.ToolCallID == "") {
+				continue
+			}
+			if seq, ok := issuer(ps, sp); ok {
+				add(seq, RuleToolSpan)
+			}
+		}
+	}
 	out := make([]export.Reward, 0, len(hits))
 	for h := range hits {
 		out = append(out, export.Reward{RolloutID: calls[0].RolloutID, AttemptID: calls[0].AttemptID, SequenceID: h.seq,
@@ -292,6 +321,28 @@ func (e *Engine) attempt(calls []export.Call, now uint64) []export.Reward {
 		return ruleIndex(out[i].Source) < ruleIndex(out[j].Source)
 	})
 	return out
+}
+
+// issuer finds the call (ps sorted by sequence id) that asked for the tool
+// call a span reports.
+func issuer(ps []parsed, sp export.Span) (uint64, bool) {
+	if sp.ToolCallID != "" {
+		for _, p := range ps {
+			for _, tc := range p.msg.ToolCalls {
+				if tc.ID == sp.ToolCallID {
+					return p.c.SequenceID, true
+				}
+			}
+		}
+	}
+	var seq uint64
+	found := false
+	for _, p := range ps {
+		if p.c.EndTimeUnixNano != 0 && p.c.EndTimeUnixNano <= sp.StartTimeUnixNano {
+			seq, found = p.c.SequenceID, true
+		}
+	}
+	return seq, found
 }
 
 func ruleIndex(name string) int {

@@ -198,3 +198,37 @@ func BenchmarkEvaluate(b *testing.B) {
 		e.Evaluate(calls, 0)
 	}
 }
+
+// TestToolSpanRule: failed tool spans the agent reported are hits on the call
+// that asked for the tool, by tool call id or else by time.
+func TestToolSpanRule(t *testing.T) {
+	e, err := New(Config{Rules: map[string]Rule{RuleToolSpan: {Enabled: true, Weight: -0.25}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(seq uint64, id string, end uint64) export.Call {
+		c := call("a1", seq, 0, req(), toolMsg(id, "search", `{"q":"x"}`), "tool_calls")
+		c.StartTimeUnixNano, c.EndTimeUnixNano = end-50, end
+		return c
+	}
+	calls := []export.Call{mk(1, "c1", 100), mk(2, "c2", 200), mk(3, "c3", 300)}
+	spans := []export.Span{
+		{RolloutID: "ro1", AttemptID: "a1", ToolCallID: "c1", ToolName: "search", StatusCode: "error", StartTimeUnixNano: 250}, // by id: call 1
+		{RolloutID: "ro1", AttemptID: "a1", ToolName: "search", StatusCode: "error", StartTimeUnixNano: 210},                   // by time: call 2
+		{RolloutID: "ro1", AttemptID: "a1", ToolName: "search", StatusCode: "ok", StartTimeUnixNano: 310},                      // not failed
+		{RolloutID: "ro1", AttemptID: "a1", StatusCode: "error", StartTimeUnixNano: 310},                                       // not a tool span
+		{RolloutID: "ro1", AttemptID: "a2", ToolName: "search", StatusCode: "error", StartTimeUnixNano: 310},                   // other attempt
+		{RolloutID: "ro1", AttemptID: "a1", ToolName: "search", StatusCode: "error", StartTimeUnixNano: 50},                    // before any call ended
+	}
+	rs := e.EvaluateSpans(calls, spans, 7)
+	if len(rs) != 2 || rs[0].SequenceID != 1 || rs[1].SequenceID != 2 || rs[0].Source != RuleToolSpan || rs[0].Value != -0.25 || rs[1].TimeUnixNano != 7 {
+		t.Fatalf("hits: %+v", rs)
+	}
+	if rs := e.Evaluate(calls, 7); len(rs) != 0 {
+		t.Fatalf("hits without spans: %+v", rs)
+	}
+	off, _ := New(Config{Rules: map[string]Rule{RuleToolSpan: {Enabled: false}}})
+	if rs := off.EvaluateSpans(calls, spans, 7); len(rs) != 0 {
+		t.Fatalf("rule off: %+v", rs)
+	}
+}
