@@ -40,6 +40,7 @@ type Pending struct {
 
 	events    []byte // data payloads of a streamed response, concatenated
 	eventEnds []int  // end offset of each payload in events
+	ticket    uint64 // order of TryPush, for Sync
 }
 
 // CallIDs are W3C ids as lowercase hex in fixed arrays (see Pending.IDs).
@@ -87,6 +88,7 @@ func releasePending(p *Pending) {
 	p.Body = p.Body[:0]
 	p.events = p.events[:0]
 	p.eventEnds = p.eventEnds[:0]
+	p.ticket = 0
 	pendingPool.Put(p)
 }
 
@@ -167,9 +169,18 @@ type Pipeline struct {
 	log   *slog.Logger
 
 	queue chan *Pending
-	rows  chan export.Call
+	rows  chan rowMsg
 	wg    sync.WaitGroup // workers
 	done  chan struct{}  // batcher finished
+
+	// Sync: every pushed call takes a ticket; a ticket is settled once its
+	// rows were written (or dropped); watermark is the highest ticket below
+	// which all are settled.
+	tickets   atomic.Uint64
+	settleMu  sync.Mutex
+	watermark uint64
+	settled   map[uint64]struct{}
+	flushReq  chan struct{}
 
 	mu     sync.RWMutex
 	closed bool
@@ -190,14 +201,16 @@ func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Lo
 		log = slog.Default()
 	}
 	p := &Pipeline{
-		cfg:   cfg,
-		sinks: sinks,
-		m:     m,
-		log:   log,
-		queue: make(chan *Pending, cfg.QueueSize),
-		rows:  make(chan export.Call, cfg.BatchSize),
-		done:  make(chan struct{}),
-		turns: tokenize.NewTracker(tokenize.TurnOptions{}, 0),
+		cfg:      cfg,
+		sinks:    sinks,
+		m:        m,
+		log:      log,
+		queue:    make(chan *Pending, cfg.QueueSize),
+		rows:     make(chan rowMsg, cfg.BatchSize),
+		done:     make(chan struct{}),
+		settled:  map[uint64]struct{}{},
+		flushReq: make(chan struct{}, 1),
+		turns:    tokenize.NewTracker(tokenize.TurnOptions{}, 0),
 	}
 	if cfg.Fallback != nil {
 		p.SetFallback(cfg.Fallback)
@@ -218,11 +231,13 @@ func (p *Pipeline) TryPush(c *Pending) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if !p.closed {
+		c.ticket = p.tickets.Add(1)
 		select {
 		case p.queue <- c:
 			p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
 			return true
 		default:
+			p.settle(c.ticket)
 		}
 	}
 	p.m.CaptureDropped.Inc()
@@ -266,10 +281,13 @@ func (p *Pipeline) work() {
 			p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
 			p.m.Tokens.WithLabelValues(model, "completion").Add(float64(rows[0].CompletionTokens))
 		}
-		for _, row := range rows {
+		for i, row := range rows {
 			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
 			p.m.CapturedRows.Inc()
-			p.rows <- row
+			p.rows <- rowMsg{row: row, ticket: c.ticket, last: i == len(rows)-1}
+		}
+		if len(rows) == 0 {
+			p.rows <- rowMsg{ticket: c.ticket, empty: true}
 		}
 		releasePending(c)
 	}
@@ -325,26 +343,90 @@ func (p *Pipeline) batch() {
 	t := time.NewTicker(p.cfg.FlushInterval)
 	defer t.Stop()
 	b := &export.Batch{Calls: make([]export.Call, 0, p.cfg.BatchSize)}
+	var done []uint64 // tickets of the calls whose last row is in b
 	flush := func() {
-		if len(b.Calls) == 0 {
-			return
+		if len(b.Calls) > 0 {
+			p.write(b)
+			b.Calls = b.Calls[:0]
 		}
-		p.write(b)
-		b.Calls = b.Calls[:0]
+		p.settle(done...)
+		done = done[:0]
 	}
 	for {
 		select {
-		case row, ok := <-p.rows:
+		case m, ok := <-p.rows:
 			if !ok {
 				flush()
 				return
 			}
-			b.Calls = append(b.Calls, row)
+			if !m.empty {
+				b.Calls = append(b.Calls, m.row)
+			}
+			if m.last || m.empty {
+				done = append(done, m.ticket)
+			}
 			if len(b.Calls) >= p.cfg.BatchSize {
 				flush()
 			}
 		case <-t.C:
 			flush()
+		case <-p.flushReq:
+			flush()
+		}
+	}
+}
+
+// rowMsg carries one assembled row to the batcher; the last row of a call
+// (or an empty marker for a call without rows) settles the call's ticket.
+type rowMsg struct {
+	row    export.Call
+	ticket uint64
+	last   bool
+	empty  bool
+}
+
+// settle marks tickets as written (or dropped) and advances the watermark.
+func (p *Pipeline) settle(tickets ...uint64) {
+	if len(tickets) == 0 {
+		return
+	}
+	p.settleMu.Lock()
+	for _, t := range tickets {
+		p.settled[t] = struct{}{}
+	}
+	for {
+		if _, ok := p.settled[p.watermark+1]; !ok {
+			break
+		}
+		delete(p.settled, p.watermark+1)
+		p.watermark++
+	}
+	p.settleMu.Unlock()
+}
+
+// Sync waits until every call handed to TryPush before it was called has
+// been written to the sinks (or dropped and counted), flushing the current
+// batch early instead of waiting for the flush interval. The API uses it so
+// that a rollout reported finished already has its calls stored.
+func (p *Pipeline) Sync(ctx context.Context) error {
+	target := p.tickets.Load()
+	for {
+		p.settleMu.Lock()
+		ok := p.watermark >= target
+		p.settleMu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case p.flushReq <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("capture: waiting for calls to be stored: %w", ctx.Err())
+		case <-p.done:
+			return errors.New("capture: pipeline closed before the calls were stored")
+		case <-time.After(2 * time.Millisecond):
 		}
 	}
 }

@@ -110,3 +110,39 @@ func TestRowsVerdict(t *testing.T) {
 		t.Fatalf("bodies stored despite NoBodies: %+v", r)
 	}
 }
+
+// TestPipelineSync: Sync returns only once every call pushed before it is in
+// the sink, without waiting for the (long) flush interval.
+func TestPipelineSync(t *testing.T) {
+	m := metrics.New()
+	sink := &gateSink{release: make(chan struct{})}
+	p := NewPipeline(Config{Workers: 2, BatchSize: 1000, FlushInterval: time.Hour}, []NamedSink{{Name: "gate", Sink: sink}}, m, nil)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p.Close(ctx)
+	}()
+	for i := range 20 {
+		if !p.TryPush(pending(uint64(i + 1))) {
+			t.Fatal("refused")
+		}
+	}
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err := p.Sync(short)
+	cancel()
+	if err == nil {
+		t.Fatal("Sync returned while the sink still held the rows")
+	}
+	close(sink.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.rows.Load(); got != 20 {
+		t.Fatalf("after Sync the sink has %d rows, want 20", got)
+	}
+	if err := p.Sync(ctx); err != nil { // nothing new: returns at once
+		t.Fatal(err)
+	}
+}

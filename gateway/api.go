@@ -298,6 +298,16 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	}
 	c, cancel := s.storeCtx()
 	defer cancel()
+	if in.Status != "running" && s.capture != nil {
+		// The rollout's calls that already got their answers must be stored
+		// before it is reported complete (the bridge and the completed
+		// rollouts cursor read them next).
+		sc, scancel := context.WithTimeout(c, 10*time.Second)
+		if err := s.capture.Sync(sc); err != nil {
+			s.log.Warn("rollout status: captured calls not all stored yet", "rollout_id", rolloutID, "err", err)
+		}
+		scancel()
+	}
 	if s.queue.Load() != nil && in.Status != "running" {
 		ch, err := s.queue.Load().Complete(c, rolloutID, in.AttemptID, in.Status, in.Reason)
 		switch {
