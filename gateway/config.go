@@ -28,6 +28,17 @@ type Config struct {
 	// response headers (first-byte timeout, 504) and between chunks of a
 	// stream (the client then gets an SSE error event) (default 2m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// ClientReadTimeout bounds reading one request from a client, headers and
+	// body, from its first byte (slowloris; default 60s).
+	ClientReadTimeout time.Duration `yaml:"client_read_timeout"`
+	// ClientWriteTimeout bounds how long a client may leave the gateway
+	// unable to write to it: a whole non-streamed response, and each write
+	// of a stream (a healthy stream may last far longer). A client that stops
+	// reading is disconnected, the backend call cancelled and the captured
+	// row says so (default 60s).
+	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
+	// ClientIdleTimeout closes keep-alive client connections idle this long (default 2m).
+	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
 	// ConnectTimeout bounds dialing a backend (default 5s); a failed dial is 502.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// Retries is how many times a call that failed before any response byte
@@ -136,6 +147,15 @@ func (c *Config) SetDefaults() {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 5 * time.Second
+	}
+	if c.ClientReadTimeout <= 0 {
+		c.ClientReadTimeout = time.Minute
+	}
+	if c.ClientWriteTimeout <= 0 {
+		c.ClientWriteTimeout = time.Minute
+	}
+	if c.ClientIdleTimeout <= 0 {
+		c.ClientIdleTimeout = 2 * time.Minute
 	}
 	switch {
 	case c.Retries == 0:

@@ -178,7 +178,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.Response.SetBodyStream(s.newStreamBody(&c, resp, inj, r), -1)
+		ctx.Response.SetBodyStream(s.newStreamBody(&c, resp, inj, r, ctx.Conn()), -1)
 		return
 	}
 

@@ -101,8 +101,8 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		Logger:                        fasthttpLogger{log},
 		NoDefaultServerHeader:         true,
 		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
-		ReadTimeout:                   5 * time.Minute,
-		IdleTimeout:                   2 * time.Minute,
+		ReadTimeout:                   s.cfg.ClientReadTimeout,
+		IdleTimeout:                   s.cfg.ClientIdleTimeout,
 		ReadBufferSize:                8 << 10, // request headers up to 8 KiB
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
@@ -174,6 +174,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Reset()
 			s.plainError(ctx, fasthttp.StatusInternalServerError, errServer, "internal error in the gateway (logged)")
 		}
+		s.writeDeadline(ctx.Conn(), time.Now())
 	}()
 	attr, path := attributionOf(ctx)
 
@@ -210,6 +211,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
 }
 
+// writeDeadline bounds the write of the response about to be sent (and,
+// for streams, the next write; streamBody keeps moving it): a client that
+// stops reading is disconnected after ClientWriteTimeout.
+func (s *Server) writeDeadline(c net.Conn, now time.Time) {
+	if c != nil {
+		_ = c.SetWriteDeadline(now.Add(s.cfg.ClientWriteTimeout))
+	}
+}
+
 // plainError answers with an OpenAI-style error without capturing (for
 // non-LLM routes).
 func (s *Server) plainError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
@@ -221,6 +231,7 @@ func (s *Server) plainError(ctx *fasthttp.RequestCtx, status int, typ, msg strin
 // handleParseError answers requests fasthttp could not read (body too large,
 // broken framing) with an OpenAI-style error, and captures LLM calls among them.
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	defer s.writeDeadline(ctx.Conn(), time.Now())
 	status, typ, msg := fasthttp.StatusBadRequest, errInvalidRequest, "cannot read request: "+err.Error()
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		status = fasthttp.StatusRequestEntityTooLarge

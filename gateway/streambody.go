@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -42,6 +43,8 @@ type streamBody struct {
 	rerr     error // backend read error other than io.EOF
 	closed   bool
 	bodyRdr  bytes.Reader
+	conn     net.Conn  // the client connection, for write deadlines
+	deadline time.Time // when the write deadline was last moved
 }
 
 var streamBodies = sync.Pool{New: func() any {
@@ -51,12 +54,13 @@ var streamBodies = sync.Pool{New: func() any {
 }}
 
 // newStreamBody takes a pooled streamBody for resp.
-func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Injected, r *replica) *streamBody {
+func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Injected, r *replica, conn net.Conn) *streamBody {
 	b := streamBodies.Get().(*streamBody)
 	b.s, b.c, b.resp, b.inj, b.r = s, *c, resp, inj, r
 	b.sc.Reset()
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
+	b.conn, b.deadline = conn, time.Time{}
 	b.upstream = resp.BodyStream()
 	if b.upstream == nil {
 		b.bodyRdr.Reset(resp.Body())
@@ -84,6 +88,15 @@ func (b *streamBody) Read(p []byte) (n int, err error) {
 	}
 	n = copy(p, b.out[b.off:])
 	b.off += n
+	// These bytes are written next: give the client ClientWriteTimeout to
+	// take them, counted from now (the backend may have been silent long).
+	// Moving the deadline costs a timer update, so at most every 1/8 of it.
+	if b.conn != nil {
+		if now := time.Now(); now.Sub(b.deadline) > b.s.cfg.ClientWriteTimeout/8 {
+			b.deadline = now
+			b.s.writeDeadline(b.conn, now)
+		}
+	}
 	return n, nil
 }
 
@@ -170,7 +183,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.release(b.r)
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
-	b.s, b.resp, b.r, b.upstream, b.c = nil, nil, nil, nil, call{}
+	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
 	b.bodyRdr.Reset(nil)
 	if cap(b.out) <= 256<<10 {
 		streamBodies.Put(b)

@@ -109,6 +109,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-cert")
 		queueDSN       = fs.String("queue", "", "task queue and resources store: a SQLite path or postgres://user@host/db (shared by several gateways; prefer ROLLGATE_QUEUE for DSNs with passwords); empty = the embedded SQLite file (--db)")
 		taskLease      = fs.Duration("task-lease", time.Minute, "how long a dequeued task's lease lasts without a heartbeat (a task's lease_s overrides it)")
+		clientRead     = fs.Duration("client-read-timeout", time.Minute, "longest a client may take to send one request, headers and body (bounds slowloris)")
+		clientWrite    = fs.Duration("client-write-timeout", time.Minute, "longest a client may leave a response (or one write of a stream) unread before it is disconnected and its backend call cancelled")
+		clientIdle     = fs.Duration("client-idle-timeout", 2*time.Minute, "close keep-alive client connections idle this long")
 		memLimit       = fs.String("memory-limit", "", "soft memory limit for the Go runtime, e.g. 192MiB (as GOMEMLIMIT): the GC works harder near it, bounding peak RSS under many open streams; empty = Go's default (GOMEMLIMIT if set)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
@@ -161,6 +164,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	if set["forward-client-authorization"] {
 		cfg.ForwardClientAuthorization = *fwdAuth
+	}
+	if set["client-read-timeout"] || cfg.ClientReadTimeout == 0 {
+		cfg.ClientReadTimeout = *clientRead
+	}
+	if set["client-write-timeout"] || cfg.ClientWriteTimeout == 0 {
+		cfg.ClientWriteTimeout = *clientWrite
+	}
+	if set["client-idle-timeout"] || cfg.ClientIdleTimeout == 0 {
+		cfg.ClientIdleTimeout = *clientIdle
 	}
 	if set["retries"] || cfg.Retries == 0 {
 		cfg.Retries = *retries
