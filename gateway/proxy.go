@@ -127,7 +127,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 			return
 		}
-		*out = rewritten
+		if !sameStart(rewritten, body) { // never pool the request's own buffer
+			*out = rewritten
+		}
 		if r.spec.ServedModel != "" {
 			rewritten = replaceModel(rewritten, r.spec.ServedModel)
 		}
@@ -199,8 +201,13 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	}
 	if inj != 0 && status < 300 {
 		sb := s.bufs.get()
-		*sb = rewrite.StripBody((*sb)[:0], p.Body, c.rwEP, inj)
-		ctx.Response.SetBody(*sb)
+		stripped := rewrite.StripBody((*sb)[:0], p.Body, c.rwEP, inj)
+		ctx.Response.SetBody(stripped)
+		// StripBody returns p.Body itself when it changes nothing (or cannot
+		// parse it): that array belongs to capture and must not enter the pool.
+		if !sameStart(stripped, p.Body) {
+			*sb = stripped
+		}
 		s.bufs.put(sb)
 	} else {
 		ctx.Response.SetBody(p.Body)
@@ -485,4 +492,10 @@ func rewriteEndpoint(ep capture.Endpoint) rewrite.Endpoint {
 		return rewrite.Embeddings
 	}
 	return rewrite.Other
+}
+
+// sameStart reports whether a and b are non-empty and start at the same
+// byte, i.e. a function returned its input instead of its output buffer.
+func sameStart(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
 }

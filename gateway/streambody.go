@@ -43,6 +43,8 @@ type streamBody struct {
 	rerr     error // backend read error other than io.EOF
 	closed   bool
 	bodyRdr  bytes.Reader
+	done     bool      // the backend sent data: [DONE]
+	errEvent bool      // the backend sent an error event
 	conn     net.Conn  // the client connection, for write deadlines
 	deadline time.Time // when the write deadline was last moved
 }
@@ -60,7 +62,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.sc.Reset()
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
-	b.conn, b.deadline = conn, time.Time{}
+	b.conn, b.deadline, b.done, b.errEvent = conn, time.Time{}, false, false
 	b.upstream = resp.BodyStream()
 	if b.upstream == nil {
 		b.bodyRdr.Reset(resp.Body())
@@ -114,13 +116,21 @@ func (b *streamBody) fill() {
 			}
 			if len(ev.Data) > 0 {
 				pend.AddEvent(ev.Data)
+				switch {
+				case string(ev.Data) == "[DONE]":
+					b.done = true
+				case bytes.HasPrefix(ev.Data, []byte(`{"error"`)):
+					b.errEvent = true
+				}
 			}
 			if b.inj == 0 || len(ev.Data) == 0 {
 				b.out = append(b.out, ev.Raw...)
 				continue
 			}
 			o, drop := rewrite.StripEvent(b.scratch[:0], ev.Data, b.c.rwEP, b.inj)
-			b.scratch = o
+			if !sameStart(o, ev.Data) { // ev.Data is the scanner's buffer: never adopt it
+				b.scratch = o
+			}
 			switch {
 			case drop:
 			case bytes.Equal(o, ev.Data):
@@ -157,7 +167,19 @@ func (b *streamBody) fill() {
 		b.out = append(b.out, rest...)
 		if ev, ok := b.sc.Finish(); ok && len(ev.Data) > 0 {
 			pend.AddEvent(ev.Data)
+			b.done = b.done || string(ev.Data) == "[DONE]"
 		}
+	}
+	// Chat and completion streams always end with [DONE]; one that just stops
+	// was cut short by the backend (crash, proxy timeout): say so to the
+	// client, as for a dropped connection, and in the captured row.
+	if !b.done && !b.errEvent && pend.Streamed() &&
+		(b.c.endpoint == capture.EndpointChatCompletions || b.c.endpoint == capture.EndpointCompletions) {
+		msg := fmt.Sprintf("backend %s stream ended without [DONE] (cut short)", pend.Meta.Backend)
+		pend.Meta.Error = msg
+		b.out = append(b.out, "\n\ndata: "...)
+		b.out = appendError(b.out, fasthttp.StatusBadGateway, errUpstream, msg)
+		b.out = append(b.out, "\n\n"...)
 	}
 }
 

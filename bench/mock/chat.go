@@ -305,10 +305,13 @@ func (p *plan) streamChat(w *bufio.Writer) {
 		}
 	}
 	steps := p.maxSteps()
-	failAt := p.failStep(steps)
+	failAt, breakAt := p.failStep(steps), p.breakStep(steps)
 	for st := 0; st < steps; st++ {
 		if st == failAt {
 			_ = sse(w, []byte(midstreamError))
+			return
+		}
+		if st == breakAt && p.breakStream(w) {
 			return
 		}
 		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {

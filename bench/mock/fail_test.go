@@ -269,3 +269,30 @@ func FuzzHandler(f *testing.F) {
 		}
 	})
 }
+
+// TestFailBrokenStreams: badjson, junk and truncate break chat and
+// completion streams the way a faulty engine or proxy would.
+func TestFailBrokenStreams(t *testing.T) {
+	_, base := startT(t, Config{})
+	for _, path := range []string{"/chat/completions", "/completions"} {
+		body := `{"messages":[{"role":"user","content":"x"}],"prompt":"x","stream":true,"return_token_ids":true}`
+		r := post(t, base+path, body, "x-mock-fail", "badjson")
+		if r.status != 200 || !strings.Contains(string(r.body), "data: {\"id\":\"chatcmpl-broken\"") || !strings.Contains(string(r.body), "data: [DONE]") {
+			t.Fatalf("%s badjson: %d %s", path, r.status, r.body)
+		}
+		r = post(t, base+path, body, "x-mock-fail", "junk")
+		if r.status != 200 || !strings.Contains(string(r.body), "\nthis line is not server-sent events\n") || !strings.Contains(string(r.body), "data: [DONE]") {
+			t.Fatalf("%s junk: %d %s", path, r.status, r.body)
+		}
+		r = post(t, base+path, body, "x-mock-fail", "truncate")
+		if r.status != 200 || strings.Contains(string(r.body), "[DONE]") || strings.Contains(string(r.body), `"finish_reason":"`) || !strings.Contains(string(r.body), `"token_ids":[`) {
+			t.Fatalf("%s truncate: %d %s", path, r.status, r.body)
+		}
+		nb := strings.Replace(body, `"stream":true`, `"stream":false`, 1)
+		for _, knob := range []string{"badjson", "junk", "truncate"} {
+			if r := post(t, base+path, nb, "x-mock-fail", knob); r.status != 200 || gjson.ValidBytes(r.body) {
+				t.Fatalf("%s non-stream %s: %d %s", path, knob, r.status, r.body)
+			}
+		}
+	}
+}

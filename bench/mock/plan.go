@@ -218,6 +218,15 @@ func (p *plan) respond(ctx *fasthttp.RequestCtx, stream bool, render func(*plan,
 			writeError(ctx, fasthttp.StatusInternalServerError, "mock failure: midstream requested by x-mock-fail")
 			return
 		}
+		if p.k.broken != "" {
+			p.buf = render(p, p.buf[:0])
+			body := p.buf[:len(p.buf)/2] // badjson, truncate: cut short
+			if p.k.broken == "junk" {
+				body = []byte("<html>upstream proxy error</html>")
+			}
+			writeJSON(ctx, body)
+			return
+		}
 		if err := p.delay(); err != nil {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
 			return
@@ -246,6 +255,31 @@ func (p *plan) failStep(steps int) int {
 		return -1
 	}
 	return max(0, min(3, steps-1))
+}
+
+// breakStep returns the step before which a broken-stream knob (badjson,
+// junk, truncate) acts, or -1.
+func (p *plan) breakStep(steps int) int {
+	if p.k.broken == "" {
+		return -1
+	}
+	return max(0, min(3, steps-1))
+}
+
+// breakStream writes what the broken-stream knob asks for and reports
+// whether the stream ends there (truncate).
+func (p *plan) breakStream(w *bufio.Writer) (end bool) {
+	switch p.k.broken {
+	case "badjson":
+		_ = sse(w, []byte(`{"id":"chatcmpl-broken","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"x`))
+	case "junk":
+		_, _ = w.WriteString("this line is not server-sent events\n\n")
+		_ = w.Flush()
+	case "truncate":
+		_ = w.Flush()
+		return true
+	}
+	return false
 }
 
 // dropIDs reports whether the ids of content chunk number n (1-based) are omitted.

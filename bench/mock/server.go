@@ -20,6 +20,12 @@
 //	                          without [DONE]; non-streaming requests get HTTP 500
 //	x-mock-fail: hang         send nothing; close when the client leaves or after HangTimeout
 //	x-mock-fail: disconnect   close the TCP connection without a response
+//	x-mock-fail: badjson      chat/completions streams: after a few tokens one event whose JSON is
+//	                          cut short, then the stream goes on; non-streaming: a cut JSON body
+//	x-mock-fail: junk         streams: after a few tokens a line that is not SSE, then the stream
+//	                          goes on; non-streaming: a body that is not JSON
+//	x-mock-fail: truncate     streams: after a few tokens the stream ends cleanly with no finish
+//	                          chunk, no usage and no [DONE]; non-streaming: a cut JSON body
 package mock
 
 import (
@@ -201,6 +207,7 @@ type knobs struct {
 	ttft, itl time.Duration
 	tokens    int
 	midstream bool
+	broken    string // badjson, junk or truncate (x-mock-fail)
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
@@ -318,6 +325,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, v string, k *knobs) bool {
 	case v == "midstream":
 		k.midstream = true
 		return true
+	case v == "badjson" || v == "junk" || v == "truncate":
+		k.broken = v
+		return true
 	case v == "hang":
 		wait := s.cfg.HangTimeout
 		ctx.HijackSetNoResponse(true)
@@ -328,7 +338,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, v string, k *knobs) bool {
 		ctx.Hijack(func(net.Conn) {}) // fasthttp closes the connection after this returns
 		return false
 	}
-	writeError(ctx, 400, "x-mock-fail: want status=NNN, midstream, hang or disconnect, got "+strconv.Quote(v))
+	writeError(ctx, 400, "x-mock-fail: want status=NNN, midstream, badjson, junk, truncate, hang or disconnect, got "+strconv.Quote(v))
 	return false
 }
 
