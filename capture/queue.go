@@ -137,6 +137,9 @@ type Config struct {
 	// call (nil: none). It runs for calls whose engine ids are missing or
 	// failed a check, off the hot path, before the rows are written.
 	Fallback func(backend string) IDFiller
+	// Redact rewrites stored text (bodies, messages) before rows reach any
+	// sink; nil = no redaction.
+	Redact *Redactor
 	// Retries is how many times a failed batch write is retried, with
 	// exponential backoff from 100ms, before its rows are dropped and counted (default 5).
 	Retries int
@@ -281,6 +284,9 @@ func (p *Pipeline) work() {
 			p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
 			p.m.Tokens.WithLabelValues(model, "completion").Add(float64(rows[0].CompletionTokens))
 		}
+		for i := range rows {
+			p.cfg.Redact.Apply(&rows[i], p.redactHit)
+		}
 		for i, row := range rows {
 			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
 			p.m.CapturedRows.Inc()
@@ -292,6 +298,8 @@ func (p *Pipeline) work() {
 		releasePending(c)
 	}
 }
+
+func (p *Pipeline) redactHit(rule string) { p.m.Redactions.WithLabelValues(rule).Inc() }
 
 // checkTurn records how this call's prompt ids continue the previous call
 // of the same rollout attempt (tokenize.Tracker): the turn_* columns.

@@ -59,6 +59,9 @@ type fileConfig struct {
 		DSN   string        `yaml:"dsn"`
 		Lease time.Duration `yaml:"lease"`
 	} `yaml:"queue"`
+	// Redact rewrites stored text before it reaches any store (secrets, PII
+	// in prompts); token ids and what the client receives are untouched.
+	Redact []capture.RedactRule `yaml:"redact"`
 	// Capture sizes the capture pipeline.
 	Capture struct {
 		QueueSize     int           `yaml:"queue_size"`
@@ -302,9 +305,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		sinks = append(sinks, capture.NamedSink{Name: otl.Name(), Sink: otl})
 	}
+	var redact *capture.Redactor
+	if len(fc.Redact) > 0 {
+		if redact, err = capture.NewRedactor(fc.Redact); err != nil {
+			fmt.Fprintln(stderr, "rollgate serve:", err)
+			return 2
+		}
+	}
 	pipe := capture.NewPipeline(capture.Config{
 		QueueSize: fc.Capture.QueueSize, Workers: fc.Capture.Workers,
-		BatchSize: fc.Capture.BatchSize, FlushInterval: fc.Capture.FlushInterval,
+		BatchSize: fc.Capture.BatchSize, FlushInterval: fc.Capture.FlushInterval, Redact: redact,
 	}, sinks, m, log)
 	srv, err := gateway.New(cfg, store, pipe, m, log)
 	if err != nil {

@@ -42,6 +42,9 @@ type Metrics struct {
 	// (/tokenize, ids in logprobs), by result (filled, failed).
 	TokenFallback *prometheus.CounterVec
 
+	// Redactions counts captured rows changed by a redaction rule, by rule.
+	Redactions *prometheus.CounterVec
+
 	// AgentSpans counts agent spans received on /v1/traces, by whether they
 	// were attributed to a rollout ("true", "false") and by result
 	// ("stored", "rejected").
@@ -108,6 +111,9 @@ func New() *Metrics {
 		TokenFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_fallback_total", Help: "Calls whose missing or miscounted token ids were completed from the backend's /tokenize or from logprobs, by result.",
 		}, []string{"result"}),
+		Redactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_redactions_total", Help: "Captured rows whose stored text a redaction rule changed, by rule.",
+		}, []string{"rule"}),
 		AgentSpans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_agent_spans_total", Help: "Agent spans received over OTLP (POST /v1/traces), by attribution to a rollout and result.",
 		}, []string{"attributed", "result"}),
@@ -134,7 +140,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
-		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.AgentSpans, m.Turns,
+		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
 	return m
