@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -180,6 +181,56 @@ func TestBridgeThroughGateway(t *testing.T) {
 			t.Errorf("trajectory %d reward %v want %v", i, r.Reward, want)
 		}
 	}
+
+	// A trainer consumes the batch: examples/trainer/consume.py loads the
+	// safetensors into PyTorch (Debian's python3-torch) and takes masked
+	// policy-gradient steps on a tiny model.
+	st := filepath.Join(t.TempDir(), "batch.safetensors")
+	stderr.Reset()
+	if code := run([]string{"bridge", "--db", db, "--out", st, "--estimator", "grpo"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bridge safetensors: %s", stderr.String())
+	}
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Fatalf("Debian's python3 is missing (apt-get install python3 python3-torch; scripts/test does): %v", err)
+	}
+	outb, err := exec.Command(py, filepath.Join("..", "..", "examples", "trainer", "consume.py"), st, "--steps", "5").CombinedOutput()
+	if err != nil {
+		t.Fatalf("consume.py: %v\n%s", err, outb)
+	}
+	lines := strings.Split(strings.TrimSpace(string(outb)), "\n")
+	var sum struct {
+		S        int     `json:"samples"`
+		T        int     `json:"response_tokens"`
+		G        int     `json:"groups"`
+		Before   float64 `json:"objective_before"`
+		After    float64 `json:"objective_after"`
+		GradNorm float64 `json:"grad_norm"`
+		AdvAbs   float64 `json:"advantage_abs_sum"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+		t.Fatalf("consume.py summary: %v\n%s", err, outb)
+	}
+	tokens := 0
+	for _, r := range readJSONLFromBridge(t, db) {
+		for _, m := range r.ResponseMask {
+			tokens += m
+		}
+	}
+	if sum.S != 8 || sum.G != 2 || sum.T != tokens || sum.GradNorm <= 0 || sum.AdvAbs <= 0 || !(sum.After > sum.Before) {
+		t.Fatalf("trainer step: %+v (want 8 samples, 2 groups, %d response tokens, a gradient, a higher objective)\n%s", sum, tokens, outb)
+	}
+}
+
+// readJSONLFromBridge runs the default transitions export as JSONL.
+func readJSONLFromBridge(t *testing.T, db string) []jsonlRow {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "b.jsonl")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"bridge", "--db", db, "--out", out, "--estimator", "grpo"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bridge: %s", stderr.String())
+	}
+	return readJSONL(t, out)
 }
 
 type jsonlRow struct {
