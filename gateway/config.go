@@ -119,6 +119,11 @@ type Replica struct {
 	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
 	// ServedModel, when set, replaces "model" in requests sent to this replica.
 	ServedModel string `yaml:"served_model" json:"served_model,omitempty"`
+	// TokenIDs says how a vLLM replica gives token ids: "engine"
+	// (return_token_ids, vLLM >= 0.10.2), "logprobs" (logprobs with
+	// return_tokens_as_token_ids, for older vLLM; completed by the /tokenize
+	// fallback at capture), or "auto" (default: from GET /version).
+	TokenIDs string `yaml:"token_ids" json:"token_ids,omitempty"`
 }
 
 // SetDefaults fills zero values with the documented defaults.

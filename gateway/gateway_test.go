@@ -505,3 +505,44 @@ func TestTurnConsistencyRecorded(t *testing.T) {
 	}
 	t.Logf("edited context classified %q", row3.TurnKind)
 }
+
+// TestOldVLLMIdsWithoutAgentChanges: a vLLM before 0.10.2 (by its /version,
+// or token_ids: logprobs in the config) is asked for logprobs named by id
+// instead of return_token_ids; the client gets exactly the bytes of a direct
+// call, and the row has the exact ids (token_source = tokenize).
+func TestOldVLLMIdsWithoutAgentChanges(t *testing.T) {
+	s, _ := openSQLite(t)
+	for _, c := range []struct {
+		name, version, tokenIDs string
+	}{{"by version", "0.9.2", ""}, {"by config", "0.10.2", "logprobs"}} {
+		t.Run(c.name, func(t *testing.T) {
+			old, base, err := mock.Start(mock.Config{IgnoreReturnTokenIDs: true, Version: c.version})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { old.Shutdown() })
+			e := newEnv(t, s, func(cfg *gateway.Config) {
+				cfg.Backends[0].Replicas[0].URL = base
+				cfg.Backends[0].Replicas[0].Kind = "vllm"
+				cfg.Backends[0].Replicas[0].TokenIDs = c.tokenIDs
+			})
+			for _, stream := range []bool{false, true} {
+				body := chatBody
+				if stream {
+					body = withStream(chatBody, `"stream":true`)
+				}
+				r := do(t, "POST", e.url+"/v1/chat/completions", body)
+				direct := do(t, "POST", base+"/chat/completions", body)
+				if r.status != 200 || string(r.body) != string(direct.body) {
+					t.Fatalf("stream=%v: the client's copy differs from a direct call:\n%s\n--- direct:\n%s", stream, r.body, direct.body)
+				}
+				row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]
+				wantPrompt, wantChoices := directIDs(t, e, "/chat/completions", chatBody)
+				if row.TokenSource != export.TokenSourceTokenize || !equalIDs(row.PromptTokenIDs, wantPrompt) || !equalIDs(row.ResponseTokenIDs, wantChoices[0]) {
+					t.Fatalf("stream=%v: source %q check %q prompt %v (want %v) output %v (want %v)", stream, row.TokenSource, row.TokenCheck,
+						row.PromptTokenIDs, wantPrompt, row.ResponseTokenIDs, wantChoices[0])
+				}
+			}
+		})
+	}
+}

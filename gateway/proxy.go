@@ -122,7 +122,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 			r = s.selector.Select(pl, nil)
 		}
 		kind := r.resolveKind()
-		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs})
+		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind)})
 		if err != nil {
 			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 			return

@@ -44,6 +44,76 @@ type replica struct {
 	kind        atomic.Uint32
 	kindOK      atomic.Bool
 	nextProbeAt atomic.Int64
+
+	// A vLLM replica's version decides how it gives token ids (TokenIDs
+	// "auto"): oldVLLM once verOK, probed like the kind.
+	oldVLLM        atomic.Bool
+	verOK          atomic.Bool
+	nextVerProbeAt atomic.Int64
+}
+
+// idsFromLogprobs reports whether token ids must be asked of this replica
+// through logprobs (vLLM before 0.10.2 ignores return_token_ids).
+func (r *replica) idsFromLogprobs(kind rewrite.Kind) bool {
+	if kind != rewrite.KindVLLM {
+		return false
+	}
+	switch r.spec.TokenIDs {
+	case "logprobs":
+		return true
+	case "engine":
+		return false
+	}
+	if r.verOK.Load() {
+		return r.oldVLLM.Load()
+	}
+	now := time.Now().UnixNano()
+	if now < r.nextVerProbeAt.Load() || !r.kindMu.TryLock() {
+		return false
+	}
+	defer r.kindMu.Unlock()
+	r.nextVerProbeAt.Store(now + int64(5*time.Second))
+	if st, body := r.get("/version"); st == 200 {
+		if v := gjson.GetBytes(body, "version"); v.Exists() {
+			r.oldVLLM.Store(versionBefore(v.String(), 0, 10, 2))
+			r.verOK.Store(true)
+		}
+	}
+	return r.oldVLLM.Load()
+}
+
+// versionBefore reports whether a version string such as "0.9.2",
+// "0.10.1.1" or "0.11.0.dev12+gabc" is older than major.minor.patch. An
+// unreadable version counts as new.
+func versionBefore(v string, major, minor, patch int) bool {
+	var nums [3]int
+	for i := range nums {
+		j := 0
+		for j < len(v) && v[j] >= '0' && v[j] <= '9' {
+			nums[i] = nums[i]*10 + int(v[j]-'0')
+			j++
+		}
+		if j == 0 {
+			if i == 0 {
+				return false // not a version number
+			}
+			break
+		}
+		v = v[j:]
+		if i < 2 {
+			if len(v) == 0 || v[0] != '.' {
+				break
+			}
+			v = v[1:]
+		}
+	}
+	want := [3]int{major, minor, patch}
+	for i := range nums {
+		if nums[i] != want[i] {
+			return nums[i] < want[i]
+		}
+	}
+	return false
 }
 
 // pool is the set of replicas serving one model.
@@ -284,26 +354,31 @@ func (r *replica) resolveKind() rewrite.Kind {
 	return k
 }
 
-func (r *replica) probe() (rewrite.Kind, bool) {
-	get := func(path string) (int, []byte) {
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		req.SetRequestURI(r.origin + path)
-		req.Header.SetMethod(fasthttp.MethodGet)
-		if r.auth != "" {
-			req.Header.Set("Authorization", r.auth)
-		}
-		// The streaming client hands back a body stream; read it whole.
-		if err := r.client.DoTimeout(req, resp, 3*time.Second); err != nil {
-			fasthttp.ReleaseResponse(resp)
-			return 0, nil
-		}
-		body, _ := readAll(resp, 1<<20)
-		status := resp.StatusCode()
-		fasthttp.ReleaseResponse(resp)
-		return status, body
+// get fetches a small document from the replica's origin.
+func (r *replica) get(path string) (int, []byte) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI(r.origin + path)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	if r.auth != "" {
+		req.Header.Set("Authorization", r.auth)
 	}
+	// The streaming client hands back a body stream; read it whole.
+	if err := r.client.DoTimeout(req, resp, 3*time.Second); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return 0, nil
+	}
+	body, _ := readAll(resp, 1<<20)
+	status := resp.StatusCode()
+	fasthttp.ReleaseResponse(resp)
+	return status, body
+}
+
+func (r *replica) probe() (rewrite.Kind, bool) {
+	get := r.get
 	if st, body := get("/version"); st == 200 && gjson.GetBytes(body, "version").Exists() {
+		r.oldVLLM.Store(versionBefore(gjson.GetBytes(body, "version").String(), 0, 10, 2))
+		r.verOK.Store(true)
 		return rewrite.KindVLLM, true
 	}
 	st, body := get(r.basePath + "/models")

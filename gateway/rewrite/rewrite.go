@@ -16,6 +16,13 @@ type Options struct {
 	// "logprobs":true; completions: "logprobs":0, the sampled token only).
 	// Off by default: logprobs cost engine time and response bytes.
 	Logprobs bool
+	// IDsFromLogprobs is for vLLM engines that cannot return token ids
+	// (before 0.10.2): instead of return_token_ids, ask for the sampled
+	// tokens' logprobs with "return_tokens_as_token_ids":true, so every
+	// logprob entry names its id ("token_id:NNN"). Done only when the client
+	// asked for no logprobs itself (the token strings it would see change
+	// otherwise); the logprobs are stripped from the client's copy.
+	IDsFromLogprobs bool
 }
 
 // Injected records which fields Rewrite added to a request; the same fields
@@ -31,6 +38,8 @@ const (
 	IncludeUsage
 	// Logprobs: logprobs were requested.
 	Logprobs
+	// TokensAsIDs: "return_tokens_as_token_ids":true was added (always with Logprobs).
+	TokensAsIDs
 )
 
 // String lists the flags, for logs ("return_token_ids|include_usage").
@@ -53,6 +62,9 @@ func (f Injected) String() string {
 	}
 	if f&Logprobs != 0 {
 		add("logprobs")
+	}
+	if f&TokensAsIDs != 0 {
+		add("return_tokens_as_token_ids")
 	}
 	return string(b)
 }
@@ -124,6 +136,7 @@ const (
 	textIncludeUsage = `,"include_usage":true`
 	textLogprobsChat = `,"logprobs":true`
 	textLogprobsCmpl = `,"logprobs":0`
+	textTokensAsIDs  = `,"return_tokens_as_token_ids":true`
 )
 
 // Rewrite validates a client's request body, reads the fields the gateway
@@ -151,7 +164,7 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 		return dst, info, 0, &RequestError{Reason: "must be a JSON object"}
 	}
 
-	var model, stream, n, ids, so, lp, tlp span
+	var model, stream, n, ids, so, lp, tlp, asIDs span
 	lastEnd := open + 1 // where members are appended
 	hasMembers := false
 	it := newObjIter(body, open)
@@ -176,6 +189,8 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 			lp = s
 		case "top_logprobs":
 			tlp = s
+		case "return_tokens_as_token_ids":
+			asIDs = s
 		}
 	}
 	if it.bad { // cannot happen after ValidBytes; keep the scanner honest
@@ -246,7 +261,7 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 		return append(dst, body...), info, 0, nil
 	}
 
-	var edits [4]edit
+	var edits [5]edit
 	ne := 0
 	comma := hasMembers
 	appendMember := func(text string) {
@@ -262,7 +277,8 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 		ne++
 	}
 
-	if (kind == KindVLLM || kind == KindSGLang) && ids.null(body) &&
+	fromLogprobs := opt.IDsFromLogprobs && kind == KindVLLM && lp.null(body) && tlp.null(body) && asIDs.null(body)
+	if (kind == KindVLLM || kind == KindSGLang) && ids.null(body) && !opt.IDsFromLogprobs &&
 		!(kind == KindSGLang && endpoint == Chat && info.Stream) {
 		inj |= ReturnTokenIDs
 		if ids.ok {
@@ -297,7 +313,7 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 
 	// logprobs: chat refuses top_logprobs without logprobs:true; injecting
 	// would turn that error into a success, so leave such requests alone.
-	if opt.Logprobs && lp.null(body) && (endpoint != Chat || tlp.null(body)) {
+	if (opt.Logprobs || fromLogprobs) && lp.null(body) && (endpoint != Chat || tlp.null(body)) {
 		inj |= Logprobs
 		text, val := textLogprobsChat, "true"
 		if endpoint == Completions {
@@ -307,6 +323,15 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 			replace(lp, val)
 		} else {
 			appendMember(text)
+		}
+	}
+
+	if fromLogprobs {
+		inj |= TokensAsIDs
+		if asIDs.ok {
+			replace(asIDs, "true")
+		} else {
+			appendMember(textTokensAsIDs)
 		}
 	}
 

@@ -75,6 +75,17 @@ func TestRewrite(t *testing.T) {
 		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
 	f(`{"model":"m","prompt":"x","stream":true}`, Completions, KindVLLM, none,
 		`{"model":"m","prompt":"x","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
+	// vLLM before 0.10.2: ids through logprobs named by id, not return_token_ids.
+	old := Options{IDsFromLogprobs: true}
+	f(`{"model":"m","messages":[]}`, Chat, KindVLLM, old,
+		`{"model":"m","messages":[],"logprobs":true,"return_tokens_as_token_ids":true}`, Logprobs|TokensAsIDs)
+	f(`{"model":"m","prompt":"x","stream":true}`, Completions, KindVLLM, old,
+		`{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true},"logprobs":0,"return_tokens_as_token_ids":true}`, IncludeUsage|Logprobs|TokensAsIDs)
+	// ... but never when the client asked for logprobs (its token strings would change).
+	f(`{"model":"m","messages":[],"logprobs":true}`, Chat, KindVLLM, old,
+		`{"model":"m","messages":[],"logprobs":true}`, 0)
+	f(`{"model":"m","messages":[],"return_tokens_as_token_ids":false}`, Chat, KindVLLM, old,
+		`{"model":"m","messages":[],"return_tokens_as_token_ids":false}`, 0)
 	// SGLang: no ids on streaming chat (400 there), ids elsewhere.
 	f(`{"model":"m","stream":true}`, Chat, KindSGLang, none,
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, IncludeUsage)
