@@ -189,7 +189,51 @@ type Pipeline struct {
 	closed bool
 
 	fallback atomic.Pointer[func(backend string) IDFiller]
+	detok    atomic.Pointer[func(backend string) Detokenizer]
 	turns    *tokenize.Tracker
+}
+
+// Detokenizer decodes output ids into text for the detokenisation check:
+// an engine's /detokenize or a local tokenizer. Special, when not nil, marks
+// ids the engine does not render (end of turn), dropped before comparing.
+type Detokenizer struct {
+	Decode  func(ctx context.Context, ids []uint32) ([]byte, error)
+	Special func(id uint32) bool
+}
+
+// SetDetok turns on the detokenisation check: f returns the decoder of the
+// backend that served a call (Decode nil: no check). Safe while running.
+func (p *Pipeline) SetDetok(f func(backend string) Detokenizer) {
+	p.detok.Store(&f)
+}
+
+// checkDetok decodes the rows' engine ids and compares them with the text
+// returned; a mismatch adds "detok" to token_check. Counted in
+// rollgate_detok_total by outcome.
+func (p *Pipeline) checkDetok(rows []export.Call) {
+	fp := p.detok.Load()
+	if fp == nil || *fp == nil || len(rows) == 0 {
+		return
+	}
+	if src := rows[0].TokenSource; src != export.TokenSourceEngine && src != export.TokenSourceTokenize {
+		return
+	}
+	d := (*fp)(rows[0].Backend)
+	if d.Decode == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rep := tokenize.CheckDetokenization(rows, func(ids []uint32) ([]byte, error) { return d.Decode(ctx, ids) }, d.Special)
+	for i, r := range rep.Rows {
+		p.m.Detok.WithLabelValues(r.Outcome).Inc()
+		if r.Outcome == tokenize.DetokMismatch || r.Outcome == tokenize.DetokDecodeError {
+			if rows[i].TokenCheck != "" {
+				rows[i].TokenCheck += ","
+			}
+			rows[i].TokenCheck += "detok"
+		}
+	}
 }
 
 // SetFallback sets (or replaces) Config.Fallback; safe while running.
@@ -278,6 +322,7 @@ func (p *Pipeline) work() {
 		p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
 		rows := Rows(c, &a)
 		p.fill(c, rows)
+		p.checkDetok(rows)
 		p.checkTurn(rows)
 		if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
 			model := metrics.ModelLabel(rows[0].Model)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -146,3 +147,47 @@ func TestPipelineSync(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPipelineDetokCheck: with a decoder set, rows whose ids decode to the
+// returned text pass; a decoder that disagrees marks token_check "detok";
+// both are counted by outcome.
+func TestPipelineDetokCheck(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		decoded string
+		check   string
+		outcome string
+	}{{"match", "hi", "", "match"}, {"mismatch", "ho", "detok", "mismatch"}} {
+		t.Run(c.name, func(t *testing.T) {
+			m := metrics.New()
+			var got []export.Call
+			var mu sync.Mutex
+			sink := sinkFunc(func(ctx context.Context, b *export.Batch) error {
+				mu.Lock()
+				got = append(got, b.Calls...)
+				mu.Unlock()
+				return nil
+			})
+			p := NewPipeline(Config{FlushInterval: time.Millisecond}, []NamedSink{{Name: "f", Sink: sink}}, m, nil)
+			p.SetDetok(func(string) Detokenizer {
+				return Detokenizer{Decode: func(_ context.Context, ids []uint32) ([]byte, error) { return []byte(c.decoded), nil }}
+			})
+			p.TryPush(pending(1))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := p.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].TokenCheck != c.check {
+				t.Fatalf("rows %+v", got)
+			}
+			if v := testutil.ToFloat64(m.Detok.WithLabelValues(c.outcome)); v != 1 {
+				t.Fatalf("rollgate_detok_total{outcome=%q} = %v", c.outcome, v)
+			}
+		})
+	}
+}
+
+type sinkFunc func(ctx context.Context, b *export.Batch) error
+
+func (f sinkFunc) Write(ctx context.Context, b *export.Batch) error { return f(ctx, b) }

@@ -83,6 +83,12 @@ type Config struct {
 	// token ids of vLLM replicas from their /tokenize endpoint and from
 	// "token_id:NNN" logprobs (marked token_source = tokenize). Default: on.
 	DisableTokenizeFallback bool `yaml:"disable_tokenize_fallback"`
+	// DetokCheck turns on the detokenisation check at capture (off the hot
+	// path): "engine" decodes each call's output ids with the vLLM replica's
+	// own POST /detokenize, a path decodes them with that Hugging Face
+	// tokenizer.json; the decoded text is compared with the returned text and
+	// a mismatch adds "detok" to token_check (rollgate_detok_total). "" = off.
+	DetokCheck string `yaml:"detok_check"`
 	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
 	// client did not (default false); they are stripped from the client's copy.
 	InjectLogprobs bool `yaml:"inject_logprobs"`

@@ -546,3 +546,26 @@ func TestOldVLLMIdsWithoutAgentChanges(t *testing.T) {
 		})
 	}
 }
+
+// TestDetokCheckWithEngine: with detok_check "engine", each captured call's
+// output ids are decoded by the replica's own /detokenize and match the text
+// it returned (streamed and not): counted, token_check stays clean.
+func TestDetokCheckWithEngine(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.DetokCheck = "engine" })
+	e.pipe.SetDetok(e.gw.DetokFor)
+	for _, body := range []string{chatBody, withStream(chatBody, `"stream":true`)} {
+		r := do(t, "POST", e.url+"/v1/chat/completions", body)
+		row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]
+		if r.status != 200 || row.TokenSource != export.TokenSourceEngine || row.TokenCheck != "" {
+			t.Fatalf("%d source %q check %q", r.status, row.TokenSource, row.TokenCheck)
+		}
+	}
+	m := string(do(t, "GET", e.url+"/metrics", "").body)
+	if !strings.Contains(m, `rollgate_detok_total{outcome="match"} 2`) {
+		t.Fatalf("detok metric:\n%s", grepLines(m, "rollgate_detok_total"))
+	}
+	if e.mock.RequestsTo("/detokenize") < 2 {
+		t.Fatalf("the engine's /detokenize was called %d times", e.mock.RequestsTo("/detokenize"))
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/tokenize/hf"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -45,6 +46,7 @@ type Server struct {
 	held       atomic.Int64 // calls waiting while paused
 	stop       chan struct{}
 	queue      atomic.Pointer[tasks.Queue] // nil: no training-loop routes
+	localTok   *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -82,6 +84,13 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.clientKeys = keys
+	if cfg.DetokCheck != "" && cfg.DetokCheck != "engine" {
+		tk, err := hf.LoadFile(cfg.DetokCheck)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: detok_check tokenizer: %w", err)
+		}
+		s.localTok = tk
+	}
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
 	}
@@ -110,6 +119,29 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		Concurrency:                   1 << 20,
 	}
 	return s, nil
+}
+
+// DetokFor returns the decoder of the detokenisation check for the replica
+// named backend (see Config.DetokCheck), for capture.Pipeline.SetDetok.
+func (s *Server) DetokFor(backend string) capture.Detokenizer {
+	switch s.cfg.DetokCheck {
+	case "":
+		return capture.Detokenizer{}
+	case "engine":
+		for _, p := range s.table.Load().allPools() {
+			for _, r := range p.replicas {
+				if r.name == backend && r.kindOK.Load() && rewrite.Kind(r.kind.Load()) == rewrite.KindVLLM {
+					return capture.Detokenizer{Decode: r.filler.Detokenize}
+				}
+			}
+		}
+		return capture.Detokenizer{}
+	}
+	if s.localTok == nil {
+		return capture.Detokenizer{}
+	}
+	tk := s.localTok
+	return capture.Detokenizer{Decode: func(_ context.Context, ids []uint32) ([]byte, error) { return tk.DecodeBytes(ids) }, Special: tk.IsSpecial}
 }
 
 // FallbackFor returns the token-id filler of the replica named backend, for

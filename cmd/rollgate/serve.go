@@ -115,6 +115,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		clientRead     = fs.Duration("client-read-timeout", time.Minute, "longest a client may take to send one request, headers and body (bounds slowloris)")
 		clientWrite    = fs.Duration("client-write-timeout", time.Minute, "longest a client may leave a response (or one write of a stream) unread before it is disconnected and its backend call cancelled")
 		clientIdle     = fs.Duration("client-idle-timeout", 2*time.Minute, "close keep-alive client connections idle this long")
+		detokCheck     = fs.String("detok-check", "", "decode each call's output ids and compare them with the returned text, off the hot path: engine (the vLLM replica's /detokenize) or a tokenizer.json path; empty = off")
 		memLimit       = fs.String("memory-limit", "", "soft memory limit for the Go runtime, e.g. 192MiB (as GOMEMLIMIT): the GC works harder near it, bounding peak RSS under many open streams; empty = Go's default (GOMEMLIMIT if set)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
@@ -176,6 +177,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	if set["client-idle-timeout"] || cfg.ClientIdleTimeout == 0 {
 		cfg.ClientIdleTimeout = *clientIdle
+	}
+	if set["detok-check"] {
+		cfg.DetokCheck = *detokCheck
 	}
 	if set["retries"] || cfg.Retries == 0 {
 		cfg.Retries = *retries
@@ -322,6 +326,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	pipe.SetFallback(srv.FallbackFor)
+	pipe.SetDetok(srv.DetokFor)
 	tq, err := openTaskQueue(ctx, fc.Queue.DSN, fc.DB, fc.Queue.Lease, store)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)

@@ -42,6 +42,10 @@ type Metrics struct {
 	// (/tokenize, ids in logprobs), by result (filled, failed).
 	TokenFallback *prometheus.CounterVec
 
+	// Detok counts rows of the detokenisation check by outcome (match,
+	// parsed, mismatch, skipped, decode_error).
+	Detok *prometheus.CounterVec
+
 	// Redactions counts captured rows changed by a redaction rule, by rule.
 	Redactions *prometheus.CounterVec
 
@@ -111,6 +115,9 @@ func New() *Metrics {
 		TokenFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_fallback_total", Help: "Calls whose missing or miscounted token ids were completed from the backend's /tokenize or from logprobs, by result.",
 		}, []string{"result"}),
+		Detok: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_detok_total", Help: "Captured rows whose output ids were decoded and compared with the returned text, by outcome.",
+		}, []string{"outcome"}),
 		Redactions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_redactions_total", Help: "Captured rows whose stored text a redaction rule changed, by rule.",
 		}, []string{"rule"}),
@@ -140,7 +147,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
-		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Redactions, m.AgentSpans, m.Turns,
+		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Detok, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
 	return m

@@ -201,6 +201,24 @@ func (c *Client) completionIDs(ctx context.Context, req gjson.Result) ([][]uint3
 	return out, nil
 }
 
+// Detokenize turns ids into text with the backend's own tokenizer (vLLM's
+// POST /detokenize), for the detokenisation check.
+func (c *Client) Detokenize(ctx context.Context, ids []uint32) ([]byte, error) {
+	body, err := json.Marshal(map[string]any{"tokens": ids})
+	if err != nil {
+		return nil, fmt.Errorf("fallback: detokenize: %w", err)
+	}
+	res, err := c.post(ctx, "/detokenize", body)
+	if err != nil {
+		return nil, err
+	}
+	p := res.Get("prompt")
+	if p.Type != gjson.String {
+		return nil, errors.New("fallback: /detokenize answered without a prompt string")
+	}
+	return []byte(p.String()), nil
+}
+
 // post sends a JSON body and returns the parsed JSON response.
 func (c *Client) post(ctx context.Context, path string, body []byte) (gjson.Result, error) {
 	url := c.root() + path
