@@ -156,6 +156,12 @@ type RolloutDetail struct {
 	Rewards  []Reward
 }
 
+// BulkRolloutReader is implemented by stores that read many rollouts in a
+// few queries (ClickHouse, where a round trip per rollout is slow).
+type BulkRolloutReader interface {
+	Rollouts(ctx context.Context, ids []string) (map[string]*RolloutDetail, error)
+}
+
 // Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.
 type Store interface {
 	Sink

@@ -5,36 +5,31 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"github.com/rollgate/rollgate/trainer-bridge/advantage"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
-// BenchmarkBuildSQLite assembles transitions (GRPO, AIR on) from an embedded
-// store of 2000 rollouts x 5 calls (512-token prompts, 128-token responses);
-// ROLLGATE_BENCH_ROLLOUTS sets another number of rollouts.
-func BenchmarkBuildSQLite(b *testing.B) {
+// benchStore fills store with rollouts x 5 calls (512-token prompts,
+// 128-token responses, logprobs), one succeeded attempt and reward each.
+func benchStore(b *testing.B, s export.Store, rollouts int) {
 	const turns = 5
-	rollouts := 2000
-	if v, err := strconv.Atoi(os.Getenv("ROLLGATE_BENCH_ROLLOUTS")); err == nil && v > 0 {
-		rollouts = v
-	}
-	s, err := sqlite.Open(filepath.Join(b.TempDir(), "bench.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
 	prompt, resp, lp := make([]uint32, 512), make([]uint32, 128), make([]float32, 128)
 	for i := range prompt {
 		prompt[i] = uint32(i)
 	}
 	batch := &export.Batch{}
 	for r := range rollouts {
-		ro := fmt.Sprintf("r%05d", r)
+		ro := fmt.Sprintf("r%06d", r)
 		for t := range turns {
 			batch.Calls = append(batch.Calls, export.Call{SpanID: fmt.Sprint(ro, t), RolloutID: ro, AttemptID: "a", TaskID: fmt.Sprint("t", r%100),
 				SequenceID: uint64(t + 1), StartTimeUnixNano: uint64(r*10 + t), HTTPStatus: 200, TokenSource: export.TokenSourceEngine,
@@ -53,8 +48,39 @@ func BenchmarkBuildSQLite(b *testing.B) {
 	if err := s.Write(context.Background(), batch); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// benchRollouts is 2000 unless ROLLGATE_BENCH_ROLLOUTS says otherwise
+// (20000 = 10^5 transitions, 200000 = 10^6).
+func benchRollouts() int {
+	if v, err := strconv.Atoi(os.Getenv("ROLLGATE_BENCH_ROLLOUTS")); err == nil && v > 0 {
+		return v
+	}
+	return 2000
+}
+
+// benchBuild times Build (GRPO, AIR on) and reports transitions/s and the
+// peak Go heap in use during the builds.
+func benchBuild(b *testing.B, s export.Store, rollouts int) {
 	e, _ := air.New(air.DefaultConfig())
 	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, AIR: e}
+	runtime.GC()
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	go func() {
+		var ms runtime.MemStats
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			runtime.ReadMemStats(&ms)
+			if ms.HeapInuse > peak.Load() {
+				peak.Store(ms.HeapInuse)
+			}
+		}
+	}()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
@@ -62,9 +88,42 @@ func BenchmarkBuildSQLite(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(res.Samples) != rollouts*turns {
+		if len(res.Samples) != rollouts*5 {
 			b.Fatalf("%d samples", len(res.Samples))
 		}
 	}
-	b.ReportMetric(float64(rollouts*turns*b.N)/b.Elapsed().Seconds(), "transitions/s")
+	close(stop)
+	b.ReportMetric(float64(rollouts*5*b.N)/b.Elapsed().Seconds(), "transitions/s")
+	b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MiB")
+}
+
+// BenchmarkBuildSQLite assembles transitions (GRPO, AIR on) from an embedded
+// store of 2000 rollouts x 5 calls (512-token prompts, 128-token responses);
+// ROLLGATE_BENCH_ROLLOUTS sets another number of rollouts.
+func BenchmarkBuildSQLite(b *testing.B) {
+	rollouts := benchRollouts()
+	s, err := sqlite.Open(filepath.Join(b.TempDir(), "bench.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	benchStore(b, s, rollouts)
+	benchBuild(b, s, rollouts)
+}
+
+// BenchmarkBuildClickHouse is BenchmarkBuildSQLite on ClickHouse (the server
+// in ROLLGATE_TEST_CLICKHOUSE_DSN, a fresh database).
+func BenchmarkBuildClickHouse(b *testing.B) {
+	dsn := os.Getenv(testenv.EnvClickHouseDSN)
+	if dsn == "" {
+		b.Fatalf("set %s to a ClickHouse server (scripts/test starts one)", testenv.EnvClickHouseDSN)
+	}
+	rollouts := benchRollouts()
+	s, err := clickhouse.Open(context.Background(), testenv.FreshDatabase(dsn, fmt.Sprint("bench_build_", rollouts, "_", time.Now().UnixNano())), clickhouse.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	benchStore(b, s, rollouts)
+	benchBuild(b, s, rollouts)
 }

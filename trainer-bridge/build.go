@@ -128,11 +128,30 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		group   string
 	}
 	var units []unit
+	// Stores that read many rollouts at once (ClickHouse) get them in chunks
+	// instead of a round trip per rollout.
+	read := store
+	bulk, isBulk := store.(export.BulkRolloutReader)
+	cache := &prefetched{Store: store}
 	for i, ref := range refs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		samples, score, rewarded, err := buildAttempt(ctx, store, ref, o, &res.Stats)
+		if isBulk && i%bulkChunk == 0 {
+			ids := make([]string, 0, bulkChunk)
+			seen := map[string]bool{}
+			for _, r := range refs[i:min(len(refs), i+bulkChunk)] {
+				if !seen[r.RolloutID] {
+					seen[r.RolloutID] = true
+					ids = append(ids, r.RolloutID)
+				}
+			}
+			if cache.m, err = bulk.Rollouts(ctx, ids); err != nil {
+				return nil, fmt.Errorf("bridge: reading rollouts: %w", err)
+			}
+			read = cache
+		}
+		samples, score, rewarded, err := buildAttempt(ctx, read, ref, o, &res.Stats)
 		if err != nil {
 			return nil, err
 		}
@@ -360,4 +379,22 @@ func failedToolSpans(ctx context.Context, store export.Store) (map[[2]string][]e
 			StatusCode: "error", StartTimeUnixNano: start})
 	}
 	return out, nil
+}
+
+// bulkChunk is how many rollouts Build reads per query from a bulk reader.
+const bulkChunk = 500
+
+// prefetched serves Rollout from a chunk read in bulk, and everything else
+// from the store.
+type prefetched struct {
+	export.Store
+	m map[string]*export.RolloutDetail
+}
+
+// Rollout returns the prefetched detail, or reads it when it is not there.
+func (p *prefetched) Rollout(ctx context.Context, id string) (*export.RolloutDetail, error) {
+	if d, ok := p.m[id]; ok {
+		return d, nil
+	}
+	return p.Store.Rollout(ctx, id)
 }

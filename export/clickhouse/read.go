@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/rollgate/rollgate/export"
 )
 
@@ -182,9 +184,31 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 // matter), its calls and its rewards. An unknown rollout gives an empty
 // detail, not an error.
 func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutDetail, error) {
-	d := &export.RolloutDetail{}
+	m, err := s.Rollouts(ctx, []string{rolloutID})
+	if err != nil {
+		return nil, err
+	}
+	return m[rolloutID], nil
+}
+
+// Rollouts is Rollout for many rollouts in three queries (one per table), for
+// readers such as the trainer bridge that would otherwise pay a round trip
+// per rollout. Every id gets a detail, empty when unknown.
+func (s *Store) Rollouts(ctx context.Context, ids []string) (map[string]*export.RolloutDetail, error) {
+	out := make(map[string]*export.RolloutDetail, len(ids))
+	for _, id := range ids {
+		out[id] = &export.RolloutDetail{}
+	}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	set := make([]any, len(ids))
+	for i, id := range ids {
+		set[i] = id
+	}
+	in := clickhouse.GroupSet{Value: set} // binds as ('a', 'b', ...)
 	rows, err := s.conn.Query(ctx, "SELECT "+names(rolloutCols)+
-		" FROM rollouts WHERE rollout_id = ? ORDER BY attempt_id, updated_unix_nano DESC LIMIT 1 BY attempt_id", rolloutID)
+		" FROM rollouts WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, updated_unix_nano DESC LIMIT 1 BY rollout_id, attempt_id", in)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 	}
@@ -194,19 +218,41 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 			rows.Close()
 			return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 		}
-		d.Attempts = append(d.Attempts, r)
+		if d := out[r.RolloutID]; d != nil {
+			d.Attempts = append(d.Attempts, r)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 	}
 
-	if d.Calls, err = s.Calls(ctx, export.CallFilter{RolloutID: rolloutID}); err != nil {
-		return nil, err
+	rows, err = s.conn.Query(ctx, "SELECT "+names(callCols)+" FROM llm_calls WHERE rollout_id IN ?"+
+		" ORDER BY rollout_id, attempt_id, sequence_id, choice_index, span_id", in)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse: read llm_calls: %w", err)
+	}
+	for rows.Next() {
+		var (
+			c      export.Call
+			stream uint8
+		)
+		if err := rows.Scan(callDest(&c, &stream)...); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("clickhouse: read llm_calls: %w", err)
+		}
+		c.Stream = stream != 0
+		if d := out[c.RolloutID]; d != nil {
+			d.Calls = append(d.Calls, c)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("clickhouse: read llm_calls: %w", err)
 	}
 
 	rows, err = s.conn.Query(ctx, "SELECT "+names(rewardCols)+
-		" FROM rewards WHERE rollout_id = ? ORDER BY attempt_id, sequence_id, time_unix_nano, name", rolloutID)
+		" FROM rewards WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, sequence_id, time_unix_nano, name", in)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 	}
@@ -216,10 +262,12 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 		if err := rows.Scan(rewardDest(&r)...); err != nil {
 			return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 		}
-		d.Rewards = append(d.Rewards, r)
+		if d := out[r.RolloutID]; d != nil {
+			d.Rewards = append(d.Rewards, r)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 	}
-	return d, nil
+	return out, nil
 }
