@@ -7,12 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/testenv"
 )
 
 // runnerDir is the example runner (Node.js, OpenAI Agents SDK).
@@ -141,6 +144,28 @@ func TestTrainingLoopWithRunners(t *testing.T) {
 		}
 		if n != 12 || len(groups) != 2 {
 			t.Fatalf("%d samples in groups %v, want 12 in 2", n, groups)
+		}
+	})
+
+	t.Run("loop on ClickHouse", func(t *testing.T) {
+		// Captured calls in ClickHouse, the queue in the embedded SQLite file.
+		chDSN := os.Getenv("ROLLGATE_TEST_CLICKHOUSE_DSN")
+		if chDSN == "" {
+			t.Fatal("ROLLGATE_TEST_CLICKHOUSE_DSN is not set (scripts/test starts a ClickHouse server)")
+		}
+		chDSN = testenv.FreshDatabase(chDSN, "loop_e2e_"+strconv.FormatInt(time.Now().UnixNano(), 10))
+		qdb := filepath.Join(dir, "queue-ch.db")
+		addr := freeAddr(t)
+		gw := "http://" + addr
+		start(t, addr, "/readyz", "serve", "--listen", addr, "--clickhouse", chDSN, "--db", qdb, "--log-level", "warn")
+		_, r1 := startNode(t, node, "runner.mjs", "--gateway", gw, "--worker", "ch-runner", "--idle-exit-s", "3")
+		out := filepath.Join(dir, "batch-ch.jsonl")
+		alg := exec.Command(node, "algorithm.mjs", "--gateway", gw, "--group", "2", "--after", "0",
+			"--bridge", binary+" bridge --clickhouse "+chDSN+" --db "+qdb+" --estimator grpo", "--out", out, "--timeout-s", "60")
+		alg.Dir = runnerDir
+		b, err := alg.CombinedOutput()
+		if err != nil || !strings.Contains(string(b), `all rollouts done: {"succeeded":4}`) || !strings.Contains(string(b), "8 samples in 2 groups") {
+			t.Fatalf("algorithm on ClickHouse: %v\n%s\nrunner:\n%s", err, b, r1.String())
 		}
 	})
 
