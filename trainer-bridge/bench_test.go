@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -61,9 +62,14 @@ func benchRollouts() int {
 
 // benchBuild times Build (GRPO, AIR on) and reports transitions/s and the
 // peak Go heap in use during the builds.
-func benchBuild(b *testing.B, s export.Store, rollouts int) {
+func benchBuild(b *testing.B, s export.Store, rollouts int, stream bool) {
 	e, _ := air.New(air.DefaultConfig())
 	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, AIR: e}
+	var emitted int
+	if stream {
+		w := NewJSONLWriter(io.Discard)
+		o.Emit = func(s *Sample) error { emitted++; return w.Write(s) }
+	}
 	runtime.GC()
 	var peak atomic.Uint64
 	stop := make(chan struct{})
@@ -88,9 +94,10 @@ func benchBuild(b *testing.B, s export.Store, rollouts int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(res.Samples) != rollouts*5 {
-			b.Fatalf("%d samples", len(res.Samples))
+		if n := len(res.Samples) + emitted; n != rollouts*5 {
+			b.Fatalf("%d samples", n)
 		}
+		emitted = 0
 	}
 	close(stop)
 	b.ReportMetric(float64(rollouts*5*b.N)/b.Elapsed().Seconds(), "transitions/s")
@@ -108,7 +115,20 @@ func BenchmarkBuildSQLite(b *testing.B) {
 	}
 	defer s.Close()
 	benchStore(b, s, rollouts)
-	benchBuild(b, s, rollouts)
+	benchBuild(b, s, rollouts, false)
+}
+
+// BenchmarkBuildSQLiteStream is BenchmarkBuildSQLite writing JSONL as it
+// goes (Options.Emit): two passes over the store, memory bounded by one attempt.
+func BenchmarkBuildSQLiteStream(b *testing.B) {
+	rollouts := benchRollouts()
+	s, err := sqlite.Open(filepath.Join(b.TempDir(), "bench.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	benchStore(b, s, rollouts)
+	benchBuild(b, s, rollouts, true)
 }
 
 // BenchmarkBuildClickHouse is BenchmarkBuildSQLite on ClickHouse (the server
@@ -125,5 +145,5 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 	}
 	defer s.Close()
 	benchStore(b, s, rollouts)
-	benchBuild(b, s, rollouts)
+	benchBuild(b, s, rollouts, os.Getenv("ROLLGATE_BENCH_STREAM") != "")
 }

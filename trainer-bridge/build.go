@@ -49,6 +49,11 @@ type Options struct {
 	Now func() time.Time
 	// Progress, when set, is called after each attempt with (done, total).
 	Progress func(done, total int)
+	// Emit, when set, streams the samples instead of returning them in
+	// Result.Samples: Build reads the attempts twice (scores for the
+	// advantages, then the samples, one attempt at a time), so memory stays
+	// bounded by one attempt whatever the size of the export.
+	Emit func(*Sample) error
 }
 
 // TaskStat is the reward distribution of one task's samples.
@@ -122,20 +127,123 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		}
 	}
 	res := &Result{Stats: Stats{Attempts: len(refs), Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
-	type unit struct {
-		samples []*Sample
-		score   float64
-		group   string
-	}
+	// Pass 1: every selected attempt's samples, or, when streaming, only the
+	// scores the advantages need (the samples are built again in pass 2).
 	var units []unit
-	// Stores that read many rollouts at once (ClickHouse) get them in chunks
-	// instead of a round trip per rollout.
+	perRef := make([]int, len(refs)) // units each ref gave
+	err = eachAttempt(ctx, store, refs, o, &res.Stats, func(i int, samples []*Sample, score float64) error {
+		group := groupOf(samples[0])
+		add := func(u unit) {
+			for _, s := range u.samples {
+				for _, m := range s.ResponseMask {
+					u.tokens += int(m)
+				}
+			}
+			if o.Emit != nil {
+				u.samples = nil
+			}
+			units = append(units, u)
+			perRef[i]++
+		}
+		if o.Level == LevelRollout {
+			add(unit{samples: samples, score: score, group: group})
+			return nil
+		}
+		for _, s := range samples {
+			add(unit{samples: []*Sample{s}, score: s.Reward, group: group})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	in := advantage.Input{Scores: make([]float64, len(units)), Groups: make([]string, len(units)), Tokens: make([]int, len(units))}
+	for i, u := range units {
+		in.Scores[i], in.Groups[i], in.Tokens[i] = u.score, u.group, u.tokens
+	}
+	adv, err := advantage.Compute(o.Estimator, in, advantage.Options{DropZeroVariance: o.DropZeroVariance})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	res.Stats.DroppedGroups = adv.DroppedGroups
+	groups := map[string]bool{}
+	tasks := taskAccumulator{}
+	keep := func(i int, u unit, emit func(*Sample) error) error {
+		if !adv.Keep[i] {
+			res.Stats.DroppedSamples += len(u.samples)
+			return nil
+		}
+		groups[u.group] = true
+		for _, s := range u.samples {
+			s.Advantage, s.GroupUID = adv.Advantages[i], u.group
+			tasks.add(s)
+			res.Stats.Samples++
+			if err := emit(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if o.Emit == nil {
+		for i, u := range units {
+			_ = keep(i, u, func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
+		}
+	} else {
+		// Pass 2: build each attempt again and hand its samples out one by one.
+		o2 := o
+		o2.WriteAIR, o2.Progress = false, nil
+		var scratch Stats
+		scratch.Excluded, scratch.Breaks, scratch.AIRHits = map[string]int{}, map[string]int{}, map[string]int{}
+		next := 0
+		err = eachAttempt(ctx, store, refs, o2, &scratch, func(i int, samples []*Sample, score float64) error {
+			var us []unit
+			if o.Level == LevelRollout {
+				us = []unit{{samples: samples, group: groupOf(samples[0])}}
+			} else {
+				for _, s := range samples {
+					us = append(us, unit{samples: []*Sample{s}, group: groupOf(samples[0])})
+				}
+			}
+			if len(us) != perRef[i] {
+				return fmt.Errorf("bridge: rollout %s changed while it was exported (%d samples, then %d); run the export again", refs[i].RolloutID, perRef[i], len(us))
+			}
+			for _, u := range us {
+				if err := keep(next, u, o.Emit); err != nil {
+					return err
+				}
+				next++
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	res.Stats.Groups = len(groups)
+	res.Stats.Tasks = tasks.stats()
+	return res, nil
+}
+
+// unit is what one advantage is computed for: a rollout's samples (rollout
+// level) or one sample (transition level).
+type unit struct {
+	samples []*Sample
+	score   float64
+	group   string
+	tokens  int
+}
+
+// eachAttempt builds the samples of every ref in order and calls f for the
+// rewarded attempts that gave samples (the others are counted in st).
+// Stores that read many rollouts at once (ClickHouse) are read in chunks
+// instead of a round trip per rollout.
+func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, f func(i int, samples []*Sample, score float64) error) error {
 	read := store
 	bulk, isBulk := store.(export.BulkRolloutReader)
 	cache := &prefetched{Store: store}
 	for i, ref := range refs {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		if isBulk && i%bulkChunk == 0 {
 			ids := make([]string, 0, bulkChunk)
@@ -146,14 +254,15 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 					ids = append(ids, r.RolloutID)
 				}
 			}
+			var err error
 			if cache.m, err = bulk.Rollouts(ctx, ids); err != nil {
-				return nil, fmt.Errorf("bridge: reading rollouts: %w", err)
+				return fmt.Errorf("bridge: reading rollouts: %w", err)
 			}
 			read = cache
 		}
-		samples, score, rewarded, err := buildAttempt(ctx, read, ref, o, &res.Stats)
+		samples, score, rewarded, err := buildAttempt(ctx, read, ref, o, st)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if o.Progress != nil {
 			o.Progress(i+1, len(refs))
@@ -162,47 +271,14 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			continue // counted as no_reward
 		}
 		if len(samples) == 0 {
-			res.Stats.Excluded[ExclNoSample]++
+			st.Excluded[ExclNoSample]++
 			continue
 		}
-		group := groupOf(samples[0])
-		if o.Level == LevelRollout {
-			units = append(units, unit{samples: samples, score: score, group: group})
-			continue
-		}
-		for _, s := range samples {
-			units = append(units, unit{samples: []*Sample{s}, score: s.Reward, group: group})
+		if err := f(i, samples, score); err != nil {
+			return err
 		}
 	}
-	in := advantage.Input{Scores: make([]float64, len(units)), Groups: make([]string, len(units)), Tokens: make([]int, len(units))}
-	for i, u := range units {
-		in.Scores[i], in.Groups[i] = u.score, u.group
-		for _, s := range u.samples {
-			for _, m := range s.ResponseMask {
-				in.Tokens[i] += int(m)
-			}
-		}
-	}
-	adv, err := advantage.Compute(o.Estimator, in, advantage.Options{DropZeroVariance: o.DropZeroVariance})
-	if err != nil {
-		return nil, fmt.Errorf("bridge: %w", err)
-	}
-	res.Stats.DroppedGroups = adv.DroppedGroups
-	groups := map[string]bool{}
-	for i, u := range units {
-		if !adv.Keep[i] {
-			res.Stats.DroppedSamples += len(u.samples)
-			continue
-		}
-		groups[u.group] = true
-		for _, s := range u.samples {
-			s.Advantage, s.GroupUID = adv.Advantages[i], u.group
-			res.Samples = append(res.Samples, s)
-		}
-	}
-	res.Stats.Samples, res.Stats.Groups = len(res.Samples), len(groups)
-	res.Stats.Tasks = taskStats(res.Samples)
-	return res, nil
+	return nil
 }
 
 // groupOf is the GRPO group key: the task id, or the rollout id for calls without one.
@@ -338,21 +414,25 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 	return out, credit.Episode(episode, pv), true, nil
 }
 
-func taskStats(samples []*Sample) map[string]TaskStat {
-	sum := map[string][2]float64{}
-	n := map[string]int{}
-	for _, s := range samples {
-		a := sum[s.TaskID]
-		a[0] += s.Reward
-		a[1] += s.Reward * s.Reward
-		sum[s.TaskID] = a
-		n[s.TaskID]++
+// taskAccumulator sums sample rewards per task for Stats.Tasks.
+type taskAccumulator map[string]*[3]float64 // n, sum, sum of squares
+
+func (a taskAccumulator) add(s *Sample) {
+	v := a[s.TaskID]
+	if v == nil {
+		v = new([3]float64)
+		a[s.TaskID] = v
 	}
+	v[0]++
+	v[1] += s.Reward
+	v[2] += s.Reward * s.Reward
+}
+
+func (a taskAccumulator) stats() map[string]TaskStat {
 	out := map[string]TaskStat{}
-	for t, a := range sum {
-		k := float64(n[t])
-		mean := a[0] / k
-		out[t] = TaskStat{Samples: n[t], Mean: mean, Std: math.Sqrt(math.Max(0, a[1]/k-mean*mean))}
+	for t, v := range a {
+		mean := v[1] / v[0]
+		out[t] = TaskStat{Samples: int(v[0]), Mean: mean, Std: math.Sqrt(math.Max(0, v[2]/v[0]-mean*mean))}
 	}
 	return out
 }

@@ -364,3 +364,48 @@ func TestWriteAIR(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildStreamingMatches: with Emit, Build hands out exactly the samples
+// (advantages included, batch-whitened estimators too) and stats it returns
+// without it, for every estimator, level and mode.
+func TestBuildStreamingMatches(t *testing.T) {
+	s := fill(t)
+	for _, est := range []advantage.Estimator{advantage.GRPO, advantage.DrGRPO, advantage.RLOO, advantage.ReinforcePP, advantage.None} {
+		for _, level := range []string{LevelRollout, LevelTransition} {
+			for _, mode := range []string{ModeTransitions, ModeTrajectories} {
+				for _, drop := range []bool{false, true} {
+					o := options(t)
+					o.Selection = Selection{Attempts: AttemptsAll}
+					o.Estimator, o.Level, o.Mode, o.DropZeroVariance = est, level, mode, drop
+					want, err := Build(context.Background(), s, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got []*Sample
+					o.Emit = func(s *Sample) error { got = append(got, s); return nil }
+					res, err := Build(context.Background(), s, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					name := fmt.Sprint(est, "/", level, "/", mode, "/drop=", drop)
+					if res.Samples != nil {
+						t.Fatalf("%s: streaming returned samples too", name)
+					}
+					if len(got) == 0 || len(got) != len(want.Samples) {
+						t.Fatalf("%s: streamed %d samples, built %d", name, len(got), len(want.Samples))
+					}
+					for i := range got {
+						a, _ := json.Marshal(got[i].ToRow())
+						b, _ := json.Marshal(want.Samples[i].ToRow())
+						if string(a) != string(b) {
+							t.Fatalf("%s: sample %d differs:\n%s\n%s", name, i, a, b)
+						}
+					}
+					if fmt.Sprint(res.Stats) != fmt.Sprint(want.Stats) {
+						t.Fatalf("%s: stats differ:\n%+v\n%+v", name, res.Stats, want.Stats)
+					}
+				}
+			}
+		}
+	}
+}

@@ -81,17 +81,50 @@ func (s *Sample) jsonRow() jsonRow {
 // MarshalJSON renders a sample as one JSONL line holds it (without the newline).
 func (s *Sample) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonRow()) }
 
-// WriteJSONL writes one JSON object per sample per line.
-func WriteJSONL(w io.Writer, samples []*Sample) error {
+// SampleWriter writes samples one at a time (the streaming form of the
+// Write* functions); Close flushes what is buffered.
+type SampleWriter interface {
+	Write(*Sample) error
+	Close() error
+}
+
+// NewJSONLWriter writes one JSON object per sample per line.
+func NewJSONLWriter(w io.Writer) SampleWriter {
 	bw := bufio.NewWriterSize(w, 1<<16)
-	enc := json.NewEncoder(bw)
-	for i, s := range samples {
-		if err := enc.Encode(s.jsonRow()); err != nil {
-			return fmt.Errorf("bridge: writing sample %d: %w", i, err)
-		}
+	return &jsonlWriter{bw: bw, enc: json.NewEncoder(bw)}
+}
+
+type jsonlWriter struct {
+	bw  *bufio.Writer
+	enc *json.Encoder
+	n   int
+}
+
+func (j *jsonlWriter) Write(s *Sample) error {
+	if err := j.enc.Encode(s.jsonRow()); err != nil {
+		return fmt.Errorf("bridge: writing sample %d: %w", j.n, err)
 	}
-	if err := bw.Flush(); err != nil {
+	j.n++
+	return nil
+}
+
+func (j *jsonlWriter) Close() error {
+	if err := j.bw.Flush(); err != nil {
 		return fmt.Errorf("bridge: writing samples: %w", err)
 	}
 	return nil
+}
+
+// WriteJSONL writes one JSON object per sample per line.
+func WriteJSONL(w io.Writer, samples []*Sample) error {
+	return writeAll(NewJSONLWriter(w), samples)
+}
+
+func writeAll(sw SampleWriter, samples []*Sample) error {
+	for _, s := range samples {
+		if err := sw.Write(s); err != nil {
+			return err
+		}
+	}
+	return sw.Close()
 }

@@ -31,37 +31,55 @@ type parquetRow struct {
 // WriteParquet writes one row per sample (zstd-compressed, row groups of
 // up to 4096 rows).
 func WriteParquet(w io.Writer, samples []*Sample) error {
-	pw := parquet.NewGenericWriter[parquetRow](w, parquet.Compression(&parquet.Zstd))
-	const chunk = 4096
-	buf := make([]parquetRow, 0, chunk)
-	flush := func() error {
-		if len(buf) == 0 {
-			return nil
-		}
-		if _, err := pw.Write(buf); err != nil {
-			return fmt.Errorf("bridge: writing parquet rows: %w", err)
-		}
-		if err := pw.Flush(); err != nil {
-			return fmt.Errorf("bridge: writing parquet row group: %w", err)
-		}
-		buf = buf[:0]
+	return writeAll(NewParquetWriter(w), samples)
+}
+
+// NewParquetWriter streams samples into a Parquet file, one row group per
+// 4096 rows.
+func NewParquetWriter(w io.Writer) SampleWriter {
+	return &parquetWriter{pw: parquet.NewGenericWriter[parquetRow](w, parquet.Compression(&parquet.Zstd)),
+		buf: make([]parquetRow, 0, parquetChunk)}
+}
+
+const parquetChunk = 4096
+
+type parquetWriter struct {
+	pw  *parquet.GenericWriter[parquetRow]
+	buf []parquetRow
+	n   int
+}
+
+func (p *parquetWriter) Write(s *Sample) error {
+	if err := fitsInt32(s.Prompt, s.Response); err != nil {
+		return fmt.Errorf("bridge: sample %d (%s): %w", p.n, s.RolloutID, err)
+	}
+	p.n++
+	p.buf = append(p.buf, toParquet(s))
+	if len(p.buf) == parquetChunk {
+		return p.flush()
+	}
+	return nil
+}
+
+func (p *parquetWriter) flush() error {
+	if len(p.buf) == 0 {
 		return nil
 	}
-	for i, s := range samples {
-		if err := fitsInt32(s.Prompt, s.Response); err != nil {
-			return fmt.Errorf("bridge: sample %d (%s): %w", i, s.RolloutID, err)
-		}
-		buf = append(buf, toParquet(s))
-		if len(buf) == chunk {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
+	if _, err := p.pw.Write(p.buf); err != nil {
+		return fmt.Errorf("bridge: writing parquet rows: %w", err)
 	}
-	if err := flush(); err != nil {
+	if err := p.pw.Flush(); err != nil {
+		return fmt.Errorf("bridge: writing parquet row group: %w", err)
+	}
+	p.buf = p.buf[:0]
+	return nil
+}
+
+func (p *parquetWriter) Close() error {
+	if err := p.flush(); err != nil {
 		return err
 	}
-	if err := pw.Close(); err != nil {
+	if err := p.pw.Close(); err != nil {
 		return fmt.Errorf("bridge: closing parquet: %w", err)
 	}
 	return nil

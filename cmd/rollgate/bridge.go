@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/stores"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/advantage"
@@ -202,6 +203,16 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 		}
 		o.Selection.RolloutIDs = ids
 	}
+	if *serve == "" && *format != "safetensors" {
+		// JSONL and Parquet are streamed: memory stays bounded by one
+		// attempt however many samples the export has.
+		res, err := streamSamples(ctx, store, o, *out, *format, stdout)
+		if err != nil {
+			return fail(1, "%v", err)
+		}
+		printSummary(stderr, &res.Stats, *out)
+		return 0
+	}
 	res, err := bridge.Build(ctx, store, o)
 	if err != nil {
 		return fail(1, "%v", err)
@@ -288,6 +299,45 @@ func serveSamples(addr string, ttl time.Duration, samples []*bridge.Sample, stde
 
 // writeSamples writes to a temporary file renamed into place, so a reader
 // never sees half a batch.
+// streamSamples builds and writes JSONL or Parquet sample by sample, to a
+// temporary file renamed into place at the end (or to stdout for "-").
+func streamSamples(ctx context.Context, store export.Store, o bridge.Options, path, format string, stdout io.Writer) (*bridge.Result, error) {
+	newWriter := bridge.NewJSONLWriter
+	if format == "parquet" {
+		newWriter = bridge.NewParquetWriter
+	}
+	if path == "-" {
+		w := newWriter(stdout)
+		o.Emit = w.Write
+		res, err := bridge.Build(ctx, store, o)
+		if err != nil {
+			return nil, err
+		}
+		return res, w.Close()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".bridge-*")
+	if err != nil {
+		return nil, fmt.Errorf("creating output: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	w := newWriter(tmp)
+	o.Emit = w.Write
+	res, err := bridge.Build(ctx, store, o)
+	if err == nil {
+		err = w.Close()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", path, err)
+	}
+	return res, nil
+}
+
 func writeSamples(path, format string, padID int64, stdout io.Writer, samples []*bridge.Sample) error {
 	if path == "-" {
 		return bridge.WriteJSONL(stdout, samples)
