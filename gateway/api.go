@@ -81,6 +81,8 @@ func (s *Server) api(ctx *fasthttp.RequestCtx, sub string) {
 		return
 	}
 	switch {
+	case strings.HasPrefix(sub, "/bridge/"):
+		s.bridgeRoutes(ctx, sub[len("/bridge"):])
 	case sub == "/pause" && method == "POST":
 		s.postPause(ctx)
 	case sub == "/resume" && method == "POST":

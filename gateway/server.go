@@ -20,6 +20,7 @@ import (
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/tokenize/hf"
+	"github.com/rollgate/rollgate/trainer-bridge/lease"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -47,6 +48,11 @@ type Server struct {
 	stop       chan struct{}
 	queue      atomic.Pointer[tasks.Queue] // nil: no training-loop routes
 	localTok   *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
+
+	// The trainer pull API (/api/v1/bridge/*), made on first use.
+	leaseOnce sync.Once
+	leases    *lease.Queue
+	leaseHTTP fasthttp.RequestHandler
 
 	bufs     bufPool
 	scanners sync.Pool

@@ -1,0 +1,206 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	bridge "github.com/rollgate/rollgate/trainer-bridge"
+	"github.com/rollgate/rollgate/trainer-bridge/advantage"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
+	"github.com/rollgate/rollgate/trainer-bridge/credit"
+	"github.com/rollgate/rollgate/trainer-bridge/lease"
+	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+)
+
+// bridgeRequest is the body of POST /api/v1/bridge/batches: what rollout
+// bridge's flags say, as JSON. Zero values take the bridge's defaults
+// (latest succeeded attempt, transitions, GRPO, AIR on).
+type bridgeRequest struct {
+	Tasks            []string `json:"tasks"`
+	RolloutIDs       []string `json:"rollout_ids"`
+	After            *int64   `json:"after"` // completion cursor of the task queue
+	Statuses         []string `json:"statuses"`
+	Agent            string   `json:"agent"`
+	MinPolicyVersion string   `json:"min_policy_version"`
+	Attempts         string   `json:"attempts"`
+	SinceUnixNano    int64    `json:"since_unix_nano"`
+	UntilUnixNano    int64    `json:"until_unix_nano"`
+	Mode             string   `json:"mode"`
+	RewardName       string   `json:"reward_name"`
+	Credit           string   `json:"credit"`
+	Gamma            *float64 `json:"gamma"`
+	Estimator        string   `json:"estimator"`
+	Level            string   `json:"level"`
+	DropZeroVariance bool     `json:"drop_zero_variance"`
+	MaxPrompt        int      `json:"max_prompt"`
+	MaxResponse      int      `json:"max_response"`
+	Truncation       string   `json:"truncation"`
+	AIR              *bool    `json:"air"`
+	WriteAIR         bool     `json:"write_air"`
+}
+
+// bridgeRoutes serves /api/v1/bridge/*: POST batches builds samples from the
+// store into the lease queue; POST lease, POST ack and GET counts are the
+// trainer's pull API (trainer-bridge/lease).
+func (s *Server) bridgeRoutes(ctx *fasthttp.RequestCtx, sub string) {
+	if sub == "/batches" && string(ctx.Method()) == "POST" {
+		s.postBatches(ctx)
+		return
+	}
+	s.leaseQueue()
+	s.leaseHTTP(ctx)
+}
+
+// leaseQueue returns the gateway's sample queue, made on first use.
+func (s *Server) leaseQueue() *lease.Queue {
+	s.leaseOnce.Do(func() {
+		ttl := s.cfg.BridgeLeaseTTL
+		if ttl <= 0 {
+			ttl = 5 * time.Minute
+		}
+		s.leases = lease.New(ttl, nil)
+		s.leaseHTTP = fasthttpadaptor.NewFastHTTPHandler(http.StripPrefix("/api/v1/bridge", s.leases.Handler()))
+	})
+	return s.leases
+}
+
+func (s *Server) postBatches(ctx *fasthttp.RequestCtx) {
+	var in bridgeRequest
+	if !s.decode(ctx, &in) {
+		return
+	}
+	o, err := s.bridgeOptions(&in)
+	if err != nil {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+		return
+	}
+	// Builds read the whole selection: allow more than the API's usual 30 s.
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	next := int64(0)
+	if in.After != nil {
+		q := s.queue.Load()
+		if q == nil {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, `"after" needs the task queue, which is not configured`)
+			return
+		}
+		next = *in.After
+		var ids []string
+		for {
+			page, n, err := q.List(c, tasks.ListFilter{After: next, Cursor: true, Limit: 10000})
+			if err != nil {
+				s.queueError(ctx, err)
+				return
+			}
+			if len(page) == 0 {
+				break
+			}
+			for _, st := range page {
+				ids = append(ids, st.RolloutID)
+			}
+			next = n
+		}
+		if len(ids) == 0 {
+			writeJSON(ctx, fasthttp.StatusOK, map[string]any{"samples": 0, "next_after": next})
+			return
+		}
+		o.Selection.RolloutIDs = intersect(o.Selection.RolloutIDs, ids)
+		if len(o.Selection.RolloutIDs) == 0 {
+			writeJSON(ctx, fasthttp.StatusOK, map[string]any{"samples": 0, "next_after": next})
+			return
+		}
+	}
+	q := s.leaseQueue()
+	var batch []json.RawMessage
+	o.Emit = func(smp *bridge.Sample) error {
+		b, err := json.Marshal(smp)
+		if err != nil {
+			return fmt.Errorf("encoding sample of %s: %w", smp.RolloutID, err)
+		}
+		batch = append(batch, b)
+		return nil
+	}
+	res, err := bridge.Build(c, s.store, o)
+	if err != nil {
+		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, err.Error())
+		return
+	}
+	q.Add(batch...)
+	st := res.Stats
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{
+		"samples": st.Samples, "groups": st.Groups, "attempts": st.Attempts, "calls": st.Calls,
+		"excluded": st.Excluded, "air_hits": st.AIRHits, "tasks": st.Tasks, "next_after": next,
+		"queue": q.Counts(),
+	})
+}
+
+// intersect keeps the ids of b that a holds (all of b when a is empty).
+func intersect(a, b []string) []string {
+	if len(a) == 0 {
+		return b
+	}
+	keep := map[string]bool{}
+	for _, id := range a {
+		keep[id] = true
+	}
+	var out []string
+	for _, id := range b {
+		if keep[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// bridgeOptions turns a request into bridge options, with the CLI's defaults.
+func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
+	o := bridge.Options{Mode: in.Mode, RewardName: in.RewardName, Level: in.Level, DropZeroVariance: in.DropZeroVariance,
+		MaxPrompt: in.MaxPrompt, MaxResponse: in.MaxResponse, Truncation: in.Truncation, WriteAIR: in.WriteAIR, Gamma: 1}
+	if in.Gamma != nil {
+		o.Gamma = *in.Gamma
+	}
+	var err error
+	if in.Credit != "" {
+		if o.Credit, err = credit.ParseMode(in.Credit); err != nil {
+			return o, err
+		}
+	}
+	est := in.Estimator
+	if est == "" {
+		est = string(advantage.GRPO)
+	}
+	if o.Estimator, err = advantage.Parse(est); err != nil {
+		return o, err
+	}
+	sel := bridge.Selection{TaskIDs: in.Tasks, RolloutIDs: in.RolloutIDs, Statuses: in.Statuses,
+		MinPolicyVersion: in.MinPolicyVersion, Attempts: in.Attempts}
+	if sel.Statuses == nil {
+		sel.Statuses = []string{"succeeded"}
+	}
+	if in.SinceUnixNano > 0 {
+		sel.Since = time.Unix(0, in.SinceUnixNano)
+	}
+	if in.UntilUnixNano > 0 {
+		sel.Until = time.Unix(0, in.UntilUnixNano)
+	}
+	if strings.TrimSpace(in.Agent) != "" {
+		if sel.AgentName, err = regexp.Compile(in.Agent); err != nil {
+			return o, fmt.Errorf("agent: %w", err)
+		}
+	}
+	o.Selection = sel
+	if in.AIR == nil || *in.AIR {
+		if o.AIR, err = air.New(air.DefaultConfig()); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}

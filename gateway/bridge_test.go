@@ -1,0 +1,69 @@
+package gateway_test
+
+import (
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+// TestBridgeOverHTTP: the gateway builds training samples from its own store
+// (POST /api/v1/bridge/batches, selection by the task queue's completion
+// cursor) and trainers pull them with leases and acks.
+func TestBridgeOverHTTP(t *testing.T) {
+	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := newEnv(t, open(t), nil)
+		withQueue(t, e, "")
+		api := e.url + "/api/v1"
+		for i, reward := range []string{"1", "0"} {
+			reg := gjson.ParseBytes(do(t, "POST", api+"/rollouts", `{"task_id":"sum"}`).body)
+			ro, at := reg.Get("rollout_id").String(), reg.Get("attempt_id").String()
+			if r := do(t, "POST", reg.Get("base_url").String()+"/chat/completions", chatBody); r.status != 200 {
+				t.Fatalf("call %d: %d %s", i, r.status, r.body)
+			}
+			if r := do(t, "POST", api+"/rollouts/"+ro+"/rewards", `{"value":`+reward+`,"attempt_id":"`+at+`"}`); r.status != 200 {
+				t.Fatalf("reward: %d %s", r.status, r.body)
+			}
+			if r := do(t, "POST", api+"/rollouts/"+ro+"/status", `{"status":"succeeded","attempt_id":"`+at+`"}`); r.status != 200 {
+				t.Fatalf("status: %d %s", r.status, r.body)
+			}
+		}
+		b := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"after":0,"estimator":"grpo"}`).body)
+		if b.Get("samples").Int() != 2 || b.Get("groups").Int() != 1 || b.Get("next_after").Int() != 2 || b.Get("queue.pending").Int() != 2 {
+			t.Fatalf("batches: %s", b.Raw)
+		}
+		if b := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"after":2}`).body); b.Get("samples").Int() != 0 || b.Get("next_after").Int() != 2 {
+			t.Fatalf("nothing completed after the cursor: %s", b.Raw)
+		}
+		l1 := gjson.ParseBytes(do(t, "POST", api+"/bridge/lease", `{"n":1}`).body)
+		l2 := gjson.ParseBytes(do(t, "POST", api+"/bridge/lease", `{"n":5}`).body)
+		if l1.Get("samples.#").Int() != 1 || l2.Get("samples.#").Int() != 1 {
+			t.Fatalf("leases: %s / %s", l1.Raw, l2.Raw)
+		}
+		a1, a2 := l1.Get("samples.0.advantage").Float(), l2.Get("samples.0.advantage").Float()
+		if a1 == 0 || a1 != -a2 || l1.Get("samples.0.uid").String() != "sum" || l1.Get("samples.0.response_ids.#").Int() == 0 {
+			t.Fatalf("samples: %s / %s", l1.Get("samples").Raw, l2.Get("samples").Raw)
+		}
+		if r := do(t, "POST", api+"/bridge/lease", `{"n":1}`); r.status != 204 {
+			t.Fatalf("empty queue: %d %s", r.status, r.body)
+		}
+		for _, l := range []gjson.Result{l1, l2} {
+			if r := do(t, "POST", api+"/bridge/ack", `{"lease_id":"`+l.Get("lease_id").String()+`"}`); r.status != 200 {
+				t.Fatalf("ack: %d %s", r.status, r.body)
+			}
+		}
+		if r := do(t, "POST", api+"/bridge/ack", `{"lease_id":"`+l1.Get("lease_id").String()+`"}`); r.status != 409 {
+			t.Fatalf("second ack: %d %s", r.status, r.body)
+		}
+		c := gjson.ParseBytes(do(t, "GET", api+"/bridge/counts", "").body)
+		if c.Get("acked").Int() != 2 || c.Get("pending").Int() != 0 || c.Get("leased").Int() != 0 {
+			t.Fatalf("counts: %s", c.Raw)
+		}
+		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`} {
+			if r := do(t, "POST", api+"/bridge/batches", bad); r.status != 400 {
+				t.Errorf("%s: %d %s", bad, r.status, r.body)
+			}
+		}
+	})
+}
