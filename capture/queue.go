@@ -497,7 +497,11 @@ func (p *Pipeline) write(b *export.Batch) {
 			}
 			start := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			err = s.Sink.Write(ctx, b)
+			if attempt == 0 {
+				err = s.Sink.Write(ctx, b)
+			} else {
+				err = export.WriteAgain(ctx, s.Sink, b) // the failed try may have stored some rows
+			}
 			cancel()
 			p.m.ExportDuration.WithLabelValues(s.Name).Observe(time.Since(start).Seconds())
 			if err == nil {

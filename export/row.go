@@ -133,6 +133,28 @@ type Sink interface {
 	Write(ctx context.Context, b *Batch) error
 }
 
+// OnceWriter is implemented by sinks whose Write can store a batch without
+// confirming it: ClickHouse commits an insert, then the connection drops
+// before its answer reaches the client. WriteOnce writes only the rows of b
+// that are not stored yet, so a batch sent again after a failed or
+// unconfirmed Write ends up stored exactly once. It costs a read per table,
+// so callers use it only for batches that may have been written before
+// (retries and spool replays), never on the first try.
+type OnceWriter interface {
+	WriteOnce(ctx context.Context, b *Batch) error
+}
+
+// WriteAgain writes b to s once more after an earlier Write of the same rows
+// may have stored some of them: through WriteOnce when s has it, else Write
+// (sinks whose writes are transactions, such as SQLite, never leave a batch
+// half or silently stored).
+func WriteAgain(ctx context.Context, s Sink, b *Batch) error {
+	if o, ok := s.(OnceWriter); ok {
+		return o.WriteOnce(ctx, b)
+	}
+	return s.Write(ctx, b)
+}
+
 // Result is the outcome of an ad-hoc SQL query: column names and rows, each
 // value already rendered as text for printing.
 type Result struct {

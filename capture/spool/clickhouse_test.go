@@ -2,6 +2,7 @@ package spool
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -110,8 +111,96 @@ func (a *ackOrder) Write(ctx context.Context, b *export.Batch) error {
 	return nil
 }
 
+// WriteOnce is the sink's WriteOnce (the spool replays through it), recorded like Write.
+func (a *ackOrder) WriteOnce(ctx context.Context, b *export.Batch) error {
+	if err := export.WriteAgain(ctx, a.Sink, b); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range b.Calls {
+		a.got = append(a.got, c.SequenceID)
+	}
+	return nil
+}
+
 func (a *ackOrder) rows() []uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.got)
+}
+
+// lostAnswers is a real ClickHouse store whose answers get lost: the first
+// writeFails Writes and the first onceFails WriteOnces store the batch and
+// then report an error, as when the server commits an insert and the
+// connection drops before its answer arrives.
+type lostAnswers struct {
+	*clickhouse.Store
+	mu                    sync.Mutex
+	writeFails, onceFails int
+}
+
+var errAnswerLost = errors.New("read: connection reset by peer (after the server committed)")
+
+func (l *lostAnswers) Write(ctx context.Context, b *export.Batch) error {
+	return l.answer(l.Store.Write(ctx, b), &l.writeFails)
+}
+
+func (l *lostAnswers) WriteOnce(ctx context.Context, b *export.Batch) error {
+	return l.answer(l.Store.WriteOnce(ctx, b), &l.onceFails)
+}
+
+// answer is what the caller hears of a write that returned err: the error,
+// or errAnswerLost while *fails is positive.
+func (l *lostAnswers) answer(err error, fails *int) error {
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if *fails > 0 {
+		*fails--
+		return errAnswerLost
+	}
+	return nil
+}
+
+// TestClickHouseLostAnswerStoredOnce: batches whose insert ClickHouse
+// committed without the spool hearing so (a direct write, then replays of
+// it) are replayed and still stored exactly once.
+func TestClickHouseLostAnswerStoredOnce(t *testing.T) {
+	dsn, stop, err := testenv.StartClickHouse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	ctx := context.Background()
+	dsn = testenv.FreshDatabase(dsn, "spool_lost_answer")
+	if err := testenv.DropDatabase(ctx, dsn); err != nil {
+		t.Fatal(err)
+	}
+	store, err := clickhouse.Open(ctx, dsn, clickhouse.Options{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	sink := &lostAnswers{Store: store, writeFails: 3, onceFails: 2}
+	s := open(t, fastConfig(t.TempDir()), sink)
+	write(t, s, 0, 10)
+	drain(t, s)
+	st := s.Stats()
+	if st.SpilledRows == 0 || st.ReplayErrors != 2 {
+		t.Fatalf("stats = %+v: want spilled rows and 2 failed replays", st)
+	}
+	calls, err := store.Calls(ctx, export.CallFilter{RolloutID: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]uint64, len(calls))
+	for i, c := range calls {
+		got[i] = c.SequenceID
+	}
+	if !slices.Equal(got, wantRows(10)) {
+		t.Fatalf("stored rows (sorted by sequence id) = %v\nwant each of 0..19 exactly once", got)
+	}
 }

@@ -16,9 +16,11 @@
 // sees cannot be saved by it: batches still in the capture pipeline's memory
 // when the process dies are lost.
 //
-// Delivery to the sink is at least once: a batch whose write the sink
-// committed but did not confirm (a timeout after the commit, a crash between
-// the sink's answer and the spool recording it) is sent again.
+// A batch whose write the sink committed but did not confirm (a timeout after
+// the commit, a crash between the sink's answer and the spool recording it)
+// is sent again. Replays go through export.WriteAgain, so a sink that
+// implements export.OnceWriter (ClickHouse) skips the rows it already holds
+// and each row is stored exactly once; other sinks get at-least-once delivery.
 //
 // # Layout
 //
@@ -360,7 +362,10 @@ func (s *Spool) replay() {
 			curPos.n = n
 		}
 		ctx, cancel := context.WithTimeout(s.replayCtx, s.cfg.ReplayTimeout)
-		err := s.sink.Write(ctx, cur)
+		// Every spooled batch may already be stored, wholly or in part: its
+		// direct write or an earlier replay can have failed after the sink
+		// committed, and a restart replays from the last recorded ack.
+		err := export.WriteAgain(ctx, s.sink, cur)
 		cancel()
 		if err != nil {
 			failures++
