@@ -261,6 +261,22 @@ func (a *Assembler) Reset(endpoint Endpoint) {
 	a.res = Assembled{Choices: a.res.Choices[:0], Model: keepModel}
 }
 
+// footprint is roughly the bytes the Assembler's buffers hold (their
+// capacities), for a pool deciding whether to keep it.
+func (a *Assembler) footprint() int {
+	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt)
+	for i := range a.choices {
+		c := &a.choices[i]
+		n += cap(c.content) + cap(c.reasoning) + 4*cap(c.tokenIDs) + 4*cap(c.promptIDs) + 4*cap(c.logprobs) +
+			cap(c.lpChat) + cap(c.lpTokens) + cap(c.lpTokLP) + cap(c.lpOffset) + cap(c.lpTop) + cap(c.message)
+		for j := range c.tools {
+			t := &c.tools[j]
+			n += cap(t.id) + cap(t.typ) + cap(t.name) + cap(t.args)
+		}
+	}
+	return n
+}
+
 // SetBody records a non-streaming response body (copied).
 func (a *Assembler) SetBody(body []byte) {
 	a.built = false
@@ -274,27 +290,38 @@ func (a *Assembler) SetBody(body []byte) {
 
 // AddChunk records the data payload of one streamed SSE event. "[DONE]" and
 // empty payloads are skipped; an {"error":...} payload records the error.
-func (a *Assembler) AddChunk(data []byte) {
+func (a *Assembler) AddChunk(data []byte) { a.addChunk(data) }
+
+// addChunk is AddChunk. It also reports whether the payload may carry
+// logprobs entries for the token-id fallback (tokenize/fallback.LogprobIDs,
+// which reads choices[].logprobs with gjson): it returns false only when that
+// reader would certainly find nothing in the payload, so that Pending keeps
+// just the payloads the fallback can use. gjson unescapes keys, so a payload
+// with a \u escape anywhere may spell "choices" or "logprobs" and is kept.
+func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	a.built = false
 	a.stream = true
-	data = bytes.TrimSpace(data)
+	data := bytes.TrimSpace(raw)
 	if len(data) == 0 || string(data) == "[DONE]" {
-		return
+		return false
 	}
 	if !gjson.ValidBytes(data) {
+		// The raw payload is not valid JSON either: LogprobIDs skips it.
 		a.setErr("invalid JSON in stream event")
-		return
+		return false
 	}
 	top := gjson.Parse(b2s(data))
 	if !top.IsObject() {
 		a.setErr("stream event is not a JSON object")
-		return
+		return true
 	}
+	mayLogprobs = bytes.Contains(data, escapeU)
 	if a.kind == EndpointResponses {
 		a.responsesEvent(top)
-		return
+		return mayLogprobs || bytes.Contains(data, choicesKey)
 	}
 	var choices gjson.Result
+	nChoices := 0
 	flatErr := false
 	eachMember(top.Raw, func(k string, v gjson.Result) bool {
 		switch k {
@@ -315,6 +342,7 @@ func (a *Assembler) AddChunk(data []byte) {
 			}
 		case "choices":
 			choices = v
+			nChoices++
 		case "usage":
 			if v.IsObject() {
 				a.usage = append(a.usage[:0], v.Raw...)
@@ -345,17 +373,28 @@ func (a *Assembler) AddChunk(data []byte) {
 		a.errorValue(top)
 	}
 	if a.kind == EndpointResponses {
-		return
+		return mayLogprobs || bytes.Contains(data, choicesKey)
+	}
+	// gjson reads the first "choices" and iterates an object's members too.
+	if nChoices > 1 || choices.IsObject() {
+		mayLogprobs = true
 	}
 	if choices.IsArray() {
 		eachElem(choices.Raw, func(ch gjson.Result) bool {
-			if ch.IsObject() {
-				a.streamChoice(ch)
+			if ch.IsObject() && a.streamChoice(ch) {
+				mayLogprobs = true
 			}
 			return true
 		})
 	}
+	return mayLogprobs
 }
+
+// Byte patterns addChunk looks for.
+var (
+	escapeU    = []byte(`\u`)
+	choicesKey = []byte(`"choices"`)
+)
 
 // Result returns the assembled response. The returned value is owned by the
 // Assembler (see Assembled for how long it stays valid).
@@ -531,6 +570,8 @@ func (a *Assembler) choice(index uint32) *choiceState {
 // choiceFields are the fields of one element of "choices".
 type choiceFields struct {
 	index, delta, message, text, logprobs, finish, stop, tokenIDs, promptIDs gjson.Result
+	// anyLogprobs: some "logprobs" member (not only the last) is an object.
+	anyLogprobs bool
 }
 
 func readChoice(ch gjson.Result) (f choiceFields) {
@@ -546,6 +587,7 @@ func readChoice(ch gjson.Result) (f choiceFields) {
 			f.text = v
 		case "logprobs":
 			f.logprobs = v
+			f.anyLogprobs = f.anyLogprobs || v.IsObject()
 		case "finish_reason":
 			f.finish = v
 		case "stop_reason":
@@ -560,12 +602,13 @@ func readChoice(ch gjson.Result) (f choiceFields) {
 	return f
 }
 
-// streamChoice merges one element of a chunk's "choices" into its state.
-func (a *Assembler) streamChoice(ch gjson.Result) {
+// streamChoice merges one element of a chunk's "choices" into its state. It
+// reports whether the element has a "logprobs" object (see addChunk).
+func (a *Assembler) streamChoice(ch gjson.Result) (hasLogprobs bool) {
 	f := readChoice(ch)
 	c := a.choice(clampU32(f.index))
 	if c == nil {
-		return
+		return f.anyLogprobs
 	}
 	if f.delta.IsObject() {
 		a.mergeDelta(c, f.delta)
@@ -578,6 +621,7 @@ func (a *Assembler) streamChoice(ch gjson.Result) {
 		c.hasContent = true
 	}
 	a.commonChoice(c, &f, true)
+	return f.anyLogprobs
 }
 
 // commonChoice handles the fields streamed and non-streamed choices share.

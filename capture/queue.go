@@ -38,8 +38,13 @@ type Pending struct {
 	// Meta.SpanID, TraceID and ParentSpanID off the hot path.
 	IDs CallIDs
 
-	events    []byte // data payloads of a streamed response, concatenated
-	eventEnds []int  // end offset of each payload in events
+	// A streamed response is assembled event by event as it arrives (asm),
+	// so its payloads need not be kept until the stream ends. Only payloads
+	// that may carry logprobs are kept, for the token-id fallback.
+	asm       Assembler
+	nEvents   int    // payloads recorded with AddEvent
+	events    []byte // kept payloads, concatenated
+	eventEnds []int  // end offset of each kept payload in events
 	ticket    uint64 // order of TryPush, for Sync
 }
 
@@ -77,7 +82,8 @@ func AcquirePending() *Pending { return pendingPool.Get().(*Pending) }
 // not pooled, so one huge response does not pin memory.
 func releasePending(p *Pending) {
 	const maxPooled = 1 << 20
-	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled {
+	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled ||
+		(p.nEvents > 0 && p.asm.footprint() > maxPooled) {
 		return
 	}
 	p.Meta = export.Call{}
@@ -88,20 +94,32 @@ func releasePending(p *Pending) {
 	p.Body = p.Body[:0]
 	p.events = p.events[:0]
 	p.eventEnds = p.eventEnds[:0]
+	p.nEvents = 0
 	p.ticket = 0
 	pendingPool.Put(p)
 }
 
-// AddEvent records the data payload of one streamed SSE event (copied).
+// AddEvent records the data payload of one streamed SSE event. Set Endpoint
+// first and call it in the stream's order. The payload is assembled at once
+// (see Assembler.AddChunk) and not kept, except when it may carry logprobs:
+// those payloads are copied for the token-id fallback, which reads output
+// ids from logprobs entries. data is not retained.
 func (p *Pending) AddEvent(data []byte) {
-	p.events = append(p.events, data...)
-	p.eventEnds = append(p.eventEnds, len(p.events))
+	if p.nEvents == 0 {
+		p.asm.Reset(p.Endpoint)
+	}
+	p.nEvents++
+	if p.asm.addChunk(data) {
+		p.events = append(p.events, data...)
+		p.eventEnds = append(p.eventEnds, len(p.events))
+	}
 }
 
 // Streamed reports whether events were recorded.
-func (p *Pending) Streamed() bool { return len(p.eventEnds) > 0 }
+func (p *Pending) Streamed() bool { return p.nEvents > 0 }
 
-// eachEvent calls f with every recorded payload in order.
+// eachEvent calls f with every kept payload in order: every payload from
+// which tokenize/fallback.LogprobIDs could read ids (see Assembler.addChunk).
 func (p *Pending) eachEvent(f func(data []byte)) {
 	start := 0
 	for _, end := range p.eventEnds {

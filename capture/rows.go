@@ -12,14 +12,17 @@ import (
 // Rows assembles a completed call into llm_calls rows, one per choice (one
 // row with choice_index 0 when the response has no choices, e.g. an error or
 // an embedding). Token ids are checked against usage and the verdict is
-// recorded in token_source and token_check. a is reused scratch space.
+// recorded in token_source and token_check. a is reused scratch space for a
+// non-streamed response; a streamed one was assembled by Pending.AddEvent.
 func Rows(p *Pending, a *Assembler) []export.Call {
 	p.ResolveIDs()
-	a.Reset(p.Endpoint)
 	if p.Streamed() {
-		p.eachEvent(a.AddChunk)
-	} else if len(p.Body) > 0 {
-		a.SetBody(p.Body)
+		a = &p.asm
+	} else {
+		a.Reset(p.Endpoint)
+		if len(p.Body) > 0 {
+			a.SetBody(p.Body)
+		}
 	}
 	res := a.Result()
 

@@ -37,6 +37,9 @@ type streamBody struct {
 	in       []byte // backend read buffer
 	out      []byte // bytes for the client, out[off:] not yet returned
 	scratch  []byte // StripEvent output
+	held     []byte // data payloads forwarded but not yet handed to capture
+	heldEnds []int  // end offset of each payload in held
+	sawData  bool   // the backend sent an event with data
 	off      int
 	first    bool
 	eof      bool  // the backend stream ended (or failed, see rerr)
@@ -61,6 +64,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.s, b.c, b.resp, b.inj, b.r = s, *c, resp, inj, r
 	b.sc.Reset()
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
+	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
 	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent = conn, time.Time{}, false, false
 	b.upstream = resp.BodyStream()
@@ -102,8 +106,30 @@ func (b *streamBody) Read(p []byte) (n int, err error) {
 	return n, nil
 }
 
+// hold keeps an event's data payload until the bytes of this fill have been
+// handed to the client: capture assembles it then (handHeld), so forwarding
+// never waits for capture's parsing.
+func (b *streamBody) hold(data []byte) {
+	b.held = append(b.held, data...)
+	b.heldEnds = append(b.heldEnds, len(b.held))
+	b.sawData = true
+}
+
+// handHeld gives the held payloads to capture, in order.
+func (b *streamBody) handHeld() {
+	start := 0
+	for _, end := range b.heldEnds {
+		b.c.pend.AddEvent(b.held[start:end])
+		start = end
+	}
+	b.held, b.heldEnds = b.held[:0], b.heldEnds[:0]
+}
+
 // fill reads the backend once and turns what arrived into client bytes.
+// It is called once the previous bytes were taken (fasthttp has written and
+// flushed them), so it first hands the previous payloads to capture.
 func (b *streamBody) fill() {
+	b.handHeld()
 	b.out, b.off = b.out[:0], 0
 	pend := b.c.pend
 	n, err := b.upstream.Read(b.in)
@@ -115,7 +141,7 @@ func (b *streamBody) fill() {
 				break
 			}
 			if len(ev.Data) > 0 {
-				pend.AddEvent(ev.Data)
+				b.hold(ev.Data)
 				switch {
 				case string(ev.Data) == "[DONE]":
 					b.done = true
@@ -166,14 +192,14 @@ func (b *streamBody) fill() {
 	if rest := b.sc.Rest(); len(rest) > 0 {
 		b.out = append(b.out, rest...)
 		if ev, ok := b.sc.Finish(); ok && len(ev.Data) > 0 {
-			pend.AddEvent(ev.Data)
+			b.hold(ev.Data)
 			b.done = b.done || string(ev.Data) == "[DONE]"
 		}
 	}
 	// Chat and completion streams always end with [DONE]; one that just stops
 	// was cut short by the backend (crash, proxy timeout): say so to the
 	// client, as for a dropped connection, and in the captured row.
-	if !b.done && !b.errEvent && pend.Streamed() &&
+	if !b.done && !b.errEvent && b.sawData &&
 		(b.c.endpoint == capture.EndpointChatCompletions || b.c.endpoint == capture.EndpointCompletions) {
 		msg := fmt.Sprintf("backend %s stream ended without [DONE] (cut short)", pend.Meta.Backend)
 		pend.Meta.Error = msg
@@ -202,12 +228,13 @@ func (b *streamBody) CloseWithError(werr error) error {
 	default:
 		fasthttp.ReleaseResponse(b.resp)
 	}
+	b.handHeld()
 	b.s.release(b.r)
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
 	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
 	b.bodyRdr.Reset(nil)
-	if cap(b.out) <= 256<<10 {
+	if cap(b.out) <= 256<<10 && cap(b.held) <= 256<<10 {
 		streamBodies.Put(b)
 	}
 	return nil

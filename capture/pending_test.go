@@ -1,0 +1,184 @@
+package capture
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rollgate/rollgate/tokenize/fallback"
+)
+
+// checkPendingStream feeds payloads to a Pending (assembled event by event)
+// and to an Assembler that sees every payload at the end (how capture
+// assembled streams before), and fails unless both give the same result and
+// the payloads Pending keeps give the token-id fallback the same ids as all
+// of them.
+func checkPendingStream(t *testing.T, endpoint Endpoint, payloads [][]byte) {
+	t.Helper()
+	p := AcquirePending()
+	defer releasePending(p)
+	p.Endpoint = endpoint
+	var all fallback.LogprobIDs
+	var ref Assembler
+	ref.Reset(endpoint)
+	for _, d := range payloads {
+		p.AddEvent(d)
+		all.Add(d)
+		ref.AddChunk(d)
+	}
+	if len(payloads) == 0 {
+		return
+	}
+	if msg := diffAssembled(p.asm.Result(), ref.Result()); msg != "" {
+		t.Fatalf("incremental assembly differs: %s", msg)
+	}
+	var kept fallback.LogprobIDs
+	nKept := 0
+	p.eachEvent(func(d []byte) { kept.Add(d); nKept++ })
+	if !slices.Equal(kept.Choices(), all.Choices()) {
+		t.Fatalf("fallback choices from the %d kept payloads %v, from all %d %v", nKept, kept.Choices(), len(payloads), all.Choices())
+	}
+	for _, i := range all.Choices() {
+		ki, kok := kept.IDs(i)
+		ai, aok := all.IDs(i)
+		if kok != aok || !slices.Equal(ki, ai) {
+			t.Fatalf("choice %d: fallback ids from kept payloads %v %v, from all %v %v", i, ki, kok, ai, aok)
+		}
+	}
+}
+
+// diffAssembled describes how x and y differ ("" when equal; NaN logprobs
+// compare equal to NaN).
+func diffAssembled(x, y *Assembled) string {
+	switch {
+	case !bytes.Equal(x.ResponseBody, y.ResponseBody):
+		return "body " + string(x.ResponseBody) + " vs " + string(y.ResponseBody)
+	case !slices.Equal(x.PromptTokenIDs, y.PromptTokenIDs):
+		return "prompt ids"
+	case x.Usage != y.Usage:
+		return "usage"
+	case x.Error != y.Error:
+		return "error " + x.Error + " vs " + y.Error
+	case x.Model != y.Model || x.ID != y.ID:
+		return "model or id"
+	case len(x.Choices) != len(y.Choices):
+		return "number of choices"
+	}
+	for i := range x.Choices {
+		a, b := &x.Choices[i], &y.Choices[i]
+		if a.Index != b.Index || !bytes.Equal(a.Message, b.Message) || !slices.Equal(a.PromptTokenIDs, b.PromptTokenIDs) ||
+			!slices.Equal(a.TokenIDs, b.TokenIDs) || a.HasTokenIDs != b.HasTokenIDs || a.FinishReason != b.FinishReason ||
+			len(a.Logprobs) != len(b.Logprobs) {
+			return "choice " + string(a.Message) + " vs " + string(b.Message)
+		}
+		for j := range a.Logprobs {
+			if math.Float32bits(a.Logprobs[j]) != math.Float32bits(b.Logprobs[j]) {
+				return "logprobs"
+			}
+		}
+	}
+	return ""
+}
+
+// linePayloads splits in into payloads, one per line, "data: " removed.
+func linePayloads(in []byte) [][]byte {
+	var out [][]byte
+	for line := range bytes.Lines(in) {
+		out = append(out, bytes.TrimPrefix(line, []byte("data: ")))
+	}
+	return out
+}
+
+func TestPendingKeepsOnlyLogprobPayloads(t *testing.T) {
+	f := func(name string, endpoint Endpoint, stream string, wantKept int) {
+		t.Helper()
+		payloads := streamPayloads(stream)
+		checkPendingStream(t, endpoint, payloads)
+		p := AcquirePending()
+		defer releasePending(p)
+		p.Endpoint = endpoint
+		for _, d := range payloads {
+			p.AddEvent(d)
+		}
+		if len(p.eventEnds) != wantKept {
+			t.Errorf("%s: %d of %d payloads kept, want %d", name, len(p.eventEnds), len(payloads), wantKept)
+		}
+	}
+	f("plain chat stream", EndpointChatCompletions, benchChatStream(16), 0)
+	f("chat with logprobs", EndpointChatCompletions, sse(
+		`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":"stop"}]}`,
+		`[DONE]`), 1)
+	f("escaped key", EndpointChatCompletions, sse(
+		`{"choices":[{"index":0,"delta":{"content":"a"},"logprob\u0073":{"content":[{"token":"token_id:5"}]}}]}`), 1)
+	f("duplicate choices", EndpointChatCompletions, sse(
+		`{"choices":[{"index":0,"logprobs":{"content":[{"token":"token_id:5"}]}}],"choices":[]}`), 1)
+	f("choices object", EndpointChatCompletions, sse(
+		`{"choices":{"a":{"index":0,"logprobs":{"content":[{"token":"token_id:5"}]}}}}`), 1)
+	f("responses stream", EndpointResponses, sse(
+		`{"type":"response.output_text.delta","delta":"x"}`,
+		`{"type":"response.completed","response":`+respCompleted+`}`), 0)
+	f("not an object", EndpointChatCompletions, sse(`[1]`, `"x"`), 2)
+}
+
+func TestPendingReleaseForgetsStream(t *testing.T) {
+	p := AcquirePending()
+	p.Endpoint = EndpointChatCompletions
+	for _, d := range streamPayloads(benchChatStream(4)) {
+		p.AddEvent(d)
+	}
+	releasePending(p)
+	if p.Streamed() || len(p.eventEnds) != 0 {
+		t.Fatal("a released Pending still holds its stream")
+	}
+	// A non-streamed call on a recycled Pending is read from its body.
+	q := pending(1)
+	if q != p {
+		t.Skip("the pool gave another Pending") // sync.Pool may drop items
+	}
+	var a Assembler
+	rows := Rows(q, &a)
+	if len(rows) != 1 || rows[0].ResponseBody != string(q.Body) || !strings.Contains(rows[0].ResponseMessage, "hi") {
+		t.Fatalf("rows %+v", rows)
+	}
+}
+
+// FuzzPendingEvents: assembling a stream event by event (Pending.AddEvent)
+// gives what assembling all its payloads at the end gives, and the payloads
+// kept for the token-id fallback give it the same ids as all of them.
+func FuzzPendingEvents(f *testing.F) {
+	f.Add([]byte(benchChatStream(3)), uint8(1))
+	f.Add([]byte(sse(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"arguments":"{\""}}]}}]}`, `{"error":{"message":"x"}}`)), uint8(1))
+	f.Add([]byte(sse(`{"object":"text_completion","choices":[{"index":5,"text":"x","logprobs":{"tokens":["token_id:7"],"token_logprobs":[null]},"prompt_token_ids":[1]}]}`)), uint8(0))
+	f.Add([]byte(sse(`{"choices":[{"index":0,"logprobs":{"content":[{"token":"token_id:5"}]},"logprobs":null}]}`)), uint8(1))
+	f.Add([]byte(sse(`{"choice\u0073":[{"index":1,"logprobs":{"content":[{"id":3}]}}]}`)), uint8(2))
+	f.Add([]byte(sse(`{"type":"response.completed","response":`+respCompleted+`}`, `{"choices":[{"index":0,"logprobs":{"content":[{"id":3}]}}]}`)), uint8(0))
+	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
+		checkPendingStream(t, Endpoint(ep%5), linePayloads(in))
+	})
+}
+
+// BenchmarkPendingStream256 is record assembly of a 256-token chat stream as
+// the gateway hands it over: one AddEvent per SSE payload, then Rows.
+func BenchmarkPendingStream256(b *testing.B) {
+	payloads := streamPayloads(benchChatStream(256))
+	req := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	var a Assembler
+	b.ReportAllocs()
+	for b.Loop() {
+		p := AcquirePending()
+		p.Endpoint = EndpointChatCompletions
+		p.Meta.HTTPStatus = 200
+		p.Request = append(p.Request[:0], req...)
+		for _, d := range payloads {
+			p.AddEvent(d)
+		}
+		if rows := Rows(p, &a); len(rows) != 1 || len(rows[0].ResponseTokenIDs) != 256 {
+			b.Fatalf("rows %+v", rows)
+		}
+		releasePending(p)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(payloads)), "ns/chunk")
+}
