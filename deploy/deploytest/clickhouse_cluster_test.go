@@ -1,0 +1,312 @@
+package deploytest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rollgate/rollgate/export"
+	chstore "github.com/rollgate/rollgate/export/clickhouse"
+	"github.com/rollgate/rollgate/export/storetest"
+	"github.com/rollgate/rollgate/internal/testenv"
+)
+
+// contractTables are the tables deploy/clickhouse/cluster.sql creates, each as
+// <name>_local (ReplicatedMergeTree) plus <name> (Distributed).
+var contractTables = []string{"llm_calls", "rewards", "rollouts", "agent_spans"}
+
+// clusterStatements reads deploy/clickhouse/cluster.sql and returns its
+// statements with the database renamed from rollgate to db (as its header
+// tells users to do), comments dropped.
+func clusterStatements(t testing.TB, db string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(deployDir(t), "clickhouse", "cluster.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "--") {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	sql := regexp.MustCompile(`\brollgate\b`).ReplaceAllString(strings.Join(lines, "\n"), db)
+	var out []string
+	for _, s := range strings.Split(sql, ";") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// applyClusterDDL runs cluster.sql (database db) on node n.
+func applyClusterDDL(t testing.TB, n *chNode, db string) {
+	t.Helper()
+	conn := n.connect(t)
+	for _, stmt := range clusterStatements(t, db) {
+		if err := conn.Exec(context.Background(), stmt); err != nil {
+			t.Fatalf("cluster.sql on %s: %v\n%s", n.name, err, stmt)
+		}
+	}
+}
+
+// column is one row of system.columns.
+type column struct {
+	Name, Type string
+}
+
+func tableColumns(t testing.TB, n *chNode, db, table string) []column {
+	t.Helper()
+	rows, err := n.connect(t).Query(context.Background(),
+		"SELECT name, type FROM system.columns WHERE database = ? AND table = ?", db, table) // in table order (18.16 has no position column)
+	if err != nil {
+		t.Fatalf("columns of %s.%s on %s: %v", db, table, n.name, err)
+	}
+	defer rows.Close()
+	var out []column
+	for rows.Next() {
+		var c column
+		if err := rows.Scan(&c.Name, &c.Type); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s.%s on %s has no columns (missing table?)", db, table, n.name)
+	}
+	return out
+}
+
+// queryStrings runs a query returning one String column per row.
+func queryStrings(t testing.TB, n *chNode, q string, args ...any) []string {
+	t.Helper()
+	rows, err := n.connect(t).Query(context.Background(), q, args...)
+	if err != nil {
+		t.Fatalf("%s on %s: %v", q, n.name, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func countRows(t testing.TB, n *chNode, table string) uint64 {
+	t.Helper()
+	var c uint64
+	if err := n.connect(t).QueryRow(context.Background(), "SELECT count() FROM "+table).Scan(&c); err != nil {
+		t.Fatalf("count %s on %s: %v", table, n.name, err)
+	}
+	return c
+}
+
+// TestClickHouseClusterDDL applies deploy/clickhouse/cluster.sql to a real
+// cluster (Debian's ZooKeeper and four ClickHouse servers as two shards of two
+// replicas, all on loopback) and uses it through rollgate's ClickHouse store:
+// the tables' columns equal those the store creates on a single server, the
+// store works on the Distributed tables (writes from one server, reads from
+// a server of the other shard, replicas agree, a rollout's rows stay on one
+// shard), and the store conformance suite and the saved queries of deploy/sql
+// pass on the cluster.
+func TestClickHouseClusterDDL(t *testing.T) {
+	zk := startZooKeeper(t)
+	cl := startClickHouseCluster(t, "rollgate_test", zk, 2, 2)
+	nodes := cl.nodes()
+	first, other := cl.shards[0][0], cl.shards[1][1]
+	ctx := context.Background()
+
+	// Every server reaches ZooKeeper before distributed DDL is sent.
+	for _, n := range nodes {
+		n := n
+		waitCond(t, n.name+" connected to ZooKeeper", 30*time.Second, func() error {
+			var c uint64
+			return n.connect(t).QueryRow(ctx, "SELECT count() FROM system.zookeeper WHERE path = '/'").Scan(&c)
+		})
+	}
+	applyClusterDDL(t, first, "rollgate")
+
+	t.Run("columns equal the store's", func(t *testing.T) {
+		// The store creates its single-server tables in database "single".
+		s, err := chstore.Open(ctx, first.dsn("single"), chstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		storeTables := queryStrings(t, first, "SELECT name FROM system.tables WHERE database = 'single' ORDER BY name")
+		want := slices.Clone(contractTables)
+		slices.Sort(want)
+		if !slices.Equal(storeTables, want) {
+			t.Fatalf("the store creates tables %v; cluster.sql covers %v: add the new table to deploy/clickhouse/cluster.sql", storeTables, want)
+		}
+		for _, table := range contractTables {
+			single := tableColumns(t, first, "single", table)
+			for _, n := range nodes {
+				for _, name := range []string{table, table + "_local"} {
+					if got := tableColumns(t, n, "rollgate", name); !slices.Equal(got, single) {
+						t.Errorf("rollgate.%s on %s has columns\n%v\nthe store creates\n%v\nupdate deploy/clickhouse/cluster.sql", name, n.name, got, single)
+					}
+				}
+			}
+			engines := map[string]string{}
+			for _, name := range []string{table, table + "_local"} {
+				e := queryStrings(t, other, "SELECT engine FROM system.tables WHERE database = 'rollgate' AND name = ?", name)
+				if len(e) == 1 {
+					engines[name] = e[0]
+				}
+			}
+			if engines[table] != "Distributed" || !strings.HasPrefix(engines[table+"_local"], "Replicated") {
+				t.Errorf("%s engines %v, want Distributed over Replicated*MergeTree", table, engines)
+			}
+		}
+	})
+
+	t.Run("store on the distributed tables", func(t *testing.T) {
+		w, err := chstore.Open(ctx, first.dsn("rollgate"), chstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		// Open found the tables and created none of its own.
+		for _, table := range contractTables {
+			if e := queryStrings(t, first, "SELECT engine FROM system.tables WHERE database = 'rollgate' AND name = ?", table); !slices.Equal(e, []string{"Distributed"}) {
+				t.Fatalf("after Open, rollgate.%s has engine %v", table, e)
+			}
+		}
+		b := storetest.SampleBatch()
+		for i := 0; i < 20; i++ {
+			r := fmt.Sprintf("rollout-%02d", i)
+			b.Calls = append(b.Calls, storetest.EmptyCall(r, "a1", 1))
+			b.Rewards = append(b.Rewards, export.Reward{RolloutID: r, AttemptID: "a1", Name: "primary", Value: float64(i), Source: "api", TimeUnixNano: 1_700_000_300_000_000_000})
+			b.Rollouts = append(b.Rollouts, export.Rollout{RolloutID: r, AttemptID: "a1", TaskID: "t", Status: "succeeded", Metadata: "{}", CreatedUnixNano: 1, UpdatedUnixNano: 2})
+			b.Spans = append(b.Spans, export.Span{RolloutID: r, AttemptID: "a1", TraceID: strings.Repeat("ab", 16), SpanID: fmt.Sprintf("%016x", i), Name: "tool", StartTimeUnixNano: 1_700_000_000_000_000_000 + uint64(i)})
+		}
+		for i := 0; i < 10; i++ { // unattributed calls spread by span id
+			c := storetest.EmptyCall("", "", 0)
+			c.SpanID = fmt.Sprintf("unattributed-%d", i)
+			b.Calls = append(b.Calls, c)
+		}
+		if err := w.Write(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+
+		// Read back at once (insert_distributed_sync=1) through a server of the other shard.
+		r, err := chstore.Open(ctx, other.dsn("rollgate"), chstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		for _, s := range []*chstore.Store{w, r} {
+			calls, err := s.Calls(ctx, export.CallFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(calls) != len(b.Calls) {
+				t.Errorf("%s: read %d calls, wrote %d", s.Database(), len(calls), len(b.Calls))
+			}
+			d, err := s.Rollout(ctx, "r1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Attempts) != 1 || d.Attempts[0].Status != "succeeded" || len(d.Calls) != 3 || len(d.Rewards) != 2 {
+				t.Errorf("rollout r1: attempts %+v, %d calls, %d rewards; want the latest status succeeded, 3 calls, 2 rewards", d.Attempts, len(d.Calls), len(d.Rewards))
+			}
+			if got := storetest.EqualCalls(d.Calls[:2], b.Calls[:2]); got != "" {
+				t.Errorf("rollout r1 calls read back differ: %s", got)
+			}
+		}
+
+		// Replicas of a shard converge to the same rows; shards split the rows.
+		for _, table := range contractTables {
+			var total uint64
+			for si, shard := range cl.shards {
+				want := countRows(t, shard[0], "rollgate."+table+"_local")
+				waitCond(t, fmt.Sprintf("replica %s of %s_local", shard[1].name, table), 60*time.Second, func() error {
+					if got := countRows(t, shard[1], "rollgate."+table+"_local"); got != want {
+						return fmt.Errorf("%d rows, replica %s has %d", got, shard[0].name, want)
+					}
+					return nil
+				})
+				if want == 0 {
+					t.Errorf("shard %d holds no %s rows: sharding put everything on one shard", si+1, table)
+				}
+				total += want
+			}
+			if all := countRows(t, other, "rollgate."+table); total != all {
+				t.Errorf("%s: shards hold %d rows, the Distributed table reads %d", table, total, all)
+			}
+		}
+		// One rollout's rows are on one shard, the same for every table.
+		for _, rollout := range []string{"r1", "r2", "r3", "rollout-07"} {
+			var where []int
+			for si, shard := range cl.shards {
+				n := uint64(0)
+				for _, table := range []string{"llm_calls", "rewards", "rollouts"} {
+					var c uint64
+					if err := shard[0].connect(t).QueryRow(ctx, "SELECT count() FROM rollgate."+table+"_local WHERE rollout_id = ?", rollout).Scan(&c); err != nil {
+						t.Fatal(err)
+					}
+					n += c
+				}
+				if n > 0 {
+					where = append(where, si+1)
+				}
+			}
+			if len(where) != 1 {
+				t.Errorf("rollout %s has rows on shards %v, want exactly one", rollout, where)
+			}
+		}
+	})
+
+	// The conformance suite every store passes, on the cluster: each subtest
+	// gets a database of its own made by cluster.sql.
+	t.Run("conformance", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) export.Store {
+			db := testenv.Identifier("c_" + t.Name())
+			applyClusterDDL(t, first, db)
+			s, err := chstore.Open(ctx, first.dsn(db), chstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	})
+
+	t.Run("deploy/sql", func(t *testing.T) {
+		applyClusterDDL(t, first, "saved_queries")
+		s, err := chstore.Open(ctx, other.dsn("saved_queries"), chstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		storetest.RunQueryFiles(t, s, filepath.Join(deployDir(t), "sql"))
+	})
+}
+
+// waitCond polls cond every 200 ms until it returns nil or timeout passes.
+func waitCond(t testing.TB, what string, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
