@@ -2,7 +2,7 @@
 -- (<table>_local) on every server, and Distributed tables with the contract's
 -- names (llm_calls, rewards, rollouts, agent_spans) over them, so that
 --
---     rollgate serve --clickhouse 'clickhouse://HOST:9000/rollgate?insert_distributed_sync=1'
+--     rollgate serve --clickhouse clickhouse://USER:PASSWORD@HOST:9000/rollgate
 --
 -- pointed at any server of the cluster writes and reads through the
 -- Distributed tables (it creates tables only when they are missing, so it
@@ -19,9 +19,15 @@
 -- Rows are sharded by rollout_id, so one rollout's calls, rewards and status
 -- rows live on one shard (its "latest row wins" merge and per-rollout reads
 -- stay local); calls and spans without a rollout spread by span id.
--- insert_distributed_sync=1 in the DSN (or the user's profile) makes an insert
--- return once every shard has stored its rows, as rollgate's capture expects
--- (a rollout's status waits for its calls to be stored).
+--
+-- In the profile of the user rollgate connects as, set
+--     <insert_distributed_sync>1</insert_distributed_sync>
+--     <load_balancing>in_order</load_balancing>
+-- so an insert returns once every shard has stored its rows, as capture
+-- expects (a rollout's status waits for its calls to be stored), and reads go
+-- to the replica that took the writes (the first healthy one of each shard),
+-- so a rollout read right after its calls were stored lists them all.
+-- (Numeric settings such as insert_distributed_sync=1 may also go in the DSN.)
 --
 -- Columns and types are those export/clickhouse creates on a single server
 -- (deploy/deploytest checks both against a real cluster). Low-cardinality
