@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
@@ -24,7 +25,7 @@ func (discard) Write(context.Context, *export.Batch) error { return nil }
 
 // benchTarget starts the mock and a gateway in front of it (capture into a
 // discarding sink) and returns the mock's and the gateway's addresses.
-func benchTarget(b *testing.B) (mockAddr, gwAddr string) {
+func benchTarget(b *testing.B, tracing *gateway.Tracing) (mockAddr, gwAddr string) {
 	ms, base, err := mock.Start(mock.Config{})
 	if err != nil {
 		b.Fatal(err)
@@ -36,8 +37,8 @@ func benchTarget(b *testing.B) (mockAddr, gwAddr string) {
 	}
 	m := metrics.New()
 	pipe := capture.NewPipeline(capture.Config{}, []capture.NamedSink{{Name: "discard", Sink: discard{}}}, m, nil)
-	gw, err := gateway.New(gateway.Config{Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}}},
-		nil, pipe, m, nil)
+	gw, err := gateway.New(gateway.Config{Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}},
+		Tracing: tracing}, nil, pipe, m, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -58,7 +59,34 @@ func benchTarget(b *testing.B) (mockAddr, gwAddr string) {
 //
 //	go test -run '^$' -bench BenchmarkForward -benchmem ./gateway/
 func BenchmarkForward(b *testing.B) {
-	mockAddr, gwAddr := benchTarget(b)
+	mockAddr, gwAddr := benchTarget(b, nil)
+	benchForward(b, mockAddr, gwAddr)
+}
+
+// BenchmarkForwardTraced is BenchmarkForward with the gateway's own tracing
+// on: "all" traces every call (ratio 1: a SERVER span and one backend attempt
+// span per call, batched to an exporter that discards them), "none" samples
+// no call (ratio 1e-12: only the sampling decision).
+//
+//	go test -run '^$' -bench BenchmarkForwardTraced -benchmem ./gateway/
+func BenchmarkForwardTraced(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		ratio float64
+	}{{"all", 1}, {"none", 1e-12}} {
+		b.Run(tc.name, func(b *testing.B) {
+			tr, err := gateway.NewTracing(tracetest.NewNoopExporter(), gateway.TracingOptions{SampleRatio: tc.ratio})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { tr.Shutdown(context.Background()) })
+			mockAddr, gwAddr := benchTarget(b, tr)
+			benchForward(b, mockAddr, gwAddr)
+		})
+	}
+}
+
+func benchForward(b *testing.B, mockAddr, gwAddr string) {
 	bodies := map[string]string{
 		"nonstream": chatBody,
 		"stream":    withStream(chatBody, `"stream":true`),

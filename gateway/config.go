@@ -99,6 +99,10 @@ type Config struct {
 	CaptureEmbeddingBodies bool `yaml:"capture_embedding_bodies"`
 	// Backends is the initial routing table.
 	Backends []Backend `yaml:"backends"`
+	// Tracing, when set, makes the gateway's own spans (the proxy hop and
+	// each backend attempt, see NewTracing); nil (the default) = no tracing
+	// work at all. The owner shuts it down after the gateway.
+	Tracing *Tracing `yaml:"-"`
 }
 
 // Backend is one model and the replicas that serve it.

@@ -24,6 +24,7 @@ type call struct {
 	rwEP     rewrite.Endpoint
 	pend     *capture.Pending
 	model    string
+	tr       callTrace // the gateway's own spans, when the call is traced
 }
 
 // errClientGone marks an upstream stream closed because the client went away.
@@ -58,6 +59,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	c.pend = p
 	p.Endpoint = ep
 	s.beginCall(ctx, p, attr, path, c.start)
+	if s.tracing != nil {
+		s.tracing.begin(ctx, &c)
+	}
 
 	body := ctx.PostBody()
 	p.Request = append(p.Request[:0], body...)
@@ -143,6 +147,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		resp = fasthttp.AcquireResponse()
 		resp.StreamBody = info.Stream
 		s.acquire(r)
+		if c.tr.span != nil {
+			s.tracing.attemptStart(&c, r, attempt, path)
+		}
 		err = r.client.DoDeadline(req, resp, deadline)
 		if err == nil {
 			r.markSuccess()
@@ -152,7 +159,11 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		fasthttp.ReleaseResponse(resp)
 		r.markFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
 		tried = append(tried, r)
-		if attempt >= s.cfg.Retries || !retryable(err) || time.Now().Add(backoff).After(deadline) {
+		retry := attempt < s.cfg.Retries && retryable(err) && !time.Now().Add(backoff).After(deadline)
+		if c.tr.attempt != nil {
+			s.tracing.attemptFailed(&c, err, retry)
+		}
+		if !retry {
 			status, typ := upstreamStatus(err)
 			msg := fmt.Sprintf("backend %s: %v", r.name, err)
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
@@ -396,6 +407,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg st
 func (s *Server) finish(c *call, end time.Time) {
 	p := c.pend
 	p.Meta.EndTimeUnixNano = uint64(end.UnixNano())
+	if c.tr.span != nil {
+		s.tracing.end(c, end)
+	}
 	model := metricModel(p.Meta.Model, p.Meta.Backend)
 	s.m.Requests.WithLabelValues(model, p.Meta.Backend, p.Meta.Endpoint, statusLabel(p.Meta.HTTPStatus)).Inc()
 	s.m.RequestDuration.WithLabelValues(model, p.Meta.Endpoint, boolLabel(p.Meta.Stream)).Observe(end.Sub(c.start).Seconds())

@@ -48,6 +48,7 @@ type Server struct {
 	stop       chan struct{}
 	queue      atomic.Pointer[tasks.Queue] // nil: no training-loop routes
 	localTok   *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
+	tracing    *Tracing                    // the gateway's own spans; nil = off
 
 	// The trainer pull API (/api/v1/bridge/*), made on first use.
 	leaseOnce sync.Once
@@ -82,6 +83,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		m:        m,
 		log:      log,
 		selector: LeastOutstanding{},
+		tracing:  cfg.Tracing,
 	}
 	s.stop = make(chan struct{})
 	s.texts.max = 1 << 16

@@ -107,18 +107,15 @@ type server struct {
 
 // New creates the exporter for cfg. It does not connect: the first Write does.
 func New(ctx context.Context, cfg Config) (*Sink, error) {
-	if cfg.Endpoint == "" {
-		return nil, errors.New("otlp: no endpoint configured")
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
 	if cfg.ServiceName == "" {
 		cfg.ServiceName = "rollgate"
 	}
-	exp, err := newExporter(ctx, &cfg)
+	exp, err := NewExporter(ctx, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultTimeout
 	}
 	s := &Sink{
 		cfg:      cfg,
@@ -132,6 +129,23 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		s.servers[name] = parseServer(u)
 	}
 	return s, nil
+}
+
+const defaultTimeout = 10 * time.Second
+
+// NewExporter returns an OTLP span exporter for cfg's endpoint, protocol,
+// headers, TLS, timeout and compression, for other span sources sharing the
+// sink's configuration (the gateway's own tracing). It does not retry: a
+// failed export is reported to the caller (the SDK's batch processor drops
+// the batch and reports it to the OpenTelemetry error handler).
+func NewExporter(ctx context.Context, cfg Config) (sdktrace.SpanExporter, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("otlp: no endpoint configured")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultTimeout
+	}
+	return newExporter(ctx, &cfg)
 }
 
 func newExporter(ctx context.Context, cfg *Config) (sdktrace.SpanExporter, error) {
