@@ -314,42 +314,15 @@ func TestGatewayCallNestsInClientTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, base, err := mock.Start(mock.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.Shutdown()
-	store, err := sqlite.Open(filepath.Join(t.TempDir(), "rollgate.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	m := metrics.New()
-	pipe := capture.NewPipeline(capture.Config{FlushInterval: 10 * time.Millisecond, BatchSize: 64},
-		[]capture.NamedSink{{Name: store.Name(), Sink: store}, {Name: sink.Name(), Sink: sink}}, m, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := gateway.New(gateway.Config{
-		Listen: ln.Addr().String(), UpstreamTimeout: 20 * time.Second,
-		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{
-			{Name: "mock-1", URL: base, Kind: "vllm", PolicyVersion: "v7"},
-		}}},
-	}, store, pipe, m, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gw.Serve(ln)
+	addr, stop := startGateway(t, sink, nil)
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		gw.Shutdown(ctx)
-		pipe.Close(ctx)
-		sink.Close(ctx)
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+		sink.Close(context.Background())
 	}()
 
-	url := "http://" + ln.Addr().String() + "/rollout/ro-7/attempt/at-2/v1/chat/completions"
+	url := "http://" + addr + "/rollout/ro-7/attempt/at-2/v1/chat/completions"
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	res := post(t, url, body, "traceparent", "00-"+clientTrace+"-"+clientParent+"-01")
 	reqID := res.Header.Get("x-request-id")
@@ -383,6 +356,53 @@ func TestGatewayCallNestsInClientTrace(t *testing.T) {
 	}
 	if sp.GetEndTimeUnixNano() <= sp.GetStartTimeUnixNano() {
 		t.Errorf("span ends at %d, before its start %d", sp.GetEndTimeUnixNano(), sp.GetStartTimeUnixNano())
+	}
+}
+
+// startGateway runs a mock engine and a gateway in front of it (replica
+// "mock-1", policy v7, model "*") on loopback, capturing into an embedded
+// store and sink; mutate may change the config. It returns the gateway's
+// host:port and a function that shuts the gateway down and flushes capture.
+func startGateway(t *testing.T, sink export.Sink, mutate func(*gateway.Config)) (addr string, stop func() error) {
+	t.Helper()
+	ms, base, err := mock.Start(mock.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Shutdown() })
+	store, err := sqlite.Open(filepath.Join(t.TempDir(), "rollgate.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	m := metrics.New()
+	pipe := capture.NewPipeline(capture.Config{FlushInterval: 10 * time.Millisecond, BatchSize: 64},
+		[]capture.NamedSink{{Name: store.Name(), Sink: store}, {Name: "otlp", Sink: sink}}, m, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := gateway.Config{
+		Listen: ln.Addr().String(), UpstreamTimeout: 20 * time.Second,
+		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{
+			{Name: "mock-1", URL: base, Kind: "vllm", PolicyVersion: "v7"},
+		}}},
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	gw, err := gateway.New(cfg, store, pipe, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gw.Serve(ln)
+	return ln.Addr().String(), func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gw.Shutdown(ctx); err != nil {
+			return err
+		}
+		return pipe.Close(ctx)
 	}
 }
 
