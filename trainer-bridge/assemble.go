@@ -23,6 +23,10 @@ const (
 	BreakTemplate = "template"       // the new prompt diverges only in the last 2 tokens of the previous response (end-of-turn markup)
 	BreakRetoken  = "retokenization" // the previous prompt is kept but the previous response was re-tokenized or edited
 	BreakContext  = "context_edit"   // earlier context changed (truncation, summarisation, another system prompt)
+	// BreakMixedSources: the call's ids and the trajectory's come from
+	// different provenances, one of them retokenized (Options.Retokenize):
+	// such turns are never merged (tokenize.Turn.MixedSources).
+	BreakMixedSources = "mixed_sources"
 )
 
 // Sample is one training row. In trajectory mode Response holds every turn
@@ -44,6 +48,11 @@ type Sample struct {
 	Advantage     float64
 	GroupUID      string
 	Trimmed       bool
+	// TokenSource is where the ids came from (export.TokenSource*): engine,
+	// tokenize, or retokenized (rebuilt by Options.Retokenize). A trajectory
+	// never mixes retokenized calls with others; one that merges engine and
+	// tokenize calls is marked tokenize.
+	TokenSource string
 }
 
 // assemble builds samples from the kept calls of one attempt, sorted by
@@ -67,14 +76,18 @@ func assemble(mode string, calls []export.Call, st *Stats) ([]*Sample, error) {
 	for _, c := range calls {
 		best := -1
 		for i, ids := range full {
-			if open[i].AgentName == c.AgentName && open[i].SequenceIDs[len(open[i].SequenceIDs)-1] != c.SequenceID && hasPrefix(c.PromptTokenIDs, ids) && (best < 0 || len(ids) > len(full[best])) {
+			if open[i].AgentName == c.AgentName && sameClass(open[i].TokenSource, c.TokenSource) && open[i].SequenceIDs[len(open[i].SequenceIDs)-1] != c.SequenceID && hasPrefix(c.PromptTokenIDs, ids) && (best < 0 || len(ids) > len(full[best])) {
 				best = i
 			}
 		}
 		if best < 0 {
 			// A sibling choice of the same request starts its own sample without a break.
 			if j, ok := lastOfAgent[c.AgentName]; ok && open[j].SequenceIDs[len(open[j].SequenceIDs)-1] != c.SequenceID {
-				st.Breaks[classify(open[j], full[j], c.PromptTokenIDs)]++
+				if !sameClass(open[j].TokenSource, c.TokenSource) {
+					st.Breaks[BreakMixedSources]++
+				} else {
+					st.Breaks[classify(open[j], full[j], c.PromptTokenIDs)]++
+				}
 			}
 			s := newSample(c)
 			out = append(out, s)
@@ -92,6 +105,9 @@ func assemble(mode string, calls []export.Call, st *Stats) ([]*Sample, error) {
 		s.ResponseMask = append(s.ResponseMask, ones(len(c.ResponseTokenIDs))...)
 		s.Logprobs = append(s.Logprobs, logprobs(c)...)
 		s.SequenceIDs = append(s.SequenceIDs, c.SequenceID)
+		if c.TokenSource == export.TokenSourceTokenize {
+			s.TokenSource = export.TokenSourceTokenize // the weaker provenance of the two verified ones
+		}
 		if c.PolicyVersion != s.PolicyVersion {
 			s.PolicyVersion = c.PolicyVersion // the latest policy that generated part of it
 		}
@@ -106,7 +122,13 @@ func newSample(c export.Call) *Sample {
 	return &Sample{RolloutID: c.RolloutID, AttemptID: c.AttemptID, TaskID: c.TaskID, AgentName: c.AgentName,
 		PolicyVersion: c.PolicyVersion, ChoiceIndex: c.ChoiceIndex, SequenceIDs: []uint64{c.SequenceID},
 		Prompt: c.PromptTokenIDs, Response: append([]uint32(nil), c.ResponseTokenIDs...),
-		ResponseMask: ones(len(c.ResponseTokenIDs)), Logprobs: logprobs(c)}
+		ResponseMask: ones(len(c.ResponseTokenIDs)), Logprobs: logprobs(c), TokenSource: c.TokenSource}
+}
+
+// sameClass reports whether ids of the two token sources may be merged into
+// one sequence: retokenized ids only with retokenized ones.
+func sameClass(a, b string) bool {
+	return (a == export.TokenSourceRetokenized) == (b == export.TokenSourceRetokenized)
 }
 
 // logprobs are the call's response logprobs, zeros when missing or of the wrong length.

@@ -2,13 +2,16 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sort"
 	"strconv"
 	"time"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	"github.com/rollgate/rollgate/trainer-bridge/advantage"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 	"github.com/rollgate/rollgate/trainer-bridge/credit"
@@ -49,12 +52,31 @@ type Options struct {
 	Now func() time.Time
 	// Progress, when set, is called after each attempt with (done, total).
 	Progress func(done, total int)
+	// Retokenize, when set, rebuilds the ids of calls captured without them
+	// (token_source "none": hosted APIs, llama.cpp's chat route, SGLang
+	// streaming chat) from the model's chat template and tokenizer, instead
+	// of excluding them; their samples carry token_source "retokenized" and
+	// zero rollout logprobs (recompute them in the trainer), are counted in
+	// Stats.Retokenized and never merged with other calls' ids in trajectory
+	// mode. Calls with ids (engine, tokenize) are never touched. Nil (the
+	// default) excludes such calls as unverified_ids.
+	Retokenize Retokenizer
 	// Emit, when set, streams the samples instead of returning them in
 	// Result.Samples: Build reads the attempts twice (scores for the
 	// advantages, then the samples, one attempt at a time), so memory stays
 	// bounded by one attempt whatever the size of the export.
 	Emit func(*Sample) error
 }
+
+// Retokenizer rebuilds the token ids of one call choice captured without
+// them, from its request body, assistant message and finish reason.
+// *chattemplate.Retokenizer (package tokenize/chattemplate) is the
+// implementation: the model's chat template and tokenizer.json.
+type Retokenizer interface {
+	Retokenize(requestBody, responseMessage, finishReason string) (*chattemplate.Retokenized, error)
+}
+
+var _ Retokenizer = (*chattemplate.Retokenizer)(nil)
 
 // TaskStat is the reward distribution of one task's samples.
 type TaskStat struct {
@@ -64,18 +86,20 @@ type TaskStat struct {
 
 // Stats summarises a run: what was used, what was left out and why.
 type Stats struct {
-	Attempts       int            // attempts selected
-	Calls          int            // llm_calls rows of the selected attempts
-	Samples        int            // samples produced
-	Groups         int            // advantage groups (task ids) among the samples
-	Merged         int            // trajectory mode: calls merged into an earlier turn's sample
-	Trimmed        int            // samples trimmed by the truncation policy
-	DroppedGroups  int            // zero-variance groups dropped
-	DroppedSamples int            // samples of those groups
-	Excluded       map[string]int // by reason (Excl* constants)
-	Breaks         map[string]int // trajectory breaks by class (Break* constants)
-	AIRHits        map[string]int // AIR reward rows by rule
-	Tasks          map[string]TaskStat
+	Attempts           int            // attempts selected
+	Calls              int            // llm_calls rows of the selected attempts
+	Samples            int            // samples produced
+	Groups             int            // advantage groups (task ids) among the samples
+	Merged             int            // trajectory mode: calls merged into an earlier turn's sample
+	Trimmed            int            // samples trimmed by the truncation policy
+	DroppedGroups      int            // zero-variance groups dropped
+	DroppedSamples     int            // samples of those groups
+	Retokenized        int            // calls whose ids Options.Retokenize rebuilt (token_source none -> retokenized)
+	RetokenizedSamples int            // samples among Samples with token_source retokenized
+	Excluded           map[string]int // by reason (Excl* constants)
+	Breaks             map[string]int // trajectory breaks by class (Break* constants)
+	AIRHits            map[string]int // AIR reward rows by rule
+	Tasks              map[string]TaskStat
 }
 
 // Result is what Build returns.
@@ -178,6 +202,9 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			s.Advantage, s.GroupUID = adv.Advantages[i], u.group
 			tasks.add(s)
 			res.Stats.Samples++
+			if s.TokenSource == export.TokenSourceRetokenized {
+				res.Stats.RetokenizedSamples++
+			}
 			if err := emit(s); err != nil {
 				return err
 			}
@@ -368,10 +395,25 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 
 	kept := calls[:0:0]
 	for _, c := range calls {
+		retokenizeFailed := false
+		selected := (o.Selection.AgentName == nil || o.Selection.AgentName.MatchString(c.AgentName)) &&
+			!versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion)
+		if o.Retokenize != nil && c.TokenSource == export.TokenSourceNone && c.Error == "" && c.HTTPStatus < 300 && selected {
+			if err := retokenize(&c, o.Retokenize); err != nil {
+				retokenizeFailed = true
+				slog.Debug("bridge: call not retokenized", "rollout", c.RolloutID, "attempt", c.AttemptID,
+					"sequence", c.SequenceID, "choice", c.ChoiceIndex, "err", err)
+			} else {
+				st.Retokenized++
+			}
+		}
 		switch {
 		case c.Error != "" || c.HTTPStatus >= 300:
 			st.Excluded[ExclErrored]++
-		case !trusted[c.TokenSource] || len(c.PromptTokenIDs) == 0 || len(c.ResponseTokenIDs) == 0:
+		case retokenizeFailed:
+			st.Excluded[ExclRetokenize]++
+		case !(trusted[c.TokenSource] || o.Retokenize != nil && c.TokenSource == export.TokenSourceRetokenized) ||
+			len(c.PromptTokenIDs) == 0 || len(c.ResponseTokenIDs) == 0:
 			st.Excluded[ExclUnverified]++
 		case o.Selection.AgentName != nil && !o.Selection.AgentName.MatchString(c.AgentName):
 			st.Excluded[ExclAgent]++
@@ -412,6 +454,22 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		out = append(out, s)
 	}
 	return out, credit.Episode(episode, pv), true, nil
+}
+
+// retokenize fills c's ids with the retokenizer's and marks them
+// retokenized; the captured logprobs (if any) belong to the engine's
+// tokens, not these, and are dropped.
+func retokenize(c *export.Call, r Retokenizer) error {
+	out, err := r.Retokenize(c.RequestBody, c.ResponseMessage, c.FinishReason)
+	if err != nil {
+		return err
+	}
+	if len(out.PromptIDs) == 0 || len(out.ResponseIDs) == 0 {
+		return errors.New("empty prompt or response ids")
+	}
+	c.PromptTokenIDs, c.ResponseTokenIDs, c.ResponseLogprobs = out.PromptIDs, out.ResponseIDs, nil
+	c.TokenSource = export.TokenSourceRetokenized
+	return nil
 }
 
 // taskAccumulator sums sample rewards per task for Stats.Tasks.

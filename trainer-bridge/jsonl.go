@@ -24,6 +24,9 @@ type Row struct {
 	Reward        float64   `json:"reward"`
 	Advantage     float64   `json:"advantage"`
 	Trimmed       bool      `json:"trimmed"`
+	// TokenSource is engine, tokenize or retokenized (Sample.TokenSource):
+	// filter on it to train only on ids an engine sampled.
+	TokenSource string `json:"token_source"`
 }
 
 // ToRow converts a Sample to its row form. Nil slices become empty ones.
@@ -31,7 +34,7 @@ func (s *Sample) ToRow() Row {
 	r := Row{RolloutID: s.RolloutID, AttemptID: s.AttemptID, TaskID: s.TaskID, AgentName: s.AgentName,
 		PolicyVersion: s.PolicyVersion, UID: s.GroupUID, ChoiceIndex: s.ChoiceIndex, SequenceIDs: s.SequenceIDs,
 		PromptIDs: s.Prompt, ResponseIDs: s.Response, ResponseMask: s.ResponseMask, Logprobs: s.Logprobs,
-		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed}
+		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed, TokenSource: s.TokenSource}
 	if r.SequenceIDs == nil {
 		r.SequenceIDs = []uint64{}
 	}

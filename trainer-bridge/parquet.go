@@ -26,6 +26,7 @@ type parquetRow struct {
 	Reward        float64   `parquet:"reward"`
 	Advantage     float64   `parquet:"advantage"`
 	Trimmed       bool      `parquet:"trimmed"`
+	TokenSource   string    `parquet:"token_source"`
 }
 
 // WriteParquet writes one row per sample (zstd-compressed, row groups of
@@ -90,7 +91,7 @@ func toParquet(s *Sample) parquetRow {
 		PolicyVersion: s.PolicyVersion, UID: s.GroupUID, ChoiceIndex: int32(s.ChoiceIndex),
 		SequenceIDs: make([]int64, len(s.SequenceIDs)), PromptIDs: i32(s.Prompt), ResponseIDs: i32(s.Response),
 		ResponseMask: make([]int32, len(s.ResponseMask)), Logprobs: s.Logprobs,
-		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed}
+		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed, TokenSource: s.TokenSource}
 	if r.Logprobs == nil {
 		r.Logprobs = []float32{}
 	}

@@ -28,7 +28,7 @@ func TestParquetRoundTrip(t *testing.T) {
 	for _, c := range f.Schema().Columns() {
 		cols = append(cols, c[0])
 	}
-	if got := sp(cols); got != "[rollout_id attempt_id task_id agent_name policy_version uid choice_index sequence_ids prompt_ids response_ids response_mask rollout_log_probs reward advantage trimmed]" {
+	if got := sp(cols); got != "[rollout_id attempt_id task_id agent_name policy_version uid choice_index sequence_ids prompt_ids response_ids response_mask rollout_log_probs reward advantage trimmed token_source]" {
 		t.Fatalf("columns %s", got)
 	}
 	rows, err := parquet.Read[parquetRow](bytes.NewReader(buf.Bytes()), int64(buf.Len()))

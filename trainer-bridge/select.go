@@ -20,13 +20,14 @@ const (
 
 // Exclusion reasons counted in Stats.Excluded (calls unless noted).
 const (
-	ExclErrored       = "errored"        // error set or HTTP status >= 300
-	ExclUnverified    = "unverified_ids" // token_source not engine/tokenize, or no ids
-	ExclAgent         = "agent_name"     // agent_name does not match the regex
-	ExclPolicyVersion = "policy_version" // policy_version below the minimum
-	ExclTruncDropped  = "truncated"      // samples dropped by the truncation policy (samples)
-	ExclNoReward      = "no_reward"      // attempts without an episode reward (attempts)
-	ExclNoSample      = "no_sample"      // attempts left without any sample (attempts)
+	ExclErrored       = "errored"           // error set or HTTP status >= 300
+	ExclUnverified    = "unverified_ids"    // token_source not engine/tokenize, or no ids
+	ExclRetokenize    = "retokenize_failed" // token_source none and Options.Retokenize could not rebuild the ids (another endpoint, non-text content, a request with its own template)
+	ExclAgent         = "agent_name"        // agent_name does not match the regex
+	ExclPolicyVersion = "policy_version"    // policy_version below the minimum
+	ExclTruncDropped  = "truncated"         // samples dropped by the truncation policy (samples)
+	ExclNoReward      = "no_reward"         // attempts without an episode reward (attempts)
+	ExclNoSample      = "no_sample"         // attempts left without any sample (attempts)
 )
 
 // Selection chooses rollout attempts and calls. The zero value selects every
