@@ -30,10 +30,22 @@ func (s *Server) chat(ctx *fasthttp.RequestCtx, k *knobs) {
 	p := acquirePlan(s, k)
 	if msg := p.buildChat(&f); msg != "" {
 		p.release()
-		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
-	p.respond(ctx, f.stream, (*plan).appendChatFull, (*plan).streamChat)
+	switch s.cfg.Flavor {
+	case FlavorSGLang:
+		if f.stream && p.returnIDs {
+			p.release()
+			s.writeError(ctx, fasthttp.StatusBadRequest, sglangStreamIDsError)
+			return
+		}
+		p.respond(ctx, f.stream, (*plan).appendSGLangChatFull, (*plan).streamSGLangChat)
+	case FlavorLlamaCpp:
+		p.respond(ctx, f.stream, (*plan).appendLlamaCppChatFull, (*plan).streamLlamaCppChat)
+	default:
+		p.respond(ctx, f.stream, (*plan).appendChatFull, (*plan).streamChat)
+	}
 }
 
 func (p *plan) buildChat(f *fields) string {
@@ -128,7 +140,7 @@ func (p *plan) buildChat(f *fields) string {
 		return msg
 	}
 	p.returnIDs = p.wantIDs(f)
-	p.asTokenIDs = f.asTokenIDs
+	p.asTokenIDs = p.wantTokenIDStrings(f)
 	p.includeUsage = f.stream && f.includeUsage()
 
 	h := newHasher()
@@ -185,7 +197,7 @@ func (p *plan) commonChecks(f *fields) string {
 		return "n must be at least 1, got " + strconv.Itoa(f.n) + "."
 	case f.n > MaxN:
 		return "n must be at most " + strconv.Itoa(MaxN) + " on this mock, got " + strconv.Itoa(f.n) + "."
-	case f.streamOptionsSet() && !f.stream:
+	case f.streamOptionsSet() && !f.stream && p.s.cfg.Flavor == FlavorVLLM:
 		return "Stream options can only be defined when `stream=True`."
 	}
 	if l := f.limit(); l != unset && l < 1 {
@@ -219,12 +231,7 @@ func (p *plan) appendChatLogprobs(dst []byte, c *planChoice, from, to int) []byt
 			dst = append(dst, ',')
 		}
 		id := c.ids[pos]
-		dst = append(dst, `{"token":`...)
-		dst = p.appendTokenString(dst, id)
-		dst = append(dst, `,"logprob":`...)
-		dst = appendFloat(dst, logprob(c.seed, pos, 0))
-		dst = append(dst, `,"bytes":`...)
-		dst = appendTokenBytes(dst, id)
+		dst = p.appendLogprobEntry(dst, id, logprob(c.seed, pos, 0))
 		dst = append(dst, `,"top_logprobs":[`...)
 		for r := 0; r < p.topLogprobs; r++ {
 			if r > 0 {
@@ -234,17 +241,43 @@ func (p *plan) appendChatLogprobs(dst []byte, c *planChoice, from, to int) []byt
 			if r > 0 {
 				t = altToken(id, r)
 			}
-			dst = append(dst, `{"token":`...)
-			dst = p.appendTokenString(dst, t)
-			dst = append(dst, `,"logprob":`...)
-			dst = appendFloat(dst, logprob(c.seed, pos, r))
-			dst = append(dst, `,"bytes":`...)
-			dst = appendTokenBytes(dst, t)
+			dst = p.appendLogprobEntry(dst, t, logprob(c.seed, pos, r))
 			dst = append(dst, '}')
 		}
 		dst = append(dst, "]}"...)
 	}
 	return append(dst, "]}"...)
+}
+
+// appendLogprobEntry appends an unclosed chat logprob object for token id, with the keys
+// in the flavour's order: vLLM {"token","logprob","bytes", SGLang {"token","bytes","logprob",
+// llama.cpp {"id","token","bytes","logprob".
+func (p *plan) appendLogprobEntry(dst []byte, id uint32, lp float64) []byte {
+	fl := p.s.cfg.Flavor
+	if fl == FlavorVLLM {
+		dst = append(dst, `{"token":`...)
+		dst = p.appendTokenString(dst, id)
+		dst = append(dst, `,"logprob":`...)
+		dst = appendFloat(dst, lp)
+		dst = append(dst, `,"bytes":`...)
+		return appendTokenBytes(dst, id)
+	}
+	dst = append(dst, '{')
+	if fl == FlavorLlamaCpp {
+		dst = append(dst, `"id":`...)
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"token":`...)
+	dst = p.appendTokenString(dst, id)
+	dst = append(dst, `,"bytes":`...)
+	if fl == FlavorLlamaCpp {
+		dst = appendRawBytes(dst, vocab[id]) // llama.cpp sends the raw bytes
+	} else {
+		dst = appendTokenBytes(dst, id)
+	}
+	dst = append(dst, `,"logprob":`...)
+	return appendFloat(dst, lp)
 }
 
 func (p *plan) appendChatFull(dst []byte) []byte {
@@ -286,65 +319,35 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 }
 
 // streamChat writes the SSE stream of a chat completion.
-func (p *plan) streamChat(w *bufio.Writer) {
-	if p.s.wait(&p.timer, p.k.ttft) != nil {
-		return
+func (p *plan) streamChat(w *bufio.Writer) { p.streamWith(w, &vllmChatWire) }
+
+var vllmChatWire = wire{
+	role:   (*plan).appendChatRole,
+	chunk:  (*plan).appendChatChunk,
+	finish: (*plan).appendChatFinish,
+	usage:  (*plan).appendChatUsageChunk,
+}
+
+// appendChatRole appends the first chunk of choice i (the very first carries
+// prompt_token_ids when asked).
+func (p *plan) appendChatRole(dst []byte, i int) []byte {
+	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	if i == 0 && p.returnIDs {
+		dst = append(dst, `,"prompt_token_ids":`...)
+		dst = appendIDs(dst, p.prompts)
 	}
-	for i := range p.choices {
-		b := p.appendPrefix(p.buf[:0], "chatcmpl-", "chat.completion.chunk")
-		b = append(b, `{"index":`...)
-		b = strconv.AppendInt(b, int64(i), 10)
-		b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
-		if i == 0 && p.returnIDs {
-			b = append(b, `,"prompt_token_ids":`...)
-			b = appendIDs(b, p.prompts)
-		}
-		p.buf = append(b, '}')
-		if sse(w, p.buf) != nil {
-			return
-		}
-	}
-	steps := p.maxSteps()
-	failAt, breakAt := p.failStep(steps), p.breakStep(steps)
-	for st := 0; st < steps; st++ {
-		if st == failAt {
-			_ = sse(w, []byte(midstreamError))
-			return
-		}
-		if st == breakAt && p.breakStream(w) {
-			return
-		}
-		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {
-			return
-		}
-		for i := range p.choices {
-			c := &p.choices[i]
-			n := c.steps()
-			if st >= n {
-				continue
-			}
-			p.buf = p.appendChatChunk(p.buf[:0], i, c, st)
-			if sse(w, p.buf) != nil {
-				return
-			}
-			if st == n-1 {
-				p.buf = p.appendChatFinish(p.buf[:0], i, c)
-				if sse(w, p.buf) != nil {
-					return
-				}
-			}
-		}
-	}
-	if p.includeUsage {
-		b := p.appendPrefix(p.buf[:0], "chatcmpl-", "chat.completion.chunk")
-		b = append(b, `],"usage":`...)
-		b = appendUsage(b, p.promptTokens(), p.completionTokens())
-		p.buf = append(b, '}')
-		if sse(w, p.buf) != nil {
-			return
-		}
-	}
-	_ = sse(w, doneEvent)
+	return append(dst, '}')
+}
+
+// appendChatUsageChunk appends the final usage chunk.
+func (p *plan) appendChatUsageChunk(dst []byte) []byte {
+	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
+	dst = append(dst, `],"usage":`...)
+	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	return append(dst, '}')
 }
 
 var doneEvent = []byte("[DONE]")
@@ -354,22 +357,19 @@ func (p *plan) appendChatChunk(dst []byte, i int, c *planChoice, st int) []byte 
 	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
-	from, to := st, st+1
+	from, to := c.stepRange(st)
 	switch {
 	case !c.tool:
 		dst = append(dst, `,"delta":{"content":"`...)
 		dst = appendJSONStringBody(dst, vocab[c.ids[st]])
 		dst = append(dst, `"},"logprobs":`...)
 	case st == 0:
-		from, to = 0, c.nPrefix
 		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"id":`...)
 		dst = appendCallID(dst, c)
 		dst = append(dst, `,"type":"function","function":{"name":`...)
 		dst = appendJSONString(dst, b2s(c.name))
 		dst = append(dst, `,"arguments":""}}]},"logprobs":`...)
 	default:
-		from = c.nPrefix + st - 1
-		to = from + 1
 		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"`...)
 		dst = appendJSONStringBody(dst, vocab[c.ids[from]])
 		dst = append(dst, `"}}]},"logprobs":`...)
@@ -388,10 +388,7 @@ func (p *plan) appendChatFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
-	from, to := len(c.ids), len(c.ids)
-	if c.tool {
-		from = len(c.ids) - c.nSuffix
-	}
+	from, to := c.finishRange()
 	dst = append(dst, `,"delta":{},"logprobs":`...)
 	dst = p.appendChatLogprobs(dst, c, from, to)
 	dst = append(dst, `,"finish_reason":"`...)

@@ -21,10 +21,17 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx, k *knobs) {
 	p := acquirePlan(s, k)
 	if msg := p.buildCompletions(&f); msg != "" {
 		p.release()
-		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
-	p.respond(ctx, f.stream, (*plan).appendCompletionFull, (*plan).streamCompletion)
+	switch s.cfg.Flavor {
+	case FlavorSGLang:
+		p.respond(ctx, f.stream, (*plan).appendSGLangCompletionFull, (*plan).streamSGLangCompletion)
+	case FlavorLlamaCpp:
+		p.respond(ctx, f.stream, (*plan).appendLlamaCppCompletionFull, (*plan).streamLlamaCppCompletion)
+	default:
+		p.respond(ctx, f.stream, (*plan).appendCompletionFull, (*plan).streamCompletion)
+	}
 }
 
 // readPrompts fills p.prompts from a completions prompt or an embeddings input.
@@ -112,7 +119,7 @@ func (p *plan) buildCompletions(f *fields) string {
 	}
 	p.setModel(f)
 	p.returnIDs = p.wantIDs(f)
-	p.asTokenIDs = f.asTokenIDs
+	p.asTokenIDs = p.wantTokenIDStrings(f)
 	p.includeUsage = f.stream && f.includeUsage()
 
 	idh := newHasher()
@@ -140,34 +147,33 @@ func (p *plan) buildCompletions(f *fields) string {
 	return ""
 }
 
-// appendCompletionLogprobs appends the completions logprobs object for c.ids[from:to].
+// appendCompletionLogprobs appends the completions logprobs object for c.ids[from:to]:
+// vLLM {tokens, token_logprobs, text_offset, top_logprobs}, SGLang the same lists in the
+// order {text_offset, token_logprobs, tokens, top_logprobs}, llama.cpp the chat shape
+// {"content":[...]}; null when not asked.
 func (p *plan) appendCompletionLogprobs(dst []byte, c *planChoice, from, to, offset int) []byte {
 	if !p.logprobs || from >= to {
 		return append(dst, "null"...)
 	}
-	dst = append(dst, `{"tokens":[`...)
-	for pos := from; pos < to; pos++ {
-		if pos > from {
-			dst = append(dst, ',')
-		}
-		dst = p.appendTokenString(dst, c.ids[pos])
+	switch p.s.cfg.Flavor {
+	case FlavorLlamaCpp:
+		return p.appendChatLogprobs(dst, c, from, to)
+	case FlavorSGLang:
+		dst = append(dst, `{"text_offset":`...)
+		dst = appendTextOffsets(dst, c, from, to, offset)
+		dst = append(dst, `,"token_logprobs":`...)
+		dst = appendTokenLogprobs(dst, c, from, to)
+		dst = append(dst, `,"tokens":`...)
+		dst = p.appendTokenStrings(dst, c, from, to)
+	default:
+		dst = append(dst, `{"tokens":`...)
+		dst = p.appendTokenStrings(dst, c, from, to)
+		dst = append(dst, `,"token_logprobs":`...)
+		dst = appendTokenLogprobs(dst, c, from, to)
+		dst = append(dst, `,"text_offset":`...)
+		dst = appendTextOffsets(dst, c, from, to, offset)
 	}
-	dst = append(dst, `],"token_logprobs":[`...)
-	for pos := from; pos < to; pos++ {
-		if pos > from {
-			dst = append(dst, ',')
-		}
-		dst = appendFloat(dst, logprob(c.seed, pos, 0))
-	}
-	dst = append(dst, `],"text_offset":[`...)
-	for pos := from; pos < to; pos++ {
-		if pos > from {
-			dst = append(dst, ',')
-		}
-		dst = strconv.AppendInt(dst, int64(offset), 10)
-		offset += len(vocab[c.ids[pos]])
-	}
-	dst = append(dst, `],"top_logprobs":[`...)
+	dst = append(dst, `,"top_logprobs":[`...)
 	for pos := from; pos < to; pos++ {
 		if pos > from {
 			dst = append(dst, ',')
@@ -189,6 +195,44 @@ func (p *plan) appendCompletionLogprobs(dst []byte, c *planChoice, from, to, off
 		dst = append(dst, '}')
 	}
 	return append(dst, "]}"...)
+}
+
+// appendTokenStrings appends the JSON list of the strings of c.ids[from:to].
+func (p *plan) appendTokenStrings(dst []byte, c *planChoice, from, to int) []byte {
+	dst = append(dst, '[')
+	for pos := from; pos < to; pos++ {
+		if pos > from {
+			dst = append(dst, ',')
+		}
+		dst = p.appendTokenString(dst, c.ids[pos])
+	}
+	return append(dst, ']')
+}
+
+// appendTokenLogprobs appends the JSON list of the sampled logprobs at from..to-1.
+func appendTokenLogprobs(dst []byte, c *planChoice, from, to int) []byte {
+	dst = append(dst, '[')
+	for pos := from; pos < to; pos++ {
+		if pos > from {
+			dst = append(dst, ',')
+		}
+		dst = appendFloat(dst, logprob(c.seed, pos, 0))
+	}
+	return append(dst, ']')
+}
+
+// appendTextOffsets appends the JSON list of the text offsets of c.ids[from:to], the first
+// being offset.
+func appendTextOffsets(dst []byte, c *planChoice, from, to, offset int) []byte {
+	dst = append(dst, '[')
+	for pos := from; pos < to; pos++ {
+		if pos > from {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendInt(dst, int64(offset), 10)
+		offset += len(vocab[c.ids[pos]])
+	}
+	return append(dst, ']')
 }
 
 func (p *plan) appendCompletionFull(dst []byte) []byte {
@@ -218,67 +262,47 @@ func (p *plan) appendCompletionFull(dst []byte) []byte {
 }
 
 // streamCompletion writes the SSE stream of a completion.
-func (p *plan) streamCompletion(w *bufio.Writer) {
-	if p.s.wait(&p.timer, p.k.ttft) != nil {
-		return
-	}
-	steps := p.maxSteps()
-	failAt, breakAt := p.failStep(steps), p.breakStep(steps)
-	for st := 0; st < steps; st++ {
-		if st == failAt {
-			_ = sse(w, []byte(midstreamError))
-			return
-		}
-		if st == breakAt && p.breakStream(w) {
-			return
-		}
-		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {
-			return
-		}
-		for i := range p.choices {
-			c := &p.choices[i]
-			if st >= len(c.ids) {
-				continue
-			}
-			b := p.appendPrefix(p.buf[:0], "cmpl-", "text_completion")
-			b = append(b, `{"index":`...)
-			b = strconv.AppendInt(b, int64(i), 10)
-			b = append(b, `,"text":"`...)
-			b = appendJSONStringBody(b, vocab[c.ids[st]])
-			b = append(b, `","logprobs":`...)
-			b = p.appendCompletionLogprobs(b, c, st, st+1, c.offset)
-			c.offset += len(vocab[c.ids[st]])
-			b = append(b, `,"finish_reason":null,"stop_reason":null,"prompt_token_ids":`...)
-			b = appendIDsOrNull(b, p.prompt(c.prompt), p.returnIDs && st == 0)
-			b = append(b, `,"token_ids":`...)
-			b = appendIDsOrNull(b, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
-			p.buf = append(b, `}],"usage":null}`...)
-			if sse(w, p.buf) != nil {
-				return
-			}
-			if st == len(c.ids)-1 {
-				b = p.appendPrefix(p.buf[:0], "cmpl-", "text_completion")
-				b = append(b, `{"index":`...)
-				b = strconv.AppendInt(b, int64(i), 10)
-				b = append(b, `,"text":"","logprobs":null,"finish_reason":"`...)
-				b = append(b, c.finish...)
-				b = append(b, `","stop_reason":null,"prompt_token_ids":null,"token_ids":`...)
-				b = appendIDsOrNull(b, nil, p.returnIDs)
-				p.buf = append(b, `}],"usage":null}`...)
-				if sse(w, p.buf) != nil {
-					return
-				}
-			}
-		}
-	}
-	if p.includeUsage {
-		b := p.appendPrefix(p.buf[:0], "cmpl-", "text_completion")
-		b = append(b, `],"usage":`...)
-		b = appendUsage(b, p.promptTokens(), p.completionTokens())
-		p.buf = append(b, '}')
-		if sse(w, p.buf) != nil {
-			return
-		}
-	}
-	_ = sse(w, doneEvent)
+func (p *plan) streamCompletion(w *bufio.Writer) { p.streamWith(w, &vllmCompletionWire) }
+
+var vllmCompletionWire = wire{
+	chunk:  (*plan).appendCompletionChunk,
+	finish: (*plan).appendCompletionFinish,
+	usage:  (*plan).appendCompletionUsageChunk,
+}
+
+// appendCompletionChunk appends the chunk of step st of choice i: every key is present.
+func (p *plan) appendCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
+	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"text":"`...)
+	dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+	dst = append(dst, `","logprobs":`...)
+	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
+	c.offset += len(vocab[c.ids[st]])
+	dst = append(dst, `,"finish_reason":null,"stop_reason":null,"prompt_token_ids":`...)
+	dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs && st == 0)
+	dst = append(dst, `,"token_ids":`...)
+	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
+	return append(dst, `}],"usage":null}`...)
+}
+
+// appendCompletionFinish appends the finish chunk of choice i.
+func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
+	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"text":"","logprobs":null,"finish_reason":"`...)
+	dst = append(dst, c.finish...)
+	dst = append(dst, `","stop_reason":null,"prompt_token_ids":null,"token_ids":`...)
+	dst = appendIDsOrNull(dst, nil, p.returnIDs)
+	return append(dst, `}],"usage":null}`...)
+}
+
+// appendCompletionUsageChunk appends the final usage chunk.
+func (p *plan) appendCompletionUsageChunk(dst []byte) []byte {
+	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
+	dst = append(dst, `],"usage":`...)
+	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	return append(dst, '}')
 }

@@ -21,8 +21,11 @@ const (
 	MaxLogprobs = 20
 )
 
-// Config configures a mock vLLM server. Every zero value means "use the default".
+// Config configures a mock server. Every zero value means "use the default".
 type Config struct {
+	// Flavor is the engine imitated: FlavorVLLM, FlavorSGLang or FlavorLlamaCpp (see Flavor).
+	// New panics on any other value; Start and the -flavor flag return an error. Default vllm.
+	Flavor Flavor
 	// Model is the served model name listed first by /v1/models. Requests may name any
 	// model; responses echo the requested name (or Model when the request names none).
 	// Default "mock-model".
@@ -62,6 +65,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Flavor == "" {
+		c.Flavor = FlavorVLLM
+	}
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
@@ -90,6 +96,13 @@ func (c *Config) setDefaults() {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	d := *c
 	d.setDefaults()
+	fs.Func("flavor", flavorFlagHelp+" (default vllm)", func(v string) error {
+		f, err := ParseFlavor(strings.TrimSpace(v))
+		if err == nil {
+			c.Flavor = f
+		}
+		return err
+	})
 	fs.StringVar(&c.Model, "model", d.Model, "served model name listed by /v1/models; requests may name any model")
 	fs.Func("extra-models", "comma-separated extra model names listed by /v1/models (default none)", func(s string) error {
 		c.ExtraModels = nil
@@ -100,7 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
-	fs.StringVar(&c.Version, "version", d.Version, "vLLM version reported by GET /version")
+	fs.StringVar(&c.Version, "version", d.Version, "vLLM version reported by GET /version (flavor vllm only)")
 	fs.Int64Var(&c.Created, "created", d.Created, "fixed \"created\" unix timestamp of every response")
 	fs.DurationVar(&c.TTFT, "ttft", d.TTFT, "delay before the first token, e.g. 50ms (per request: header x-mock-ttft-ms)")
 	fs.DurationVar(&c.ITL, "itl", d.ITL, "delay between tokens, e.g. 10ms (per request: header x-mock-itl-ms)")

@@ -235,27 +235,39 @@ func serveInMemory(h fasthttp.RequestHandler, ctx *fasthttp.RequestCtx, path str
 	return ctx.Response.Body()
 }
 
-var fuzzPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathTokenize, PathDetokenize}
+var fuzzPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathTokenize, PathDetokenize, PathApplyTemplate}
 
+// FuzzHandler sends any body to every route of every flavour (route picks the path, and
+// route/len(fuzzPaths) the flavour): the answer is a 200 with valid JSON or SSE, or an
+// error in the flavour's shape whose code is the status.
 func FuzzHandler(f *testing.F) {
 	for _, s := range []string{chatBody, toolsReq, `{"prompt":[[1,2],[3]],"n":2,"stream":true,"logprobs":3}`,
 		`{"input":"x","stream":true}`, `{"messages":[{"role":"user","content":"x"}],"stream":true,"logprobs":true,"top_logprobs":2,"n":2,"return_token_ids":true}`,
 		`{"tokens":[1,2,300]}`, `{"messages":[{"role":"user"}],"tools":[{"function":{"name":"f","parameters":{"properties":{"a":{"type":"array","items":{"type":"object","properties":{"b":{"type":"number"}}}}}}}}]}`,
+		`{"content":"<|im_start|>x","with_pieces":true,"parse_special":false}`, `{"prompt":["a","b"],"return_token_ids":true,"stream":true}`,
 		`{`, `null`, `{"n":1e300}`} {
-		for i := range fuzzPaths {
+		for i := 0; i < len(fuzzPaths)*len(Flavors); i++ {
 			f.Add(uint8(i), []byte(s))
 		}
 	}
-	s := New(Config{})
-	h := s.Handler()
+	var hs []fasthttp.RequestHandler
+	for _, fl := range Flavors {
+		hs = append(hs, New(Config{Flavor: fl}).Handler())
+	}
 	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
 		var ctx fasthttp.RequestCtx
-		out := serveInMemory(h, &ctx, fuzzPaths[int(route)%len(fuzzPaths)], body)
+		r := int(route)
+		fl := (r / len(fuzzPaths)) % len(Flavors)
+		out := serveInMemory(hs[fl], &ctx, fuzzPaths[r%len(fuzzPaths)], body)
 		status := ctx.Response.StatusCode()
 		switch {
 		case status != 200:
-			if !gjson.ValidBytes(out) || gjson.GetBytes(out, "error.message").Str == "" || gjson.GetBytes(out, "error.code").Int() != int64(status) {
-				t.Fatalf("status %d with body %q", status, out)
+			e := gjson.ParseBytes(out)
+			if Flavors[fl] != FlavorSGLang {
+				e = e.Get("error")
+			}
+			if !gjson.ValidBytes(out) || e.Get("message").Str == "" || e.Get("code").Int() != int64(status) {
+				t.Fatalf("%s: status %d with body %q", Flavors[fl], status, out)
 			}
 		case bytes.HasPrefix(ctx.Response.Header.ContentType(), []byte("text/event-stream")):
 			evs := parseSSE(t, out)

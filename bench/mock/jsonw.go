@@ -76,6 +76,18 @@ func appendIDs(dst []byte, ids []uint32) []byte {
 	return append(dst, ']')
 }
 
+// appendRawBytes appends the bytes of s as a JSON list of integers.
+func appendRawBytes(dst []byte, s string) []byte {
+	dst = append(dst, '[')
+	for i := 0; i < len(s); i++ {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(s[i]), 10)
+	}
+	return append(dst, ']')
+}
+
 // appendIDsOrNull appends ids, or null when !ok.
 func appendIDsOrNull(dst []byte, ids []uint32, ok bool) []byte {
 	if !ok {

@@ -40,7 +40,7 @@ func (s *Server) embeddings(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if msg != "" {
-		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
 	p.setModel(&f)
@@ -104,6 +104,14 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	parseFields(ctx.PostBody(), &f)
 	p := acquirePlan(s, &knobs{})
 	defer p.release()
+	switch s.cfg.Flavor {
+	case FlavorSGLang:
+		s.sglangTokenize(ctx, &f, p)
+		return
+	case FlavorLlamaCpp:
+		s.llamaCppTokenize(ctx, &f, p)
+		return
+	}
 	msg := f.err
 	switch {
 	case msg != "":
@@ -122,7 +130,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 		msg = "prompt: Input should be a valid string"
 	}
 	if msg != "" {
-		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
 	b := append(p.buf[:0], `{"count":`...)
@@ -148,7 +156,8 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, p.buf)
 }
 
-// detokenize serves POST /detokenize: {"tokens":[...]} -> {"prompt":"..."}.
+// detokenize serves POST /detokenize: {"tokens":[...]} -> {"prompt":"..."} (vLLM),
+// {"text":"..."} (SGLang) or {"content":"..."} (llama.cpp).
 func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
 	var f fields
 	parseFields(ctx.PostBody(), &f)
@@ -165,11 +174,19 @@ func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if msg != "" {
-		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
 	p.text = appendDecode(p.text[:0], p.prompts)
-	b := append(p.buf[:0], `{"prompt":`...)
+	var b []byte
+	switch s.cfg.Flavor {
+	case FlavorSGLang:
+		b = append(p.buf[:0], `{"text":`...)
+	case FlavorLlamaCpp:
+		b = append(p.buf[:0], `{"content":`...)
+	default:
+		b = append(p.buf[:0], `{"prompt":`...)
+	}
 	b = appendJSONString(b, b2s(p.text))
 	p.buf = append(b, '}')
 	writeJSON(ctx, p.buf)

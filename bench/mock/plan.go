@@ -34,6 +34,28 @@ func (c *planChoice) steps() int {
 	return len(c.ids)
 }
 
+// stepRange returns the ids c.ids[from:to] sent by stream step st: one token, or for a
+// tool call the prefix ids (step 0) and then one argument token per step.
+func (c *planChoice) stepRange(st int) (from, to int) {
+	switch {
+	case !c.tool:
+		return st, st + 1
+	case st == 0:
+		return 0, c.nPrefix
+	}
+	from = c.nPrefix + st - 1
+	return from, from + 1
+}
+
+// finishRange returns the ids c.ids[from:to] sent with the finish chunk: none, or the
+// suffix ids of a tool call.
+func (c *planChoice) finishRange() (from, to int) {
+	if c.tool {
+		return len(c.ids) - c.nSuffix, len(c.ids)
+	}
+	return len(c.ids), len(c.ids)
+}
+
 // plan is everything needed to answer a generation request, computed up front so that the
 // stream writer never touches the request. Plans are pooled.
 type plan struct {
@@ -176,20 +198,14 @@ func (p *plan) appendTokenString(dst []byte, id uint32) []byte {
 	return appendJSONString(dst, vocab[id])
 }
 
-// appendTokenBytes appends the UTF-8 bytes of token id as a JSON list.
+// appendTokenBytes appends the UTF-8 bytes of token id as a JSON list (U+FFFD's for a
+// token that is not valid UTF-8 on its own).
 func appendTokenBytes(dst []byte, id uint32) []byte {
 	tok := vocab[id]
 	if !validUTF8Token(id) {
 		tok = "\ufffd"
 	}
-	dst = append(dst, '[')
-	for i := 0; i < len(tok); i++ {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = strconv.AppendUint(dst, uint64(tok[i]), 10)
-	}
-	return append(dst, ']')
+	return appendRawBytes(dst, tok)
 }
 
 // appendTextOf appends the escaped text of ids (no quotes). Generated tokens are ASCII, so
@@ -215,7 +231,7 @@ func (p *plan) respond(ctx *fasthttp.RequestCtx, stream bool, render func(*plan,
 	if !stream {
 		defer p.release()
 		if p.k.midstream {
-			writeError(ctx, fasthttp.StatusInternalServerError, "mock failure: midstream requested by x-mock-fail")
+			p.s.writeError(ctx, fasthttp.StatusInternalServerError, "mock failure: midstream requested by x-mock-fail")
 			return
 		}
 		if p.k.broken != "" {
@@ -228,7 +244,7 @@ func (p *plan) respond(ctx *fasthttp.RequestCtx, stream bool, render func(*plan,
 			return
 		}
 		if err := p.delay(); err != nil {
-			writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
+			p.s.writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
 			return
 		}
 		p.buf = render(p, p.buf[:0])
@@ -244,6 +260,72 @@ func (p *plan) respond(ctx *fasthttp.RequestCtx, stream bool, render func(*plan,
 		defer p.release()
 		streamFn(p, w)
 	})
+}
+
+// wire is one stream format: role writes the opening chunk of a choice (nil: none, as in
+// completions), chunk the chunk of one step, finish a choice's last chunk, usage the final
+// usage chunk. Each appends one SSE payload to dst.
+type wire struct {
+	role   func(p *plan, dst []byte, i int) []byte
+	chunk  func(p *plan, dst []byte, i int, c *planChoice, st int) []byte
+	finish func(p *plan, dst []byte, i int, c *planChoice) []byte
+	usage  func(p *plan, dst []byte) []byte
+}
+
+// streamWith writes a chat or completion stream in format wr: after TTFT the role chunks,
+// then per step one chunk per unfinished choice (ITL between steps), each choice's finish
+// chunk right after its last step, the usage chunk if asked, then [DONE]. The failure
+// knobs act before step 3 (or the last step).
+func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
+	if p.s.wait(&p.timer, p.k.ttft) != nil {
+		return
+	}
+	if wr.role != nil {
+		for i := range p.choices {
+			p.buf = wr.role(p, p.buf[:0], i)
+			if sse(w, p.buf) != nil {
+				return
+			}
+		}
+	}
+	steps := p.maxSteps()
+	failAt, breakAt := p.failStep(steps), p.breakStep(steps)
+	for st := 0; st < steps; st++ {
+		if st == failAt {
+			_ = sse(w, []byte(midstreamError))
+			return
+		}
+		if st == breakAt && p.breakStream(w) {
+			return
+		}
+		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {
+			return
+		}
+		for i := range p.choices {
+			c := &p.choices[i]
+			n := c.steps()
+			if st >= n {
+				continue
+			}
+			p.buf = wr.chunk(p, p.buf[:0], i, c, st)
+			if sse(w, p.buf) != nil {
+				return
+			}
+			if st == n-1 {
+				p.buf = wr.finish(p, p.buf[:0], i, c)
+				if sse(w, p.buf) != nil {
+					return
+				}
+			}
+		}
+	}
+	if p.includeUsage {
+		p.buf = wr.usage(p, p.buf[:0])
+		if sse(w, p.buf) != nil {
+			return
+		}
+	}
+	_ = sse(w, doneEvent)
 }
 
 // midstreamError is the event sent by x-mock-fail: midstream.
@@ -288,9 +370,14 @@ func (p *plan) dropIDs(n int) bool {
 	return k > 0 && n%k == 0
 }
 
-// wantIDs reads return_token_ids, honouring IgnoreReturnTokenIDs.
+// wantIDs reads return_token_ids, honouring IgnoreReturnTokenIDs; llama.cpp ignores it.
 func (p *plan) wantIDs(f *fields) bool {
-	return f.returnIDs && !p.s.cfg.IgnoreReturnTokenIDs
+	return f.returnIDs && !p.s.cfg.IgnoreReturnTokenIDs && p.s.cfg.Flavor != FlavorLlamaCpp
+}
+
+// wantTokenIDStrings reads return_tokens_as_token_ids, a vLLM-only field.
+func (p *plan) wantTokenIDStrings(f *fields) bool {
+	return f.asTokenIDs && p.s.cfg.Flavor == FlavorVLLM
 }
 
 // genText fills c with a text answer of up to limit tokens.

@@ -13,6 +13,7 @@ type fields struct {
 	messages, tools, toolChoice, prompt      gjson.Result
 	input, instructions, streamOptions       gjson.Result
 	logprobs, tokens, encodingFormat         gjson.Result
+	content, parseSpecial, withPieces        gjson.Result // llama.cpp /tokenize
 	n, maxTokens, maxCompletion, maxOutput   int
 	topLogprobs                              int
 	stream, returnIDs, asTokenIDs, tokenStrs bool
@@ -66,6 +67,12 @@ func parseFields(body []byte, f *fields) {
 			f.tokens = v
 		case "encoding_format":
 			f.encodingFormat = v
+		case "content":
+			f.content = v
+		case "parse_special":
+			f.parseSpecial = v
+		case "with_pieces":
+			f.withPieces = v
 		case "n":
 			intField(v, "n", &f.n, &f.err)
 		case "max_tokens":

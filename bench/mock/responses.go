@@ -19,7 +19,7 @@ func (s *Server) responses(ctx *fasthttp.RequestCtx, k *knobs) {
 	p := acquirePlan(s, k)
 	if msg := p.buildResponses(&f); msg != "" {
 		p.release()
-		writeError(ctx, fasthttp.StatusBadRequest, msg)
+		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
 	p.respond(ctx, f.stream, (*plan).appendResponseFull, (*plan).streamResponse)

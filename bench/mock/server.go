@@ -3,6 +3,16 @@
 // the baseline of benchmarks; it follows /work/shared/design/BACKENDS.md and the wire
 // shapes of notes/wire.md byte for byte.
 //
+// Config.Flavor (flag -flavor) makes it imitate another engine instead, each following
+// BACKENDS.md (see Flavor and sglang.go, llamacpp.go for the exact shapes):
+//
+//	vllm      the default, as above
+//	sglang    ids per choice (choices[].prompt_token_ids, choices[].token_ids) on chat and
+//	          completions, streamed too, except streamed chat with return_token_ids: 400;
+//	          flat errors {"object":"error",...}; no /version; owned_by "sglang"
+//	llamacpp  no token ids at all; chat logprobs entries carry the token "id"; /tokenize
+//	          {"content"}, /detokenize, /apply-template, GET /props; owned_by "llamacpp"
+//
 // Everything it says is a pure function of the request content and Config: the same
 // request gives the same bytes. Generated text depends on the model, the rendered prompt
 // (messages + tools, or the completion prompt), seed, temperature and the choice index;
@@ -57,11 +67,14 @@ const (
 	PathWakeUp           = "/wake_up"
 	PathIsSleeping       = "/is_sleeping"
 	PathResetPrefixCache = "/reset_prefix_cache"
+	// PathApplyTemplate and PathProps are served by FlavorLlamaCpp only.
+	PathApplyTemplate = "/apply-template"
+	PathProps         = "/props"
 )
 
 var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathModels,
 	PathVersion, PathHealth, PathTokenize, PathDetokenize, PathSleep, PathWakeUp, PathIsSleeping,
-	PathResetPrefixCache}
+	PathResetPrefixCache, PathApplyTemplate, PathProps}
 
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
@@ -83,11 +96,16 @@ type Server struct {
 
 	modelsBody  []byte
 	versionBody []byte
+	propsBody   []byte
 }
 
-// New returns a server for cfg (zero fields take their defaults).
+// New returns a server for cfg (zero fields take their defaults). It panics when
+// cfg.Flavor is not one of Flavors; Start returns an error instead.
 func New(cfg Config) *Server {
 	cfg.setDefaults()
+	if _, err := ParseFlavor(string(cfg.Flavor)); err != nil {
+		panic(err.Error())
+	}
 	s := &Server{
 		cfg:      cfg,
 		done:     make(chan struct{}),
@@ -97,7 +115,10 @@ func New(cfg Config) *Server {
 	for _, p := range knownPaths {
 		s.perPath[p] = new(atomic.Int64)
 	}
-	s.modelsBody = s.appendModels(nil)
+	s.modelsBody = s.appendFlavorModels(nil)
+	if cfg.Flavor == FlavorLlamaCpp {
+		s.propsBody = s.appendProps(nil)
+	}
 	s.versionBody = append(appendJSONString([]byte(`{"version":`), cfg.Version), '}')
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
@@ -141,6 +162,9 @@ func (s *Server) Shutdown() error {
 // Start listens on 127.0.0.1 on a free port, serves in a goroutine and returns the server
 // and its OpenAI base URL, e.g. "http://127.0.0.1:41234/v1". Stop it with Shutdown.
 func Start(cfg Config) (s *Server, baseURL string, err error) {
+	if _, err := ParseFlavor(string(cfg.Flavor)); err != nil {
+		return nil, "", err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", fmt.Errorf("mock vLLM: listen on 127.0.0.1:0: %w", err)
@@ -222,7 +246,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if v := h.Peek("x-mock-ttft-ms"); len(v) > 0 {
 		ms, err := strconv.Atoi(b2s(v))
 		if err != nil || ms < 0 {
-			writeError(ctx, 400, "x-mock-ttft-ms: want a non-negative integer of milliseconds, got "+strconv.Quote(string(v)))
+			s.writeError(ctx, 400, "x-mock-ttft-ms: want a non-negative integer of milliseconds, got "+strconv.Quote(string(v)))
 			return
 		}
 		k.ttft = time.Duration(ms) * time.Millisecond
@@ -230,7 +254,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if v := h.Peek("x-mock-itl-ms"); len(v) > 0 {
 		ms, err := strconv.Atoi(b2s(v))
 		if err != nil || ms < 0 {
-			writeError(ctx, 400, "x-mock-itl-ms: want a non-negative integer of milliseconds, got "+strconv.Quote(string(v)))
+			s.writeError(ctx, 400, "x-mock-itl-ms: want a non-negative integer of milliseconds, got "+strconv.Quote(string(v)))
 			return
 		}
 		k.itl = time.Duration(ms) * time.Millisecond
@@ -238,13 +262,17 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if v := h.Peek("x-mock-tokens"); len(v) > 0 {
 		n, err := strconv.Atoi(b2s(v))
 		if err != nil || n < 1 {
-			writeError(ctx, 400, "x-mock-tokens: want a positive integer, got "+strconv.Quote(string(v)))
+			s.writeError(ctx, 400, "x-mock-tokens: want a positive integer, got "+strconv.Quote(string(v)))
 			return
 		}
 		k.tokens = min(n, s.cfg.MaxModelLen)
 	}
 
 	path := b2s(ctx.Path())
+	if !s.routed(path) {
+		s.writeError(ctx, fasthttp.StatusNotFound, "Not Found")
+		return
+	}
 	switch path {
 	case PathChat:
 		if s.method(ctx, fasthttp.MethodPost) {
@@ -272,7 +300,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	case PathHealth:
 		if s.method(ctx, fasthttp.MethodGet) {
-			ctx.SetStatusCode(fasthttp.StatusOK)
+			s.writeHealth(ctx)
 		}
 	case PathTokenize:
 		if s.method(ctx, fasthttp.MethodPost) {
@@ -290,6 +318,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.method(ctx, fasthttp.MethodPost) {
 			s.sleeping.Store(false)
 		}
+	case PathApplyTemplate:
+		if s.method(ctx, fasthttp.MethodPost) {
+			s.applyTemplate(ctx)
+		}
+	case PathProps:
+		if s.method(ctx, fasthttp.MethodGet) {
+			writeJSON(ctx, s.propsBody)
+		}
 	case PathResetPrefixCache:
 		s.method(ctx, fasthttp.MethodPost)
 	case PathIsSleeping:
@@ -298,7 +334,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			ctx.Response.AppendBodyString("}")
 		}
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, "Not Found")
+		s.writeError(ctx, fasthttp.StatusNotFound, "Not Found")
 	}
 }
 
@@ -307,7 +343,7 @@ func (s *Server) method(ctx *fasthttp.RequestCtx, m string) bool {
 	if b2s(ctx.Method()) == m {
 		return true
 	}
-	writeError(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
+	s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
 	return false
 }
 
@@ -317,10 +353,10 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, v string, k *knobs) bool {
 	case strings.HasPrefix(v, "status="):
 		code, err := strconv.Atoi(v[len("status="):])
 		if err != nil || code < 100 || code > 599 {
-			writeError(ctx, 400, "x-mock-fail: want status=NNN with 100 <= NNN <= 599, got "+strconv.Quote(v))
+			s.writeError(ctx, 400, "x-mock-fail: want status=NNN with 100 <= NNN <= 599, got "+strconv.Quote(v))
 			return false
 		}
-		writeError(ctx, code, "mock failure: status "+strconv.Itoa(code)+" requested by x-mock-fail")
+		s.writeError(ctx, code, "mock failure: status "+strconv.Itoa(code)+" requested by x-mock-fail")
 		return false
 	case v == "midstream":
 		k.midstream = true
@@ -338,7 +374,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, v string, k *knobs) bool {
 		ctx.Hijack(func(net.Conn) {}) // fasthttp closes the connection after this returns
 		return false
 	}
-	writeError(ctx, 400, "x-mock-fail: want status=NNN, midstream, badjson, junk, truncate, hang or disconnect, got "+strconv.Quote(v))
+	s.writeError(ctx, 400, "x-mock-fail: want status=NNN, midstream, badjson, junk, truncate, hang or disconnect, got "+strconv.Quote(v))
 	return false
 }
 
@@ -395,11 +431,21 @@ func appendError(dst []byte, status int, msg string) []byte {
 	return append(dst, "}}"...)
 }
 
-func writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
+// writeError answers status with the error body of the server's flavour.
+func (s *Server) writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
 	ctx.Response.ResetBody()
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	ctx.Response.SetBodyRaw(appendError(nil, status, msg))
+	var body []byte
+	switch s.cfg.Flavor {
+	case FlavorSGLang:
+		body = appendSGLangError(nil, status, msg)
+	case FlavorLlamaCpp:
+		body = appendLlamaCppError(nil, status, msg)
+	default:
+		body = appendError(nil, status, msg)
+	}
+	ctx.Response.SetBodyRaw(body)
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, body []byte) {

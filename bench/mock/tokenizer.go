@@ -127,6 +127,13 @@ func Encode(text string) []uint32 {
 
 // appendEncode appends the ids of text to dst.
 func appendEncode(dst []uint32, text string) []uint32 {
+	return appendEncodeSpecial(dst, text, true)
+}
+
+// appendEncodeSpecial appends the ids of text to dst; with special false the special
+// tokens are not matched, so their text encodes as ordinary pieces and bytes (llama.cpp's
+// parse_special: false).
+func appendEncodeSpecial(dst []uint32, text string, special bool) []uint32 {
 	for i := 0; i < len(text); {
 		best, bestLen := uint32(text[i]), 1
 		n := &root
@@ -135,7 +142,7 @@ func appendEncode(dst []uint32, text string) []uint32 {
 			if n == nil {
 				break
 			}
-			if n.id >= 0 {
+			if n.id >= 0 && (special || !isSpecial(uint32(n.id))) {
 				best, bestLen = uint32(n.id), j-i+1
 			}
 		}
@@ -143,6 +150,11 @@ func appendEncode(dst []uint32, text string) []uint32 {
 		i += bestLen
 	}
 	return dst
+}
+
+// isSpecial reports whether id is one of the special tokens (TokenEndOfText..TokenToolEnd).
+func isSpecial(id uint32) bool {
+	return id >= TokenEndOfText && id < TokenEndOfText+uint32(len(specialTokens))
 }
 
 // Decode returns the text of ids; ids out of range decode to "".
