@@ -1,5 +1,7 @@
 package rewrite
 
+import "bytes"
+
 // A minimal structural JSON scanner over byte slices. It never allocates and
 // never panics on malformed input: every function reports failure with -1 or
 // false. It does not validate (Rewrite validates with gjson first; the
@@ -16,18 +18,30 @@ func skipWS(b []byte, i int) int {
 }
 
 // skipString returns the index just after the string starting at b[i] == '"',
-// or -1.
+// or -1. It jumps from quote to quote (bytes.IndexByte); a quote is escaped
+// when an odd number of backslashes precede it.
 func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
+	j := i + 1
+	for j < len(b) {
+		q := bytes.IndexByte(b[j:], '"')
+		if q < 0 {
+			return -1
 		}
+		j += q
+		n := 0
+		for k := j - 1; k > i && b[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return j + 1
+		}
+		j++
 	}
 	return -1
 }
+
+// structural marks the bytes skipValue looks at inside arrays and objects.
+var structural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
 
 // skipValue returns the index just after the value starting at b[i], or -1.
 func skipValue(b []byte, i int) int {
@@ -40,6 +54,9 @@ func skipValue(b []byte, i int) int {
 	case '{', '[':
 		depth := 0
 		for ; i < len(b); i++ {
+			if !structural[b[i]] {
+				continue
+			}
 			switch b[i] {
 			case '"':
 				j := skipString(b, i)
@@ -99,7 +116,13 @@ func newObjIter(b []byte, open int) objIter {
 
 // next reads the next member into m; false at the end of the object or on
 // malformed input (then bad is set).
-func (it *objIter) next(m *member) bool {
+func (it *objIter) next(m *member) bool { return it.nextKey(m) && it.skipVal(m) }
+
+// nextKey reads the next member's key into m and stops at its value
+// (m.valStart; m.valEnd is not set): the caller then calls skipVal, or walks
+// the value itself and calls endVal. false at the end of the object or on
+// malformed input (then bad is set).
+func (it *objIter) nextKey(m *member) bool {
 	b := it.b
 	i := skipWS(b, it.i)
 	if i >= len(b) {
@@ -134,16 +157,27 @@ func (it *objIter) next(m *member) bool {
 		it.bad = true
 		return false
 	}
-	i = skipWS(b, i+1)
-	m.valStart = i
-	i = skipValue(b, i)
+	m.valStart = skipWS(b, i+1)
+	it.i = m.valStart
+	return true
+}
+
+// skipVal skips the value of the member nextKey read; false (and bad) when
+// the value is malformed.
+func (it *objIter) skipVal(m *member) bool {
+	i := skipValue(it.b, m.valStart)
 	if i < 0 {
 		it.bad = true
 		return false
 	}
-	m.valEnd = i
-	it.i = i
+	it.endVal(m, i)
 	return true
+}
+
+// endVal records that the value of the member nextKey read ends at end.
+func (it *objIter) endVal(m *member, end int) {
+	m.valEnd = end
+	it.i = end
 }
 
 // arrIter walks the elements of an array. Start it at the '['.
@@ -152,6 +186,7 @@ type arrIter struct {
 	i     int
 	first bool
 	bad   bool
+	end   int // index just after the closing ']', once next returned false without bad
 }
 
 func newArrIter(b []byte, open int) arrIter {
@@ -161,25 +196,10 @@ func newArrIter(b []byte, open int) arrIter {
 // next returns the offsets of the next element; ok is false at the end of the
 // array or on malformed input (then bad is set).
 func (it *arrIter) next() (start, end int, ok bool) {
-	b := it.b
-	i := skipWS(b, it.i)
-	if i >= len(b) {
-		it.bad = true
+	if start, ok = it.nextStart(); !ok {
 		return 0, 0, false
 	}
-	if b[i] == ']' {
-		return 0, 0, false
-	}
-	if !it.first {
-		if b[i] != ',' {
-			it.bad = true
-			return 0, 0, false
-		}
-		i = skipWS(b, i+1)
-	}
-	it.first = false
-	start = i
-	end = skipValue(b, i)
+	end = skipValue(it.b, start)
 	if end < 0 {
 		it.bad = true
 		return 0, 0, false
@@ -187,6 +207,33 @@ func (it *arrIter) next() (start, end int, ok bool) {
 	it.i = end
 	return start, end, true
 }
+
+// nextStart returns the offset of the next element without skipping it: the
+// caller walks the element and calls endElem. ok is as for next.
+func (it *arrIter) nextStart() (start int, ok bool) {
+	b := it.b
+	i := skipWS(b, it.i)
+	if i >= len(b) {
+		it.bad = true
+		return 0, false
+	}
+	if b[i] == ']' {
+		it.end = i + 1
+		return 0, false
+	}
+	if !it.first {
+		if b[i] != ',' {
+			it.bad = true
+			return 0, false
+		}
+		i = skipWS(b, i+1)
+	}
+	it.first = false
+	return i, true
+}
+
+// endElem records that the element nextStart returned ends at end.
+func (it *arrIter) endElem(end int) { it.i = end }
 
 // isNull reports whether the raw value is the literal null.
 func isNull(v []byte) bool { return string(v) == "null" }

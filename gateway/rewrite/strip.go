@@ -1,5 +1,7 @@
 package rewrite
 
+import "bytes"
+
 // Stripping restores what the engine would have sent had the gateway not
 // injected anything (see notes/wire.md, vLLM >= 0.10.2):
 //   - non-streaming bodies and completions stream chunks: injected keys are set
@@ -38,8 +40,16 @@ func StripEvent(dst, data []byte, endpoint Endpoint, inj Injected) (out []byte, 
 	if inj == 0 || (endpoint != Chat && endpoint != Completions) {
 		return data, false
 	}
+	if inj&(ReturnTokenIDs|Logprobs) == 0 && !bytes.Contains(data, usageKey) {
+		// Only include_usage was injected (the client asked for ids itself,
+		// or SGLang chat streams): nothing is ever edited, and only a chunk
+		// with a "usage" member can be dropped.
+		return data, false
+	}
 	return strip(dst, data, endpoint, inj, true)
 }
+
+var usageKey = []byte(`"usage"`)
 
 // writer splices edits into a copy of src appended to dst.
 type writer struct {
@@ -121,7 +131,47 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 	top := newObjIter(data, open)
 	ed := newObjEd()
 	var m member
-	for top.next(&m) {
+	for top.nextKey(&m) {
+		if string(m.key(data)) == "choices" && m.valStart < len(data) && data[m.valStart] == '[' {
+			// Walk the choices once, finding the end of the array on the way.
+			ed.keep(&w, &m)
+			choicesSeen = true
+			arr := newArrIter(data, m.valStart)
+			for {
+				s, ok := arr.nextStart()
+				if !ok {
+					break
+				}
+				nChoices++
+				if s >= len(data) {
+					return data, false // truncated after a comma
+				}
+				if data[s] != '{' {
+					allFiller = false
+					end := skipValue(data, s)
+					if end < 0 {
+						return data, false
+					}
+					arr.endElem(end)
+					continue
+				}
+				filler, end, ok := stripChoice(&w, s, ids, lps, deleteMode)
+				if !ok {
+					return data, false
+				}
+				allFiller = allFiller && filler
+				arr.endElem(end)
+			}
+			if arr.bad {
+				return data, false
+			}
+			top.endVal(&m, arr.end)
+			ed.prevEnd = arr.end
+			continue
+		}
+		if !top.skipVal(&m) {
+			break
+		}
 		switch string(m.key(data)) {
 		case "object":
 			if string(m.val(data)) == `"chat.completion"` {
@@ -140,31 +190,7 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 		case "usage":
 			usageSet = !isNull(m.val(data))
 			ed.keep(&w, &m)
-		case "choices":
-			ed.keep(&w, &m)
-			if data[m.valStart] != '[' {
-				break
-			}
-			choicesSeen = true
-			arr := newArrIter(data, m.valStart)
-			for {
-				s, _, ok := arr.next()
-				if !ok {
-					break
-				}
-				nChoices++
-				if data[s] != '{' {
-					allFiller = false
-					continue
-				}
-				if !stripChoice(&w, s, ids, lps, deleteMode) {
-					allFiller = false
-				}
-			}
-			if arr.bad {
-				return data, false
-			}
-		default:
+		default: // including a "choices" that is not an array
 			ed.keep(&w, &m)
 		}
 	}
@@ -188,8 +214,9 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 }
 
 // stripChoice strips one element of "choices" starting at data[open] == '{'.
-// It reports whether the choice is a filler: delta {} and finish_reason null.
-func stripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool) {
+// It reports whether the choice is a filler (delta {} and finish_reason
+// null) and where the element ends; ok is false when it is malformed.
+func stripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool, end int, ok bool) {
 	data := w.src
 	emptyDelta, finishNull := false, true
 	it := newObjIter(data, open)
@@ -223,9 +250,8 @@ func stripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool) {
 		}
 	}
 	if it.bad {
-		w.bad = true
-		return false
+		return false, 0, false
 	}
 	ed.end(w)
-	return emptyDelta && finishNull
+	return emptyDelta && finishNull, it.end, true
 }

@@ -322,3 +322,33 @@ func TestStripAllocs(t *testing.T) {
 		t.Fatalf("stripping allocates %v times per call, want 0", allocs)
 	}
 }
+
+// BenchmarkStripEventKinds is StripEvent on the chunks a vLLM chat stream is
+// made of, with the flags the gateway injects: a content chunk carrying ids
+// to delete (every chunk when return_token_ids was injected), the same chunk
+// when only include_usage was injected (nothing to strip: the common case
+// when the client asked for ids itself), and the final usage chunk (dropped).
+func BenchmarkStripEventKinds(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		ev   string
+		inj  Injected
+		drop bool
+	}{
+		{"ids", chatStreamTrips[1].with, ReturnTokenIDs | IncludeUsage, false},
+		{"nothing", chatStreamTrips[1].without, IncludeUsage, false},
+		{"usage", hdrChunk + `"choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}`, ReturnTokenIDs | IncludeUsage, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			ev := []byte(tc.ev)
+			dst := make([]byte, 0, len(ev))
+			b.ReportAllocs()
+			b.SetBytes(int64(len(ev)))
+			for b.Loop() {
+				if _, drop := StripEvent(dst[:0], ev, Chat, tc.inj); drop != tc.drop {
+					b.Fatal("drop")
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,327 @@
+package rewrite
+
+import (
+	"bytes"
+	"testing"
+)
+
+// The stripper as it was before the walk was made cheaper (commit "rewrite:
+// cheaper StripEvent"), kept as the oracle of FuzzStripMatchesReference: the
+// optimised stripper must give exactly its output for every input.
+
+func refSkipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+func refSkipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return refSkipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				j := refSkipString(b, i)
+				if j < 0 {
+					return -1
+				}
+				i = j - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) {
+		c := b[j]
+		if c == ',' || c == '}' || c == ']' || c == ':' || c == '{' || c == '[' || c == '"' || isWS(c) {
+			break
+		}
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+type refObjIter struct {
+	b     []byte
+	i     int
+	first bool
+	bad   bool
+	end   int // index just after the closing '}', once next returned false without bad
+}
+
+func refNewObjIter(b []byte, open int) refObjIter {
+	return refObjIter{b: b, i: open + 1, first: true}
+}
+
+func (it *refObjIter) next(m *member) bool {
+	b := it.b
+	i := skipWS(b, it.i)
+	if i >= len(b) {
+		it.bad = true
+		return false
+	}
+	if b[i] == '}' {
+		it.end = i + 1
+		return false
+	}
+	if !it.first {
+		if b[i] != ',' {
+			it.bad = true
+			return false
+		}
+		i = skipWS(b, i+1)
+	}
+	it.first = false
+	if i >= len(b) || b[i] != '"' {
+		it.bad = true
+		return false
+	}
+	m.keyStart = i
+	i = refSkipString(b, i)
+	if i < 0 {
+		it.bad = true
+		return false
+	}
+	m.keyEnd = i
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != ':' {
+		it.bad = true
+		return false
+	}
+	i = skipWS(b, i+1)
+	m.valStart = i
+	i = refSkipValue(b, i)
+	if i < 0 {
+		it.bad = true
+		return false
+	}
+	m.valEnd = i
+	it.i = i
+	return true
+}
+
+type refArrIter struct {
+	b     []byte
+	i     int
+	first bool
+	bad   bool
+}
+
+func refNewArrIter(b []byte, open int) refArrIter {
+	return refArrIter{b: b, i: open + 1, first: true}
+}
+
+func (it *refArrIter) next() (start, end int, ok bool) {
+	b := it.b
+	i := skipWS(b, it.i)
+	if i >= len(b) {
+		it.bad = true
+		return 0, 0, false
+	}
+	if b[i] == ']' {
+		return 0, 0, false
+	}
+	if !it.first {
+		if b[i] != ',' {
+			it.bad = true
+			return 0, 0, false
+		}
+		i = skipWS(b, i+1)
+	}
+	it.first = false
+	start = i
+	end = refSkipValue(b, i)
+	if end < 0 {
+		it.bad = true
+		return 0, 0, false
+	}
+	it.i = end
+	return start, end, true
+}
+
+func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byte, bool) {
+	open := skipWS(data, 0)
+	if open >= len(data) || data[open] != '{' {
+		return data, false
+	}
+	w := writer{src: data, dst: dst}
+	ids := inj&ReturnTokenIDs != 0
+	lps := inj&Logprobs != 0
+	deleteMode := event && endpoint == Chat
+
+	choicesSeen, usageSet := false, false
+	nChoices := 0
+	allFiller := true // every choice has delta {} and no finish_reason
+
+	top := refNewObjIter(data, open)
+	ed := newObjEd()
+	var m member
+	for top.next(&m) {
+		switch string(m.key(data)) {
+		case "object":
+			if string(m.val(data)) == `"chat.completion"` {
+				deleteMode = false
+			}
+			ed.keep(&w, &m)
+		case "prompt_token_ids":
+			switch {
+			case !ids:
+				ed.keep(&w, &m)
+			case deleteMode:
+				ed.del(&w, &m)
+			default:
+				ed.setNull(&w, &m)
+			}
+		case "usage":
+			usageSet = !isNull(m.val(data))
+			ed.keep(&w, &m)
+		case "choices":
+			ed.keep(&w, &m)
+			if data[m.valStart] != '[' {
+				break
+			}
+			choicesSeen = true
+			arr := refNewArrIter(data, m.valStart)
+			for {
+				s, _, ok := arr.next()
+				if !ok {
+					break
+				}
+				nChoices++
+				if data[s] != '{' {
+					allFiller = false
+					continue
+				}
+				if !refStripChoice(&w, s, ids, lps, deleteMode) {
+					allFiller = false
+				}
+			}
+			if arr.bad {
+				return data, false
+			}
+		default:
+			ed.keep(&w, &m)
+		}
+	}
+	if top.bad {
+		return data, false
+	}
+	ed.end(&w)
+	if w.bad {
+		return data, false
+	}
+	if event && inj&IncludeUsage != 0 && choicesSeen && nChoices == 0 && usageSet {
+		return dst, true
+	}
+	if event && deleteMode && ids && nChoices > 0 && allFiller {
+		return dst, true
+	}
+	if !w.changed {
+		return data, false
+	}
+	return append(w.dst, data[w.copied:]...), false
+}
+
+func refStripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool) {
+	data := w.src
+	emptyDelta, finishNull := false, true
+	it := refNewObjIter(data, open)
+	ed := newObjEd()
+	var m member
+	for it.next(&m) {
+		switch string(m.key(data)) {
+		case "token_ids", "prompt_token_ids":
+			switch {
+			case !ids:
+				ed.keep(w, &m)
+			case deleteMode:
+				ed.del(w, &m)
+			default:
+				ed.setNull(w, &m)
+			}
+		case "logprobs":
+			if lps {
+				ed.setNull(w, &m)
+			} else {
+				ed.keep(w, &m)
+			}
+		case "delta":
+			emptyDelta = isEmptyObject(m.val(data))
+			ed.keep(w, &m)
+		case "finish_reason":
+			finishNull = isNull(m.val(data))
+			ed.keep(w, &m)
+		default:
+			ed.keep(w, &m)
+		}
+	}
+	if it.bad {
+		w.bad = true
+		return false
+	}
+	ed.end(w)
+	return emptyDelta && finishNull
+}
+
+// FuzzStripMatchesReference: StripEvent and StripBody give exactly what the
+// reference stripper gives, bytes and drop verdict, for any input, endpoint
+// and flags (the cheaper walk and its shortcuts change nothing).
+//
+//	go test -run '^$' -fuzz FuzzStripMatchesReference -fuzztime 60s ./gateway/rewrite/
+func FuzzStripMatchesReference(f *testing.F) {
+	for _, rt := range chatStreamTrips {
+		f.Add([]byte(rt.with), uint8(rt.ep), uint8(rt.inj), true)
+		f.Add([]byte(rt.without), uint8(rt.ep), uint8(IncludeUsage), true)
+	}
+	for _, rt := range chatBodyTrips {
+		f.Add([]byte(rt.with), uint8(rt.ep), uint8(rt.inj), false)
+	}
+	f.Add([]byte(`{"choices":[{"token_ids":[1],"x":{"token_ids":"]"}}]}`), uint8(Chat), uint8(7), true)
+	f.Add([]byte(`{"choices":[{"a" 1},{"token_ids":[1]}],"usage":{}}`), uint8(Chat), uint8(3), true)
+	f.Add([]byte(`{"choices":[{"delta":{"content":"\\\"]}"}},1,"x\""],"prompt_token_ids":[1]}`), uint8(Chat), uint8(1), true)
+	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":1}}`), uint8(Completions), uint8(2), true)
+	f.Fuzz(func(t *testing.T, data []byte, ep, inj uint8, event bool) {
+		endpoint, flags := Endpoint(ep%5), Injected(inj&15)
+		var got, want []byte
+		var gotDrop, wantDrop bool
+		rewritten := endpoint == Chat || endpoint == Completions
+		if event {
+			got, gotDrop = StripEvent(nil, data, endpoint, flags)
+			want = data
+			if flags != 0 && rewritten {
+				want, wantDrop = refStrip(nil, data, endpoint, flags, true)
+			}
+		} else {
+			got = StripBody(nil, data, endpoint, flags)
+			want = data
+			if flags&(ReturnTokenIDs|Logprobs) != 0 && rewritten {
+				want, _ = refStrip(nil, data, endpoint, flags, false)
+			}
+		}
+		if gotDrop != wantDrop || !bytes.Equal(got, want) {
+			t.Fatalf("strip(%q, %v, %v, event=%v) = %q, drop %v; reference %q, drop %v", data, endpoint, flags, event, got, gotDrop, want, wantDrop)
+		}
+	})
+}
