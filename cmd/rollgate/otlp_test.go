@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -52,5 +53,56 @@ func TestServeExportsOTLP(t *testing.T) {
 			t.Fatal("no span reached the OTLP receiver")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestServeGatewayTracing: --otlp-gateway-sample-ratio 1 sends the gateway's
+// own spans (scope github.com/rollgate/rollgate/gateway, a SERVER span with
+// its backend attempts) to the --otlp-endpoint receiver; bad ratios and a
+// ratio without an endpoint stop the start with exit code 2.
+func TestServeGatewayTracing(t *testing.T) {
+	var gwSpans atomic.Value
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(b), "github.com/rollgate/rollgate/gateway") {
+			gwSpans.Store(b)
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer recv.Close()
+	addr := freeAddr(t)
+	start(t, addr, "/readyz", "serve", "--listen", addr, "--db", filepath.Join(t.TempDir(), "r.db"),
+		"--otlp-endpoint", recv.URL, "--otlp-gateway-sample-ratio", "1")
+	if status, _, _ := post(t, "http://"+addr+"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}`); status != 200 {
+		t.Fatalf("status %d", status)
+	}
+	deadline := time.Now().Add(15 * time.Second) // the SDK's batch timeout is 5s
+	for {
+		if b, ok := gwSpans.Load().([]byte); ok {
+			for _, want := range []string{"rollgate.backend_attempts", "rollgate.backend_attempt", "rollgate.request_id", "POST /v1/chat/completions"} {
+				if !strings.Contains(string(b), want) {
+					t.Errorf("gateway spans lack %q", want)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no gateway span reached the OTLP receiver")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--otlp-endpoint", recv.URL, "--otlp-gateway-sample-ratio", "1.5"}, "want a fraction from 0 (off) to 1"},
+		{[]string{"--otlp-gateway-sample-ratio", "0.5"}, "needs --otlp-endpoint"},
+	} {
+		cmd := exec.Command(binary, append([]string{"serve", "--listen", freeAddr(t), "--db", filepath.Join(t.TempDir(), "r.db")}, tc.args...)...)
+		out, _ := cmd.CombinedOutput()
+		if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
+			t.Errorf("serve %v: exit %d, output %q; want 2 and %q", tc.args, cmd.ProcessState.ExitCode(), out, tc.want)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"gopkg.in/yaml.v3"
 
 	"github.com/rollgate/rollgate/bench/mock"
@@ -50,8 +51,9 @@ type fileConfig struct {
 		SyncInterval time.Duration `yaml:"sync_interval"`
 	} `yaml:"spool"`
 	// OTLP exports every captured call as an OpenTelemetry span (GenAI
-	// semantic conventions); off unless otlp.endpoint is set.
-	OTLP otlp.Config `yaml:"otlp"`
+	// semantic conventions), and the gateway's own spans; off unless
+	// otlp.endpoint is set.
+	OTLP otlpConfig `yaml:"otlp"`
 	// Queue is the training loop's task queue and resources: a SQLite path or
 	// a postgres:// DSN (several gateways sharing one queue); empty keeps them
 	// in the embedded SQLite file (--db), also when capturing to ClickHouse.
@@ -70,6 +72,19 @@ type fileConfig struct {
 		FlushInterval time.Duration `yaml:"flush_interval"`
 	} `yaml:"capture"`
 }
+
+// otlpConfig is the otlp: section of the config file: the OTLP sink's
+// settings, also used by the gateway's own tracing.
+type otlpConfig struct {
+	otlp.Config `yaml:",inline"`
+	// GatewaySampleRatio is the fraction of calls without a traceparent for
+	// which the gateway sends its own spans (see --otlp-gateway-sample-ratio;
+	// absent = the flag's default, 0 = off).
+	GatewaySampleRatio *float64 `yaml:"gateway_sample_ratio"`
+}
+
+// defaultGatewaySampleRatio is --otlp-gateway-sample-ratio's default.
+const defaultGatewaySampleRatio = 0.01
 
 const serveSummary = `rollgate serve — run the gateway.
 
@@ -106,6 +121,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		otlpProtocol   = fs.String("otlp-protocol", "http", "OTLP protocol: http or grpc")
 		otlpHeaders    = fs.String("otlp-headers", "", "extra OTLP headers, k=v,k=v (prefer ROLLGATE_OTLP_HEADERS for tokens)")
 		otlpInsecure   = fs.Bool("otlp-insecure", false, "plain-text gRPC / http:// without TLS")
+		otlpGwRatio    = fs.Float64("otlp-gateway-sample-ratio", defaultGatewaySampleRatio, "the gateway's own spans, sent with --otlp-endpoint (a SERVER span per call: route, model, waits, status; a CLIENT child per backend attempt, each retry its own, with replica, URL, status, error): the fraction 0..1 of calls without a traceparent that are traced (by trace id); a call whose traceparent is sampled is always traced, inside the agent's trace, an unsampled one never; 0 = off (no tracing work at all)")
 		maxConc        = fs.Int("max-concurrency", 0, "most LLM calls in progress at once; more wait up to --queue-timeout, then get 429 (0 = no limit)")
 		queueTimeout   = fs.Duration("queue-timeout", 10*time.Second, "how long a call waits for a free slot under --max-concurrency")
 		tlsCert        = fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM); needs --tls-key")
@@ -243,6 +259,18 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["otlp-insecure"] {
 		fc.OTLP.Insecure = *otlpInsecure
 	}
+	gwRatio, gwRatioAsked := *otlpGwRatio, set["otlp-gateway-sample-ratio"]
+	if !gwRatioAsked && fc.OTLP.GatewaySampleRatio != nil {
+		gwRatio, gwRatioAsked = *fc.OTLP.GatewaySampleRatio, true
+	}
+	if !(gwRatio >= 0 && gwRatio <= 1) {
+		fmt.Fprintf(stderr, "rollgate serve: --otlp-gateway-sample-ratio %v: want a fraction from 0 (off) to 1 (every call)\n", gwRatio)
+		return 2
+	}
+	if gwRatio > 0 && gwRatioAsked && !fc.OTLP.Enabled() {
+		fmt.Fprintln(stderr, "rollgate serve: --otlp-gateway-sample-ratio needs --otlp-endpoint (where the spans go); set --otlp-gateway-sample-ratio 0 or an endpoint")
+		return 2
+	}
 	if set["queue"] || fc.Queue.DSN == "" {
 		fc.Queue.DSN = *queueDSN
 	}
@@ -303,11 +331,17 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		fc.OTLP.ParentSpanID = func(c *export.Call) string { return c.ParentSpanID }
-		if otl, err = otlp.New(ctx, fc.OTLP); err != nil {
+		if otl, err = otlp.New(ctx, fc.OTLP.Config); err != nil {
 			fmt.Fprintln(stderr, "rollgate serve: OTLP export:", err)
 			return 2
 		}
 		sinks = append(sinks, capture.NamedSink{Name: otl.Name(), Sink: otl})
+		if gwRatio > 0 {
+			if cfg.Tracing, err = newGatewayTracing(ctx, fc.OTLP.Config, gwRatio, log); err != nil {
+				fmt.Fprintln(stderr, "rollgate serve:", err)
+				return 2
+			}
+		}
 	}
 	var redact *capture.Redactor
 	if len(fc.Redact) > 0 {
@@ -375,6 +409,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			log.Error("closing OTLP export", "err", err)
 		}
 	}
+	if cfg.Tracing != nil {
+		if err := cfg.Tracing.Shutdown(sctx); err != nil {
+			log.Error("closing the gateway's tracing", "err", err)
+		}
+	}
 	if sp != nil {
 		dctx, dcancel := context.WithTimeout(sctx, 5*time.Second)
 		if err := sp.Drain(dctx); err != nil {
@@ -392,6 +431,24 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		_ = mockSrv.Shutdown()
 	}
 	return code
+}
+
+// newGatewayTracing sends the gateway's own spans to the OTLP endpoint of
+// cfg, sampled at ratio; export failures are logged (the spans are dropped).
+func newGatewayTracing(ctx context.Context, cfg otlp.Config, ratio float64, log *slog.Logger) (*gateway.Tracing, error) {
+	exp, err := otlp.NewExporter(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway tracing: %w", err)
+	}
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("OpenTelemetry error in the gateway's tracing (spans of a failed export are dropped)", "endpoint", cfg.Endpoint, "err", err)
+	}))
+	tr, err := gateway.NewTracing(exp, gateway.TracingOptions{SampleRatio: ratio, ServiceName: cfg.ServiceName})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("gateway tracing on", "endpoint", cfg.Endpoint, "protocol", cfg.Protocol, "sample_ratio", ratio)
+	return tr, nil
 }
 
 // openTaskQueue opens the task queue: on dsn when given, else in the
