@@ -15,7 +15,8 @@ import (
 
 const mockSummary = `rollgate mock — run the mock vLLM engine (deterministic, follows vLLM >= 0.10.2's
 OpenAI protocol: token ids, streaming chunks, usage chunk, logprobs, tools, n, /tokenize,
-/version). Per-request knobs: headers x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens, x-mock-fail.`
+/version). --flavor sglang or --flavor llamacpp imitates SGLang or the llama.cpp server instead.
+Per-request knobs: headers x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens, x-mock-fail.`
 
 func runMock(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("mock", mockSummary, stdout)
@@ -36,7 +37,7 @@ func runMock(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	s := mock.New(cfg)
-	fmt.Fprintf(stderr, "mock vLLM engine listening on http://%s/v1\n", ln.Addr())
+	fmt.Fprintf(stderr, "mock %s engine listening on http://%s/v1\n", s.Config().Flavor, ln.Addr())
 	go func() {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
