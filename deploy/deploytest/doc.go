@@ -1,8 +1,13 @@
 // Package deploytest verifies the files under deploy/ with the real tools
-// they are written for: promtool checks and unit-tests the Prometheus rules,
-// and a real Prometheus scraping a real gateway under load evaluates every
-// Grafana panel query and every alert and recording rule.
+// they are written for: promtool checks and unit-tests the Prometheus rules;
+// a real Prometheus scraping a real gateway under load evaluates every
+// Grafana panel query and every alert and recording rule; the Kubernetes
+// manifests pass the Kubernetes OpenAPI schemas (kubernetes-models on
+// Node.js) and strict decoding into the k8s.io/api types (k8svalidate, a
+// module of its own); and deploy/clickhouse/cluster.sql runs on a real
+// ClickHouse cluster (ZooKeeper and four servers on loopback) that rollgate's
+// store then writes to and reads from.
 //
-// The tests need the Debian "prometheus" package (prometheus and promtool on
-// PATH): apt-get install -y --no-install-recommends prometheus
+// The tests need Debian's prometheus, clickhouse-server, zookeeper, nodejs
+// and npm packages, and `npm ci` in k8svalidate; scripts/test installs them.
 package deploytest
