@@ -275,3 +275,32 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// TestConcurrentRetokenize retokenizes from several goroutines (for -race):
+// one Retokenizer serves a whole bridge run or several HTTP builds.
+func TestConcurrentRetokenize(t *testing.T) {
+	r := loadModel(t, "qwen2_5")
+	var cases []testCase
+	readJSON(t, filepath.Join("testdata", "cases.json"), &cases)
+	want := make([]*Retokenized, len(cases))
+	for i, c := range cases {
+		var err error
+		if want[i], err = r.Retokenize(c.requestBody(), string(c.Response), c.FinishReason); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i, c := range cases {
+				got, err := r.Retokenize(c.requestBody(), string(c.Response), c.FinishReason)
+				if err != nil || !slices.Equal(got.PromptIDs, want[i].PromptIDs) || !slices.Equal(got.ResponseIDs, want[i].ResponseIDs) {
+					t.Errorf("%s: concurrent result differs (%v)", c.Name, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
