@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/rollgate/rollgate/tokenize/chattemplate/chattemplatetest"
+	"github.com/rollgate/rollgate/tokenize/hf"
 )
 
 // Models whose real tokenizer.json and tokenizer_config.json the tests use.
@@ -303,4 +304,38 @@ func TestConcurrentRetokenize(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// FuzzRetokenize feeds captured (untrusted) request bodies, assistant
+// messages and finish reasons to Retokenize, with fuzzTemplate and the
+// embedded cl100k_base vocabulary: it never panics, and what it returns
+// decodes back to the texts it reports.
+func FuzzRetokenize(f *testing.F) {
+	tpl, err := New(fuzzTemplate, "", "")
+	if err != nil {
+		f.Fatal(err)
+	}
+	tok, err := hf.Tiktoken(hf.CL100K)
+	if err != nil {
+		f.Fatal(err)
+	}
+	r := &Retokenizer{Template: tpl, Tokenizer: tok}
+	f.Add(`{"messages":[{"role":"user","content":"hi"}]}`, `{"role":"assistant","content":"hello"}`, "stop")
+	f.Add(`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"x":1}}`,
+		`{"content":null,"tool_calls":[{"function":{"name":"f","arguments":"{\"a\": [1, 2.5]}"}}]}`, "tool_calls")
+	f.Add(`{"messages":[],"add_generation_prompt":false}`, `{"content":"cut","reasoning":"r"}`, "length")
+	f.Fuzz(func(t *testing.T, request, message, finish string) {
+		out, err := r.Retokenize(request, message, finish)
+		if err != nil {
+			return
+		}
+		for _, c := range []struct {
+			ids  []uint32
+			text string
+		}{{out.PromptIDs, out.PromptText}, {out.ResponseIDs, out.ResponseText}} {
+			if got, err := tok.Decode(c.ids); err != nil || got != tok.Normalize(c.text) && got != c.text {
+				t.Fatalf("ids decode to %q (%v), want %q", got, err, c.text)
+			}
+		}
+	})
 }
