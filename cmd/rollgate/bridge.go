@@ -89,7 +89,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", time.Hour, "timeout of the selection and assembly")
 	serve := fs.String("serve", "", "instead of writing a file, serve the samples to online trainers on this address (POST /lease, POST /ack, GET /counts) until all are acknowledged")
 	leaseTTL := fs.Duration("lease-ttl", 5*time.Minute, "with --serve: an unacknowledged lease returns its samples to the queue after this long")
-	retokenizeDir := fs.String("retokenize", "", "folder with the model's tokenizer.json and tokenizer_config.json: calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids)")
+	retokenizeDir := fs.String("retokenize", "", "Hugging Face model folder (tokenizer.json, tokenizer_config.json, chat_template.jinja if shipped): calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids)")
 	_, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

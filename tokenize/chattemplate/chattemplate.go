@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -76,9 +77,18 @@ func LoadConfigFile(path string) (*Template, error) {
 // which "default" is used; bos_token and eos_token may be strings, null, or
 // objects with a "content" field.
 func LoadConfig(data []byte) (*Template, error) {
+	return loadConfig(data, nil)
+}
+
+// loadConfig is LoadConfig with the template's source taken from source
+// when it is not nil (a chat_template.jinja or chat_template.json file).
+func loadConfig(data []byte, source json.RawMessage) (*Template, error) {
 	var c configJSON
 	if err := json.Unmarshal(data, &c); err != nil {
 		return nil, fmt.Errorf("chattemplate: parsing tokenizer_config.json: %w", err)
+	}
+	if source != nil {
+		c.ChatTemplate = source
 	}
 	src, err := templateSource(c.ChatTemplate)
 	if err != nil {
@@ -93,6 +103,36 @@ func LoadConfig(data []byte) (*Template, error) {
 		return nil, fmt.Errorf("chattemplate: eos_token: %w", err)
 	}
 	return New(src, bos, eos)
+}
+
+// LoadModelDir compiles the chat template of a Hugging Face model folder:
+// chat_template.jinja when present, else the chat_template of
+// chat_template.json, else that of tokenizer_config.json (newer models ship
+// the template in its own file); bos_token and eos_token always come from
+// tokenizer_config.json.
+func LoadModelDir(dir string) (*Template, error) {
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	data, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return nil, fmt.Errorf("chattemplate: %w", err)
+	}
+	var source json.RawMessage
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+		source, _ = json.Marshal(string(b))
+	} else if b, err := os.ReadFile(filepath.Join(dir, "chat_template.json")); err == nil {
+		var f struct {
+			ChatTemplate json.RawMessage `json:"chat_template"`
+		}
+		if err := json.Unmarshal(b, &f); err != nil {
+			return nil, fmt.Errorf("chattemplate: parsing %s: %w", filepath.Join(dir, "chat_template.json"), err)
+		}
+		source = f.ChatTemplate
+	}
+	t, err := loadConfig(data, source)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, dir)
+	}
+	return t, nil
 }
 
 func templateSource(raw json.RawMessage) (string, error) {

@@ -339,3 +339,42 @@ func FuzzRetokenize(f *testing.F) {
 		}
 	})
 }
+
+// TestLoadModelDir: a chat_template.jinja or chat_template.json next to
+// tokenizer_config.json wins over its chat_template; tokens come from the config.
+func TestLoadModelDir(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	render := func() string {
+		t.Helper()
+		tpl, err := LoadModelDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := tpl.Render(Input{Messages: []byte(`[]`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	write("tokenizer_config.json", `{"chat_template":"config {{ bos_token }}","bos_token":"<s>"}`)
+	if got := render(); got != "config <s>" {
+		t.Fatalf("tokenizer_config.json: %q", got)
+	}
+	write("chat_template.json", `{"chat_template":"json {{ bos_token }}"}`)
+	if got := render(); got != "json <s>" {
+		t.Fatalf("chat_template.json: %q", got)
+	}
+	write("chat_template.jinja", "jinja {{ bos_token }}")
+	if got := render(); got != "jinja <s>" {
+		t.Fatalf("chat_template.jinja: %q", got)
+	}
+	if _, err := LoadModelDir(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("no error for a missing folder")
+	}
+}

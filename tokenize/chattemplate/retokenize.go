@@ -28,14 +28,15 @@ type Retokenizer struct {
 	Tokenizer *hf.Tokenizer
 }
 
-// LoadDir loads dir/tokenizer.json (package hf) and the chat template of
-// dir/tokenizer_config.json: the two files of a Hugging Face model folder.
+// LoadDir loads dir/tokenizer.json (package hf) and the chat template of the
+// Hugging Face model folder dir (LoadModelDir: chat_template.jinja,
+// chat_template.json or tokenizer_config.json).
 func LoadDir(dir string) (*Retokenizer, error) {
 	tok, err := hf.LoadFile(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: loading the tokenizer of %s: %w", dir, err)
 	}
-	tpl, err := LoadConfigFile(filepath.Join(dir, "tokenizer_config.json"))
+	tpl, err := LoadModelDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: loading the chat template of %s: %w", dir, err)
 	}
