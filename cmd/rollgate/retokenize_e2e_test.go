@@ -22,7 +22,8 @@ import (
 // excludes them by default; with --retokenize on the real Qwen2.5 files it
 // trains on them, and every id equals the independent references'
 // (@huggingface/jinja's rendering of the messages the agent sent and
-// received, tokenized by transformers.js). POST /api/v1/bridge/batches with
+// received — the second answer streamed —, tokenized by transformers.js);
+// in trajectory mode the two turns merge. POST /api/v1/bridge/batches with
 // "retokenize" does the same over HTTP.
 func TestRetokenizeThroughGateway(t *testing.T) {
 	qwen := chattemplatetest.ModelDir(t, "qwen2_5")
@@ -54,28 +55,65 @@ func TestRetokenizeThroughGateway(t *testing.T) {
 		messages, message json.RawMessage
 		finish            string
 	}
-	chat := func(messages string) turn {
+	chat := func(messages string, stream bool) turn {
 		t.Helper()
-		status, body, _ := post(t, reg.BaseURL+"/chat/completions", `{"model":"qwen","messages":`+messages+`,"tools":`+tools+`}`)
+		req := `{"model":"qwen","messages":` + messages + `,"tools":` + tools
+		if stream {
+			req += `,"stream":true`
+		}
+		status, body, _ := post(t, reg.BaseURL+"/chat/completions", req+"}")
 		if status != 200 {
 			t.Fatalf("chat: %d %s\n%s", status, body, logs)
-		}
-		var resp struct {
-			Choices []struct {
-				Message      json.RawMessage `json:"message"`
-				FinishReason string          `json:"finish_reason"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal([]byte(body), &resp); err != nil || len(resp.Choices) != 1 {
-			t.Fatalf("chat: %v %s", err, body)
 		}
 		if strings.Contains(body, `token_ids":[`) {
 			t.Fatalf("the backend returned token ids: %s", body)
 		}
-		return turn{json.RawMessage(messages), resp.Choices[0].Message, resp.Choices[0].FinishReason}
+		type choice struct {
+			Message      json.RawMessage `json:"message"`
+			Delta        json.RawMessage `json:"delta"`
+			FinishReason string          `json:"finish_reason"`
+		}
+		var resp struct {
+			Choices []choice `json:"choices"`
+		}
+		if !stream {
+			if err := json.Unmarshal([]byte(body), &resp); err != nil || len(resp.Choices) != 1 {
+				t.Fatalf("chat: %v %s", err, body)
+			}
+			return turn{json.RawMessage(messages), resp.Choices[0].Message, resp.Choices[0].FinishReason}
+		}
+		// The client's view of a streamed answer: its content deltas, in order.
+		var content strings.Builder
+		finish := ""
+		for _, line := range strings.Split(body, "\n") {
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok || data == "[DONE]" {
+				continue
+			}
+			resp.Choices = nil
+			if err := json.Unmarshal([]byte(data), &resp); err != nil {
+				t.Fatalf("chunk %s: %v", data, err)
+			}
+			for _, c := range resp.Choices {
+				var d struct {
+					Content   string          `json:"content"`
+					ToolCalls json.RawMessage `json:"tool_calls"`
+				}
+				json.Unmarshal(c.Delta, &d)
+				if len(d.ToolCalls) > 0 {
+					t.Fatalf("streamed turn made a tool call: %s", data)
+				}
+				content.WriteString(d.Content)
+				if c.FinishReason != "" {
+					finish = c.FinishReason
+				}
+			}
+		}
+		msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": content.String()})
+		return turn{json.RawMessage(messages), msg, finish}
 	}
 	user := `{"role":"system","content":"You answer weather questions."},{"role":"user","content":"Weather in Oslo? °C please."}`
-	t1 := chat(`[` + user + `]`)
+	t1 := chat(`[`+user+`]`, false)
 	var msg struct {
 		ToolCalls []struct {
 			ID string `json:"id"`
@@ -84,7 +122,10 @@ func TestRetokenizeThroughGateway(t *testing.T) {
 	if err := json.Unmarshal(t1.message, &msg); err != nil || len(msg.ToolCalls) == 0 || t1.finish != "tool_calls" {
 		t.Fatalf("turn 1 is not a tool call (%v): %s %s", err, t1.message, t1.finish)
 	}
-	t2 := chat(`[` + user + `,` + string(t1.message) + `,{"role":"tool","tool_call_id":"` + msg.ToolCalls[0].ID + `","content":"12 degrees, cloudy"}]`)
+	t2 := chat(`[`+user+`,`+string(t1.message)+`,{"role":"tool","tool_call_id":"`+msg.ToolCalls[0].ID+`","content":"12 degrees, cloudy"}]`, true)
+	if t2.finish == "" || strings.Contains(string(t2.message), `"content":""`) {
+		t.Fatalf("streamed turn 2: %s finish %q", t2.message, t2.finish)
+	}
 	if status, body, _ = post(t, base+"/api/v1/rollouts/r1/rewards", `{"value":1,"attempt_id":"a"}`); status != 200 {
 		t.Fatalf("reward: %d %s", status, body)
 	}
@@ -136,6 +177,19 @@ func TestRetokenizeThroughGateway(t *testing.T) {
 		t.Errorf("summary does not count the retokenized calls:\n%s", stderr.String())
 	}
 	check(readJSONL(t, out))
+
+	// Trajectories: the two retokenized turns merge (prompt 2 extends
+	// prompt 1 + response 1, the tool result masked).
+	out = filepath.Join(t.TempDir(), "traj.jsonl")
+	stderr.Reset()
+	if code := run([]string{"bridge", "--db", db, "--out", out, "--estimator", "none", "--mode", "trajectories", "--retokenize", qwen}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bridge --mode trajectories --retokenize: exit %d\n%s", code, stderr.String())
+	}
+	traj := readJSONL(t, out)
+	if len(traj) != 1 || fmt.Sprint(traj[0].SequenceIDs) != "[1 2]" || traj[0].TokenSource != "retokenized" ||
+		!slices.Equal(traj[0].PromptIDs, ref[0].PromptIDs) || !slices.Equal(traj[0].ResponseIDs[len(traj[0].ResponseIDs)-len(ref[1].ResponseIDs):], ref[1].ResponseIDs) {
+		t.Errorf("trajectories: %+v\n%s", traj, stderr.String())
+	}
 
 	// Over HTTP: the batch goes to the lease queue; lease it back.
 	status, body, _ = post(t, base+"/api/v1/bridge/batches", `{"estimator":"none","retokenize":`+jsonString(qwen)+`}`)
