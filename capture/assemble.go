@@ -1429,9 +1429,6 @@ func stringEnd(s string, i int) int {
 	}
 }
 
-// structural marks the bytes valueEnd looks at inside arrays and objects.
-var structural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
-
 // valueEnd returns the offset after the value starting at s[i], or -1.
 func valueEnd(s string, i int) int {
 	if i >= len(s) {
@@ -1443,9 +1440,6 @@ func valueEnd(s string, i int) int {
 	case '{', '[':
 		depth := 0
 		for j := i; j < len(s); j++ {
-			if !structural[s[j]] {
-				continue
-			}
 			switch s[j] {
 			case '"':
 				e := stringEnd(s, j)
