@@ -121,7 +121,7 @@ type Replica struct {
 	Name string `yaml:"name" json:"name,omitempty"`
 	// URL is the OpenAI base URL, ending in /v1 (e.g. http://10.0.0.5:8000/v1).
 	URL string `yaml:"url" json:"url"`
-	// Kind is vllm, sglang, openai or auto (default auto: probe /version and /v1/models).
+	// Kind is vllm, sglang, llamacpp, openai or auto (default auto: probe /version and /v1/models).
 	Kind string `yaml:"kind" json:"kind,omitempty"`
 	// Weight biases selection among equally loaded replicas (default 1).
 	Weight int `yaml:"weight" json:"weight,omitempty"`
@@ -221,9 +221,9 @@ func ValidateBackends(bs []Backend) error {
 				return fmt.Errorf("backends[%d].replicas[%d]: url %q is not an http(s) URL like http://host:8000/v1", i, j, r.URL)
 			}
 			switch r.Kind {
-			case "", "auto", "vllm", "sglang", "openai":
+			case "", "auto", "vllm", "sglang", "llamacpp", "llama.cpp", "openai":
 			default:
-				return fmt.Errorf("backends[%d].replicas[%d]: kind %q is not one of vllm, sglang, openai, auto", i, j, r.Kind)
+				return fmt.Errorf("backends[%d].replicas[%d]: kind %q is not one of vllm, sglang, llamacpp, openai, auto", i, j, r.Kind)
 			}
 			if r.Weight < 0 {
 				return fmt.Errorf("backends[%d].replicas[%d]: weight %d is negative", i, j, r.Weight)

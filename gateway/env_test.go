@@ -82,7 +82,14 @@ type env struct {
 // mutate may change the gateway config before start.
 func newEnv(t *testing.T, store export.Store, mutate func(*gateway.Config)) *env {
 	t.Helper()
-	ms, base, err := mock.Start(mock.Config{})
+	return newEnvWith(t, store, mock.Config{}, mutate)
+}
+
+// newEnvWith is newEnv with the mock engine configured by mc (for example
+// another flavour: SGLang, llama.cpp).
+func newEnvWith(t *testing.T, store export.Store, mc mock.Config, mutate func(*gateway.Config)) *env {
+	t.Helper()
+	ms, base, err := mock.Start(mc)
 	if err != nil {
 		t.Fatal(err)
 	}

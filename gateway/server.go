@@ -153,15 +153,23 @@ func (s *Server) DetokFor(backend string) capture.Detokenizer {
 }
 
 // FallbackFor returns the token-id filler of the replica named backend, for
-// capture.Pipeline.SetFallback: vLLM replicas only, unless disabled.
+// capture.Pipeline.SetFallback: vLLM replicas (the engine's /tokenize, and
+// token_id:NNN logprobs) and llama.cpp replicas (/apply-template +
+// /tokenize, and the ids of chat logprobs), unless disabled.
 func (s *Server) FallbackFor(backend string) capture.IDFiller {
 	if s.cfg.DisableTokenizeFallback {
 		return nil
 	}
 	for _, p := range s.table.Load().allPools() {
 		for _, r := range p.replicas {
-			if r.name == backend && r.kindOK.Load() && rewrite.Kind(r.kind.Load()) == rewrite.KindVLLM {
+			if r.name != backend || !r.kindOK.Load() {
+				continue
+			}
+			switch rewrite.Kind(r.kind.Load()) {
+			case rewrite.KindVLLM:
 				return r.filler
+			case rewrite.KindLlamaCpp:
+				return r.llamaFiller
 			}
 		}
 	}

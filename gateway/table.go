@@ -37,7 +37,8 @@ type replica struct {
 	fails          atomic.Int32
 	unhealthyUntil atomic.Int64
 
-	filler *fallback.Client // lazily built id filler (vLLM kinds)
+	filler      *fallback.Client // id filler for vLLM replicas
+	llamaFiller *fallback.Client // id filler for llama.cpp replicas
 
 	// kind is resolved once for kind "auto"; kindOK is 0 until then.
 	kindMu      sync.Mutex
@@ -302,6 +303,7 @@ func buildTable(spec []Backend, old *table, cc *clientCache) (*table, error) {
 				r.auth = "Bearer " + key
 			}
 			r.filler = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindVLLM}
+			r.llamaFiller = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindLlamaCpp}
 			if k, err := rewrite.ParseKind(rs.Kind); err == nil {
 				r.kind.Store(uint32(k))
 				r.kindOK.Store(true)
@@ -390,6 +392,8 @@ func (r *replica) probe() (rewrite.Kind, bool) {
 		return rewrite.KindVLLM, true
 	case "sglang":
 		return rewrite.KindSGLang, true
+	case "llamacpp":
+		return rewrite.KindLlamaCpp, true
 	}
 	return rewrite.KindOpenAI, true
 }

@@ -101,7 +101,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		listen         = fs.String("listen", "127.0.0.1:8000", "address to serve on")
 		publicURL      = fs.String("public-url", "", "base URL agents reach the gateway at, used in returned base_url (default http://LISTEN)")
 		upstream       = fs.String("upstream", "", "OpenAI base URL of one backend, ending in /v1 (e.g. http://127.0.0.1:8001/v1); empty starts the built-in mock")
-		upstreamKind   = fs.String("upstream-kind", "auto", "backend kind of --upstream: vllm, sglang, openai or auto (probe /version and /v1/models)")
+		upstreamKind   = fs.String("upstream-kind", "auto", "backend kind of --upstream: vllm, sglang, llamacpp, openai or auto (probe /version and /v1/models)")
 		model          = fs.String("model", "*", "model name routed to --upstream (\"*\" = every model)")
 		policyVersion  = fs.String("policy-version", "", "weights version served by --upstream, recorded on every captured row")
 		clickhouseDSN  = fs.String("clickhouse", "", "ClickHouse DSN, e.g. clickhouse://127.0.0.1:9000/rollgate (empty = embedded store; prefer ROLLGATE_CLICKHOUSE for DSNs with passwords)")

@@ -26,9 +26,15 @@ const (
 	// KindOpenAI is api.openai.com or any other hosted API: it rejects unknown
 	// fields, so nothing is ever injected.
 	KindOpenAI
+	// KindLlamaCpp is llama.cpp's server: it never returns token ids, but
+	// each chat logprobs entry carries the sampled token's "id", so chat
+	// calls are asked for logprobs (removed again from the client's copy).
+	// Its responses leave out the keys of fields not asked for.
+	KindLlamaCpp
 )
 
-// ParseKind parses "vllm", "sglang" or "openai" (case-insensitive).
+// ParseKind parses "vllm", "sglang", "llamacpp" (or "llama.cpp") or
+// "openai" (case-insensitive).
 func ParseKind(s string) (Kind, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "vllm":
@@ -37,8 +43,10 @@ func ParseKind(s string) (Kind, error) {
 		return KindSGLang, nil
 	case "openai":
 		return KindOpenAI, nil
+	case "llamacpp", "llama.cpp":
+		return KindLlamaCpp, nil
 	}
-	return 0, fmt.Errorf("unknown backend kind %q: want one of vllm, sglang, openai", s)
+	return 0, fmt.Errorf("unknown backend kind %q: want one of vllm, sglang, llamacpp, openai", s)
 }
 
 // String returns the name ParseKind accepts.
@@ -50,6 +58,8 @@ func (k Kind) String() string {
 		return "sglang"
 	case KindOpenAI:
 		return "openai"
+	case KindLlamaCpp:
+		return "llamacpp"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }

@@ -40,6 +40,14 @@ const (
 	Logprobs
 	// TokensAsIDs: "return_tokens_as_token_ids":true was added (always with Logprobs).
 	TokensAsIDs
+	// OmitIDs: the engine leaves the token id keys out of answers that did
+	// not ask for them (SGLang), so injected ids are deleted from the
+	// client's copy rather than set to null. Only set with ReturnTokenIDs.
+	OmitIDs
+	// OmitLogprobs: the engine leaves the logprobs key out of answers that
+	// did not ask for them (llama.cpp), so injected logprobs are deleted
+	// rather than set to null. Only set with Logprobs.
+	OmitLogprobs
 )
 
 // String lists the flags, for logs ("return_token_ids|include_usage").
@@ -65,6 +73,12 @@ func (f Injected) String() string {
 	}
 	if f&TokensAsIDs != 0 {
 		add("return_tokens_as_token_ids")
+	}
+	if f&OmitIDs != 0 {
+		add("omit_ids")
+	}
+	if f&OmitLogprobs != 0 {
+		add("omit_logprobs")
 	}
 	return string(b)
 }
@@ -278,9 +292,14 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 	}
 
 	fromLogprobs := opt.IDsFromLogprobs && kind == KindVLLM && lp.null(body) && tlp.null(body) && asIDs.null(body)
+	// llama.cpp returns output ids only as the "id" of chat logprobs entries.
+	llamaLogprobs := kind == KindLlamaCpp && endpoint == Chat && lp.null(body) && tlp.null(body)
 	if (kind == KindVLLM || kind == KindSGLang) && ids.null(body) && !opt.IDsFromLogprobs &&
 		!(kind == KindSGLang && endpoint == Chat && info.Stream) {
 		inj |= ReturnTokenIDs
+		if kind == KindSGLang {
+			inj |= OmitIDs
+		}
 		if ids.ok {
 			replace(ids, "true")
 		} else {
@@ -313,8 +332,12 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 
 	// logprobs: chat refuses top_logprobs without logprobs:true; injecting
 	// would turn that error into a success, so leave such requests alone.
-	if (opt.Logprobs || fromLogprobs) && lp.null(body) && (endpoint != Chat || tlp.null(body)) {
+	if (opt.Logprobs && (kind != KindLlamaCpp || endpoint == Chat) || fromLogprobs || llamaLogprobs) &&
+		lp.null(body) && (endpoint != Chat || tlp.null(body)) {
 		inj |= Logprobs
+		if kind == KindLlamaCpp {
+			inj |= OmitLogprobs
+		}
 		text, val := textLogprobsChat, "true"
 		if endpoint == Completions {
 			text, val = textLogprobsCmpl, "0"

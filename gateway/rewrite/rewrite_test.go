@@ -23,8 +23,12 @@ func TestParseKind(t *testing.T) {
 	f("sglang", KindSGLang)
 	f("openai", KindOpenAI)
 	f("VLLM", KindVLLM)
-	if _, err := ParseKind("llamacpp"); err == nil || !strings.Contains(err.Error(), "llamacpp") {
-		t.Fatalf("ParseKind(llamacpp) error = %v", err)
+	f("llamacpp", KindLlamaCpp)
+	if k, err := ParseKind("llama.cpp"); err != nil || k != KindLlamaCpp {
+		t.Fatalf("ParseKind(llama.cpp) = %v, %v", k, err)
+	}
+	if _, err := ParseKind("tgi"); err == nil || !strings.Contains(err.Error(), "llamacpp") {
+		t.Fatalf("ParseKind(tgi) error = %v, want one naming the kinds", err)
 	}
 }
 
@@ -89,9 +93,21 @@ func TestRewrite(t *testing.T) {
 	// SGLang: no ids on streaming chat (400 there), ids elsewhere.
 	f(`{"model":"m","stream":true}`, Chat, KindSGLang, none,
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, IncludeUsage)
-	f(`{"model":"m"}`, Chat, KindSGLang, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m"}`, Chat, KindSGLang, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs|OmitIDs)
 	f(`{"model":"m","stream":true}`, Completions, KindSGLang, none,
-		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
+		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage|OmitIDs)
+	// SGLang leaves unasked id keys out: stripping must delete them.
+	f(`{"model":"m","prompt":"x"}`, Completions, KindSGLang, none,
+		`{"model":"m","prompt":"x","return_token_ids":true}`, ReturnTokenIDs|OmitIDs)
+	// llama.cpp: output ids only through chat logprobs (their "id"); nothing
+	// else is asked for, and not when the client set logprobs or top_logprobs.
+	f(`{"model":"m","messages":[]}`, Chat, KindLlamaCpp, none,
+		`{"model":"m","messages":[],"logprobs":true}`, Logprobs|OmitLogprobs)
+	f(`{"model":"m","messages":[],"stream":true}`, Chat, KindLlamaCpp, none,
+		`{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"logprobs":true}`, IncludeUsage|Logprobs|OmitLogprobs)
+	f(`{"model":"m","messages":[],"logprobs":false}`, Chat, KindLlamaCpp, none, `{"model":"m","messages":[],"logprobs":false}`, 0)
+	f(`{"model":"m","messages":[],"top_logprobs":2}`, Chat, KindLlamaCpp, none, `{"model":"m","messages":[],"top_logprobs":2}`, 0)
+	f(`{"model":"m","prompt":"x"}`, Completions, KindLlamaCpp, lp, `{"model":"m","prompt":"x"}`, 0)
 	// OpenAI upstream and other endpoints: never touched.
 	f(`{"model":"m","stream":true}`, Chat, KindOpenAI, lp, `{"model":"m","stream":true}`, 0)
 	f(`{"model":"m","input":"x","stream":true}`, Responses, KindVLLM, lp, `{"model":"m","input":"x","stream":true}`, 0)
@@ -235,7 +251,7 @@ func FuzzRewrite(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, ep, kind uint8, logprobs bool) {
 		endpoint := Endpoint(ep % 5)
-		k := Kind(kind % 3)
+		k := Kind(kind % 4)
 		out, info, inj, err := Rewrite(nil, body, endpoint, k, Options{Logprobs: logprobs})
 		if err != nil {
 			if !errors.Is(err, ErrInvalidBody) {

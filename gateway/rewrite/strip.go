@@ -17,7 +17,10 @@ import "bytes"
 //     to carry token ids a tool/reasoning parser swallowed.
 // A stream event whose body is a non-streaming object ("object":
 // "chat.completion", as vLLM sends for some completions) follows the
-// non-streaming rule. Everything else is copied byte for byte.
+// non-streaming rule. Engines that leave out the keys of fields not asked
+// for get those keys deleted everywhere: token ids with OmitIDs (SGLang),
+// logprobs with OmitLogprobs (llama.cpp). Everything else is copied byte for
+// byte.
 
 // StripBody removes the injected fields from a non-streaming JSON response.
 // When nothing changes (nothing injected, another endpoint, an input it cannot
@@ -123,6 +126,7 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 	ids := inj&ReturnTokenIDs != 0
 	lps := inj&Logprobs != 0
 	deleteMode := event && endpoint == Chat
+	omitIDs, omitLps := inj&OmitIDs != 0, inj&OmitLogprobs != 0
 
 	choicesSeen, usageSet := false, false
 	nChoices := 0
@@ -155,7 +159,7 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 					arr.endElem(end)
 					continue
 				}
-				filler, end, ok := stripChoice(&w, s, ids, lps, deleteMode)
+				filler, end, ok := stripChoice(&w, s, ids, lps, deleteMode || omitIDs, omitLps)
 				if !ok {
 					return data, false
 				}
@@ -182,7 +186,7 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 			switch {
 			case !ids:
 				ed.keep(&w, &m)
-			case deleteMode:
+			case deleteMode || omitIDs:
 				ed.del(&w, &m)
 			default:
 				ed.setNull(&w, &m)
@@ -216,7 +220,7 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 // stripChoice strips one element of "choices" starting at data[open] == '{'.
 // It reports whether the choice is a filler (delta {} and finish_reason
 // null) and where the element ends; ok is false when it is malformed.
-func stripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool, end int, ok bool) {
+func stripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler bool, end int, ok bool) {
 	data := w.src
 	emptyDelta, finishNull := false, true
 	it := newObjIter(data, open)
@@ -228,16 +232,19 @@ func stripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool, e
 			switch {
 			case !ids:
 				ed.keep(w, &m)
-			case deleteMode:
+			case delIDs:
 				ed.del(w, &m)
 			default:
 				ed.setNull(w, &m)
 			}
 		case "logprobs":
-			if lps {
-				ed.setNull(w, &m)
-			} else {
+			switch {
+			case !lps:
 				ed.keep(w, &m)
+			case delLps:
+				ed.del(w, &m)
+			default:
+				ed.setNull(w, &m)
 			}
 		case "delta":
 			emptyDelta = isEmptyObject(m.val(data))

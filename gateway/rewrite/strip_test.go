@@ -229,6 +229,42 @@ func TestStripDeleteShapes(t *testing.T) {
 	f(`{"choices":[{"finish_reason":"stop","token_ids":null}]}`, `{"choices":[{"finish_reason":"stop"}]}`)
 }
 
+// TestStripOmittingEngines: engines that leave unasked keys out (SGLang's
+// token ids, llama.cpp's logprobs) get the injected keys deleted, in bodies
+// and in every kind of stream event, while other keys stay as they are.
+func TestStripOmittingEngines(t *testing.T) {
+	f := func(ep Endpoint, inj Injected, event bool, in, want string) {
+		t.Helper()
+		var out []byte
+		if event {
+			var drop bool
+			if out, drop = StripEvent(nil, []byte(in), ep, inj); drop {
+				t.Fatalf("StripEvent(%s) dropped", in)
+			}
+		} else {
+			out = StripBody(nil, []byte(in), ep, inj)
+		}
+		if string(out) != want {
+			t.Fatalf("strip(%s)\n got %s\nwant %s", in, out, want)
+		}
+	}
+	sg := ReturnTokenIDs | OmitIDs
+	f(Chat, sg, false, `{"choices":[{"index":0,"logprobs":null,"finish_reason":"stop","matched_stop":null,"prompt_token_ids":[1,2],"token_ids":[3]}],"usage":{}}`,
+		`{"choices":[{"index":0,"logprobs":null,"finish_reason":"stop","matched_stop":null}],"usage":{}}`)
+	f(Completions, sg, false, `{"choices":[{"index":0,"text":"a","token_ids":[3],"prompt_token_ids":[1]},{"index":1,"text":"b","token_ids":[4],"prompt_token_ids":[1]}]}`,
+		`{"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}`)
+	f(Completions, sg, true, `{"object":"text_completion","choices":[{"index":0,"text":" we","finish_reason":null,"token_ids":[328],"prompt_token_ids":[293]}],"usage":null}`,
+		`{"object":"text_completion","choices":[{"index":0,"text":" we","finish_reason":null}],"usage":null}`)
+	lc := Logprobs | OmitLogprobs
+	f(Chat, lc, false, `{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"x"},"logprobs":{"content":[{"id":5,"token":"x","logprob":-1}]}}],"object":"chat.completion"}`,
+		`{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"x"}}],"object":"chat.completion"}`)
+	f(Chat, lc, true, `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"id":5,"token":"x","logprob":-1}]}}],"object":"chat.completion.chunk"}`,
+		`{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"x"}}],"object":"chat.completion.chunk"}`)
+	// Without the Omit flags the same injections are set to null (vLLM).
+	f(Chat, Logprobs, false, `{"choices":[{"index":0,"logprobs":{"content":[]}}]}`, `{"choices":[{"index":0,"logprobs":null}]}`)
+	f(Completions, ReturnTokenIDs, false, `{"choices":[{"index":0,"token_ids":[3]}]}`, `{"choices":[{"index":0,"token_ids":null}]}`)
+}
+
 func TestStripBodyPretty(t *testing.T) {
 	in := "{\n  \"object\": \"chat.completion\",\n  \"choices\": [\n    {\"token_ids\": [1, 2], \"logprobs\": {\"content\": []}}\n  ],\n  \"prompt_token_ids\": [3]\n}"
 	want := "{\n  \"object\": \"chat.completion\",\n  \"choices\": [\n    {\"token_ids\": null, \"logprobs\": null}\n  ],\n  \"prompt_token_ids\": null\n}"
@@ -246,7 +282,7 @@ func FuzzStripEvent(f *testing.F) {
 	}
 	f.Add([]byte(`{"choices":[{"token_ids":[1],"x":{"token_ids":"]"}}]}`), uint8(Chat), uint8(7), true)
 	f.Fuzz(func(t *testing.T, data []byte, ep, inj uint8, event bool) {
-		endpoint, flags := Endpoint(ep%5), Injected(inj&7)
+		endpoint, flags := Endpoint(ep%5), Injected(inj&0x3f) // with OmitIDs and OmitLogprobs
 		var out []byte
 		drop := false
 		if event {
