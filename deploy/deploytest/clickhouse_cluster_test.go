@@ -2,8 +2,12 @@ package deploytest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -120,7 +124,8 @@ func countRows(t testing.TB, n *chNode, table string) uint64 {
 // store works on the Distributed tables (writes from one server, reads from
 // a server of the other shard, replicas agree, a rollout's rows stay on one
 // shard), and the store conformance suite and the saved queries of deploy/sql
-// pass on the cluster.
+// pass on the cluster, and the real `rollgate serve --clickhouse` captures to
+// it and answers from it.
 func TestClickHouseClusterDDL(t *testing.T) {
 	zk := startZooKeeper(t)
 	cl := startClickHouseCluster(t, "rollgate_test", zk, 2, 2)
@@ -267,6 +272,80 @@ func TestClickHouseClusterDDL(t *testing.T) {
 			if len(where) != 1 {
 				t.Errorf("rollout %s has rows on shards %v, want exactly one", rollout, where)
 			}
+		}
+	})
+
+	// The real binary: rollgate serve --clickhouse pointed at the Distributed
+	// tables (built-in mock engine), a rollout's calls, reward and status
+	// through the gateway, read back through its API.
+	t.Run("rollgate serve", func(t *testing.T) {
+		bin := filepath.Join(t.TempDir(), "rollgate")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/rollgate")
+		build.Dir = filepath.Join(deployDir(t), "..")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/rollgate: %v\n%s", err, out)
+		}
+		applyClusterDDL(t, first, "served")
+		addr := fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
+		serve := exec.Command(bin, "serve", "--listen", addr, "--clickhouse", first.dsn("served"),
+			"--spool-dir", filepath.Join(t.TempDir(), "spool"))
+		serve.Dir = t.TempDir() // anything it writes by default stays in the test's folder
+		gw := startProcess(t, "rollgate serve", serve)
+		base := "http://" + addr
+		gw.waitUntil(t, 60*time.Second, func() error {
+			res, err := http.Get(base + "/readyz")
+			if err != nil {
+				return err
+			}
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				return fmt.Errorf("/readyz: %s", res.Status)
+			}
+			return nil
+		}, func() string { return "" })
+		post := func(path, body string) {
+			t.Helper()
+			res, err := http.Post(base+path, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				t.Fatalf("POST %s: %s %s", path, res.Status, b)
+			}
+		}
+		for _, r := range []string{"served-1", "served-2", "served-3"} {
+			for turn := 0; turn < 2; turn++ {
+				post("/rollout/"+r+"/attempt/a1/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}`)
+			}
+			post("/api/v1/rollouts/"+r+"/rewards", `{"value": 1, "attempt_id": "a1"}`)
+			post("/api/v1/rollouts/"+r+"/status", `{"status": "succeeded", "attempt_id": "a1"}`)
+		}
+		for _, r := range []string{"served-1", "served-2", "served-3"} {
+			res, err := http.Get(base + "/api/v1/rollouts/" + r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				Calls   []json.RawMessage `json:"calls"`
+				Rewards []json.RawMessage `json:"rewards"`
+			}
+			err = json.NewDecoder(res.Body).Decode(&got)
+			res.Body.Close()
+			if err != nil || res.StatusCode != 200 {
+				t.Fatalf("GET rollout %s: %s %v", r, res.Status, err)
+			}
+			if len(got.Calls) != 2 || len(got.Rewards) != 1 {
+				t.Errorf("rollout %s through the gateway: %d calls, %d rewards; want 2 and 1", r, len(got.Calls), len(got.Rewards))
+			}
+		}
+		var local uint64
+		for _, shard := range cl.shards {
+			local += countRows(t, shard[0], "served.llm_calls_local")
+		}
+		if local != 6 {
+			t.Errorf("the shards' llm_calls_local hold %d rows, want the 6 calls", local)
 		}
 	})
 
