@@ -4,9 +4,10 @@
 // Grafana panel query and every alert and recording rule; the Kubernetes
 // manifests pass the Kubernetes OpenAPI schemas (kubernetes-models on
 // Node.js) and strict decoding into the k8s.io/api types (k8svalidate, a
-// module of its own); and deploy/clickhouse/cluster.sql runs on a real
+// module of its own), and deploy/k8s/clickhouse.yaml agrees with itself and
+// with cluster.sql; and deploy/clickhouse/cluster.sql runs on a real
 // ClickHouse cluster (ZooKeeper and four servers on loopback) that rollgate's
-// store then writes to and reads from.
+// store and the real `rollgate serve --clickhouse` then write to and read from.
 //
 // The tests need Debian's prometheus, clickhouse-server, zookeeper, nodejs
 // and npm packages, and `npm ci` in k8svalidate; scripts/test installs them.
