@@ -6,8 +6,10 @@ import (
 )
 
 // The stripper as it was before the walk was made cheaper (commit "rewrite:
-// cheaper StripEvent"), kept as the oracle of FuzzStripMatchesReference: the
-// optimised stripper must give exactly its output for every input.
+// cheaper StripEvent"), with the later OmitIDs/OmitLogprobs rules, kept as the
+// oracle of FuzzStripMatchesReference: the optimised stripper must give
+// exactly its output for every input. A change to what is stripped goes here
+// too.
 
 func refSkipString(b []byte, i int) int {
 	for i++; i < len(b); i++ {
@@ -170,6 +172,7 @@ func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]
 	ids := inj&ReturnTokenIDs != 0
 	lps := inj&Logprobs != 0
 	deleteMode := event && endpoint == Chat
+	omitIDs, omitLps := inj&OmitIDs != 0, inj&OmitLogprobs != 0
 
 	choicesSeen, usageSet := false, false
 	nChoices := 0
@@ -189,7 +192,7 @@ func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]
 			switch {
 			case !ids:
 				ed.keep(&w, &m)
-			case deleteMode:
+			case deleteMode || omitIDs:
 				ed.del(&w, &m)
 			default:
 				ed.setNull(&w, &m)
@@ -214,7 +217,7 @@ func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]
 					allFiller = false
 					continue
 				}
-				if !refStripChoice(&w, s, ids, lps, deleteMode) {
+				if !refStripChoice(&w, s, ids, lps, deleteMode || omitIDs, omitLps) {
 					allFiller = false
 				}
 			}
@@ -244,7 +247,7 @@ func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]
 	return append(w.dst, data[w.copied:]...), false
 }
 
-func refStripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool) {
+func refStripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler bool) {
 	data := w.src
 	emptyDelta, finishNull := false, true
 	it := refNewObjIter(data, open)
@@ -256,16 +259,19 @@ func refStripChoice(w *writer, open int, ids, lps, deleteMode bool) (filler bool
 			switch {
 			case !ids:
 				ed.keep(w, &m)
-			case deleteMode:
+			case delIDs:
 				ed.del(w, &m)
 			default:
 				ed.setNull(w, &m)
 			}
 		case "logprobs":
-			if lps {
-				ed.setNull(w, &m)
-			} else {
+			switch {
+			case !lps:
 				ed.keep(w, &m)
+			case delLps:
+				ed.del(w, &m)
+			default:
+				ed.setNull(w, &m)
 			}
 		case "delta":
 			emptyDelta = isEmptyObject(m.val(data))
@@ -303,7 +309,7 @@ func FuzzStripMatchesReference(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"delta":{"content":"\\\"]}"}},1,"x\""],"prompt_token_ids":[1]}`), uint8(Chat), uint8(1), true)
 	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":1}}`), uint8(Completions), uint8(2), true)
 	f.Fuzz(func(t *testing.T, data []byte, ep, inj uint8, event bool) {
-		endpoint, flags := Endpoint(ep%5), Injected(inj&15)
+		endpoint, flags := Endpoint(ep%5), Injected(inj&63)
 		var got, want []byte
 		var gotDrop, wantDrop bool
 		rewritten := endpoint == Chat || endpoint == Completions
