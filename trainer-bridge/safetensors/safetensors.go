@@ -161,6 +161,9 @@ func Read(data []byte) ([]Tensor, map[string]string, error) {
 			}
 			continue
 		}
+		if name == "" {
+			return nil, nil, errors.New("safetensors: a tensor has an empty name")
+		}
 		var e entry
 		if err := json.Unmarshal(r, &e); err != nil {
 			return nil, nil, fmt.Errorf("safetensors: %s: %w", name, err)
