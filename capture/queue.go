@@ -86,6 +86,12 @@ func releasePending(p *Pending) {
 		(p.nEvents > 0 && p.asm.footprint() > maxPooled) {
 		return
 	}
+	p.reset()
+	pendingPool.Put(p)
+}
+
+// reset empties p for its next call, keeping its buffers.
+func (p *Pending) reset() {
 	p.Meta = export.Call{}
 	p.Endpoint = 0
 	p.NoBodies = false
@@ -96,7 +102,6 @@ func releasePending(p *Pending) {
 	p.eventEnds = p.eventEnds[:0]
 	p.nEvents = 0
 	p.ticket = 0
-	pendingPool.Put(p)
 }
 
 // AddEvent records the data payload of one streamed SSE event. Set Endpoint
