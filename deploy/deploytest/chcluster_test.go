@@ -16,6 +16,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/rollgate/rollgate/internal/testenv"
 )
 
 // zooKeeperJar is where Debian's zookeeper package installs the server; its
@@ -214,41 +216,17 @@ func startClickHouseCluster(t testing.TB, name string, zkPort, shards, replicas 
 
 	var procs []*process
 	for _, n := range c.nodes() {
-		for _, sub := range []string{"data", "tmp", "user_files", "format_schemas", "log"} {
-			if err := os.MkdirAll(filepath.Join(n.dir, sub), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		config := fmt.Sprintf(`<?xml version="1.0"?>
-<yandex>
-    <logger><level>warning</level><log>%[1]s/log/server.log</log><errorlog>%[1]s/log/server.err.log</errorlog><size>100M</size><count>1</count></logger>
-    <listen_host>127.0.0.1</listen_host>
-    <tcp_port>%[2]d</tcp_port>
-    <http_port>%[3]d</http_port>
-    <interserver_http_port>%[4]d</interserver_http_port>
+		err := testenv.WriteClickHouseConfig(n.dir, testenv.ClickHouseConfig{TCPPort: n.tcp, HTTPPort: n.http,
+			ServerXML: fmt.Sprintf(`    <interserver_http_port>%d</interserver_http_port>
     <interserver_http_host>127.0.0.1</interserver_http_host>
-    <path>%[1]s/data/</path>
-    <tmp_path>%[1]s/tmp/</tmp_path>
-    <user_files_path>%[1]s/user_files/</user_files_path>
-    <format_schema_path>%[1]s/format_schemas/</format_schema_path>
-    <users_config>users.xml</users_config>
-    <default_profile>default</default_profile>
-    <default_database>default</default_database>
-    <timezone>UTC</timezone>
-    <mark_cache_size>67108864</mark_cache_size>
-    <uncompressed_cache_size>67108864</uncompressed_cache_size>
-    <max_concurrent_queries>100</max_concurrent_queries>
-    <mlock_executable>false</mlock_executable>
-    <zookeeper><node><host>127.0.0.1</host><port>%[5]d</port></node><session_timeout_ms>30000</session_timeout_ms></zookeeper>
+    <zookeeper><node><host>127.0.0.1</host><port>%d</port></node><session_timeout_ms>30000</session_timeout_ms></zookeeper>
     <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>
-    <remote_servers>%[6]s</remote_servers>
-    <macros><cluster>%[7]s</cluster><shard>%[8]s</shard><replica>%[9]s</replica></macros>
-</yandex>
-`, n.dir, n.tcp, n.http, n.intersrv, zkPort, remote.String(), name, n.shard, n.name)
-		if err := os.WriteFile(filepath.Join(n.dir, "config.xml"), []byte(config), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(n.dir, "users.xml"), []byte(chUsersXML), 0o644); err != nil {
+    <remote_servers>%s</remote_servers>
+    <macros><cluster>%s</cluster><shard>%s</shard><replica>%s</replica></macros>`, n.intersrv, zkPort, remote.String(), name, n.shard, n.name),
+			// The settings deploy/clickhouse/cluster.sql asks for in rollgate's profile.
+			ProfileXML: `<insert_distributed_sync>1</insert_distributed_sync><load_balancing>in_order</load_balancing>`,
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 		cmd := exec.Command(bin, "--config-file="+filepath.Join(n.dir, "config.xml"))
@@ -270,19 +248,6 @@ func startClickHouseCluster(t testing.TB, name string, zkPort, shards, replicas 
 	}
 	return c
 }
-
-// chUsersXML is the servers' users.xml: user default without a password,
-// from loopback only, with the settings deploy/clickhouse/cluster.sql asks
-// for in the profile of rollgate's user (inserts into Distributed tables
-// return once every shard stored its rows; reads and writes go to the first
-// healthy replica of each shard, so rollgate reads what it wrote).
-const chUsersXML = `<?xml version="1.0"?>
-<yandex>
-    <profiles><default><max_memory_usage>2000000000</max_memory_usage><insert_distributed_sync>1</insert_distributed_sync><load_balancing>in_order</load_balancing></default></profiles>
-    <users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users>
-    <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors><result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time></interval></default></quotas>
-</yandex>
-`
 
 func pingClickHouse(addr string) error {
 	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, DialTimeout: 2 * time.Second})

@@ -167,9 +167,26 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// writeConfig writes config.xml and users.xml in the 18.16 format (root element
-// <yandex>, which newer servers still accept) with every path inside dir.
+// writeConfig writes the configuration of a single test server.
 func writeConfig(dir string, tcpPort, httpPort int) error {
+	return WriteClickHouseConfig(dir, ClickHouseConfig{TCPPort: tcpPort, HTTPPort: httpPort})
+}
+
+// ClickHouseConfig is what WriteClickHouseConfig varies between test servers.
+type ClickHouseConfig struct {
+	TCPPort, HTTPPort int
+	// ServerXML is added inside config.xml's root element (for example
+	// <zookeeper>, <remote_servers>, <macros> of a cluster member).
+	ServerXML string
+	// ProfileXML is added to the default profile in users.xml (settings
+	// such as <insert_distributed_sync>1</insert_distributed_sync>).
+	ProfileXML string
+}
+
+// WriteClickHouseConfig writes config.xml and users.xml in the 18.16 format
+// (root element <yandex>, which newer servers still accept) with every path
+// inside dir, listening on loopback only, user default without a password.
+func WriteClickHouseConfig(dir string, c ClickHouseConfig) error {
 	for _, sub := range []string{"data", "tmp", "user_files", "format_schemas", "log"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return fmt.Errorf("clickhouse test server: %w", err)
@@ -199,13 +216,15 @@ func writeConfig(dir string, tcpPort, httpPort int) error {
     <uncompressed_cache_size>268435456</uncompressed_cache_size>
     <max_concurrent_queries>100</max_concurrent_queries>
     <mlock_executable>false</mlock_executable>
+%[4]s
 </yandex>
-`, dir, tcpPort, httpPort)
+`, dir, c.TCPPort, c.HTTPPort, c.ServerXML)
 	users := `<?xml version="1.0"?>
 <yandex>
     <profiles>
         <default>
             <max_memory_usage>4000000000</max_memory_usage>
+` + c.ProfileXML + `
         </default>
     </profiles>
     <users>
