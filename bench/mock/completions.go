@@ -242,14 +242,7 @@ func (p *plan) appendCompletionFull(dst []byte) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = append(dst, `{"index":`...)
-		dst = strconv.AppendInt(dst, int64(i), 10)
-		dst = append(dst, `,"text":"`...)
-		dst = appendTextOf(dst, c.ids)
-		dst = append(dst, `","logprobs":`...)
-		dst = p.appendCompletionLogprobs(dst, c, 0, len(c.ids), 0)
-		dst = append(dst, `,"finish_reason":"`...)
-		dst = append(dst, c.finish...)
+		dst = p.appendCompletionChoiceHead(dst, i, c)
 		dst = append(dst, `","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":`...)
 		dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs)
 		dst = append(dst, `,"token_ids":`...)
@@ -259,6 +252,34 @@ func (p *plan) appendCompletionFull(dst []byte) []byte {
 	dst = append(dst, `],"usage":`...)
 	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
 	return append(dst, '}')
+}
+
+// appendCompletionChoiceHead appends the start of choice i of a whole
+// completion, shared by the flavours: {"index","text","logprobs","finish_reason"
+// (open: the caller closes the finish reason's string and the object).
+func (p *plan) appendCompletionChoiceHead(dst []byte, i int, c *planChoice) []byte {
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"text":"`...)
+	dst = appendTextOf(dst, c.ids)
+	dst = append(dst, `","logprobs":`...)
+	dst = p.appendCompletionLogprobs(dst, c, 0, len(c.ids), 0)
+	dst = append(dst, `,"finish_reason":"`...)
+	return append(dst, c.finish...)
+}
+
+// appendCompletionStepHead appends the start of choice i's chunk for step
+// st, shared by the flavours: {"index","text","logprobs" (the object left
+// open), advancing the choice's text offset.
+func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int) []byte {
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"text":"`...)
+	dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+	dst = append(dst, `","logprobs":`...)
+	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
+	c.offset += len(vocab[c.ids[st]])
+	return dst
 }
 
 // streamCompletion writes the SSE stream of a completion.
@@ -273,13 +294,7 @@ var vllmCompletionWire = wire{
 // appendCompletionChunk appends the chunk of step st of choice i: every key is present.
 func (p *plan) appendCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
-	dst = append(dst, `{"index":`...)
-	dst = strconv.AppendInt(dst, int64(i), 10)
-	dst = append(dst, `,"text":"`...)
-	dst = appendJSONStringBody(dst, vocab[c.ids[st]])
-	dst = append(dst, `","logprobs":`...)
-	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
-	c.offset += len(vocab[c.ids[st]])
+	dst = p.appendCompletionStepHead(dst, i, c, st)
 	dst = append(dst, `,"finish_reason":null,"stop_reason":null,"prompt_token_ids":`...)
 	dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs && st == 0)
 	dst = append(dst, `,"token_ids":`...)

@@ -165,14 +165,7 @@ func (p *plan) appendSGLangCompletionFull(dst []byte) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = append(dst, `{"index":`...)
-		dst = strconv.AppendInt(dst, int64(i), 10)
-		dst = append(dst, `,"text":"`...)
-		dst = appendTextOf(dst, c.ids)
-		dst = append(dst, `","logprobs":`...)
-		dst = p.appendCompletionLogprobs(dst, c, 0, len(c.ids), 0)
-		dst = append(dst, `,"finish_reason":"`...)
-		dst = append(dst, c.finish...)
+		dst = p.appendCompletionChoiceHead(dst, i, c)
 		dst = append(dst, `","matched_stop":`...)
 		dst = appendSGLangMatchedStop(dst, c)
 		if p.returnIDs {
@@ -198,13 +191,7 @@ var sglangCompletionWire = wire{
 
 func (p *plan) appendSGLangCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
 	dst = p.appendPrefix(dst, "", "text_completion")
-	dst = append(dst, `{"index":`...)
-	dst = strconv.AppendInt(dst, int64(i), 10)
-	dst = append(dst, `,"text":"`...)
-	dst = appendJSONStringBody(dst, vocab[c.ids[st]])
-	dst = append(dst, `","logprobs":`...)
-	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
-	c.offset += len(vocab[c.ids[st]])
+	dst = p.appendCompletionStepHead(dst, i, c, st)
 	dst = append(dst, `,"finish_reason":null,"matched_stop":null`...)
 	if p.returnIDs && !p.dropIDs(st+1) {
 		dst = append(dst, `,"token_ids":`...)
