@@ -56,7 +56,12 @@ func Open(path string) (*Store, error) {
 	}
 	dsn := "file:" + escapePath(path) +
 		"?_busy_timeout=" + strconv.FormatInt(BusyTimeout.Milliseconds(), 10) +
-		"&_journal_mode=WAL&_synchronous=NORMAL&_txlock=immediate"
+		"&_journal_mode=WAL&_synchronous=NORMAL&_txlock=immediate" +
+		// 64 KiB pages for new files (an existing file keeps its own): a
+		// captured call is ≈4 KB, which overflows a 4 KiB page into a chain,
+		// and the WAL writes each page with two syscalls. BenchmarkWriteBatch:
+		// 77 → 47 µs per row.
+		"&_pragma=page_size(65536)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
