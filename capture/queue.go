@@ -150,6 +150,11 @@ type Config struct {
 	// QueueSize is how many completed calls may wait for assembly (default 8192).
 	// When full, TryPush returns false and the call is counted as dropped.
 	QueueSize int
+	// Linger is how long a worker woken from idle waits before taking the
+	// calls queued, so that it takes several at once instead of being woken
+	// for every call (default 2ms; negative = do not wait). Under load the
+	// workers are never idle and never wait.
+	Linger time.Duration
 	// Workers assemble calls into rows (default 2).
 	Workers int
 	// BatchSize is the number of rows that triggers a write (default 1000).
@@ -175,6 +180,9 @@ func (c *Config) setDefaults() {
 	if c.Workers <= 0 {
 		c.Workers = 2
 	}
+	if c.Linger == 0 {
+		c.Linger = 2 * time.Millisecond
+	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 1000
 	}
@@ -188,14 +196,25 @@ func (c *Config) setDefaults() {
 
 // Pipeline moves completed calls off the hot path: a bounded queue, workers
 // that assemble rows, and a batcher that writes them to every sink.
+//
+// The queue is a slice under a mutex rather than a channel: TryPush appends
+// and wakes an idle worker only when the queue was empty, and a woken worker
+// lingers (Config.Linger) and then takes every queued call at once, handing
+// the batcher one message per take. With a channel per call and per row,
+// each call woke a worker and the batcher (a futex and a context switch
+// each), and at low load those wake-ups competed with the calls in flight
+// for the CPU.
 type Pipeline struct {
 	cfg   Config
 	sinks []NamedSink
 	m     *metrics.Metrics
 	log   *slog.Logger
 
-	queue chan *Pending
-	rows  chan rowMsg
+	qmu   sync.Mutex
+	queue []*Pending    // calls waiting for a worker, oldest first
+	wake  chan struct{} // an idle worker is woken through it
+	quit  chan struct{} // closed by Close: workers finish the queue and stop
+	rows  chan rowBatch
 	wg    sync.WaitGroup // workers
 	done  chan struct{}  // batcher finished
 
@@ -275,8 +294,9 @@ func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Lo
 		sinks:    sinks,
 		m:        m,
 		log:      log,
-		queue:    make(chan *Pending, cfg.QueueSize),
-		rows:     make(chan rowMsg, cfg.BatchSize),
+		wake:     make(chan struct{}, 1),
+		quit:     make(chan struct{}),
+		rows:     make(chan rowBatch, cfg.Workers),
 		done:     make(chan struct{}),
 		settled:  map[uint64]struct{}{},
 		flushReq: make(chan struct{}, 1),
@@ -302,13 +322,23 @@ func (p *Pipeline) TryPush(c *Pending) bool {
 	defer p.mu.RUnlock()
 	if !p.closed {
 		c.ticket = p.tickets.Add(1)
-		select {
-		case p.queue <- c:
-			p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
-			return true
-		default:
-			p.settle(c.ticket)
+		p.qmu.Lock()
+		n := len(p.queue)
+		if n < p.cfg.QueueSize {
+			p.queue = append(p.queue, c)
 		}
+		p.qmu.Unlock()
+		if n < p.cfg.QueueSize {
+			p.m.CaptureQueueDepth.Set(float64(n + 1))
+			if n == 0 { // the workers may all be idle
+				select {
+				case p.wake <- struct{}{}:
+				default: // a wake-up is pending already
+				}
+			}
+			return true
+		}
+		p.settle(c.ticket)
 	}
 	p.m.CaptureDropped.Inc()
 	c.ResolveIDs()
@@ -327,7 +357,7 @@ func (p *Pipeline) Close(ctx context.Context) error {
 		return nil
 	}
 	p.closed = true
-	close(p.queue)
+	close(p.quit)
 	p.mu.Unlock()
 	go func() { p.wg.Wait(); close(p.rows) }()
 	select {
@@ -338,12 +368,62 @@ func (p *Pipeline) Close(ctx context.Context) error {
 	}
 }
 
+// maxTake bounds how many calls one worker takes at once, so that the other
+// workers share a long queue.
+const maxTake = 256
+
+// take moves up to maxTake of the oldest queued calls into dst.
+func (p *Pipeline) take(dst []*Pending) []*Pending {
+	p.qmu.Lock()
+	n := min(len(p.queue), maxTake)
+	dst = append(dst, p.queue[:n]...)
+	rest := copy(p.queue, p.queue[n:])
+	clear(p.queue[rest:])
+	p.queue = p.queue[:rest]
+	p.qmu.Unlock()
+	p.m.CaptureQueueDepth.Set(float64(rest))
+	if rest > 0 { // more than this worker takes: let another help
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+	return dst
+}
+
 func (p *Pipeline) work() {
 	defer p.wg.Done()
-	var a Assembler
-	for c := range p.queue {
-		p.m.CaptureQueueDepth.Set(float64(len(p.queue)))
-		rows := Rows(c, &a)
+	var (
+		a     Assembler
+		calls []*Pending
+	)
+	for {
+		calls = p.take(calls[:0])
+		if len(calls) == 0 {
+			select {
+			case <-p.wake:
+				if p.cfg.Linger > 0 {
+					time.Sleep(p.cfg.Linger)
+				}
+				continue
+			case <-p.quit:
+				// Nothing is pushed any more: finish what is queued.
+				if calls = p.take(calls[:0]); len(calls) == 0 {
+					return
+				}
+			}
+		}
+		p.rows <- p.assemble(calls, &a)
+		clear(calls)
+	}
+}
+
+// assemble turns calls into rows for the batcher and releases them.
+func (p *Pipeline) assemble(calls []*Pending, a *Assembler) rowBatch {
+	var out rowBatch
+	out.tickets = make([]uint64, 0, len(calls))
+	for _, c := range calls {
+		rows := Rows(c, a)
 		p.fill(c, rows)
 		p.checkDetok(rows)
 		p.checkTurn(rows)
@@ -355,16 +435,15 @@ func (p *Pipeline) work() {
 		for i := range rows {
 			p.cfg.Redact.Apply(&rows[i], p.redactHit)
 		}
-		for i, row := range rows {
+		for _, row := range rows {
 			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
-			p.m.CapturedRows.Inc()
-			p.rows <- rowMsg{row: row, ticket: c.ticket, last: i == len(rows)-1}
 		}
-		if len(rows) == 0 {
-			p.rows <- rowMsg{ticket: c.ticket, empty: true}
-		}
+		p.m.CapturedRows.Add(float64(len(rows)))
+		out.rows = append(out.rows, rows...)
+		out.tickets = append(out.tickets, c.ticket)
 		releasePending(c)
 	}
+	return out
 }
 
 func (p *Pipeline) redactHit(rule string) { p.m.Redactions.WithLabelValues(rule).Inc() }
@@ -419,7 +498,7 @@ func (p *Pipeline) batch() {
 	t := time.NewTicker(p.cfg.FlushInterval)
 	defer t.Stop()
 	b := &export.Batch{Calls: make([]export.Call, 0, p.cfg.BatchSize)}
-	var done []uint64 // tickets of the calls whose last row is in b
+	var done []uint64 // tickets of the calls whose rows are all in b
 	flush := func() {
 		if len(b.Calls) > 0 {
 			p.write(b)
@@ -435,12 +514,8 @@ func (p *Pipeline) batch() {
 				flush()
 				return
 			}
-			if !m.empty {
-				b.Calls = append(b.Calls, m.row)
-			}
-			if m.last || m.empty {
-				done = append(done, m.ticket)
-			}
+			b.Calls = append(b.Calls, m.rows...)
+			done = append(done, m.tickets...)
 			if len(b.Calls) >= p.cfg.BatchSize {
 				flush()
 			}
@@ -452,13 +527,11 @@ func (p *Pipeline) batch() {
 	}
 }
 
-// rowMsg carries one assembled row to the batcher; the last row of a call
-// (or an empty marker for a call without rows) settles the call's ticket.
-type rowMsg struct {
-	row    export.Call
-	ticket uint64
-	last   bool
-	empty  bool
+// rowBatch carries the rows of the calls one worker took to the batcher,
+// with those calls' tickets (settled once the rows are written).
+type rowBatch struct {
+	rows    []export.Call
+	tickets []uint64
 }
 
 // settle marks tickets as written (or dropped) and advances the watermark.

@@ -191,3 +191,41 @@ func TestPipelineDetokCheck(t *testing.T) {
 type sinkFunc func(ctx context.Context, b *export.Batch) error
 
 func (f sinkFunc) Write(ctx context.Context, b *export.Batch) error { return f(ctx, b) }
+
+// TestWorkerTakesQueuedCallsTogether: a worker woken from idle lingers, then
+// takes every call queued meanwhile at once, so the batcher gets them in one
+// message (here: one write of 5 rows, although BatchSize 1 writes each
+// message as soon as it arrives) instead of one wake-up per call.
+func TestWorkerTakesQueuedCallsTogether(t *testing.T) {
+	m := metrics.New()
+	var (
+		mu     sync.Mutex
+		writes []int
+	)
+	sink := sinkFunc(func(ctx context.Context, b *export.Batch) error {
+		mu.Lock()
+		writes = append(writes, len(b.Calls))
+		mu.Unlock()
+		return nil
+	})
+	p := NewPipeline(Config{Workers: 1, BatchSize: 1, FlushInterval: time.Hour, Linger: 300 * time.Millisecond},
+		[]NamedSink{{Name: "f", Sink: sink}}, m, nil)
+	for i := range 5 {
+		if !p.TryPush(pending(uint64(i + 1))) {
+			t.Fatal("refused")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(writes) != 1 || writes[0] != 5 {
+		t.Fatalf("writes of %v rows, want one of 5", writes)
+	}
+}
