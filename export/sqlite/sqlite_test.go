@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -61,6 +60,10 @@ func TestOpenTwiceKeepsData(t *testing.T) {
 	res, err := s2.Query(ctx, "PRAGMA journal_mode")
 	if err != nil || len(res.Rows) != 1 || res.Rows[0][0] != "wal" {
 		t.Fatalf("journal_mode = %v, %v; want wal", res, err)
+	}
+	res, err = s2.Query(ctx, "PRAGMA cache_size")
+	if err != nil || len(res.Rows) != 1 || res.Rows[0][0] != "-16384" {
+		t.Fatalf("cache_size = %v, %v; want -16384 (16 MiB)", res, err)
 	}
 }
 
@@ -183,56 +186,5 @@ func TestOpenErrors(t *testing.T) {
 	}
 	if _, err := Open(filepath.Join(t.TempDir(), "not-a-dir", "x.db") + "/"); err == nil {
 		t.Fatal("Open(dir path): no error")
-	}
-}
-
-// TestPageSize: a new file gets 64 KiB pages; a file created with another
-// page size (an older rollgate) keeps it and stays readable and writable.
-func TestPageSize(t *testing.T) {
-	ctx := context.Background()
-	pageSize := func(s *Store) string {
-		t.Helper()
-		res, err := s.Query(ctx, "PRAGMA page_size")
-		if err != nil || len(res.Rows) != 1 {
-			t.Fatalf("PRAGMA page_size: %v, %v", res, err)
-		}
-		return res.Rows[0][0]
-	}
-	s, err := Open(filepath.Join(t.TempDir(), "new.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if got := pageSize(s); got != "65536" {
-		t.Errorf("new file: page_size = %s, want 65536", got)
-	}
-
-	old := filepath.Join(t.TempDir(), "old.db")
-	db, err := sql.Open("sqlite", "file:"+old+"?_pragma=page_size(4096)&_journal_mode=WAL")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(schemaSQL); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	s2, err := Open(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	if got := pageSize(s2); got != "4096" {
-		t.Errorf("existing file: page_size = %s, want its own 4096", got)
-	}
-	call := storetest.FullCall("r1", "a1", 1, 0)
-	if err := s2.Write(ctx, &export.Batch{Calls: []export.Call{call}}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := s2.Calls(ctx, export.CallFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := storetest.EqualCalls(got, []export.Call{call}); d != "" {
-		t.Fatal(d)
 	}
 }
