@@ -33,6 +33,8 @@ type streamBody struct {
 	r    *replica // released, with the concurrency slot, when the call ends
 
 	upstream io.Reader
+	peek     chunkPeek // whether upstream has its next chunk buffered (peekOK)
+	peekOK   bool
 	sc       capture.SSEScanner
 	in       []byte // backend read buffer
 	out      []byte // bytes for the client, out[off:] not yet returned
@@ -68,6 +70,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent = conn, time.Time{}, false, false
 	b.upstream = resp.BodyStream()
+	b.peek, b.peekOK = peekerOf(resp, b.upstream)
 	if b.upstream == nil {
 		b.bodyRdr.Reset(resp.Body())
 		b.upstream = &b.bodyRdr
@@ -133,6 +136,12 @@ func (b *streamBody) fill() {
 	b.out, b.off = b.out[:0], 0
 	pend := b.c.pend
 	n, err := b.upstream.Read(b.in)
+	// Events that arrived together leave together (see chunkPeek).
+	for err == nil && b.peekOK && n < len(b.in) && b.peek.ready() {
+		var m int
+		m, err = b.upstream.Read(b.in[n:])
+		n += m
+	}
 	if n > 0 {
 		b.sc.Feed(b.in[:n])
 		for {
@@ -233,6 +242,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
 	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
+	b.peek, b.peekOK = chunkPeek{}, false
 	b.bodyRdr.Reset(nil)
 	if cap(b.out) <= 256<<10 && cap(b.held) <= 256<<10 {
 		streamBodies.Put(b)
