@@ -137,7 +137,7 @@ func CheckTurns(calls []export.Call, opt *TurnOptions) ([]Turn, []RolloutTurns) 
 	})
 	var turns []Turn
 	var sums []RolloutTurns
-	var prev []export.Call // choices of the previous successful call of the attempt
+	var prev []turnIDs // choices of the previous successful call of the attempt
 	for i := 0; i < len(rows); {
 		j := i + 1
 		for j < len(rows) && rows[j].RolloutID == rows[i].RolloutID && rows[j].AttemptID == rows[i].AttemptID &&
@@ -154,7 +154,7 @@ func CheckTurns(calls []export.Call, opt *TurnOptions) ([]Turn, []RolloutTurns) 
 		}
 		t := compareTurn(prev, cur, opt)
 		if t.Kind != TurnError {
-			prev = cur
+			prev = idsOf(cur)
 		}
 		s := &sums[len(sums)-1]
 		s.Calls++
@@ -175,12 +175,35 @@ func CheckTurns(calls []export.Call, opt *TurnOptions) ([]Turn, []RolloutTurns) 
 // (the rows of the previous successful call of the same attempt, nil when
 // there is none). The capture pipeline calls it through a Tracker.
 func CompareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
-	return compareTurn(prev, cur, opt)
+	return compareTurn(idsOf(prev), cur, opt)
+}
+
+// turnIDs is what comparing a turn reads of one choice of the previous
+// call: its ids (shared with the row), sequence id, choice and token source.
+type turnIDs struct {
+	seq            uint64
+	choice         uint32
+	source         string
+	prompt, output []uint32
+}
+
+// idsOf returns the turnIDs of rows.
+func idsOf(rows []export.Call) []turnIDs {
+	if len(rows) == 0 {
+		return nil
+	}
+	out := make([]turnIDs, len(rows))
+	for i := range rows {
+		r := &rows[i]
+		out[i] = turnIDs{seq: r.SequenceID, choice: r.ChoiceIndex, source: r.TokenSource,
+			prompt: r.PromptTokenIDs, output: r.ResponseTokenIDs}
+	}
+	return out
 }
 
 func failed(c *export.Call) bool { return c.Error != "" || c.HTTPStatus >= 400 }
 
-func compareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
+func compareTurn(prev []turnIDs, cur []export.Call, opt *TurnOptions) Turn {
 	c := &cur[0]
 	t := Turn{RolloutID: c.RolloutID, AttemptID: c.AttemptID, SequenceID: c.SequenceID}
 	switch {
@@ -191,7 +214,7 @@ func compareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
 		t.Kind = TurnFirst
 		return t
 	}
-	t.PrevSequenceID = prev[0].SequenceID
+	t.PrevSequenceID = prev[0].seq
 	if len(c.PromptTokenIDs) == 0 || !hasTurnIDs(prev) {
 		t.Kind = TurnNoIDs
 		return t
@@ -200,18 +223,18 @@ func compareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
 	best, bestLCP := 0, -1
 	for k := range prev {
 		p := &prev[k]
-		if len(p.PromptTokenIDs) == 0 {
+		if len(p.prompt) == 0 {
 			continue
 		}
-		n := lcp2(p.PromptTokenIDs, p.ResponseTokenIDs, c.PromptTokenIDs)
+		n := lcp2(p.prompt, p.output, c.PromptTokenIDs)
 		if n > bestLCP {
 			best, bestLCP = k, n
 		}
 	}
 	p := &prev[best]
-	t.PrevChoice = p.ChoiceIndex
-	t.MixedSources = p.TokenSource != c.TokenSource
-	pp, pr, cp := p.PromptTokenIDs, p.ResponseTokenIDs, c.PromptTokenIDs
+	t.PrevChoice = p.choice
+	t.MixedSources = p.source != c.TokenSource
+	pp, pr, cp := p.prompt, p.output, c.PromptTokenIDs
 	t.PrevLen = len(pp) + len(pr)
 	t.PrefixLen = bestLCP
 	t.BoundaryOffset = bestLCP - t.PrevLen
@@ -220,9 +243,9 @@ func compareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
 	return t
 }
 
-func hasTurnIDs(rows []export.Call) bool {
+func hasTurnIDs(rows []turnIDs) bool {
 	for i := range rows {
-		if len(rows[i].PromptTokenIDs) > 0 {
+		if len(rows[i].prompt) > 0 {
 			return true
 		}
 	}
@@ -320,36 +343,55 @@ func sameTextPrefix(tail, rest []uint32, decode func([]uint32) (string, error)) 
 }
 
 // Tracker classifies calls as they are captured, remembering for each rollout
-// attempt the rows of its latest successful call. Calls of one attempt are
+// attempt the token ids of its latest successful call. Calls of one attempt are
 // sequential (an agent sends the next call after reading the previous
 // answer), but capture workers may assemble them out of order: a call that
 // arrives after a later call of its attempt is reported as TurnUnordered
 // (CheckTurns over the stored rows classifies it properly). Safe for
 // concurrent use.
+//
+// Per attempt it keeps only what the next comparison reads (sequence id,
+// choice index, token source and the id slices), not the whole rows: their
+// bodies made a tracker full of finished attempts hold hundreds of MiB.
 type Tracker struct {
-	opt TurnOptions
-	max int
+	opt      TurnOptions
+	max      int
+	maxBytes int
 
-	mu   sync.Mutex
-	last map[attemptKey][]export.Call
+	mu    sync.Mutex
+	last  map[attemptKey][]turnIDs
+	bytes int // of the ids kept in last
 }
+
+// TrackerMaxIDBytes bounds the token ids a Tracker keeps (4 bytes each):
+// when a call would take it past this, other attempts are forgotten first.
+const TrackerMaxIDBytes = 32 << 20
 
 type attemptKey struct{ rollout, attempt string }
 
 // NewTracker returns a Tracker keeping at most maxAttempts attempts (default
-// 65536); when full, an arbitrary attempt is forgotten (its next call is then
-// reported as first).
+// 65536) and TrackerMaxIDBytes of token ids; when full, arbitrary attempts
+// are forgotten (the next call of one is then reported as first).
 func NewTracker(opt TurnOptions, maxAttempts int) *Tracker {
 	if maxAttempts <= 0 {
 		maxAttempts = 65536
 	}
-	return &Tracker{opt: opt, max: maxAttempts, last: map[attemptKey][]export.Call{}}
+	return &Tracker{opt: opt, max: maxAttempts, maxBytes: TrackerMaxIDBytes, last: map[attemptKey][]turnIDs{}}
+}
+
+// idBytes is the size of the ids kept for an attempt.
+func idBytes(rows []turnIDs) int {
+	n := 0
+	for i := range rows {
+		n += 4 * (len(rows[i].prompt) + len(rows[i].output))
+	}
+	return n
 }
 
 // Observe classifies the rows of one call (all its choices, as capture.Rows
 // returns them; rows[0] carries the attribution) and remembers them as the
-// attempt's latest call. The rows are kept by reference and only read; the
-// caller must not modify their id slices afterwards.
+// attempt's latest call. Its id slices are kept by reference and only read;
+// the caller must not modify them afterwards.
 func (tr *Tracker) Observe(rows []export.Call) Turn {
 	if len(rows) == 0 {
 		return Turn{Kind: TurnNoIDs}
@@ -358,18 +400,28 @@ func (tr *Tracker) Observe(rows []export.Call) Turn {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	prev, known := tr.last[k]
-	if known && prev[0].SequenceID >= rows[0].SequenceID {
+	if known && prev[0].seq >= rows[0].SequenceID {
 		return Turn{RolloutID: k.rollout, AttemptID: k.attempt, SequenceID: rows[0].SequenceID, Kind: TurnUnordered}
 	}
 	t := compareTurn(prev, rows, &tr.opt)
 	if t.Kind != TurnError {
-		if !known && len(tr.last) >= tr.max {
-			for old := range tr.last {
-				delete(tr.last, old)
-				break
-			}
+		keep := idsOf(rows)
+		size := idBytes(keep)
+		if known {
+			tr.bytes -= idBytes(prev)
+			delete(tr.last, k)
 		}
-		tr.last[k] = rows
+		if size <= tr.maxBytes { // else not kept: its next call is reported as first
+			for old, rs := range tr.last {
+				if len(tr.last) < tr.max && tr.bytes+size <= tr.maxBytes {
+					break
+				}
+				tr.bytes -= idBytes(rs)
+				delete(tr.last, old)
+			}
+			tr.last[k] = keep
+			tr.bytes += size
+		}
 	}
 	return t
 }
@@ -378,6 +430,8 @@ func (tr *Tracker) Observe(rows []export.Call) Turn {
 // rollout is finished).
 func (tr *Tracker) Forget(rolloutID, attemptID string) {
 	tr.mu.Lock()
-	delete(tr.last, attemptKey{rolloutID, attemptID})
+	k := attemptKey{rolloutID, attemptID}
+	tr.bytes -= idBytes(tr.last[k])
+	delete(tr.last, k)
 	tr.mu.Unlock()
 }

@@ -290,3 +290,52 @@ func BenchmarkCompareTurn(b *testing.B) {
 		}
 	}
 }
+
+// TestTrackerKeepsOnlyIDs: the tracker keeps the ids a comparison needs (its
+// turnIDs hold no bodies), and at most maxBytes of them: older attempts are
+// forgotten to make room, and a call larger than the whole budget is not kept.
+func TestTrackerKeepsOnlyIDs(t *testing.T) {
+	tr := NewTracker(TurnOptions{}, 0)
+	tr.maxBytes = 100 * 4 // 100 ids
+	big := make([]uint32, 30)
+	for a := range 10 {
+		c := call(1, big, u(1, 2))
+		c.AttemptID = fmt.Sprint(a)
+		c.RequestBody, c.ResponseBody, c.ResponseMessage = "req", "resp", "msg"
+		tr.Observe([]export.Call{c})
+		sum := 0
+		for _, rows := range tr.last {
+			sum += idBytes(rows)
+		}
+		if tr.bytes != sum || tr.bytes > tr.maxBytes {
+			t.Fatalf("after %d attempts: %d bytes counted, %d kept, budget %d", a+1, tr.bytes, sum, tr.maxBytes)
+		}
+	}
+	if n := len(tr.last); n != 3 { // 32 ids each: 3 fit in 100
+		t.Fatalf("%d attempts kept, want 3", n)
+	}
+	// The latest attempt is still compared: its next turn extends it.
+	c := call(2, cat(big, u(1, 2), u(9)), u(3))
+	c.AttemptID = "9"
+	if k := tr.Observe([]export.Call{c}).Kind; k != TurnPrefix {
+		t.Fatalf("next turn of a kept attempt: %s, want %s", k, TurnPrefix)
+	}
+	// A call with more ids than the budget is classified but not kept.
+	huge := call(1, make([]uint32, 200), nil)
+	huge.AttemptID = "huge"
+	tr.Observe([]export.Call{huge})
+	if _, ok := tr.last[attemptKey{huge.RolloutID, "huge"}]; ok || tr.bytes > tr.maxBytes {
+		t.Fatalf("a call over the budget was kept (%d bytes)", tr.bytes)
+	}
+	if n := len(tr.last); n != 3 {
+		t.Fatalf("a call over the budget evicted others: %d attempts left, want 3", n)
+	}
+	tr.Forget(c.RolloutID, "9")
+	sum := 0
+	for _, rows := range tr.last {
+		sum += idBytes(rows)
+	}
+	if tr.bytes != sum {
+		t.Fatalf("after Forget: %d bytes counted, %d kept", tr.bytes, sum)
+	}
+}
