@@ -30,6 +30,9 @@ type Pending struct {
 	// Body is the upstream response body of a non-streamed call (before any
 	// stripping), or the error body the gateway returned itself.
 	Body []byte
+	// N is the request's "n" (choices asked for) when the gateway already
+	// read it; 0: Rows reads it from Request (a pass over the whole body).
+	N int
 	// NoBodies leaves request_body and response_body empty in the rows
 	// (embeddings are captured without bodies by default).
 	NoBodies bool
@@ -95,6 +98,7 @@ func (p *Pending) reset() {
 	p.Meta = export.Call{}
 	p.Endpoint = 0
 	p.NoBodies = false
+	p.N = 0
 	p.IDs = CallIDs{}
 	p.Request = p.Request[:0]
 	p.Body = p.Body[:0]

@@ -43,13 +43,16 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 		base.CompletionTokens = res.Usage.CompletionTokens
 	}
 
+	if p.N <= 0 {
+		p.N = requestN(p.Request)
+	}
 	tc := tokenize.Call{
 		PromptTokenIDs:   res.PromptTokenIDs,
 		PromptTokens:     res.Usage.PromptTokens,
 		CompletionTokens: res.Usage.CompletionTokens,
 		HasUsage:         res.Usage.Present,
 		Endpoint:         base.Endpoint,
-		N:                requestN(p.Request),
+		N:                p.N,
 	}
 	for i := range res.Choices {
 		ch := &res.Choices[i]

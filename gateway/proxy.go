@@ -7,7 +7,6 @@ import (
 	"io"
 	"strconv"
 	"time"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -74,18 +73,19 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	}
 	p.Meta.APIKeyName = name
 	p.NoBodies = ep == capture.EndpointEmbeddings && !s.cfg.CaptureEmbeddingBodies
-	if !isJSONObject(body) {
+	// One validation of the body for the whole call (Rewrite is told).
+	modelRaw, isObject := rewrite.Inspect(body)
+	if !isObject {
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,
 			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
 		return
 	}
-	// A view into body (gjson.Get on the body's bytes), interned below.
-	modelRes := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "model")
-	if modelRes.Type != gjson.String || modelRes.Str == "" {
+	model := modelName(modelRaw)
+	if len(model) == 0 {
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
 		return
 	}
-	c.model = s.texts.get(unsafe.Slice(unsafe.StringData(modelRes.Str), len(modelRes.Str)))
+	c.model = s.texts.get(model)
 	p.Meta.Model = c.model
 	t := s.table.Load()
 	pl := t.lookup(c.model)
@@ -126,7 +126,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 			r = s.selector.Select(pl, nil)
 		}
 		kind := r.resolveKind()
-		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind)})
+		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind), Validated: true})
 		if err != nil {
 			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 			return
@@ -141,6 +141,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		p.Meta.Backend = r.name
 		p.Meta.PolicyVersion = r.spec.PolicyVersion
 		p.Meta.Stream = info.Stream
+		p.N = info.N
 
 		req.Reset()
 		s.buildUpstream(ctx, req, r, path, rewritten)
@@ -287,10 +288,16 @@ func appendBody(dst []byte, resp *fasthttp.Response, limit int) ([]byte, error) 
 	}
 }
 
-// isJSONObject reports whether body is valid JSON whose top level is an object.
-func isJSONObject(body []byte) bool {
-	b := bytes.TrimLeft(body, " \t\r\n")
-	return len(b) > 0 && b[0] == '{' && gjson.ValidBytes(body)
+// modelName decodes the raw "model" value Inspect found: the string's bytes
+// (a view into the body unless it has escapes), or nil when it is not a string.
+func modelName(raw []byte) []byte {
+	if len(raw) < 2 || raw[0] != '"' {
+		return nil
+	}
+	if in := raw[1 : len(raw)-1]; bytes.IndexByte(in, '\\') < 0 {
+		return in
+	}
+	return []byte(gjson.ParseBytes(raw).Str)
 }
 
 // buildUpstream prepares the request to the backend: its URL, the client's

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -50,17 +51,34 @@ var weatherTool = json.RawMessage(`[{"type":"function","function":{"name":"get_w
 
 // agent runs rollouts one call at a time; it is not safe for concurrent use.
 type agent struct {
-	cfg  *Config
-	body bytes.Buffer
+	cfg    *Config
+	system string // the system message (see Config.SystemBytes)
+	body   bytes.Buffer
 }
 
-func newAgent(cfg *Config) *agent { return &agent{cfg: cfg} }
+func newAgent(cfg *Config) *agent { return &agent{cfg: cfg, system: systemPrompt(cfg.SystemBytes)} }
+
+// systemPrompt is the system message: a short instruction, padded to about
+// n bytes with sentences (some with quotes, escaped in JSON) when n is larger.
+func systemPrompt(n int) string {
+	const base = "You are a helpful agent solving a task step by step."
+	if n <= len(base) {
+		return base
+	}
+	var b strings.Builder
+	b.Grow(n + 64)
+	b.WriteString(base)
+	for i := 0; b.Len() < n; i++ {
+		fmt.Fprintf(&b, " Context note %d: the \"weather\" service returns JSON, and tools must be called with valid arguments.", i)
+	}
+	return b.String()
+}
 
 // rollout runs cfg.Turns calls of one rollout (attempt "1"), appending them to
 // calls. It stops early when ctx ends or a call fails; a call in flight is
 // allowed to finish.
 func (a *agent) rollout(ctx context.Context, rolloutID string, calls []Call) []Call {
-	msgs := []message{{Role: "system", Content: "You are a helpful agent solving a task step by step."}}
+	msgs := []message{{Role: "system", Content: a.system}}
 	for turn := 0; turn < a.cfg.Turns && ctx.Err() == nil; turn++ {
 		last := msgs[len(msgs)-1]
 		if last.Role != "tool" {
@@ -84,7 +102,7 @@ func (a *agent) rollout(ctx context.Context, rolloutID string, calls []Call) []C
 // at; every ToolEvery-th call offers a tool.
 func (a *agent) call(ctx context.Context, rolloutID string, i int, at time.Time) Call {
 	msgs := []message{
-		{Role: "system", Content: "You are a helpful agent solving a task step by step."},
+		{Role: "system", Content: a.system},
 		{Role: "user", Content: fmt.Sprintf("Step 1 of rollout %s: what should we do next?", rolloutID)},
 	}
 	c, _ := a.send(ctx, rolloutID, 0, msgs, a.cfg.ToolEvery > 0 && i%a.cfg.ToolEvery == 0, at)

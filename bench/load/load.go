@@ -65,6 +65,11 @@ type Config struct {
 	// ToolEvery > 0 offers a tool on turns 0, k, 2k, ... of each rollout; the
 	// engine answers with a tool call and the next turn sends the tool result.
 	ToolEvery int
+	// SystemBytes > 0 pads each rollout's system message to about that many
+	// bytes of text (a long instruction or retrieved context), so that the
+	// cost of request size can be measured: agents' requests grow to
+	// hundreds of KB as their contexts do.
+	SystemBytes int
 	// MaxTokens is the request's max_tokens (0 = leave it out).
 	MaxTokens int
 	// Model is the request's model. Default "mock-model".

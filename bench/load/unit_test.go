@@ -255,3 +255,18 @@ func TestReadReports(t *testing.T) {
 func itoa(n int) string {
 	return string(rune('0' + n))
 }
+
+// TestSystemPrompt: --system-bytes pads the system message to about that
+// size, as text that JSON has to escape; 0 leaves the one-line instruction.
+func TestSystemPrompt(t *testing.T) {
+	base := systemPrompt(0)
+	if base == "" || systemPrompt(10) != base {
+		t.Fatalf("short prompt %q", base)
+	}
+	for _, n := range []int{1000, 100_000} {
+		p := systemPrompt(n)
+		if len(p) < n || len(p) > n+200 || !strings.HasPrefix(p, base) || !strings.Contains(p, `"weather"`) {
+			t.Fatalf("systemPrompt(%d): %d bytes", n, len(p))
+		}
+	}
+}

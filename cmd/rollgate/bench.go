@@ -58,6 +58,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.Stream, "stream", false, "streaming calls")
 	fs.BoolVar(&cfg.IncludeUsage, "include-usage", false, "ask for the usage chunk of streams")
 	fs.IntVar(&cfg.ToolEvery, "tool-every", 3, "offer a tool every k-th turn (0 = never)")
+	fs.IntVar(&cfg.SystemBytes, "system-bytes", 0, "pad each rollout's system message to about this many bytes (long contexts: the cost of request size); 0 = a one-line instruction")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", 0, "max_tokens of each call (0 = not sent)")
 	fs.StringVar(&cfg.Model, "model", "mock-model", "model of each call")
 	fs.Var(&headers, "header", `extra request header "Name: value" (repeatable)`)

@@ -23,6 +23,34 @@ type Options struct {
 	// asked for no logprobs itself (the token strings it would see change
 	// otherwise); the logprobs are stripped from the client's copy.
 	IDsFromLogprobs bool
+	// Validated says the body already passed Inspect (which validates it),
+	// so Rewrite does not validate it again: a full pass over the body, ≈140
+	// µs for a 110 KB conversation, on every call and every retry.
+	Validated bool
+}
+
+// Inspect validates a request body once, before it is routed: it reports
+// whether body is valid JSON whose top level is an object, and returns the
+// raw value of its "model" member (nil when absent; the last one when it is
+// repeated, as Rewrite and the engines' JSON decoders read it). Keys are
+// compared as written (an escaped key does not match). Pass
+// Options.Validated to Rewrite afterwards.
+func Inspect(body []byte) (model []byte, object bool) {
+	if !gjson.ValidBytes(body) {
+		return nil, false
+	}
+	open := skipWS(body, 0)
+	if open >= len(body) || body[open] != '{' {
+		return nil, false
+	}
+	it := newObjIter(body, open)
+	var m member
+	for it.next(&m) {
+		if string(m.key(body)) == "model" {
+			model = m.val(body)
+		}
+	}
+	return model, !it.bad
 }
 
 // Injected records which fields Rewrite added to a request; the same fields
@@ -170,7 +198,7 @@ const (
 // out is then dst unchanged.
 func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out []byte, info Request, inj Injected, err error) {
 	info.N = 1
-	if !gjson.ValidBytes(body) {
+	if !opt.Validated && !gjson.ValidBytes(body) {
 		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
 	}
 	open := skipWS(body, 0)

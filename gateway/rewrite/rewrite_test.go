@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -339,4 +340,62 @@ func TestRewriteAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("Rewrite allocates %v times per call, want 0", allocs)
 	}
+}
+
+// TestInspect: one validation and the model, as Rewrite reads it.
+func TestInspect(t *testing.T) {
+	for _, c := range []struct {
+		body, model string
+		object      bool
+	}{
+		{`{"model":"m","messages":[]}`, `"m"`, true},
+		{`{"messages":[{"content":"model"}],"model":"last"}`, `"last"`, true},
+		{`{"model":"a","model":"b"}`, `"b"`, true},
+		{`{"model":7}`, `7`, true},
+		{`{"mod\u0065l":"x"}`, ``, true},
+		{` {"model":"m"} `, `"m"`, true},
+		{`{"messages":[]}`, ``, true},
+		{`[{"model":"m"}]`, ``, false},
+		{`{"model":"m"`, ``, false},
+		{`{"model":"m"}x`, ``, false},
+		{``, ``, false},
+	} {
+		model, object := Inspect([]byte(c.body))
+		if string(model) != c.model || object != c.object {
+			t.Errorf("Inspect(%s) = %q, %v; want %q, %v", c.body, model, object, c.model, c.object)
+		}
+	}
+}
+
+// FuzzInspect: Inspect accepts exactly the valid JSON objects, finds the
+// "model" Rewrite reads, and Rewrite told the body was validated gives the
+// same result as Rewrite validating it.
+func FuzzInspect(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"messages":[],"model":"z","stream":true}`,
+		`{"model":"a","model":"b","n":2}`, `[]`, `{"model":"m"`, `{"model":"\u00e9"}`, ` {} `,
+	} {
+		f.Add([]byte(s), uint8(0), uint8(1))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, ep, kind uint8) {
+		model, object := Inspect(body)
+		trimmed := bytes.TrimLeft(body, " \t\r\n")
+		if want := gjson.ValidBytes(body) && len(trimmed) > 0 && trimmed[0] == '{'; object != want {
+			t.Fatalf("Inspect(%q): object %v, want %v", body, object, want)
+		}
+		if !object {
+			return
+		}
+		endpoint, k := Endpoint(ep%5), Kind(kind%4)
+		out1, info1, inj1, err1 := Rewrite(nil, body, endpoint, k, Options{})
+		out2, info2, inj2, err2 := Rewrite(nil, body, endpoint, k, Options{Validated: true})
+		if string(out1) != string(out2) || inj1 != inj2 || (err1 == nil) != (err2 == nil) ||
+			string(info1.Model) != string(info2.Model) || info1.N != info2.N || info1.Stream != info2.Stream {
+			t.Fatalf("Rewrite(%q) differs with Validated: %q %v %v / %q %v %v", body, out1, inj1, err1, out2, inj2, err2)
+		}
+		if err1 == nil && len(model) > 0 && model[0] == '"' && bytes.IndexByte(model, '\\') < 0 &&
+			string(model[1:len(model)-1]) != string(info1.Model) {
+			t.Fatalf("Inspect model %s, Rewrite model %q", model, info1.Model)
+		}
+	})
 }
