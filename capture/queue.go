@@ -49,6 +49,17 @@ type Pending struct {
 	events    []byte // kept payloads, concatenated
 	eventEnds []int  // end offset of each kept payload in events
 	ticket    uint64 // order of TryPush, for Sync
+	size      int    // bytes counted against Config.QueueBytes while queued
+}
+
+// footprint is what a queued call holds in memory, roughly: its bodies,
+// kept payloads and, for a stream, what its assembler has gathered.
+func (p *Pending) footprint() int {
+	n := len(p.Request) + len(p.Body) + len(p.events)
+	if p.nEvents > 0 {
+		n += p.asm.footprint()
+	}
+	return n
 }
 
 // CallIDs are W3C ids as lowercase hex in fixed arrays (see Pending.IDs).
@@ -154,6 +165,16 @@ type Config struct {
 	// QueueSize is how many completed calls may wait for assembly (default 8192).
 	// When full, TryPush returns false and the call is counted as dropped.
 	QueueSize int
+	// QueueBytes bounds the memory of the calls waiting for assembly
+	// (default 64 MiB): with long agent contexts a call is 100 KB or more,
+	// so QueueSize calls alone could take gigabytes when the store falls
+	// behind. Past it, TryPush refuses calls as when QueueSize is reached.
+	QueueBytes int
+	// BatchBytes makes the batcher write as soon as its rows hold this many
+	// bytes of bodies and ids (default 32 MiB), before BatchSize rows: a
+	// batch of 1,000 calls with long contexts would be hundreds of MiB, and
+	// a store's encoding of it as much again.
+	BatchBytes int
 	// Linger is how long a worker woken from idle waits before taking the
 	// calls queued, so that it takes several at once instead of being woken
 	// for every call (default 2ms; negative = do not wait). Under load the
@@ -183,6 +204,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Workers <= 0 {
 		c.Workers = 2
+	}
+	if c.QueueBytes <= 0 {
+		c.QueueBytes = 64 << 20
+	}
+	if c.BatchBytes <= 0 {
+		c.BatchBytes = 32 << 20
 	}
 	if c.Linger == 0 {
 		c.Linger = 2 * time.Millisecond
@@ -216,6 +243,7 @@ type Pipeline struct {
 
 	qmu   sync.Mutex
 	queue []*Pending    // calls waiting for a worker, oldest first
+	qsize int           // their footprints (Pending.size)
 	wake  chan struct{} // an idle worker is woken through it
 	quit  chan struct{} // closed by Close: workers finish the queue and stop
 	rows  chan rowBatch
@@ -326,13 +354,17 @@ func (p *Pipeline) TryPush(c *Pending) bool {
 	defer p.mu.RUnlock()
 	if !p.closed {
 		c.ticket = p.tickets.Add(1)
+		c.size = c.footprint()
 		p.qmu.Lock()
 		n := len(p.queue)
-		if n < p.cfg.QueueSize {
+		// One call larger than QueueBytes still goes into an empty queue.
+		fits := n < p.cfg.QueueSize && (n == 0 || p.qsize+c.size <= p.cfg.QueueBytes)
+		if fits {
 			p.queue = append(p.queue, c)
+			p.qsize += c.size
 		}
 		p.qmu.Unlock()
-		if n < p.cfg.QueueSize {
+		if fits {
 			p.m.CaptureQueueDepth.Set(float64(n + 1))
 			if n == 0 { // the workers may all be idle
 				select {
@@ -346,9 +378,9 @@ func (p *Pipeline) TryPush(c *Pending) bool {
 	}
 	p.m.CaptureDropped.Inc()
 	c.ResolveIDs()
-	p.log.Warn("capture queue full: call not captured (raise --capture-queue or add export capacity)",
+	p.log.Warn("capture queue full: call not captured (raise --capture-queue / --capture-queue-bytes or add export capacity)",
 		"rollout_id", c.Meta.RolloutID, "sequence_id", c.Meta.SequenceID, "span_id", c.Meta.SpanID,
-		"queue_size", p.cfg.QueueSize)
+		"queue_size", p.cfg.QueueSize, "queue_bytes", p.cfg.QueueBytes, "call_bytes", c.size)
 	return false
 }
 
@@ -372,15 +404,26 @@ func (p *Pipeline) Close(ctx context.Context) error {
 	}
 }
 
-// maxTake bounds how many calls one worker takes at once, so that the other
-// workers share a long queue.
-const maxTake = 256
+// maxTake and maxTakeBytes bound what one worker takes at once (at least one
+// call), so that the other workers share a long queue, and so that the rows
+// between the workers and the batcher (a take being assembled per worker,
+// and one waiting per worker) stay within a few times maxTakeBytes even when
+// calls carry long contexts.
+const (
+	maxTake      = 256
+	maxTakeBytes = 8 << 20
+)
 
 // take moves up to maxTake of the oldest queued calls into dst.
 func (p *Pipeline) take(dst []*Pending) []*Pending {
 	p.qmu.Lock()
-	n := min(len(p.queue), maxTake)
+	n, size := 0, 0
+	for n < len(p.queue) && n < maxTake && (n == 0 || size < maxTakeBytes) {
+		size += p.queue[n].size
+		n++
+	}
 	dst = append(dst, p.queue[:n]...)
+	p.qsize -= size
 	rest := copy(p.queue, p.queue[n:])
 	clear(p.queue[rest:])
 	p.queue = p.queue[:rest]
@@ -443,6 +486,9 @@ func (p *Pipeline) assemble(calls []*Pending, a *Assembler) rowBatch {
 			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
 		}
 		p.m.CapturedRows.Add(float64(len(rows)))
+		for i := range rows {
+			out.bytes += rowBytes(&rows[i])
+		}
 		out.rows = append(out.rows, rows...)
 		out.tickets = append(out.tickets, c.ticket)
 		releasePending(c)
@@ -503,11 +549,14 @@ func (p *Pipeline) batch() {
 	defer t.Stop()
 	b := &export.Batch{Calls: make([]export.Call, 0, p.cfg.BatchSize)}
 	var done []uint64 // tickets of the calls whose rows are all in b
+	size := 0         // rowBytes of b.Calls
 	flush := func() {
 		if len(b.Calls) > 0 {
 			p.write(b)
+			clear(b.Calls) // drop the rows' bodies now, not when the slots are reused
 			b.Calls = b.Calls[:0]
 		}
+		size = 0
 		p.settle(done...)
 		done = done[:0]
 	}
@@ -520,7 +569,8 @@ func (p *Pipeline) batch() {
 			}
 			b.Calls = append(b.Calls, m.rows...)
 			done = append(done, m.tickets...)
-			if len(b.Calls) >= p.cfg.BatchSize {
+			size += m.bytes
+			if len(b.Calls) >= p.cfg.BatchSize || size >= p.cfg.BatchBytes {
 				flush()
 			}
 		case <-t.C:
@@ -536,6 +586,13 @@ func (p *Pipeline) batch() {
 type rowBatch struct {
 	rows    []export.Call
 	tickets []uint64
+	bytes   int // rowBytes of rows
+}
+
+// rowBytes is roughly what a row holds: its bodies, message and id arrays.
+func rowBytes(r *export.Call) int {
+	return len(r.RequestBody) + len(r.ResponseBody) + len(r.ResponseMessage) +
+		4*(len(r.PromptTokenIDs)+len(r.ResponseTokenIDs)+len(r.ResponseLogprobs))
 }
 
 // settle marks tickets as written (or dropped) and advances the watermark.

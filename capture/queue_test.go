@@ -229,3 +229,74 @@ func TestWorkerTakesQueuedCallsTogether(t *testing.T) {
 		t.Fatalf("writes of %v rows, want one of 5", writes)
 	}
 }
+
+// TestPipelineQueueBytesBound: behind a blocked sink, calls are refused once
+// the queued ones hold QueueBytes (long contexts), counted as drops, and
+// everything accepted is written once the sink recovers. A call larger than
+// the bound still enters an empty queue.
+func TestPipelineQueueBytesBound(t *testing.T) {
+	m := metrics.New()
+	sink := &gateSink{release: make(chan struct{})}
+	p := NewPipeline(Config{QueueBytes: 4000, Workers: 1, BatchSize: 1, FlushInterval: time.Millisecond},
+		[]NamedSink{{Name: "gate", Sink: sink}}, m, nil)
+	big := strings.Repeat("x", 1000)
+	accepted, refused := 0, 0
+	for i := range 100 {
+		c := pending(uint64(i + 1))
+		c.Request = append(c.Request[:0], `{"model":"m","messages":[{"role":"user","content":"`+big+`"}]}`...)
+		if p.TryPush(c) {
+			accepted++
+		} else {
+			refused++
+		}
+	}
+	// The worker may hold a take of calls and the batcher one row while the
+	// sink blocks; the queue itself holds at most 4000 bytes (3 calls).
+	if refused == 0 || accepted > 3+maxTake {
+		t.Fatalf("accepted %d, refused %d calls of ≈1.3 KB with a 4,000-byte queue", accepted, refused)
+	}
+	if got := testutil.ToFloat64(m.CaptureDropped); got != float64(refused) {
+		t.Fatalf("rollgate_capture_dropped_total = %v, want %d", got, refused)
+	}
+	close(sink.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.rows.Load(); got != int64(accepted) {
+		t.Fatalf("sink stored %d rows, want the %d accepted", got, accepted)
+	}
+	huge := pending(1000)
+	huge.Request = append(huge.Request[:0], strings.Repeat(" ", 10000)+`{}`...)
+	if !p.TryPush(huge) {
+		t.Fatal("a call larger than QueueBytes was refused by an empty queue")
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBatcherWritesAtBatchBytes: rows holding BatchBytes are written at
+// once, without waiting for BatchSize rows or the flush interval.
+func TestBatcherWritesAtBatchBytes(t *testing.T) {
+	m := metrics.New()
+	sink := &gateSink{release: make(chan struct{})}
+	close(sink.release)
+	p := NewPipeline(Config{BatchSize: 1000, BatchBytes: 1, FlushInterval: time.Hour}, []NamedSink{{Name: "gate", Sink: sink}}, m, nil)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p.Close(ctx)
+	}()
+	for i := range 3 {
+		p.TryPush(pending(uint64(i + 1)))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for sink.rows.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 rows written: the batch was not written at BatchBytes", sink.rows.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -67,8 +67,10 @@ type fileConfig struct {
 	// Capture sizes the capture pipeline.
 	Capture struct {
 		QueueSize     int           `yaml:"queue_size"`
+		QueueBytes    int           `yaml:"queue_bytes"`
 		Workers       int           `yaml:"workers"`
 		BatchSize     int           `yaml:"batch_size"`
+		BatchBytes    int           `yaml:"batch_bytes"`
 		FlushInterval time.Duration `yaml:"flush_interval"`
 	} `yaml:"capture"`
 }
@@ -111,6 +113,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		maxBody        = fs.Int("max-body-bytes", 32<<20, "largest request body accepted; larger ones get 413")
 		timeout        = fs.Duration("upstream-timeout", 10*time.Minute, "longest a backend call may take, stream included; 504 if nothing was sent by then")
 		queueSize      = fs.Int("capture-queue", 8192, "calls that may wait for capture; when full, calls are dropped from capture and counted (rollgate_capture_dropped_total)")
+		queueBytes     = fs.Int("capture-queue-bytes", 64<<20, "memory the calls waiting for capture may hold (bodies, token ids); past it calls are dropped from capture and counted, as for --capture-queue")
 		fwdAuth        = fs.Bool("forward-client-authorization", false, "pass the agent's Authorization header to backends that have no key of their own (default: the gateway holds upstream credentials)")
 		retries        = fs.Int("retries", 2, "times a call that failed before any response byte is retried on another replica (-1 = never)")
 		spoolDir       = fs.String("spool-dir", "", "durable spool folder: captured rows wait here (checksummed, replayed in order) while the store is down or slow; empty = no spool (rows are dropped, counted, after retries)")
@@ -280,6 +283,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["capture-queue"] || fc.Capture.QueueSize == 0 {
 		fc.Capture.QueueSize = *queueSize
 	}
+	if set["capture-queue-bytes"] || fc.Capture.QueueBytes == 0 {
+		fc.Capture.QueueBytes = *queueBytes
+	}
 
 	var mockSrv *mock.Server
 	if *upstream != "" {
@@ -351,8 +357,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	pipe := capture.NewPipeline(capture.Config{
-		QueueSize: fc.Capture.QueueSize, Workers: fc.Capture.Workers,
-		BatchSize: fc.Capture.BatchSize, FlushInterval: fc.Capture.FlushInterval, Redact: redact,
+		QueueSize: fc.Capture.QueueSize, QueueBytes: fc.Capture.QueueBytes, Workers: fc.Capture.Workers,
+		BatchSize: fc.Capture.BatchSize, BatchBytes: fc.Capture.BatchBytes, FlushInterval: fc.Capture.FlushInterval, Redact: redact,
 	}, sinks, m, log)
 	srv, err := gateway.New(cfg, store, pipe, m, log)
 	if err != nil {
