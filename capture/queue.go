@@ -166,7 +166,7 @@ type Config struct {
 	// When full, TryPush returns false and the call is counted as dropped.
 	QueueSize int
 	// QueueBytes bounds the memory of the calls waiting for assembly
-	// (default 64 MiB): with long agent contexts a call is 100 KB or more,
+	// (default 256 MiB): with long agent contexts a call is 100 KB or more,
 	// so QueueSize calls alone could take gigabytes when the store falls
 	// behind. Past it, TryPush refuses calls as when QueueSize is reached.
 	QueueBytes int
@@ -206,7 +206,7 @@ func (c *Config) setDefaults() {
 		c.Workers = 2
 	}
 	if c.QueueBytes <= 0 {
-		c.QueueBytes = 64 << 20
+		c.QueueBytes = 256 << 20
 	}
 	if c.BatchBytes <= 0 {
 		c.BatchBytes = 32 << 20

@@ -113,7 +113,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		maxBody        = fs.Int("max-body-bytes", 32<<20, "largest request body accepted; larger ones get 413")
 		timeout        = fs.Duration("upstream-timeout", 10*time.Minute, "longest a backend call may take, stream included; 504 if nothing was sent by then")
 		queueSize      = fs.Int("capture-queue", 8192, "calls that may wait for capture; when full, calls are dropped from capture and counted (rollgate_capture_dropped_total)")
-		queueBytes     = fs.Int("capture-queue-bytes", 64<<20, "memory the calls waiting for capture may hold (bodies, token ids); past it calls are dropped from capture and counted, as for --capture-queue")
+		queueBytes     = fs.Int("capture-queue-bytes", 256<<20, "memory the calls waiting for capture may hold (bodies, token ids); past it calls are dropped from capture and counted, as for --capture-queue")
 		fwdAuth        = fs.Bool("forward-client-authorization", false, "pass the agent's Authorization header to backends that have no key of their own (default: the gateway holds upstream credentials)")
 		retries        = fs.Int("retries", 2, "times a call that failed before any response byte is retried on another replica (-1 = never)")
 		spoolDir       = fs.String("spool-dir", "", "durable spool folder: captured rows wait here (checksummed, replayed in order) while the store is down or slow; empty = no spool (rows are dropped, counted, after retries)")
