@@ -40,6 +40,8 @@ type chatRequest struct {
 	Stream        bool            `json:"stream,omitempty"`
 	StreamOptions *streamOptions  `json:"stream_options,omitempty"`
 	Tools         json.RawMessage `json:"tools,omitempty"`
+	// ReturnTokenIDs is vLLM's return_token_ids.
+	ReturnTokenIDs bool `json:"return_token_ids,omitempty"`
 }
 
 type streamOptions struct {
@@ -119,7 +121,7 @@ func (a *agent) url(rolloutID string) string {
 // send makes one call; start is when it was due (latency counts from there).
 func (a *agent) send(ctx context.Context, rolloutID string, turn int, msgs []message, tools bool, start time.Time) (Call, message) {
 	c := Call{RolloutID: rolloutID, AttemptID: "1", Turn: turn, Stream: a.cfg.Stream, Start: start, CompletionTokens: -1}
-	req := chatRequest{Model: a.cfg.Model, Messages: msgs, MaxTokens: a.cfg.MaxTokens, Stream: a.cfg.Stream}
+	req := chatRequest{Model: a.cfg.Model, Messages: msgs, MaxTokens: a.cfg.MaxTokens, Stream: a.cfg.Stream, ReturnTokenIDs: a.cfg.ReturnTokenIDs}
 	if a.cfg.Stream && a.cfg.IncludeUsage {
 		req.StreamOptions = &streamOptions{IncludeUsage: true}
 	}

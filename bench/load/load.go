@@ -62,6 +62,11 @@ type Config struct {
 	Stream bool
 	// IncludeUsage asks for the usage chunk of streams (stream_options.include_usage).
 	IncludeUsage bool
+	// ReturnTokenIDs asks the engine for token ids (vLLM's return_token_ids),
+	// as rollgate does for every call it forwards: direct runs with it (and
+	// IncludeUsage on streams) make the engine do the same work as behind
+	// rollgate, so that the engine's share of rollgate's cost can be told apart.
+	ReturnTokenIDs bool
 	// ToolEvery > 0 offers a tool on turns 0, k, 2k, ... of each rollout; the
 	// engine answers with a tool call and the next turn sends the tool result.
 	ToolEvery int

@@ -4,12 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export"
 )
@@ -267,6 +273,38 @@ func TestSystemPrompt(t *testing.T) {
 		p := systemPrompt(n)
 		if len(p) < n || len(p) > n+200 || !strings.HasPrefix(p, base) || !strings.Contains(p, `"weather"`) {
 			t.Fatalf("systemPrompt(%d): %d bytes", n, len(p))
+		}
+	}
+}
+
+// TestReturnTokenIDs: --return-token-ids puts return_token_ids in every
+// request body (a direct run then asks the engine for what rollgate asks),
+// and nothing of it is sent without the flag.
+func TestReturnTokenIDs(t *testing.T) {
+	var bodies []string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	}))
+	defer srv.Close()
+	for _, ids := range []bool{true, false} {
+		bodies = bodies[:0]
+		res, err := Run(context.Background(), Config{BaseURL: srv.URL, PathStyle: PathPlain, Agents: 1, Turns: 2, Rollouts: 1, ReturnTokenIDs: ids})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := res.Summary(); rep.OK != 2 || rep.Errors != 0 {
+			t.Fatalf("ids=%v: report %+v", ids, rep)
+		}
+		for _, b := range bodies {
+			if got := gjson.Get(b, "return_token_ids"); got.Exists() != ids || (ids && got.Raw != "true") {
+				t.Fatalf("ids=%v: request body %s", ids, b)
+			}
 		}
 	}
 }
