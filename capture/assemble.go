@@ -236,6 +236,17 @@ type Assembler struct {
 	byIndex map[uint32]int32
 	last    int32 // index into choices of the last choice looked up
 
+	// head is the previous chunk's bytes before its "choices" key ('{' and
+	// the members id, object, created, model with their commas) when they
+	// were only those members, held no escape and did not mark an error: the
+	// head every chunk of a vLLM or SGLang stream repeats. A chunk starting
+	// with the same bytes is read as '{' and its rest (in tail): those
+	// members were read already and reading them again changes nothing. This
+	// halves the bytes validated and walked per token.
+	head   []byte
+	tail   []byte
+	noHead bool // never take the shortcut (tests compare against it)
+
 	res Assembled
 }
 
@@ -252,6 +263,7 @@ func (a *Assembler) Reset(endpoint Endpoint) {
 	a.usage = a.usage[:0]
 	a.prompt = trimU32(a.prompt)
 	a.hasPmt = false
+	a.head = a.head[:0]
 	a.errMsg = a.errMsg[:0]
 	a.dropped, a.droppedT = 0, 0
 	a.n = 0
@@ -305,6 +317,20 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	if len(data) == 0 || string(data) == "[DONE]" {
 		return false
 	}
+	// A chunk that repeats the previous chunk's head is read without it (see
+	// Assembler.head): '{' and what follows the head.
+	// The rest must open a member: the head ends with a comma, so "{" and a
+	// rest of "}" would be valid where the chunk is not.
+	sameHead := len(a.head) > 0 && !a.noHead && len(data) > len(a.head) && bytes.Equal(data[:len(a.head)], a.head) &&
+		(a.kind == EndpointChatCompletions || a.kind == EndpointCompletions)
+	if sameHead {
+		i := skipWS(b2s(data), len(a.head))
+		sameHead = i < len(data) && data[i] == '"'
+	}
+	if sameHead {
+		a.tail = append(append(a.tail[:0], '{'), data[len(a.head):]...)
+		data = a.tail
+	}
 	if !gjson.ValidBytes(data) {
 		// The raw payload is not valid JSON either: LogprobIDs skips it.
 		a.setErr("invalid JSON in stream event")
@@ -323,7 +349,18 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	var choices gjson.Result
 	nChoices := 0
 	flatErr := false
+	headKeys, headEnd := !sameHead && !mayLogprobs, 0 // whether only head members came before "choices"; where it starts
 	eachMember(top.Raw, func(k string, v gjson.Result) bool {
+		if headKeys && nChoices == 0 {
+			switch k {
+			case "id", "object", "created", "model":
+			case "choices":
+				// k is top.Raw's own bytes: its opening quote ends the head.
+				headEnd = int(uintptr(unsafe.Pointer(unsafe.StringData(k)))-uintptr(unsafe.Pointer(unsafe.StringData(top.Raw)))) - 1
+			default:
+				headKeys = false
+			}
+		}
 		switch k {
 		case "id":
 			if len(a.id) == 0 && v.Type == gjson.String {
@@ -378,6 +415,13 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	// gjson reads the first "choices" and iterates an object's members too.
 	if nChoices > 1 || choices.IsObject() {
 		mayLogprobs = true
+	}
+	if !sameHead {
+		a.head = a.head[:0]
+		if headKeys && headEnd > 1 && !flatErr && choices.IsArray() &&
+			(a.kind == EndpointChatCompletions || a.kind == EndpointCompletions) {
+			a.head = append(a.head, top.Raw[:headEnd]...)
+		}
 	}
 	if choices.IsArray() {
 		eachElem(choices.Raw, func(ch gjson.Result) bool {

@@ -23,6 +23,7 @@ func checkPendingStream(t *testing.T, endpoint Endpoint, payloads [][]byte) {
 	p.Endpoint = endpoint
 	var all fallback.LogprobIDs
 	var ref Assembler
+	ref.noHead = true // reads every chunk whole: the shortcut must not change results
 	ref.Reset(endpoint)
 	for _, d := range payloads {
 		p.AddEvent(d)
@@ -158,6 +159,24 @@ func FuzzPendingEvents(f *testing.F) {
 	f.Add([]byte(sse(`{"choices":[{"index":0,"logprobs":{"content":[{"token":"token_id:5"}]},"logprobs":null}]}`)), uint8(1))
 	f.Add([]byte(sse(`{"choice\u0073":[{"index":1,"logprobs":{"content":[{"id":3}]}}]}`)), uint8(2))
 	f.Add([]byte(sse(`{"type":"response.completed","response":`+respCompleted+`}`, `{"choices":[{"index":0,"logprobs":{"content":[{"id":3}]}}]}`)), uint8(0))
+	// Chunks sharing a head (Assembler.head), with the traps the shortcut must
+	// respect: a flat error object, escapes, duplicate keys, a head key that
+	// is not a string, a chunk that breaks after the head.
+	f.Add([]byte(sse(
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"token_ids":[5]}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"\u0062"},"token_ids":[6]}],"prompt_token_ids":[9]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":1,"delta":{"content":"x"}}],"choices":[{"index":0}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"c"}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}}`,
+		`[DONE]`)), uint8(1))
+	f.Add([]byte(sse(
+		`{"id":7,"object":"text_completion","created":"x","model":"m","choices":[{"index":0,"text":"a","token_ids":[1]}]}`,
+		`{"id":7,"object":"text_completion","created":"x","model":"m","choices":[{"index":0,"text":"b","token_ids":[2]}],"error":"late"}`,
+		`{"id":"late","object":"text_completion","created":2,"model":"m2","choices":[{"index":0,"text":"c"}]}`)), uint8(2))
+	f.Add([]byte(sse(
+		`{"object":"error","model":"m","choices":[],"message":"boom","type":"BadRequest"}`,
+		`{"object":"error","model":"m","choices":[],"message":"again"}`)), uint8(0))
 	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
 		checkPendingStream(t, Endpoint(ep%5), linePayloads(in))
 	})
