@@ -13,6 +13,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"io"
 	"log/slog"
@@ -26,8 +27,18 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8002", "address to serve on")
 	upstream := flag.String("upstream", "127.0.0.1:8001", "host:port of the engine")
 	flag.Parse()
+	srv := newServer(*upstream)
+	slog.Info("bareproxy listening", "listen", *listen, "upstream", *upstream)
+	if err := srv.ListenAndServe(*listen); err != nil {
+		slog.Error("serve", "err", err)
+		os.Exit(1)
+	}
+}
+
+// newServer returns the proxy's server, forwarding to upstream (host:port).
+func newServer(upstream string) *fasthttp.Server {
 	hc := &fasthttp.HostClient{
-		Addr:                          *upstream,
+		Addr:                          upstream,
 		MaxConns:                      16384,
 		MaxIdleConnDuration:           90 * time.Second,
 		ReadBufferSize:                8 << 10,
@@ -36,16 +47,11 @@ func main() {
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 	}
-	srv := &fasthttp.Server{
+	return &fasthttp.Server{
 		Handler:               func(ctx *fasthttp.RequestCtx) { forward(hc, ctx) },
 		NoDefaultServerHeader: true,
 		ReadBufferSize:        8 << 10,
 		Concurrency:           1 << 20,
-	}
-	slog.Info("bareproxy listening", "listen", *listen, "upstream", *upstream)
-	if err := srv.ListenAndServe(*listen); err != nil {
-		slog.Error("serve", "err", err)
-		os.Exit(1)
 	}
 }
 
@@ -59,7 +65,10 @@ func forward(hc *fasthttp.HostClient, ctx *fasthttp.RequestCtx) {
 	resp.StreamBody = true
 	if err := hc.Do(req, resp); err != nil {
 		fasthttp.ReleaseResponse(resp)
-		ctx.Error(`{"error":{"message":"bareproxy: `+err.Error()+`"}}`, fasthttp.StatusBadGateway)
+		msg, _ := json.Marshal("bareproxy: " + err.Error())
+		ctx.SetStatusCode(fasthttp.StatusBadGateway)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":` + string(msg) + `,"type":"upstream_error"}}`)
 		return
 	}
 	ctx.SetStatusCode(resp.StatusCode())
