@@ -94,6 +94,10 @@ func AcquirePending() *Pending { return pendingPool.Get().(*Pending) }
 
 // releasePending resets p and returns it to the pool. Very large buffers are
 // not pooled, so one huge response does not pin memory.
+// ReleasePending returns a Pending that will not be captured (a call refused
+// before it was admitted) to the pool. p must not be used afterwards.
+func ReleasePending(p *Pending) { releasePending(p) }
+
 func releasePending(p *Pending) {
 	const maxPooled = 1 << 20
 	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled ||

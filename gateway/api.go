@@ -77,7 +77,11 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 func (s *Server) api(ctx *fasthttp.RequestCtx, sub string) {
 	method := string(ctx.Method())
 	parts := strings.Split(strings.Trim(sub, "/"), "/")
-	if method != "GET" && !s.authorizedAdmin(ctx) {
+	if !s.authorizedAdmin(ctx) {
+		return
+	}
+	if len(parts) >= 2 && parts[0] == "rollouts" && !ValidID([]byte(parts[1])) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid rollout id in the path: use "+IDCharset)
 		return
 	}
 	switch {
@@ -195,7 +199,7 @@ func (s *Server) putBackends(ctx *fasthttp.RequestCtx) {
 	}
 	s.tableMu.Lock()
 	defer s.tableMu.Unlock()
-	t, err := buildTable(doc.Backends, s.table.Load(), &s.clients)
+	t, err := buildTable(doc.Backends, s.table.Load(), &s.clients, s.upstreamKeys)
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 		return
@@ -221,8 +225,12 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 	if in.AttemptID == "" {
 		in.AttemptID = "at-" + uuid.NewString()[:8]
 	}
-	if strings.ContainsAny(in.RolloutID+in.AttemptID, "/?#") {
-		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "rollout_id and attempt_id must not contain '/', '?' or '#'")
+	if !ValidID([]byte(in.RolloutID)) || !ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "rollout_id and attempt_id must each be "+IDCharset)
+		return
+	}
+	if !ValidName([]byte(in.TaskID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "task_id must be at most 256 bytes of UTF-8 without control characters")
 		return
 	}
 	meta := "{}"
@@ -265,6 +273,10 @@ func (s *Server) postReward(ctx *fasthttp.RequestCtx, rolloutID string) {
 	if !s.decode(ctx, &in) {
 		return
 	}
+	if in.AttemptID != "" && !ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+IDCharset)
+		return
+	}
 	if in.Value == nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, `"value" (a number) is required`)
 		return
@@ -290,6 +302,10 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 		Reason    string `json:"reason"`
 	}
 	if !s.decode(ctx, &in) {
+		return
+	}
+	if in.AttemptID != "" && !ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+IDCharset)
 		return
 	}
 	switch in.Status {

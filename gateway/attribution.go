@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 
@@ -20,6 +19,7 @@ type attribution struct {
 	attemptID []byte
 	taskID    []byte
 	agentName []byte
+	fromPath  bool // the ids came from the /rollout/{r}/attempt/{a} prefix
 }
 
 // attributionOf reads a request's attribution (path prefix first, then
@@ -28,7 +28,7 @@ func attributionOf(ctx *fasthttp.RequestCtx) (attr attribution, path []byte) {
 	path = ctx.Path()
 	h := &ctx.Request.Header
 	if r, a, rest, ok := splitRolloutPath(path); ok {
-		attr.rolloutID, attr.attemptID = r, a
+		attr.rolloutID, attr.attemptID, attr.fromPath = r, a, true
 		path = rest
 	} else if v := h.Peek("x-rollout-id"); len(v) > 0 {
 		attr.rolloutID, attr.attemptID = v, h.Peek("x-attempt-id")
@@ -72,66 +72,29 @@ func splitRolloutPath(path []byte) (rollout, attempt, rest []byte, ok bool) {
 	return rollout, p[:i], p[i:], true
 }
 
-// sequences allocates per-(rollout, attempt) sequence ids: strictly
-// increasing from 1, never reused while the gateway runs, independent of clocks.
-// Its entries also hold the rollout and attempt ids as strings, so a call of a
-// known attempt costs no allocation.
-type sequences struct {
-	mu        sync.RWMutex
-	m         map[string]*seqEntry   // rollout + "\x00" + attempt
-	byRollout map[string][]*seqEntry // the attempts seen of each rollout
-}
-
-// seqEntry is one (rollout, attempt): its counter, its ids, and the task id
-// registered for it (through the API) once known.
-type seqEntry struct {
-	n       atomic.Uint64
-	rollout string
-	attempt string
-	task    atomic.Pointer[string]
-	looked  atomic.Bool // the rollout registry was consulted for the task id
-}
-
-// entry returns the entry of (rollout, attempt), creating it on first use.
-func (s *sequences) entry(rollout, attempt []byte) *seqEntry {
-	var kb [96]byte
-	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	s.mu.RLock()
-	e := s.m[string(key)]
-	s.mu.RUnlock()
-	if e != nil {
-		return e
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e = s.m[string(key)]; e == nil {
-		if s.m == nil {
-			s.m, s.byRollout = map[string]*seqEntry{}, map[string][]*seqEntry{}
-		}
-		e = &seqEntry{rollout: string(rollout), attempt: string(attempt)}
-		s.m[string(key)] = e
-		s.byRollout[e.rollout] = append(s.byRollout[e.rollout], e)
-	}
-	return e
-}
-
-// next returns the next sequence id of (rollout, attempt).
-func (s *sequences) next(rollout, attempt string) uint64 {
-	return s.entry([]byte(rollout), []byte(attempt)).n.Add(1)
-}
-
 // interner returns one shared string per distinct byte string, so values
-// that repeat on every call (model, task and agent names) are not allocated
-// per call. It holds at most max strings and starts over when full.
+// that repeat on every call (model names of a wildcard route, task and agent
+// names) are not allocated per call. It is bounded: it holds at most max
+// strings and maxBytes bytes of them, and starts over when either is reached;
+// a value longer than maxLen is returned as a fresh copy, never kept.
 type interner struct {
-	mu  sync.RWMutex
-	m   map[string]string
-	max int
+	mu       sync.RWMutex
+	m        map[string]string
+	bytes    int
+	max      int
+	maxBytes int
+	maxLen   int
 }
+
+// internerOverhead approximates a map entry's cost beyond its string bytes.
+const internerOverhead = 64
 
 func (in *interner) get(b []byte) string {
 	if len(b) == 0 {
 		return ""
+	}
+	if len(b) > in.maxLen {
+		return string(b)
 	}
 	in.mu.RLock()
 	v, ok := in.m[string(b)]
@@ -141,12 +104,22 @@ func (in *interner) get(b []byte) string {
 	}
 	v = string(b)
 	in.mu.Lock()
-	if in.m == nil || len(in.m) >= in.max {
-		in.m = make(map[string]string, 64)
+	if in.m == nil || len(in.m) >= in.max || in.bytes+len(v)+internerOverhead > in.maxBytes {
+		in.m, in.bytes = make(map[string]string, 64), 0
 	}
-	in.m[v] = v
+	if _, ok := in.m[v]; !ok {
+		in.m[v] = v
+		in.bytes += len(v) + internerOverhead
+	}
 	in.mu.Unlock()
 	return v
+}
+
+// size returns the number of strings held and their accounted bytes.
+func (in *interner) size() (n, bytes int) {
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	return len(in.m), in.bytes
 }
 
 // fillIDs writes a new random span id, and the trace and parent span ids of

@@ -71,10 +71,27 @@ type Config struct {
 	// PauseMaxHold is the longest a call waits while the gateway is paused
 	// before it is answered 503 with Retry-After (default 5m).
 	PauseMaxHold time.Duration `yaml:"pause_max_hold"`
+	// MaxTrackedAttempts bounds the (rollout, attempt) pairs whose sequence
+	// counters are kept in memory (default 65536), and MaxTrackedAttemptBytes
+	// the memory they take (default 32 MiB). Past either, the least recently
+	// used are evicted, leaving a compact record of their last id (at most
+	// 8 × MaxTrackedAttempts records of 48 bytes, 24 MiB by default, then
+	// 512 KiB of floors) so that their ids never repeat; once more than
+	// 8 × MaxTrackedAttempts attempts have been evicted, a new attempt's ids
+	// may start above 1 (see sequences in sequences.go).
+	MaxTrackedAttempts     int   `yaml:"max_tracked_attempts"`
+	MaxTrackedAttemptBytes int64 `yaml:"max_tracked_attempt_bytes"`
 	// AdminToken, when set, is required as "Authorization: Bearer ..." on the
 	// /api/v1 write routes (backends, pause/resume, rollouts, rewards, status).
 	// Set it through the environment (ROLLGATE_ADMIN_TOKEN), not a file.
 	AdminToken string `yaml:"-"`
+	// UpstreamKeys is the allow-list of upstream API keys the runtime API
+	// may use: environment variable name → the backend origins
+	// (scheme://host:port) its value may be sent to. Keys named by the
+	// start-time Backends are paired with those replicas' origins already.
+	// Variables are read once at start; PUT /api/v1/backends can name only
+	// these keys, and only for their origins.
+	UpstreamKeys map[string][]string `yaml:"upstream_keys"`
 	// ForwardClientAuthorization passes the client's Authorization header to
 	// replicas that have no api_key_env of their own (default false: the
 	// gateway holds upstream credentials; agents' keys stay with the gateway).
@@ -198,6 +215,12 @@ func (c *Config) SetDefaults() {
 	}
 	if c.PauseMaxHold <= 0 {
 		c.PauseMaxHold = 5 * time.Minute
+	}
+	if c.MaxTrackedAttempts <= 0 {
+		c.MaxTrackedAttempts = defaultMaxTrackedAttempts
+	}
+	if c.MaxTrackedAttemptBytes <= 0 {
+		c.MaxTrackedAttemptBytes = defaultMaxTrackedAttemptBytes
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
@@ -193,4 +195,25 @@ func sseData(body []byte) []string {
 		}
 	}
 	return out
+}
+
+// rejected returns rollgate_calls_rejected_total{reason}.
+func (e *env) rejected(reason string) float64 {
+	return testutil.ToFloat64(e.m.CallsRejected.WithLabelValues(reason))
+}
+
+// storedCalls waits until every call captured so far is stored, then
+// returns the rows matching f.
+func (e *env) storedCalls(f export.CallFilter) []export.Call {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := e.pipe.Sync(ctx); err != nil {
+		e.t.Fatalf("syncing capture: %v", err)
+	}
+	rows, err := e.store.Calls(ctx, f)
+	if err != nil {
+		e.t.Fatalf("reading calls: %v", err)
+	}
+	return rows
 }

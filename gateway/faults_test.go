@@ -80,19 +80,26 @@ func TestPauseResume(t *testing.T) {
 	if r := <-held; r.status != 200 {
 		t.Fatalf("held call after resume: %d %s", r.status, r.body)
 	}
-	// Paused past the hold deadline: 503 + Retry-After, captured.
+	// Paused past the hold deadline: 503 + Retry-After, refused before it
+	// was admitted: counted, no sequence id, nothing stored.
 	do(t, "POST", e.url+"/api/v1/pause", "")
-	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
-	if r.status != 503 || r.header.Get("Retry-After") == "" {
+	r := do(t, "POST", e.url+"/rollout/held/attempt/1/v1/chat/completions", chatBody)
+	if r.status != 503 || r.header.Get("Retry-After") == "" || r.header.Get("x-sequence-id") != "" {
 		t.Fatalf("held past deadline: %d %v %s", r.status, r.header, r.body)
 	}
-	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.HTTPStatus != 503 || !strings.Contains(row.Error, "paused") {
-		t.Fatalf("503 row: %+v", row)
+	if n := e.rejected("paused"); n != 1 {
+		t.Fatalf("rollgate_calls_rejected_total{reason=paused} = %v, want 1", n)
 	}
 	do(t, "POST", e.url+"/api/v1/resume", "")
+	if r := do(t, "POST", e.url+"/rollout/held/attempt/1/v1/chat/completions", chatBody); r.status != 200 || r.header.Get("x-sequence-id") != "1" {
+		t.Fatalf("first admitted call after a refused one: %d, sequence id %q, want 1", r.status, r.header.Get("x-sequence-id"))
+	}
+	if rows := e.storedCalls(export.CallFilter{RolloutID: "held"}); len(rows) != 1 || rows[0].HTTPStatus != 200 {
+		t.Fatalf("rows of the rollout: %+v, want only the admitted call", rows)
+	}
 }
 
-// TestAdminTokenAndAuthorization: write routes need the admin token when set;
+// TestAdminTokenAndAuthorization: every /api/v1 route needs the admin token when set;
 // the client's Authorization is not forwarded upstream by default.
 func TestAdminTokenAndAuthorization(t *testing.T) {
 	s, _ := openSQLite(t)
@@ -106,8 +113,20 @@ func TestAdminTokenAndAuthorization(t *testing.T) {
 	if r := do(t, "POST", e.url+"/api/v1/rollouts/x/rewards", `{"value":1}`, "Authorization", "Bearer s3cret"); r.status != 200 {
 		t.Fatalf("reward with the token: %d %s", r.status, r.body)
 	}
-	if r := do(t, "GET", e.url+"/api/v1/backends", ""); r.status != 200 {
-		t.Fatalf("reads stay open: %d", r.status)
+	// Reads need it too (they show upstream URLs and every rollout); the
+	// scheme is case-insensitive; health and metrics stay open.
+	for _, path := range []string{"/api/v1/backends", "/api/v1/rollouts/x", "/api/v1/rollouts?after=0", "/api/v1/bridge/counts"} {
+		if r := do(t, "GET", e.url+path, ""); r.status != 401 {
+			t.Fatalf("GET %s without the token: %d", path, r.status)
+		}
+	}
+	if r := do(t, "GET", e.url+"/api/v1/backends", "", "Authorization", "bearer s3cret"); r.status != 200 {
+		t.Fatalf("GET backends with the token, scheme in lower case: %d %s", r.status, r.body)
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		if r := do(t, "GET", e.url+path, ""); r.status != 200 {
+			t.Fatalf("GET %s must stay open: %d", path, r.status)
+		}
 	}
 	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody, "Authorization", "Bearer sk-agent")
 	if r.status != 200 || e.mock.LastHeader("Authorization") != "" {
@@ -144,7 +163,8 @@ func TestIdleTimeouts(t *testing.T) {
 }
 
 // TestConcurrencyLimit: with max_concurrency 1, a second call waits for the
-// slot up to queue_timeout and then gets 429 with Retry-After (captured);
+// slot up to queue_timeout and then gets 429 with Retry-After (counted, not
+// captured);
 // once the first call ends, calls go through again.
 func TestConcurrencyLimit(t *testing.T) {
 	s, _ := openSQLite(t)
@@ -158,8 +178,11 @@ func TestConcurrencyLimit(t *testing.T) {
 	if r.status != 429 || r.header.Get("Retry-After") == "" || gjson.GetBytes(r.body, "error.type").String() != "rate_limit_error" {
 		t.Fatalf("over the limit: %d %v %s", r.status, r.header, r.body)
 	}
-	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.HTTPStatus != 429 {
-		t.Fatalf("429 not captured: %+v", row)
+	if n := e.rejected("concurrency_limit"); n != 1 || r.header.Get("x-sequence-id") != "" {
+		t.Fatalf("429: rollgate_calls_rejected_total{reason=concurrency_limit} = %v (want 1), sequence id %q (want none)", n, r.header.Get("x-sequence-id"))
+	}
+	if rows := e.storedCalls(export.CallFilter{SpanID: r.header.Get("x-request-id")}); len(rows) != 0 {
+		t.Fatalf("a call refused by the limit was stored: %+v", rows)
 	}
 	if first := <-slow; first.status != 200 || !strings.Contains(string(first.body), "[DONE]") {
 		t.Fatalf("first call: %d", first.status)
@@ -172,22 +195,29 @@ func TestConcurrencyLimit(t *testing.T) {
 }
 
 // TestClientKeys: with client keys configured, calls need one (401 otherwise,
-// captured); the key's name is recorded, the key is neither stored nor
+// counted, never stored nor given a sequence id); the key's name is recorded, the key is neither stored nor
 // forwarded upstream.
 func TestClientKeys(t *testing.T) {
 	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
 		e := newEnv(t, open(t), func(c *gateway.Config) {
 			c.ClientKeys = []gateway.ClientKey{{Name: "team-a", Key: "sk-aaa"}, {Name: "team-b", Key: "sk-bbb"}}
 		})
-		r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
-		if r.status != 401 || gjson.GetBytes(r.body, "error.message").String() == "" {
-			t.Fatalf("no key: %d %s", r.status, r.body)
+		// Refused calls naming a rollout: counted, not stored, no sequence id.
+		r := do(t, "POST", e.url+"/rollout/victim/attempt/1/v1/chat/completions", chatBody)
+		if r.status != 401 || gjson.GetBytes(r.body, "error.message").String() == "" || r.header.Get("x-sequence-id") != "" || r.header.Get("x-rollout-id") != "" {
+			t.Fatalf("no key: %d %v %s", r.status, r.header, r.body)
 		}
-		if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.HTTPStatus != 401 || row.APIKeyName != "" {
-			t.Fatalf("401 row: %+v", row)
-		}
-		if r := do(t, "POST", e.url+"/v1/chat/completions", chatBody, "Authorization", "Bearer sk-wrong"); r.status != 401 {
+		if r := do(t, "POST", e.url+"/rollout/victim/attempt/1/v1/chat/completions", chatBody, "Authorization", "Bearer sk-wrong"); r.status != 401 {
 			t.Fatalf("wrong key: %d", r.status)
+		}
+		if n := e.rejected("unauthenticated"); n != 2 {
+			t.Fatalf("rollgate_calls_rejected_total{reason=unauthenticated} = %v, want 2", n)
+		}
+		if r := do(t, "POST", e.url+"/rollout/victim/attempt/1/v1/chat/completions", chatBody, "Authorization", "Bearer sk-aaa"); r.status != 200 || r.header.Get("x-sequence-id") != "1" {
+			t.Fatalf("the owner's first call: %d, sequence id %q, want 1", r.status, r.header.Get("x-sequence-id"))
+		}
+		if rows := e.storedCalls(export.CallFilter{RolloutID: "victim"}); len(rows) != 1 || rows[0].APIKeyName != "team-a" {
+			t.Fatalf("rows under the rollout: %+v, want only the owner's call", rows)
 		}
 		if r := do(t, "GET", e.url+"/v1/models", ""); r.status != 401 {
 			t.Fatalf("models without key: %d", r.status)

@@ -62,7 +62,7 @@ func (s *Server) waitIfPaused(ctx *fasthttp.RequestCtx, c *call) bool {
 		return true
 	case <-t.C:
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds))
-		s.fail(ctx, c, fasthttp.StatusServiceUnavailable, errServer,
+		s.reject(ctx, c, rejectPaused, fasthttp.StatusServiceUnavailable, errServer,
 			"the gateway is paused for a weight update and did not resume within pause_max_hold; retry later")
 		return false
 	}
@@ -112,14 +112,20 @@ func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, s.pauseState())
 }
 
-// authorizedAdmin checks the admin token on write routes (constant-time).
+// authorizedAdmin checks the admin token (constant-time) on every /api/v1
+// route, reads included, when one is set. The scheme is matched without
+// regard to case (RFC 9110 §11.1).
 func (s *Server) authorizedAdmin(ctx *fasthttp.RequestCtx) bool {
 	if s.cfg.AdminToken == "" {
 		return true
 	}
 	got := ctx.Request.Header.Peek("Authorization")
-	want := "Bearer " + s.cfg.AdminToken
-	if subtle.ConstantTimeCompare(got, []byte(want)) == 1 {
+	if len(got) > 7 && strings.EqualFold(string(got[:7]), "bearer ") {
+		got = got[7:]
+	} else {
+		got = nil
+	}
+	if got != nil && subtle.ConstantTimeCompare(got, []byte(s.cfg.AdminToken)) == 1 {
 		return true
 	}
 	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate admin"`)
@@ -170,7 +176,7 @@ func (s *Server) acquireSlot(ctx *fasthttp.RequestCtx, c *call) bool {
 		return true
 	case <-t.C:
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds))
-		s.fail(ctx, c, fasthttp.StatusTooManyRequests, "rate_limit_error",
+		s.reject(ctx, c, rejectConcurrency, fasthttp.StatusTooManyRequests, "rate_limit_error",
 			fmt.Sprintf("the gateway is at its concurrency limit (%d calls in progress, max_concurrency) and no slot freed up within %s; retry later",
 				cap(s.slots), s.cfg.QueueTimeout))
 		return false

@@ -22,6 +22,7 @@ type call struct {
 	endpoint capture.Endpoint
 	rwEP     rewrite.Endpoint
 	pend     *capture.Pending
+	attr     attribution // validated; views into the request
 	model    string
 	tr       callTrace // the gateway's own spans, when the call is traced
 }
@@ -53,24 +54,21 @@ func lowerASCII(dst, b []byte) []byte {
 func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.Endpoint, path []byte) {
 	s.m.InFlight.Inc()
 	defer s.m.InFlight.Dec()
-	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep)}
+	name, ok := s.admissible(ctx, attr)
+	if !ok {
+		return
+	}
+	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), attr: attr}
 	p := capture.AcquirePending()
 	c.pend = p
 	p.Endpoint = ep
-	s.beginCall(ctx, p, attr, path, c.start)
+	s.beginCall(ctx, p, path, c.start)
 	if s.tracing != nil {
 		s.tracing.begin(ctx, &c)
 	}
 
 	body := ctx.PostBody()
 	p.Request = append(p.Request[:0], body...)
-	name, ok := s.clientKeyName(ctx)
-	if !ok {
-		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate"`)
-		s.fail(ctx, &c, fasthttp.StatusUnauthorized, "invalid_request_error",
-			"Incorrect API key provided: send one of the gateway's client keys as Authorization: Bearer KEY (OPENAI_API_KEY)")
-		return
-	}
 	p.Meta.APIKeyName = name
 	p.NoBodies = ep == capture.EndpointEmbeddings && !s.cfg.CaptureEmbeddingBodies
 	// One validation of the body for the whole call (Rewrite is told).
@@ -85,21 +83,30 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
 		return
 	}
-	c.model = s.texts.get(model)
-	p.Meta.Model = c.model
 	t := s.table.Load()
-	pl := t.lookup(c.model)
-	if pl == nil {
+	pl := t.pools[string(model)]
+	switch {
+	case pl != nil:
+		c.model = pl.model // the routed name: no copy per call
+	case t.wildcard != nil:
+		pl = t.wildcard
+		c.model = s.modelNames.get(model)
+	default:
+		// Not interned: names that match no route must not grow memory.
+		c.model = string(model[:min(len(model), MaxNameLen)])
+		p.Meta.Model = c.model
 		s.fail(ctx, &c, fasthttp.StatusNotFound, errNotFound,
-			fmt.Sprintf("The model `%s` does not exist or is not routed by this gateway (see GET /v1/models).", c.model))
+			fmt.Sprintf("The model `%s` does not exist or is not routed by this gateway (see GET /v1/models).", truncate(c.model, 128)))
 		return
 	}
+	p.Meta.Model = c.model
 	if !s.waitIfPaused(ctx, &c) {
 		return
 	}
 	if !s.acquireSlot(ctx, &c) {
 		return
 	}
+	s.admit(ctx, p, attr)
 	slotHeld := true
 	defer func() {
 		if slotHeld {
@@ -151,7 +158,20 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		if c.tr.span != nil {
 			s.tracing.attemptStart(&c, r, attempt, path)
 		}
+		var hw *hangupWatch // nil for streams (streamBody sees the client go)
+		if !info.Stream {
+			hw = s.watchHangup(ctx, req, deadline)
+		}
 		err = r.client.DoDeadline(req, resp, deadline)
+		if hw.stop() {
+			if err == nil {
+				r.markSuccess()
+			}
+			s.release(r)
+			fasthttp.ReleaseResponse(resp)
+			s.hungUp(ctx, &c, r, err)
+			return
+		}
 		if err == nil {
 			r.markSuccess()
 			break
@@ -343,30 +363,41 @@ func copyResponseHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	}
 }
 
-// beginCall fills the call's attribution, ids and timing, and sets the
-// attribution response headers.
-func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, attr attribution, path []byte, start time.Time) {
+// beginCall fills the call's span and trace ids, timing and endpoint: what
+// a call has from its arrival, before it is known to be admitted. The
+// attribution and sequence id come later (admit), so that a call refused
+// for authentication or by a limit takes no sequence id.
+func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, path []byte, start time.Time) {
+	fillIDs(&p.IDs, ctx.Request.Header.Peek("traceparent"))
+	p.Meta.StartTimeUnixNano = uint64(start.UnixNano())
+	p.Meta.Endpoint = endpointName(p.Endpoint, path)
+	ctx.Response.Header.SetBytesV("x-request-id", p.IDs.Span[:])
+}
+
+// admit attributes an admitted call to its rollout and attempt, gives it its
+// sequence id and sets the attribution response headers. attr's ids have
+// been validated (validAttribution), so they are safe in headers and rows.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, p *capture.Pending, attr attribution) {
+	if p.Meta.SequenceID != 0 {
+		return
+	}
 	h := &ctx.Response.Header
-	e := s.seq.entry(attr.rolloutID, attr.attemptID)
+	e, seq := s.seq.assign(attr.rolloutID, attr.attemptID)
 	p.Meta.RolloutID, p.Meta.AttemptID = e.rollout, e.attempt
 	p.Meta.TaskID = s.texts.get(attr.taskID)
 	p.Meta.AgentName = s.texts.get(attr.agentName)
 	if p.Meta.TaskID == "" && e.rollout != "" {
 		p.Meta.TaskID = s.registeredTask(e)
 	}
-	p.Meta.SequenceID = e.n.Add(1)
-	fillIDs(&p.IDs, ctx.Request.Header.Peek("traceparent"))
-	p.Meta.StartTimeUnixNano = uint64(start.UnixNano())
-	p.Meta.Endpoint = endpointName(p.Endpoint, path)
+	p.Meta.SequenceID = seq
 	if e.rollout != "" {
 		h.SetBytesV("x-rollout-id", attr.rolloutID)
 		h.SetBytesV("x-attempt-id", attr.attemptID)
 	}
 	num := s.bufs.get()
-	*num = strconv.AppendUint((*num)[:0], p.Meta.SequenceID, 10)
+	*num = strconv.AppendUint((*num)[:0], seq, 10)
 	h.SetBytesV("x-sequence-id", *num)
 	s.bufs.put(num)
-	h.SetBytesV("x-request-id", p.IDs.Span[:])
 }
 
 // registeredTask returns the task id registered (POST /api/v1/rollouts) for
@@ -390,16 +421,13 @@ func (s *Server) registeredTask(e *seqEntry) string {
 // noteRegistered records a registered rollout's task id on every attempt
 // entry the gateway has seen for it (calls made before the registration).
 func (s *Server) noteRegistered(rolloutID, taskID string) {
-	s.seq.mu.RLock()
-	defer s.seq.mu.RUnlock()
-	for _, e := range s.seq.byRollout[rolloutID] {
-		t := taskID
-		e.task.Store(&t)
-	}
+	t := &taskID
+	s.seq.forRollout(rolloutID, func(e *seqEntry) { e.task.Store(t) })
 }
 
 // fail answers with an OpenAI-style error and captures the call with it.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg string) {
+	s.admit(ctx, c.pend, c.attr)
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(nil)
@@ -408,6 +436,55 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg st
 	c.pend.Meta.Error = msg
 	c.pend.Body = append(c.pend.Body[:0], ctx.Response.Body()...)
 	s.finish(c, time.Now())
+}
+
+// Reasons a call is refused before it is admitted (rollgate_calls_rejected_total).
+const (
+	rejectUnauthenticated = "unauthenticated"
+	rejectInvalidID       = "invalid_id"
+	rejectConcurrency     = "concurrency_limit"
+	rejectPaused          = "paused"
+)
+
+// admissible checks what a call must pass before anything of it is kept:
+// a valid client key (its name is returned) and valid attribution ids. A
+// call that fails is answered and counted (reject) and never reaches a
+// header, a log line, a sequence id or the store.
+func (s *Server) admissible(ctx *fasthttp.RequestCtx, attr attribution) (keyName string, ok bool) {
+	keyName, ok = s.clientKeyName(ctx)
+	if !ok {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate"`)
+		s.reject(ctx, nil, rejectUnauthenticated, fasthttp.StatusUnauthorized, "invalid_request_error",
+			"Incorrect API key provided: send one of the gateway's client keys as Authorization: Bearer KEY (OPENAI_API_KEY)")
+		return "", false
+	}
+	if msg := attributionError(attr, attr.fromPath); msg != "" {
+		s.reject(ctx, nil, rejectInvalidID, fasthttp.StatusBadRequest, errInvalidRequest, msg)
+		return "", false
+	}
+	return keyName, true
+}
+
+// reject answers a call refused before it was admitted with an OpenAI-style
+// error and counts it. Nothing of it is captured: it takes no sequence id and
+// stores no row under the rollout it names. c is nil when the call was
+// refused before its capture state was made.
+func (s *Server) reject(ctx *fasthttp.RequestCtx, c *call, reason string, status int, typ, msg string) {
+	s.m.CallsRejected.WithLabelValues(reason).Inc()
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(nil)
+	ctx.Response.SetBody(appendError(ctx.Response.Body()[:0], status, typ, msg))
+	if c == nil {
+		return
+	}
+	if c.tr.span != nil {
+		c.pend.Meta.HTTPStatus = uint16(status)
+		c.pend.Meta.Error = msg
+		s.tracing.end(c, time.Now())
+	}
+	capture.ReleasePending(c.pend)
+	c.pend = nil
 }
 
 // finish records metrics and hands the call to capture.

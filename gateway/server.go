@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"regexp"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,21 +37,23 @@ type Server struct {
 	log      *slog.Logger
 	selector Selector
 
-	table      atomic.Pointer[table]
-	tableMu    sync.Mutex // serialises PUT /api/v1/backends
-	clients    clientCache
-	seq        sequences
-	texts      interner // model, task and agent names
-	rollouts   sync.Map // rollout_id → *rolloutInfo
-	draining   atomic.Bool
-	pause      pauser
-	slots      chan struct{} // MaxConcurrency tokens; nil = no limit
-	clientKeys []ClientKey
-	held       atomic.Int64 // calls waiting while paused
-	stop       chan struct{}
-	queue      atomic.Pointer[tasks.Queue] // nil: no training-loop routes
-	localTok   *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
-	tracing    *Tracing                    // the gateway's own spans; nil = off
+	table        atomic.Pointer[table]
+	tableMu      sync.Mutex    // serialises PUT /api/v1/backends
+	upstreamKeys *upstreamKeys // read at start; the only upstream secrets
+	clients      clientCache
+	seq          sequences
+	texts        interner // task and agent names
+	modelNames   interner // model names sent to a wildcard route
+	rollouts     sync.Map // rollout_id → *rolloutInfo
+	draining     atomic.Bool
+	pause        pauser
+	slots        chan struct{} // MaxConcurrency tokens; nil = no limit
+	clientKeys   []ClientKey
+	held         atomic.Int64 // calls waiting while paused
+	stop         chan struct{}
+	queue        atomic.Pointer[tasks.Queue] // nil: no training-loop routes
+	localTok     *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
+	tracing      *Tracing                    // the gateway's own spans; nil = off
 
 	// The trainer pull API (/api/v1/bridge/*), made on first use.
 	leaseOnce sync.Once
@@ -86,7 +91,10 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		tracing:  cfg.Tracing,
 	}
 	s.stop = make(chan struct{})
-	s.texts.max = 1 << 16
+	// Bounded: at most 64 Ki names and 8 MiB each (names from clients).
+	s.texts = interner{max: 1 << 16, maxBytes: 8 << 20, maxLen: MaxNameLen}
+	s.modelNames = interner{max: 1 << 12, maxBytes: 1 << 20, maxLen: MaxNameLen}
+	s.seq.setLimits(cfg.MaxTrackedAttempts, cfg.MaxTrackedAttemptBytes, m.SequenceEvictions)
 	keys, err := resolveClientKeys(cfg.ClientKeys)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -104,7 +112,11 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 	}
 	s.clients = clientCache{clients: map[string]*fasthttp.HostClient{}, cfg: &s.cfg}
 	s.scanners.New = func() any { return new(capture.SSEScanner) }
-	t, err := buildTable(cfg.Backends, nil, &s.clients)
+	s.upstreamKeys, err = newUpstreamKeys(cfg.Backends, cfg.UpstreamKeys, os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: upstream keys: %w", err)
+	}
+	t, err := buildTable(cfg.Backends, nil, &s.clients, s.upstreamKeys)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: routing table: %w", err)
 	}
@@ -116,6 +128,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		ErrorHandler:                  s.handleParseError,
 		Name:                          "rollgate",
 		Logger:                        fasthttpLogger{log},
+		SecureErrorLogMessage:         true, // fasthttp's errors never quote the request (keys in headers)
 		NoDefaultServerHeader:         true,
 		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
 		ReadTimeout:                   s.cfg.ClientReadTimeout,
@@ -242,14 +255,24 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.metricsHandler(ctx)
 		return
 	case "/v1/traces":
+		if msg := attributionError(attr, attr.fromPath); msg != "" {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, msg)
+			return
+		}
 		s.traces(ctx, attr)
 		return
-	case "/healthz":
+	case "/healthz", "/readyz":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			ctx.Response.Header.Set("Allow", "GET, HEAD")
+			s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use GET")
+			return
+		}
+		if string(path) == "/readyz" {
+			s.readyz(ctx)
+			return
+		}
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
-		return
-	case "/readyz":
-		s.readyz(ctx)
 		return
 	}
 	if len(path) >= 8 && string(path[:8]) == "/api/v1/" {
@@ -280,22 +303,61 @@ func (s *Server) plainError(ctx *fasthttp.RequestCtx, status int, typ, msg strin
 // broken framing) with an OpenAI-style error, and captures LLM calls among them.
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	defer s.writeDeadline(ctx.Conn(), time.Now())
-	status, typ, msg := fasthttp.StatusBadRequest, errInvalidRequest, "cannot read request: "+err.Error()
+	// fasthttp's own errors may quote the raw request (headers included,
+	// Authorization among them): never echo them, name the problem instead.
+	status, typ, msg := fasthttp.StatusBadRequest, errInvalidRequest, parseErrorMessage(err)
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		status = fasthttp.StatusRequestEntityTooLarge
 		msg = fmt.Sprintf("request body larger than %d bytes (the gateway's max_request_body_bytes)", s.cfg.MaxRequestBodyBytes)
 		drainBody(ctx.Conn(), int64(ctx.Request.Header.ContentLength()))
+	} else if isHeaderTooLarge(err) {
+		status = fasthttp.StatusRequestHeaderFieldsTooLarge
 	}
+	s.log.Debug("cannot read request", "status", status, "reason", msg, "remote", ctx.RemoteAddr().String())
 	attr, path := attributionOf(ctx)
 	ep := routeOf(path)
-	if ep == capture.EndpointUnknown {
+	if ep == capture.EndpointUnknown || status != fasthttp.StatusRequestEntityTooLarge {
 		s.plainError(ctx, status, typ, msg)
 		return
 	}
-	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), pend: capture.AcquirePending()}
+	// A body too large for an LLM route is captured (without the body) like
+	// other client errors, once the caller is known to be entitled to it.
+	name, ok := s.admissible(ctx, attr)
+	if !ok {
+		return
+	}
+	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), attr: attr, pend: capture.AcquirePending()}
 	c.pend.Endpoint = ep
-	s.beginCall(ctx, c.pend, attr, path, c.start)
+	c.pend.Meta.APIKeyName = name
+	s.beginCall(ctx, c.pend, path, c.start)
 	s.fail(ctx, &c, status, typ, msg)
+}
+
+// parseErrorMessage describes an error fasthttp met reading a request
+// without quoting any of the request's bytes.
+func parseErrorMessage(err error) string {
+	switch {
+	case isHeaderTooLarge(err):
+		return "cannot read request: headers larger than 8 KiB (the gateway's header buffer)"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return "cannot read request: body too large"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "cannot read request: timed out (client_read_timeout)"
+	}
+	// With SecureErrorLogMessage fasthttp leaves the request's bytes out of
+	// its errors; cut at its buffer report anyway and scrub what is left.
+	desc, _, _ := strings.Cut(err.Error(), "Buffer size=")
+	desc, _, _ = strings.Cut(desc, "contents:")
+	return "cannot read request: malformed HTTP request (" + truncate(scrubCredentials(strings.TrimSpace(desc)), 200) + ")"
+}
+
+// isHeaderTooLarge reports fasthttp's error for a header block larger than
+// the server's read buffer.
+func isHeaderTooLarge(err error) bool {
+	var sb *fasthttp.ErrSmallBuffer
+	return errors.As(err, &sb) || strings.Contains(err.Error(), "small read buffer")
 }
 
 // drainBody reads and discards what the client is still sending of a body we
@@ -346,9 +408,19 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 // connections, already answered with an error) to slog at debug level.
 type fasthttpLogger struct{ log *slog.Logger }
 
-// Printf implements fasthttp.Logger.
+// Printf implements fasthttp.Logger. Anything that looks like a credential
+// header is cut out first, in case a message quotes a request.
 func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.log.Debug("fasthttp: " + fmt.Sprintf(format, args...))
+	l.log.Debug("fasthttp: " + scrubCredentials(fmt.Sprintf(format, args...)))
+}
+
+// credentialHeader matches credential headers as they appear in raw or
+// quoted request text, up to the end of their line.
+var credentialHeader = regexp.MustCompile(`(?i)(authorization|proxy-authorization|api-key|x-api-key|cookie)(\s*:\s*)[^\r\n"\\]*`)
+
+// scrubCredentials replaces the values of credential headers in s.
+func scrubCredentials(s string) string {
+	return credentialHeader.ReplaceAllString(s, "${1}${2}[redacted]")
 }
 
 // bufPool pools byte slices; slices over 1 MiB are not kept.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -28,7 +27,7 @@ type replica struct {
 	origin   string // scheme://host[:port]
 	basePath string // path of the base URL without trailing slash, e.g. "/v1"
 	client   *fasthttp.HostClient
-	auth     string // "Bearer ..." from APIKeyEnv, or ""
+	auth     string // "Bearer ..." of the start-time key APIKeyEnv names, or ""
 
 	outstanding atomic.Int64
 
@@ -204,6 +203,9 @@ type clientCache struct {
 	mu      sync.Mutex
 	clients map[string]*fasthttp.HostClient
 	cfg     *Config
+	// transport is every client's RoundTripper: non-streamed calls whose
+	// client hangs up are cancelled through it (see hangup.go).
+	transport hangupTransport
 }
 
 func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
@@ -238,6 +240,7 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
+		Transport:                     &c.transport,
 		Dial: func(addr string) (net.Conn, error) {
 			conn, err := fasthttp.DialTimeout(addr, connectTimeout)
 			if err != nil {
@@ -252,7 +255,7 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 
 // buildTable turns a validated spec into a live table, carrying the counters
 // and resolved kinds of replicas that are still present in old.
-func buildTable(spec []Backend, old *table, cc *clientCache) (*table, error) {
+func buildTable(spec []Backend, old *table, cc *clientCache, keys *upstreamKeys) (*table, error) {
 	if err := ValidateBackends(spec); err != nil {
 		return nil, err
 	}
@@ -296,11 +299,11 @@ func buildTable(spec []Backend, old *table, cc *clientCache) (*table, error) {
 				client:   cc.get(u),
 			}
 			if rs.APIKeyEnv != "" {
-				key := os.Getenv(rs.APIKeyEnv)
-				if key == "" {
-					return nil, fmt.Errorf("backend %q replica %q: environment variable %s (api_key_env) is empty", b.Model, name, rs.APIKeyEnv)
+				auth, err := keys.bearer(rs.APIKeyEnv, rs.URL)
+				if err != nil {
+					return nil, fmt.Errorf("backend %q replica %q: %w", b.Model, name, err)
 				}
-				r.auth = "Bearer " + key
+				r.auth = auth
 			}
 			r.filler = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindVLLM}
 			r.llamaFiller = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindLlamaCpp}

@@ -196,17 +196,9 @@ func (t *Tracing) begin(ctx *fasthttp.RequestCtx, c *call) {
 		semconv.HTTPRouteKey.String(m.Endpoint),
 		semconv.URLPathKey.String(string(ctx.Path())),
 		semconv.GenAIOperationNameKey.String(otlp.Operation(m.Endpoint)),
-		AttrRequestID.String(string(ids.Span[:])),
-		otlp.AttrSequenceID.Int64(int64(m.SequenceID)))
-	if m.RolloutID != "" {
-		attrs = append(attrs, otlp.AttrRolloutID.String(m.RolloutID), otlp.AttrAttemptID.String(m.AttemptID))
-	}
-	if m.TaskID != "" {
-		attrs = append(attrs, otlp.AttrTaskID.String(m.TaskID))
-	}
-	if m.AgentName != "" {
-		attrs = append(attrs, otlp.AttrAgentName.String(m.AgentName))
-	}
+		AttrRequestID.String(string(ids.Span[:])))
+	// Attribution and sequence id are set by end: a call gets them only once
+	// admitted (authenticated, within limits).
 	var sid trace.SpanID
 	var links []trace.Link
 	if decodeHex(sid[:], ids.Span[:]) {
@@ -281,11 +273,23 @@ func (t *Tracing) end(c *call, end time.Time) {
 		sp.End(trace.WithTimestamp(end))
 	}
 	sp := c.tr.span
-	attrs := make([]attribute.KeyValue, 0, 8)
+	attrs := make([]attribute.KeyValue, 0, 14)
 	attrs = append(attrs,
 		semconv.HTTPResponseStatusCodeKey.Int(int(m.HTTPStatus)),
 		AttrBackendAttempts.Int(c.tr.attempts),
 		otlp.AttrStream.Bool(m.Stream))
+	if m.SequenceID != 0 {
+		attrs = append(attrs, otlp.AttrSequenceID.Int64(int64(m.SequenceID)))
+	}
+	if m.RolloutID != "" {
+		attrs = append(attrs, otlp.AttrRolloutID.String(m.RolloutID), otlp.AttrAttemptID.String(m.AttemptID))
+	}
+	if m.TaskID != "" {
+		attrs = append(attrs, otlp.AttrTaskID.String(m.TaskID))
+	}
+	if m.AgentName != "" {
+		attrs = append(attrs, otlp.AttrAgentName.String(m.AgentName))
+	}
 	if m.Model != "" {
 		attrs = append(attrs, semconv.GenAIRequestModelKey.String(m.Model))
 	}

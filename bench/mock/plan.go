@@ -2,6 +2,8 @@ package mock
 
 import (
 	"bufio"
+	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -217,13 +219,27 @@ func appendTextOf(dst []byte, ids []uint32) []byte {
 	return dst
 }
 
-// delay waits as a non-streaming response would take: TTFT plus ITL per further step.
-func (p *plan) delay() error {
+// delay waits as a non-streaming response would take: TTFT plus ITL per further step. It
+// ends early with errClientLeft when the client closes the connection meanwhile (the
+// request is then counted as aborted).
+func (p *plan) delay(ctx *fasthttp.RequestCtx) error {
 	d := p.k.ttft
 	if n := p.maxSteps(); n > 1 {
 		d += time.Duration(n-1) * p.k.itl
 	}
-	return p.s.wait(&p.timer, d)
+	if d <= 0 {
+		return nil
+	}
+	s := p.s
+	s.generating.Add(1)
+	defer s.generating.Add(-1)
+	w := watchPeer(ctx.Conn())
+	err := s.waitOrLeave(&p.timer, d, w.leftCh())
+	w.stop()
+	if errors.Is(err, errClientLeft) {
+		s.aborted.Add(1)
+	}
+	return err
 }
 
 // respond writes the non-streaming body produced by render, or a stream produced by streamFn.
@@ -243,7 +259,12 @@ func (p *plan) respond(ctx *fasthttp.RequestCtx, stream bool, render func(*plan,
 			writeJSON(ctx, body)
 			return
 		}
-		if err := p.delay(); err != nil {
+		if err := p.delay(ctx); err != nil {
+			if errors.Is(err, errClientLeft) { // aborted: nothing is sent
+				ctx.HijackSetNoResponse(true)
+				ctx.Hijack(func(net.Conn) {}) // fasthttp closes the connection after this returns
+				return
+			}
 			p.s.writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
 			return
 		}

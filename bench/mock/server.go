@@ -83,10 +83,12 @@ type Server struct {
 	done chan struct{}
 	once sync.Once
 
-	requests atomic.Int64
-	streams  atomic.Int64
-	perPath  map[string]*atomic.Int64
-	sleeping atomic.Bool
+	requests   atomic.Int64
+	streams    atomic.Int64
+	generating atomic.Int64
+	aborted    atomic.Int64
+	perPath    map[string]*atomic.Int64
+	sleeping   atomic.Bool
 
 	mu       sync.Mutex
 	lastBody []byte
@@ -181,6 +183,16 @@ func (s *Server) Requests() int64 { return s.requests.Load() }
 // stream ends, including when the client goes away mid-stream, so tests can check that a
 // proxy cancels its upstream request.
 func (s *Server) ActiveStreams() int64 { return s.streams.Load() }
+
+// Generating returns how many non-streaming requests are generating right now (waiting out
+// their TTFT and ITL delays), so tests can tell that a request has arrived.
+func (s *Server) Generating() int64 { return s.generating.Load() }
+
+// Aborted returns how many non-streaming requests were aborted because their client
+// closed the connection while they were generating: vLLM aborts such a request (its API
+// server cancels it on disconnect) and sends nothing. Streams end when a write fails (see
+// ActiveStreams). Only counted where the platform can peek at a socket (unix).
+func (s *Server) Aborted() int64 { return s.aborted.Load() }
 
 // RequestsTo returns how many requests reached path (one of the Path* constants).
 func (s *Server) RequestsTo(path string) int64 {
@@ -458,6 +470,11 @@ var errShutdown = errors.New("mock vLLM: shutting down")
 
 // wait sleeps d unless the server shuts down first (then it returns errShutdown).
 func (s *Server) wait(t **time.Timer, d time.Duration) error {
+	return s.waitOrLeave(t, d, nil)
+}
+
+// waitOrLeave is wait that also ends, with errClientLeft, when left is closed.
+func (s *Server) waitOrLeave(t **time.Timer, d time.Duration, left <-chan struct{}) error {
 	if d <= 0 {
 		return nil
 	}
@@ -472,6 +489,9 @@ func (s *Server) wait(t **time.Timer, d time.Duration) error {
 	case <-s.done:
 		(*t).Stop()
 		return errShutdown
+	case <-left:
+		(*t).Stop()
+		return errClientLeft
 	}
 }
 

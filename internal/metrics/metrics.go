@@ -16,6 +16,13 @@ type Metrics struct {
 
 	// Requests counts proxied requests by model, backend, endpoint and status code.
 	Requests *prometheus.CounterVec
+	// CallsRejected counts agent calls refused before they were admitted
+	// (never proxied, never captured, no sequence id), by reason:
+	// unauthenticated, invalid_id, concurrency_limit, paused.
+	CallsRejected *prometheus.CounterVec
+	// SequenceEvictions counts (rollout, attempt) entries moved out of the
+	// gateway's in-memory sequence table to keep it within its bounds.
+	SequenceEvictions prometheus.Counter
 	// RequestDuration is the time from request arrival to the last response byte.
 	RequestDuration *prometheus.HistogramVec
 	// TTFT is the time from request arrival to the first streamed event.
@@ -82,6 +89,12 @@ func New() *Metrics {
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_requests_total", Help: "Proxied requests by model, backend, endpoint and HTTP status returned to the client.",
 		}, []string{"model", "backend", "endpoint", "status"}),
+		CallsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_calls_rejected_total", Help: "Agent calls refused before they were admitted (not proxied, not captured, no sequence id), by reason.",
+		}, []string{"reason"}),
+		SequenceEvictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rollgate_sequence_evictions_total", Help: "Attempts moved out of the in-memory sequence table to keep it within its bounds (their counters are kept compactly).",
+		}),
 		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rollgate_request_duration_seconds", Help: "Time from request arrival to the last response byte.", Buckets: latencyBuckets,
 		}, []string{"model", "endpoint", "stream"}),
@@ -146,7 +159,7 @@ func New() *Metrics {
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.Requests, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
+		m.Requests, m.CallsRejected, m.SequenceEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
 		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Detok, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)

@@ -1,0 +1,17 @@
+//go:build !unix || aix
+
+package gateway
+
+import (
+	"errors"
+	"syscall"
+)
+
+// peekSupported: without MSG_PEEK|MSG_DONTWAIT, client connections are not
+// watched.
+const peekSupported = false
+
+// waitHangup is never called where peeking is not supported.
+func waitHangup(syscall.RawConn) (bool, error) {
+	return false, errors.ErrUnsupported
+}

@@ -1,0 +1,350 @@
+package gateway
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const (
+	// defaultMaxTrackedAttempts is the default of Config.MaxTrackedAttempts.
+	defaultMaxTrackedAttempts = 1 << 16
+	// defaultMaxTrackedAttemptBytes is the default of Config.MaxTrackedAttemptBytes.
+	defaultMaxTrackedAttemptBytes = 32 << 20
+
+	// seqEntryOverhead bounds what an entry costs on the heap besides its
+	// key string: the seqEntry (96 bytes), its slots in the key map and the
+	// rollout index (25 bytes each, at a load of 7/16 to 7/8: at most 57
+	// bytes each) and some fragmentation (measured by
+	// TestSequenceEntryOverhead, with one rollout per entry, the worst case).
+	seqEntryOverhead = 256
+	// seqTombstoneBytes bounds what a tombstone costs on the heap: a slot
+	// of 17 bytes in a map only ever added to, at a load of 7/16 to 7/8
+	// (at most 39 bytes), and some fragmentation (measured by
+	// TestSequenceEntryOverhead).
+	seqTombstoneBytes = 48
+	// tombstonesPerEntry is how many tombstones the table keeps per entry
+	// it may hold (maxEntries).
+	tombstonesPerEntry = 8
+	// floorBits is log2 of the number of floors.
+	floorBits = 16
+	floorMask = 1<<floorBits - 1
+	// evictDivisor: an eviction removes at least 1/evictDivisor of the entries.
+	evictDivisor = 8
+	// seqKeyBuf is the stack buffer of a key: two ids of at most 128 bytes
+	// and the separator fit (longer ids work, at the cost of an allocation).
+	seqKeyBuf = 2*128 + 1
+)
+
+// sequences allocates per-(rollout, attempt) sequence ids: strictly
+// increasing per attempt, never reused while the gateway runs, independent
+// of clocks. Its entries also hold the rollout and attempt ids as strings, so
+// a call of a known attempt costs no allocation.
+//
+// The table is bounded. It holds at most maxEntries entries (attempts) and
+// at most maxBytes bytes of them, an entry counting its key (rollout id, NUL,
+// attempt id, rounded up to 32 bytes; the entry's rollout and attempt
+// strings share the key's bytes) plus seqEntryOverhead; a single entry
+// larger than maxBytes is still admitted alone. Inserting past a bound
+// evicts the least recently used entries, at least 1/8 of them at once, so
+// that eviction's cost, a pass over the table under the write lock (a few
+// milliseconds at 65,536 entries), is amortised over many insertions.
+// Recency is a logical clock, the number of insertions so far, stored on an
+// entry when it is used and the clock has moved since.
+//
+// An evicted attempt leaves a tombstone: the 64-bit hash of its key
+// (hash/maphash, a seed per table) and its last id. At most
+// 8 × maxEntries tombstones are kept, in two generations of at most
+// 4 × maxEntries: when the current one is full, the previous one is dropped,
+// each of its ids folded (kept if higher) into one of 65,536 floors, chosen
+// by the hash's low 16 bits, and a new generation begins (FIFO by halves).
+// A new entry's counter starts at the highest of its hash's tombstones and
+// its floor, 0 when none is set. Therefore:
+//
+//   - an attempt's ids strictly increase, evicted or not: a tombstone and a
+//     floor only ever rise, and they are at least the last id of every
+//     attempt buried in them. An attempt resumed from its tombstone continues
+//     without a gap unless its floor is higher.
+//   - an attempt's first id is 1 as long as no tombstone was dropped into its
+//     floor. The first drop comes at the earliest with the
+//     (8 × maxEntries + 1)th eviction, so never before more than
+//     9 × maxEntries distinct attempts were seen; after that, a new attempt
+//     may start above 1: at 1 + the highest last id of the attempts whose
+//     tombstones were dropped into its floor (a floor gathers those of
+//     1/65,536 of all hashes). Likewise an attempt whose tombstone was dropped resumes at
+//     its floor + 1, past its last id.
+//   - two keys with the same 64-bit hash share a tombstone and a floor, which
+//     keep the highest of their ids: a collision can make an id start higher,
+//     never repeat one.
+//
+// Memory is thus bounded by maxBytes (entries) + 8 × maxEntries ×
+// seqTombstoneBytes (tombstones) + 512 KiB (floors, made at the first
+// drop): 32 MiB + 24 MiB + 0.5 MiB with the defaults (65,536 entries,
+// 32 MiB), checked by TestSequenceHeapBound. (Rounding keys up to 32 bytes
+// matches Go's allocation size classes for keys up to 512 bytes: ids of up
+// to 128 bytes are well within.)
+//
+// An id is taken under the read lock (a lookup and an atomic increment),
+// and entries are evicted, their counters read, under the write lock, so no
+// call can take an id from an entry after its counter was saved.
+type sequences struct {
+	mu sync.RWMutex
+	m  map[string]*seqEntry // key: rollout + "\x00" + attempt
+	// tick is the logical clock: incremented on each insertion (write
+	// lock), read on each use (read lock).
+	tick uint64
+
+	// The rest is guarded by mu.
+	byRollout  map[string]*seqEntry // the first of each rollout's entries (see seqEntry.next)
+	bytes      int64                // counted size of the entries (see entrySize)
+	maxEntries int
+	maxBytes   int64
+	maxTombs   int // in tombs and oldTombs together
+	seed       maphash.Seed
+	tombs      map[uint64]uint64       // key hash → last id of evicted entries: the current generation
+	oldTombs   map[uint64]uint64       // the previous generation
+	floors     *[1 << floorBits]uint64 // highest id of dropped tombstones, by hash & floorMask
+	evictions  prometheus.Counter      // may be nil
+}
+
+// seqEntry is one (rollout, attempt): its counter, its ids, and the task id
+// registered for it (through the API) once known. An evicted entry stays
+// valid for the calls holding it, but gives no more ids.
+type seqEntry struct {
+	n       atomic.Uint64
+	used    atomic.Uint64 // sequences.tick when last used
+	key     string        // rollout + "\x00" + attempt
+	rollout string        // key's prefix
+	attempt string        // key's suffix
+	task    atomic.Pointer[string]
+	looked  atomic.Bool // the rollout registry was consulted for the task id
+
+	// prev and next link the entries of one rollout (guarded by sequences.mu).
+	prev, next *seqEntry
+}
+
+// lruCandidate is an entry and its last use, while choosing whom to evict.
+type lruCandidate struct {
+	used uint64
+	e    *seqEntry
+}
+
+// setLimits sets the table's bounds (values < 1 take the defaults) and the
+// counter of evicted entries (nil: none).
+func (s *sequences) setLimits(maxEntries int, maxBytes int64, evictions prometheus.Counter) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.maxEntries, s.maxBytes, s.evictions = maxEntries, maxBytes, evictions
+	s.initLocked()
+}
+
+// initLocked fills unset bounds with the defaults and makes the maps.
+func (s *sequences) initLocked() {
+	if s.maxEntries < 1 {
+		s.maxEntries = defaultMaxTrackedAttempts
+	}
+	if s.maxBytes < 1 {
+		s.maxBytes = defaultMaxTrackedAttemptBytes
+	}
+	s.maxTombs = tombstonesPerEntry * s.maxEntries
+	if s.m == nil {
+		s.m, s.byRollout = map[string]*seqEntry{}, map[string]*seqEntry{}
+		s.seed = maphash.MakeSeed()
+	}
+}
+
+// next returns the next sequence id of (rollout, attempt).
+func (s *sequences) next(rollout, attempt string) uint64 {
+	_, id := s.assign([]byte(rollout), []byte(attempt))
+	return id
+}
+
+// assign returns the entry of (rollout, attempt) and its next sequence id,
+// creating the entry on first use (or after its eviction). It does not
+// allocate for a known attempt.
+func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64) {
+	var kb [seqKeyBuf]byte
+	key := append(append(append(kb[:0], rollout...), 0), attempt...)
+	s.mu.RLock()
+	if e := s.m[string(key)]; e != nil {
+		id := e.n.Add(1)
+		if t := s.tick; e.used.Load() != t {
+			e.used.Store(t)
+		}
+		s.mu.RUnlock()
+		return e, id
+	}
+	s.mu.RUnlock()
+	return s.insert(key, len(rollout))
+}
+
+// insert is assign's slow path: it makes the entry of key, whose rollout id
+// is key[:rolloutLen], evicting entries first if the table is full.
+func (s *sequences) insert(key []byte, rolloutLen int) (*seqEntry, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.m[string(key)]; e != nil { // made meanwhile
+		e.used.Store(s.tick)
+		return e, e.n.Add(1)
+	}
+	if s.m == nil || s.maxEntries < 1 {
+		s.initLocked()
+	}
+	size := entrySize(len(key))
+	if len(s.m) >= s.maxEntries || s.bytes+size > s.maxBytes {
+		s.evict(size)
+	}
+	k := string(key)
+	e := &seqEntry{key: k, rollout: k[:rolloutLen], attempt: k[rolloutLen+1:]}
+	e.n.Store(s.resume(maphash.String(s.seed, k)))
+	s.tick++
+	e.used.Store(s.tick)
+	s.m[k] = e
+	s.bytes += size
+	if first := s.byRollout[e.rollout]; first != nil {
+		e.prev, e.next = first, first.next
+		if first.next != nil {
+			first.next.prev = e
+		}
+		first.next = e
+	} else {
+		s.byRollout[e.rollout] = e
+	}
+	return e, e.n.Add(1)
+}
+
+// entrySize is the counted size of an entry whose key is keyLen bytes long.
+func entrySize(keyLen int) int64 {
+	return int64(keyLen+31)&^31 + seqEntryOverhead
+}
+
+// resume returns where the counter of a new entry whose key hashes to h
+// starts: at its tombstones or its floor, whichever is higher.
+func (s *sequences) resume(h uint64) uint64 {
+	var n uint64
+	if s.floors != nil {
+		n = s.floors[h&floorMask]
+	}
+	return max(n, s.tombs[h], s.oldTombs[h])
+}
+
+// forRollout calls fn with each entry of the rollout, under the read lock:
+// fn must not call the table.
+func (s *sequences) forRollout(rolloutID string, fn func(*seqEntry)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for e := s.byRollout[rolloutID]; e != nil; e = e.next {
+		fn(e)
+	}
+}
+
+// evict removes the least recently used entries, at least 1/evictDivisor
+// of them, and more until an entry of size bytes fits both bounds.
+func (s *sequences) evict(size int64) {
+	c := make([]lruCandidate, 0, len(s.m))
+	for _, e := range s.m {
+		c = append(c, lruCandidate{e.used.Load(), e})
+	}
+	k := max(len(c)/evictDivisor, 1)
+	evicted := 0
+	for rest := c; len(rest) > 0; rest = rest[k:] {
+		k = min(k, len(rest))
+		selectOldest(rest, k)
+		for _, x := range rest[:k] {
+			s.remove(x.e)
+		}
+		evicted += k
+		if len(s.m) < s.maxEntries && s.bytes+size <= s.maxBytes {
+			break
+		}
+	}
+	if s.evictions != nil {
+		s.evictions.Add(float64(evicted))
+	}
+}
+
+// remove takes e out of the table, leaving its tombstone.
+func (s *sequences) remove(e *seqEntry) {
+	delete(s.m, e.key)
+	s.bytes -= entrySize(len(e.key))
+	if e.next != nil {
+		e.next.prev = e.prev
+	}
+	switch {
+	case e.prev != nil:
+		e.prev.next = e.next
+	case e.next != nil: // e was its rollout's first: key the index by a live entry's string
+		delete(s.byRollout, e.rollout)
+		s.byRollout[e.next.rollout] = e.next
+	default:
+		delete(s.byRollout, e.rollout)
+	}
+	e.prev, e.next = nil, nil
+	s.bury(maphash.String(s.seed, e.key), e.n.Load())
+}
+
+// bury records id as the last id of the key hashing to h. When the current
+// generation of tombstones is full, it drops the previous one into the
+// floors and starts a new one.
+func (s *sequences) bury(h, id uint64) {
+	if old, ok := s.tombs[h]; ok {
+		s.tombs[h] = max(old, id)
+		return
+	}
+	if s.tombs == nil || len(s.tombs) >= max(s.maxTombs/2, 1) {
+		if len(s.oldTombs) > 0 && s.floors == nil {
+			s.floors = new([1 << floorBits]uint64)
+		}
+		for oh, oid := range s.oldTombs {
+			f := &s.floors[oh&floorMask]
+			*f = max(*f, oid)
+		}
+		s.oldTombs, s.tombs = s.tombs, map[uint64]uint64{}
+	}
+	s.tombs[h] = id
+}
+
+// selectOldest reorders c so that c[:k] are its k least recently used
+// entries (quickselect: linear on average).
+func selectOldest(c []lruCandidate, k int) {
+	lo, hi := 0, len(c)-1
+	for lo < hi {
+		// Median of three as the pivot, then Hoare's partition.
+		mid := lo + (hi-lo)/2
+		if c[mid].used < c[lo].used {
+			c[mid], c[lo] = c[lo], c[mid]
+		}
+		if c[hi].used < c[lo].used {
+			c[hi], c[lo] = c[lo], c[hi]
+		}
+		if c[hi].used < c[mid].used {
+			c[hi], c[mid] = c[mid], c[hi]
+		}
+		p := c[mid].used
+		i, j := lo, hi
+		for i <= j {
+			for c[i].used < p {
+				i++
+			}
+			for c[j].used > p {
+				j--
+			}
+			if i <= j {
+				c[i], c[j] = c[j], c[i]
+				i++
+				j--
+			}
+		}
+		// Now c[lo..j] <= p <= c[i..hi], and c[j+1..i-1] == p.
+		switch {
+		case k-1 <= j:
+			hi = j
+		case k-1 >= i:
+			lo = i
+		default:
+			return
+		}
+	}
+}
