@@ -363,8 +363,9 @@ type Tracker struct {
 	bytes int // of the ids kept in last
 }
 
-// TrackerMaxIDBytes bounds the token ids a Tracker keeps (4 bytes each):
-// when a call would take it past this, other attempts are forgotten first.
+// TrackerMaxIDBytes bounds what a Tracker keeps: the token ids (4 bytes
+// each), the attempts' key strings and a fixed overhead per attempt; when a
+// call would take it past this, other attempts are forgotten first.
 const TrackerMaxIDBytes = 32 << 20
 
 type attemptKey struct{ rollout, attempt string }
@@ -377,6 +378,16 @@ func NewTracker(opt TurnOptions, maxAttempts int) *Tracker {
 		maxAttempts = 65536
 	}
 	return &Tracker{opt: opt, max: maxAttempts, maxBytes: TrackerMaxIDBytes, last: map[attemptKey][]turnIDs{}}
+}
+
+// trackerEntryOverhead approximates what an attempt costs a Tracker beyond
+// its ids and key strings (map entry, slice headers, turnIDs fields).
+const trackerEntryOverhead = 192
+
+// entryBytes is what an attempt's entry accounts for against maxBytes: its
+// ids, its key strings (client-chosen ids) and a fixed overhead.
+func entryBytes(k attemptKey, rows []turnIDs) int {
+	return idBytes(rows) + len(k.rollout) + len(k.attempt) + trackerEntryOverhead
 }
 
 // idBytes is the size of the ids kept for an attempt.
@@ -406,9 +417,9 @@ func (tr *Tracker) Observe(rows []export.Call) Turn {
 	t := compareTurn(prev, rows, &tr.opt)
 	if t.Kind != TurnError {
 		keep := idsOf(rows)
-		size := idBytes(keep)
+		size := entryBytes(k, keep)
 		if known {
-			tr.bytes -= idBytes(prev)
+			tr.bytes -= entryBytes(k, prev)
 			delete(tr.last, k)
 		}
 		if size <= tr.maxBytes { // else not kept: its next call is reported as first
@@ -416,7 +427,7 @@ func (tr *Tracker) Observe(rows []export.Call) Turn {
 				if len(tr.last) < tr.max && tr.bytes+size <= tr.maxBytes {
 					break
 				}
-				tr.bytes -= idBytes(rs)
+				tr.bytes -= entryBytes(old, rs)
 				delete(tr.last, old)
 			}
 			tr.last[k] = keep
@@ -431,7 +442,9 @@ func (tr *Tracker) Observe(rows []export.Call) Turn {
 func (tr *Tracker) Forget(rolloutID, attemptID string) {
 	tr.mu.Lock()
 	k := attemptKey{rolloutID, attemptID}
-	tr.bytes -= idBytes(tr.last[k])
-	delete(tr.last, k)
+	if rs, ok := tr.last[k]; ok {
+		tr.bytes -= entryBytes(k, rs)
+		delete(tr.last, k)
+	}
 	tr.mu.Unlock()
 }

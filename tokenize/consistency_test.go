@@ -296,16 +296,17 @@ func BenchmarkCompareTurn(b *testing.B) {
 // forgotten to make room, and a call larger than the whole budget is not kept.
 func TestTrackerKeepsOnlyIDs(t *testing.T) {
 	tr := NewTracker(TurnOptions{}, 0)
-	tr.maxBytes = 100 * 4 // 100 ids
 	big := make([]uint32, 30)
+	// Room for three attempts of 32 ids with their keys and overhead.
+	tr.maxBytes = 3*(32*4+len(call(1, nil, nil).RolloutID)+1+trackerEntryOverhead) + 40
 	for a := range 10 {
 		c := call(1, big, u(1, 2))
 		c.AttemptID = fmt.Sprint(a)
 		c.RequestBody, c.ResponseBody, c.ResponseMessage = "req", "resp", "msg"
 		tr.Observe([]export.Call{c})
 		sum := 0
-		for _, rows := range tr.last {
-			sum += idBytes(rows)
+		for k, rows := range tr.last {
+			sum += entryBytes(k, rows)
 		}
 		if tr.bytes != sum || tr.bytes > tr.maxBytes {
 			t.Fatalf("after %d attempts: %d bytes counted, %d kept, budget %d", a+1, tr.bytes, sum, tr.maxBytes)
@@ -321,7 +322,7 @@ func TestTrackerKeepsOnlyIDs(t *testing.T) {
 		t.Fatalf("next turn of a kept attempt: %s, want %s", k, TurnPrefix)
 	}
 	// A call with more ids than the budget is classified but not kept.
-	huge := call(1, make([]uint32, 200), nil)
+	huge := call(1, make([]uint32, 400), nil)
 	huge.AttemptID = "huge"
 	tr.Observe([]export.Call{huge})
 	if _, ok := tr.last[attemptKey{huge.RolloutID, "huge"}]; ok || tr.bytes > tr.maxBytes {
@@ -332,10 +333,30 @@ func TestTrackerKeepsOnlyIDs(t *testing.T) {
 	}
 	tr.Forget(c.RolloutID, "9")
 	sum := 0
-	for _, rows := range tr.last {
-		sum += idBytes(rows)
+	for k, rows := range tr.last {
+		sum += entryBytes(k, rows)
 	}
 	if tr.bytes != sum {
 		t.Fatalf("after Forget: %d bytes counted, %d kept", tr.bytes, sum)
+	}
+}
+
+// TestTrackerCountsKeys: client-chosen ids are part of what an attempt costs,
+// so many attempts with long ids and few token ids stay within the budget.
+func TestTrackerCountsKeys(t *testing.T) {
+	tr := NewTracker(TurnOptions{}, 1<<20)
+	tr.maxBytes = 64 << 10
+	long := strings.Repeat("r", 4096)
+	for a := range 1000 {
+		c := call(1, u(1, 2), u(3))
+		c.RolloutID, c.AttemptID = long+fmt.Sprint(a), "1"
+		tr.Observe([]export.Call{c})
+	}
+	keyBytes := 0
+	for k := range tr.last {
+		keyBytes += len(k.rollout) + len(k.attempt)
+	}
+	if keyBytes > tr.maxBytes || tr.bytes > tr.maxBytes {
+		t.Fatalf("%d attempts hold %d bytes of keys (%d counted), budget %d", len(tr.last), keyBytes, tr.bytes, tr.maxBytes)
 	}
 }
