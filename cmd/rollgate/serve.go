@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -75,6 +77,21 @@ type fileConfig struct {
 	} `yaml:"capture"`
 }
 
+// isLoopbackAddr reports whether a listen address (host:port) only accepts
+// connections from this machine: a loopback IP or "localhost". An empty
+// host, 0.0.0.0, :: or any other name listens beyond it.
+func isLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && ip.IsLoopback()
+}
+
 // otlpConfig is the otlp: section of the config file: the OTLP sink's
 // settings, also used by the gateway's own tracing.
 type otlpConfig struct {
@@ -137,6 +154,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		detokCheck     = fs.String("detok-check", "", "decode each call's output ids and compare them with the returned text, off the hot path: engine (the vLLM replica's /detokenize) or a tokenizer.json path; empty = off")
 		memLimit       = fs.String("memory-limit", "", "soft memory limit for the Go runtime, e.g. 192MiB (as GOMEMLIMIT): the GC works harder near it, bounding peak RSS under many open streams; empty = Go's default (GOMEMLIMIT if set)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
+		insecureAdmin  = fs.Bool("insecure-admin", false, "allow --listen (or --debug-listen) on a non-loopback address without ROLLGATE_ADMIN_TOKEN: anyone who reaches the port can then change the routing table, pause the gateway and read every captured rollout")
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
 	)
 	set, err := parseWithEnv(fs, args)
@@ -204,6 +222,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		cfg.Retries = *retries
 	}
 	cfg.AdminToken = os.Getenv("ROLLGATE_ADMIN_TOKEN")
+	if cfg.AdminToken == "" && !*insecureAdmin {
+		for _, a := range []struct{ flag, addr string }{{"--listen", cfg.Listen}, {"--debug-listen", *debugListen}} {
+			if a.addr != "" && !isLoopbackAddr(a.addr) {
+				fmt.Fprintf(stderr, "rollgate serve: %s %s is not a loopback address and ROLLGATE_ADMIN_TOKEN is not set: "+
+					"anyone who reaches the port could change the routing table, pause the gateway and read every rollout. "+
+					"Set ROLLGATE_ADMIN_TOKEN (and client keys, ROLLGATE_CLIENT_KEYS, for agents), or pass --insecure-admin to accept that.\n", a.flag, a.addr)
+				return 2
+			}
+		}
+	}
 	if v := os.Getenv("ROLLGATE_CLIENT_KEYS"); v != "" {
 		keys, err := gateway.ParseClientKeys(v)
 		if err != nil {
