@@ -110,7 +110,9 @@ type Config struct {
 	// /api/v1/bridge/lease lasts before they return to the queue (default 5m).
 	BridgeLeaseTTL time.Duration `yaml:"bridge_lease_ttl"`
 	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
-	// client did not (default false); they are stripped from the client's copy.
+	// client did not; they are stripped from the client's copy. The zero
+	// Config leaves it off; rollgate serve turns it on unless
+	// --inject-logprobs=false or the config file says inject_logprobs: false.
 	InjectLogprobs bool `yaml:"inject_logprobs"`
 	// CaptureEmbeddingBodies stores request/response bodies of embedding calls (default false).
 	CaptureEmbeddingBodies bool `yaml:"capture_embedding_bodies"`

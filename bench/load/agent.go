@@ -42,6 +42,8 @@ type chatRequest struct {
 	Tools         json.RawMessage `json:"tools,omitempty"`
 	// ReturnTokenIDs is vLLM's return_token_ids.
 	ReturnTokenIDs bool `json:"return_token_ids,omitempty"`
+	// Logprobs asks for the sampled tokens' logprobs (no alternatives).
+	Logprobs bool `json:"logprobs,omitempty"`
 }
 
 type streamOptions struct {
@@ -121,7 +123,7 @@ func (a *agent) url(rolloutID string) string {
 // send makes one call; start is when it was due (latency counts from there).
 func (a *agent) send(ctx context.Context, rolloutID string, turn int, msgs []message, tools bool, start time.Time) (Call, message) {
 	c := Call{RolloutID: rolloutID, AttemptID: "1", Turn: turn, Stream: a.cfg.Stream, Start: start, CompletionTokens: -1}
-	req := chatRequest{Model: a.cfg.Model, Messages: msgs, MaxTokens: a.cfg.MaxTokens, Stream: a.cfg.Stream, ReturnTokenIDs: a.cfg.ReturnTokenIDs}
+	req := chatRequest{Model: a.cfg.Model, Messages: msgs, MaxTokens: a.cfg.MaxTokens, Stream: a.cfg.Stream, ReturnTokenIDs: a.cfg.ReturnTokenIDs, Logprobs: a.cfg.Logprobs}
 	if a.cfg.Stream && a.cfg.IncludeUsage {
 		req.StreamOptions = &streamOptions{IncludeUsage: true}
 	}

@@ -67,6 +67,9 @@ type Config struct {
 	// IncludeUsage on streams) make the engine do the same work as behind
 	// rollgate, so that the engine's share of rollgate's cost can be told apart.
 	ReturnTokenIDs bool
+	// Logprobs asks for the sampled tokens' logprobs ("logprobs": true, no
+	// top_logprobs), as rollgate does by default (--inject-logprobs).
+	Logprobs bool
 	// ToolEvery > 0 offers a tool on turns 0, k, 2k, ... of each rollout; the
 	// engine answers with a tool call and the next turn sends the tool result.
 	ToolEvery int

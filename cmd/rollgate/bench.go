@@ -57,6 +57,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", 4096, "open loop: calls in flight beyond this are counted as errors, not sent")
 	fs.BoolVar(&cfg.Stream, "stream", false, "streaming calls")
 	fs.BoolVar(&cfg.IncludeUsage, "include-usage", false, "ask for the usage chunk of streams")
+	fs.BoolVar(&cfg.Logprobs, "logprobs", false, "ask for the sampled tokens' logprobs (\"logprobs\": true), as rollgate asks the engine by default (--inject-logprobs)")
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", false, "ask the engine for token ids (return_token_ids), as rollgate does: with --include-usage, a direct run that makes the engine do rollgate's work")
 	fs.IntVar(&cfg.ToolEvery, "tool-every", 3, "offer a tool every k-th turn (0 = never)")
 	fs.IntVar(&cfg.SystemBytes, "system-bytes", 0, "pad each rollout's system message to about this many bytes (long contexts: the cost of request size); 0 = a one-line instruction")

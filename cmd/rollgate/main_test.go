@@ -207,3 +207,35 @@ func TestHelp(t *testing.T) {
 		t.Fatal("mock --help too short")
 	}
 }
+
+// TestLogprobsCapturedByDefault: serve asks the engine for the sampled
+// tokens' logprobs by default, stores them, and the client's copy is what a
+// direct call without logprobs returns; --inject-logprobs=false stops it.
+func TestLogprobsCapturedByDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{{nil, true}, {[]string{"--inject-logprobs=false"}, false}} {
+		addr := freeAddr(t)
+		db := filepath.Join(t.TempDir(), "r.db")
+		cmd, logs := start(t, addr, "/readyz", append([]string{"serve", "--listen", addr, "--db", db}, tc.args...)...)
+		for _, stream := range []string{"false", "true"} {
+			status, body, _ := post(t, "http://"+addr+"/rollout/lp/attempt/1/v1/chat/completions",
+				`{"model":"mock-model","stream":`+stream+`,"messages":[{"role":"user","content":"Hello!"}]}`)
+			if status != 200 || strings.Contains(body, `"logprob"`) {
+				t.Fatalf("%v stream=%s: the client's copy has logprobs it did not ask for: %d %s", tc.args, stream, status, body)
+			}
+		}
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("serve: %v\n%s", err, logs)
+		}
+		out := runCmd(t, "sql", "--db", db, "SELECT count(*) AS n FROM llm_calls WHERE length(response_logprobs) > 2")
+		n := strings.TrimSpace(strings.Split(strings.TrimSpace(out), "\n")[2])
+		if got := n == "2"; got != tc.want || (!tc.want && n != "0") {
+			t.Fatalf("%v: %s rows with logprobs of 2, want logprobs stored: %v\n%s", tc.args, n, tc.want, out)
+		}
+	}
+}

@@ -77,6 +77,24 @@ type fileConfig struct {
 	} `yaml:"capture"`
 }
 
+// yamlHas reports whether the YAML config file at path sets the top-level
+// key (so that a flag's default does not override what the file says).
+func yamlHas(path, key string) bool {
+	if path == "" {
+		return false
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	var m map[string]any
+	if yaml.Unmarshal(b, &m) != nil {
+		return false
+	}
+	_, ok := m[key]
+	return ok
+}
+
 // isLoopbackAddr reports whether a listen address (host:port) only accepts
 // connections from this machine: a loopback IP or "localhost". An empty
 // host, 0.0.0.0, :: or any other name listens beyond it.
@@ -126,7 +144,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		clickhouseDSN  = fs.String("clickhouse", "", "ClickHouse DSN, e.g. clickhouse://127.0.0.1:9000/rollgate (empty = embedded store; prefer ROLLGATE_CLICKHOUSE for DSNs with passwords)")
 		ttlDays        = fs.Int("clickhouse-ttl-days", 0, "expire captured rows after N days (ClickHouse >= 19.6; 0 = keep forever)")
 		dbPath         = fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
-		injectLogprobs = fs.Bool("inject-logprobs", false, "ask engines for logprobs of sampled tokens even when the client did not (stripped from the client's copy)")
+		injectLogprobs = fs.Bool("inject-logprobs", true, "ask vLLM, SGLang and llama.cpp (chat) engines for the sampled tokens' logprobs (no alternatives) when the client did not, for training (rollout_log_probs); stripped from the client's copy; false = off (the bridge then excludes samples without logprobs as no_logprobs unless --logprobs omit)")
 		maxBody        = fs.Int("max-body-bytes", 32<<20, "largest request body accepted; larger ones get 413")
 		timeout        = fs.Duration("upstream-timeout", 10*time.Minute, "longest a backend call may take, stream included; 504 if nothing was sent by then")
 		queueSize      = fs.Int("capture-queue", 8192, "calls that may wait for capture; when full, calls are dropped from capture and counted (rollgate_capture_dropped_total)")
@@ -194,7 +212,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if set["public-url"] {
 		cfg.PublicURL = *publicURL
 	}
-	if set["inject-logprobs"] {
+	if set["inject-logprobs"] || !yamlHas(*configPath, "inject_logprobs") {
 		cfg.InjectLogprobs = *injectLogprobs
 	}
 	if set["max-body-bytes"] || cfg.MaxRequestBodyBytes == 0 {
