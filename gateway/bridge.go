@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -23,7 +24,8 @@ import (
 
 // bridgeRequest is the body of POST /api/v1/bridge/batches: what rollout
 // bridge's flags say, as JSON. Zero values take the bridge's defaults
-// (latest succeeded attempt, transitions, GRPO, AIR on).
+// (latest succeeded or failed attempt, transitions, GRPO, AIR on, missing
+// rewards 0, responses cut at max_response).
 type bridgeRequest struct {
 	Tasks            []string `json:"tasks"`
 	RolloutIDs       []string `json:"rollout_ids"`
@@ -44,8 +46,14 @@ type bridgeRequest struct {
 	MaxPrompt        int      `json:"max_prompt"`
 	MaxResponse      int      `json:"max_response"`
 	Truncation       string   `json:"truncation"`
-	AIR              *bool    `json:"air"`
-	WriteAIR         bool     `json:"write_air"`
+	MissingReward    string   `json:"missing_reward"`
+	MinGroupSize     int      `json:"min_group_size"`
+	Logprobs         string   `json:"logprobs"`
+	// Report adds "report" to the answer: every selected attempt, its calls
+	// and samples, included or excluded with the reason.
+	Report   bool  `json:"report"`
+	AIR      *bool `json:"air"`
+	WriteAIR bool  `json:"write_air"`
 	// Retokenize is a folder on the gateway's host holding the model's
 	// tokenizer.json and tokenizer_config.json (rollgate bridge
 	// --retokenize): calls captured without ids get retokenized ones.
@@ -134,18 +142,28 @@ func (s *Server) postBatches(ctx *fasthttp.RequestCtx) {
 		return nil
 	}
 	res, err := bridge.Build(c, s.store, o)
+	var oe *bridge.OptionError
+	if errors.As(err, &oe) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+		return
+	}
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, err.Error())
 		return
 	}
 	q.Add(batch...)
 	st := res.Stats
-	writeJSON(ctx, fasthttp.StatusOK, map[string]any{
+	out := map[string]any{
 		"samples": st.Samples, "groups": st.Groups, "attempts": st.Attempts, "calls": st.Calls,
 		"excluded": st.Excluded, "air_hits": st.AIRHits, "tasks": st.Tasks, "next_after": next,
 		"retokenized": st.Retokenized, "retokenized_samples": st.RetokenizedSamples,
+		"truncated": st.Truncated, "filled_rewards": st.FilledRewards, "small_groups": st.SmallGroups,
 		"queue": q.Counts(),
-	})
+	}
+	if in.Report {
+		out["report"] = res.Report
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
 // intersect keeps the ids of b that a holds (all of b when a is empty).
@@ -169,7 +187,8 @@ func intersect(a, b []string) []string {
 // bridgeOptions turns a request into bridge options, with the CLI's defaults.
 func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
 	o := bridge.Options{Mode: in.Mode, RewardName: in.RewardName, Level: in.Level, DropZeroVariance: in.DropZeroVariance,
-		MaxPrompt: in.MaxPrompt, MaxResponse: in.MaxResponse, Truncation: in.Truncation, WriteAIR: in.WriteAIR, Gamma: 1}
+		MaxPrompt: in.MaxPrompt, MaxResponse: in.MaxResponse, Truncation: in.Truncation, WriteAIR: in.WriteAIR, Gamma: 1,
+		MissingReward: in.MissingReward, MinGroupSize: in.MinGroupSize, Logprobs: in.Logprobs, Report: in.Report}
 	if in.Gamma != nil {
 		o.Gamma = *in.Gamma
 	}
@@ -189,7 +208,7 @@ func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
 	sel := bridge.Selection{TaskIDs: in.Tasks, RolloutIDs: in.RolloutIDs, Statuses: in.Statuses,
 		MinPolicyVersion: in.MinPolicyVersion, Attempts: in.Attempts}
 	if sel.Statuses == nil {
-		sel.Statuses = []string{"succeeded"}
+		sel.Statuses = bridge.DefaultSelection().Statuses
 	}
 	if in.SinceUnixNano > 0 {
 		sel.Since = time.Unix(0, in.SinceUnixNano)

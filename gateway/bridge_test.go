@@ -6,6 +6,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
 )
 
 // TestBridgeOverHTTP: the gateway builds training samples from its own store
@@ -13,7 +14,9 @@ import (
 // cursor) and trainers pull them with leases and acks.
 func TestBridgeOverHTTP(t *testing.T) {
 	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
-		e := newEnv(t, open(t), nil)
+		// As rollgate serve by default: the sampled tokens' logprobs are
+		// asked for, so the batch can carry rollout_log_probs.
+		e := newEnv(t, open(t), func(c *gateway.Config) { c.InjectLogprobs = true })
 		withQueue(t, e, "")
 		api := e.url + "/api/v1"
 		for i, reward := range []string{"1", "0"} {
@@ -32,6 +35,9 @@ func TestBridgeOverHTTP(t *testing.T) {
 		b := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"after":0,"estimator":"grpo"}`).body)
 		if b.Get("samples").Int() != 2 || b.Get("groups").Int() != 1 || b.Get("next_after").Int() != 2 || b.Get("queue.pending").Int() != 2 {
 			t.Fatalf("batches: %s", b.Raw)
+		}
+		if len(b.Get("report").Array()) != 0 {
+			t.Fatalf("report without asking: %s", b.Raw)
 		}
 		if b := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"after":2}`).body); b.Get("samples").Int() != 0 || b.Get("next_after").Int() != 2 {
 			t.Fatalf("nothing completed after the cursor: %s", b.Raw)
@@ -60,7 +66,12 @@ func TestBridgeOverHTTP(t *testing.T) {
 		if c.Get("acked").Int() != 2 || c.Get("pending").Int() != 0 || c.Get("leased").Int() != 0 {
 			t.Fatalf("counts: %s", c.Raw)
 		}
-		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`} {
+		// The report explains every selected attempt: both included here.
+		rep := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"estimator":"grpo","report":true}`).body).Get("report")
+		if rep.Get("#").Int() != 2 || rep.Get("0.group").String() != "sum" || !rep.Get("0.items.0.included").Bool() || rep.Get("0.items.0.advantage").Float() == 0 {
+			t.Fatalf("report: %s", rep.Raw)
+		}
+		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`, `{"missing_reward":"5"}`, `{"logprobs":"zeros"}`} {
 			if r := do(t, "POST", api+"/bridge/batches", bad); r.status != 400 {
 				t.Errorf("%s: %d %s", bad, r.status, r.body)
 			}

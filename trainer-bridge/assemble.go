@@ -14,8 +14,18 @@ const (
 
 // Truncation policies.
 const (
-	TruncDrop = "drop" // drop samples over a limit
-	TruncTrim = "trim" // keep the last MaxPrompt prompt tokens and the first MaxResponse response tokens
+	// TruncCut (default) cuts a response longer than MaxResponse at the
+	// limit (ids, mask, logprobs) and keeps the sample, marked Truncated, as
+	// verl's agent loop and Agent Lightning do; a prompt longer than
+	// MaxPrompt excludes the sample (prompt_too_long): the context the
+	// policy saw is never trimmed.
+	TruncCut = "cut"
+	// TruncDrop drops samples over either limit (truncated).
+	TruncDrop = "drop"
+	// TruncTrim is an explicit off-policy option: it keeps the last
+	// MaxPrompt prompt tokens (a context the policy never saw) and the first
+	// MaxResponse response tokens, marking the sample Trimmed.
+	TruncTrim = "trim"
 )
 
 // Break classes counted in Stats.Breaks (trajectory mode).
@@ -47,7 +57,14 @@ type Sample struct {
 	Reward        float64 // the credited return (a scalar on the last response token)
 	Advantage     float64
 	GroupUID      string
-	Trimmed       bool
+	Trimmed       bool // the prompt or response was trimmed by TruncTrim (off-policy)
+	// Truncated: the response was cut at Options.MaxResponse (ids, mask and
+	// logprobs), as verl's agent loop does; the reward sits on the last kept token.
+	Truncated bool
+	// HasLogprobs: every generated token (mask 1) carries the engine's
+	// sampling logprob. When false, Logprobs holds zeros that are not
+	// logprobs; writers must not present them as such.
+	HasLogprobs bool
 	// TokenSource is where the ids came from (export.TokenSource*): engine,
 	// tokenize, or retokenized (rebuilt by Options.Retokenize). A trajectory
 	// never mixes retokenized calls with others; one that merges engine and
@@ -104,6 +121,7 @@ func assemble(mode string, calls []export.Call, st *Stats) ([]*Sample, error) {
 		s.Response = append(s.Response, c.ResponseTokenIDs...)
 		s.ResponseMask = append(s.ResponseMask, ones(len(c.ResponseTokenIDs))...)
 		s.Logprobs = append(s.Logprobs, logprobs(c)...)
+		s.HasLogprobs = s.HasLogprobs && hasLogprobs(c)
 		s.SequenceIDs = append(s.SequenceIDs, c.SequenceID)
 		if c.TokenSource == export.TokenSourceTokenize {
 			s.TokenSource = export.TokenSourceTokenize // the weaker provenance of the two verified ones
@@ -122,7 +140,13 @@ func newSample(c export.Call) *Sample {
 	return &Sample{RolloutID: c.RolloutID, AttemptID: c.AttemptID, TaskID: c.TaskID, AgentName: c.AgentName,
 		PolicyVersion: c.PolicyVersion, ChoiceIndex: c.ChoiceIndex, SequenceIDs: []uint64{c.SequenceID},
 		Prompt: c.PromptTokenIDs, Response: append([]uint32(nil), c.ResponseTokenIDs...),
-		ResponseMask: ones(len(c.ResponseTokenIDs)), Logprobs: logprobs(c), TokenSource: c.TokenSource}
+		ResponseMask: ones(len(c.ResponseTokenIDs)), Logprobs: logprobs(c), TokenSource: c.TokenSource,
+		HasLogprobs: hasLogprobs(c)}
+}
+
+// hasLogprobs reports whether the call carries one logprob per response token.
+func hasLogprobs(c export.Call) bool {
+	return len(c.ResponseTokenIDs) > 0 && len(c.ResponseLogprobs) == len(c.ResponseTokenIDs)
 }
 
 // sameClass reports whether ids of the two token sources may be merged into
@@ -188,22 +212,41 @@ func ones(n int) []uint8 {
 	return m
 }
 
-// truncate applies the policy; it reports whether s is kept.
-func truncate(s *Sample, maxPrompt, maxResponse int, policy string) (keep, trimmed bool) {
+// truncate applies the policy to s. It returns the exclusion reason when s
+// is left out (ExclTruncDropped, ExclPromptTooLong), else "".
+func truncate(s *Sample, maxPrompt, maxResponse int, policy string) (excluded string) {
 	overP := maxPrompt > 0 && len(s.Prompt) > maxPrompt
 	overR := maxResponse > 0 && len(s.Response) > maxResponse
 	if !overP && !overR {
-		return true, false
+		return ""
 	}
-	if policy != TruncTrim {
-		return false, false
+	switch policy {
+	case TruncDrop:
+		return ExclTruncDropped
+	case TruncTrim:
+		if overP {
+			s.Prompt = s.Prompt[len(s.Prompt)-maxPrompt:]
+		}
+		if overR {
+			s.Response, s.ResponseMask, s.Logprobs = s.Response[:maxResponse], s.ResponseMask[:maxResponse], s.Logprobs[:maxResponse]
+		}
+		s.Trimmed = true
+		return ""
 	}
 	if overP {
-		s.Prompt = s.Prompt[len(s.Prompt)-maxPrompt:]
+		return ExclPromptTooLong
 	}
-	if overR {
-		s.Response, s.ResponseMask, s.Logprobs = s.Response[:maxResponse], s.ResponseMask[:maxResponse], s.Logprobs[:maxResponse]
+	// Cut at the limit, then back to the last generated token: the reward
+	// sits on the last response token, which must be one the policy chose
+	// (a trajectory cut inside an observation would put it on a masked one).
+	n := maxResponse
+	for n > 0 && s.ResponseMask[n-1] == 0 {
+		n--
 	}
-	s.Trimmed = true
-	return true, true
+	if n == 0 {
+		return ExclTruncDropped
+	}
+	s.Response, s.ResponseMask, s.Logprobs = s.Response[:n], s.ResponseMask[:n], s.Logprobs[:n]
+	s.Truncated = true
+	return ""
 }

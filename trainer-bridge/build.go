@@ -45,9 +45,24 @@ type Options struct {
 	// WriteAIR stores the AIR outcomes in the rewards table.
 	WriteAIR bool
 	// MaxPrompt and MaxResponse limit sample lengths (0 = no limit);
-	// Truncation is TruncDrop (default) or TruncTrim.
+	// Truncation is TruncCut (default), TruncDrop or TruncTrim.
 	MaxPrompt, MaxResponse int
 	Truncation             string
+	// MissingReward says what a selected attempt without an episode reward
+	// gets: MissingZero (default: reward 0, as Agent Lightning; counted in
+	// Stats.FilledRewards), MissingDrop (the attempt is excluded, no_reward)
+	// or MissingDropGroup (its whole group is excluded, missing_reward_group).
+	MissingReward string
+	// MinGroupSize excludes the samples of groups sampled with fewer
+	// members (small_group): 0 = the estimator's default (2 for grpo,
+	// drgrpo and rloo, whose baseline needs siblings; 1 otherwise).
+	MinGroupSize int
+	// Logprobs is LogprobsKeep (default: the output carries
+	// rollout_log_probs, so a sample without the engine's logprobs is
+	// excluded as no_logprobs rather than written with zeros) or
+	// LogprobsOmit (the output leaves rollout_log_probs out; every sample
+	// is kept). Empty: LogprobsKeep, or LogprobsOmit when Retokenize is set.
+	Logprobs string
 	// Now stamps AIR rows; nil = time.Now.
 	Now func() time.Time
 	// Progress, when set, is called after each attempt with (done, total).
@@ -61,12 +76,29 @@ type Options struct {
 	// mode. Calls with ids (engine, tokenize) are never touched. Nil (the
 	// default) excludes such calls as unverified_ids.
 	Retokenize Retokenizer
+	// Report, when set, makes Build explain every selected attempt in
+	// Result.Report: each call choice and sample included or excluded, with
+	// the reason (the Excl* names of Stats.Excluded).
+	Report bool
 	// Emit, when set, streams the samples instead of returning them in
 	// Result.Samples: Build reads the attempts twice (scores for the
 	// advantages, then the samples, one attempt at a time), so memory stays
 	// bounded by one attempt whatever the size of the export.
 	Emit func(*Sample) error
 }
+
+// MissingReward policies (Options.MissingReward).
+const (
+	MissingZero      = "0"
+	MissingDrop      = "drop"
+	MissingDropGroup = "drop-group"
+)
+
+// Logprobs policies (Options.Logprobs).
+const (
+	LogprobsKeep = "keep"
+	LogprobsOmit = "omit"
+)
 
 // Retokenizer rebuilds the token ids of one call choice captured without
 // them, from its request body, assistant message and finish reason.
@@ -91,9 +123,12 @@ type Stats struct {
 	Samples            int            // samples produced
 	Groups             int            // advantage groups (task ids) among the samples
 	Merged             int            // trajectory mode: calls merged into an earlier turn's sample
-	Trimmed            int            // samples trimmed by the truncation policy
+	Trimmed            int            // samples trimmed by TruncTrim (off-policy)
+	Truncated          int            // samples whose response was cut at MaxResponse (TruncCut)
+	FilledRewards      int            // attempts without an episode reward given 0 (MissingZero)
 	DroppedGroups      int            // zero-variance groups dropped
-	DroppedSamples     int            // samples of those groups
+	DroppedSamples     int            // samples of those groups (also in Excluded[zero_variance])
+	SmallGroups        int            // groups sampled with fewer than MinGroupSize members
 	Retokenized        int            // calls whose ids Options.Retokenize rebuilt (token_source none -> retokenized)
 	RetokenizedSamples int            // samples among Samples with token_source retokenized
 	Excluded           map[string]int // by reason (Excl* constants)
@@ -106,6 +141,48 @@ type Stats struct {
 type Result struct {
 	Samples []*Sample
 	Stats   Stats
+	// Report explains every selected attempt (Options.Report), in selection order.
+	Report []AttemptReport
+}
+
+// AttemptReport says what became of one selected attempt and why.
+type AttemptReport struct {
+	RolloutID string `json:"rollout_id"`
+	AttemptID string `json:"attempt_id"`
+	TaskID    string `json:"task_id"`
+	Status    string `json:"status"`
+	Group     string `json:"group,omitempty"` // the advantage group (uid)
+	// Score is the attempt's rollout-level score; RewardMissing says the
+	// episode reward was absent (and 0 used, or the attempt dropped).
+	Score         float64 `json:"score"`
+	RewardMissing bool    `json:"reward_missing,omitempty"`
+	// Reason is set when the whole attempt was left out (no_reward,
+	// no_sample, small_group, missing_reward_group, zero_variance).
+	Reason string `json:"reason,omitempty"`
+	// Items are the attempt's call choices left out before assembly and its
+	// samples, included or not.
+	Items []Decision `json:"items"`
+}
+
+// Decision is what became of one call choice (before assembly) or sample.
+type Decision struct {
+	Kind        string   `json:"kind"` // "call" or "sample"
+	SequenceIDs []uint64 `json:"sequence_ids"`
+	ChoiceIndex uint32   `json:"choice_index"`
+	Included    bool     `json:"included"`
+	Reason      string   `json:"reason,omitempty"`
+	Truncated   bool     `json:"truncated,omitempty"`
+	Advantage   float64  `json:"advantage,omitempty"`
+}
+
+// OptionError is an invalid Options value: the caller's mistake (a 400 over
+// HTTP, exit status 2 on the command line), not a store failure.
+type OptionError struct{ msg string }
+
+func (e *OptionError) Error() string { return e.msg }
+
+func optionErrorf(format string, a ...any) error {
+	return &OptionError{msg: fmt.Sprintf(format, a...)}
 }
 
 // Build selects attempts from store, assembles samples, credits rewards and
@@ -124,19 +201,46 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		o.Level = LevelRollout
 	}
 	if o.Level != LevelRollout && o.Level != LevelTransition {
-		return nil, fmt.Errorf("bridge: advantage level %q is not %q or %q", o.Level, LevelRollout, LevelTransition)
+		return nil, optionErrorf("bridge: advantage level %q is not %q or %q", o.Level, LevelRollout, LevelTransition)
 	}
 	if o.Truncation == "" {
-		o.Truncation = TruncDrop
+		o.Truncation = TruncCut
 	}
-	if o.Truncation != TruncDrop && o.Truncation != TruncTrim {
-		return nil, fmt.Errorf("bridge: truncation policy %q is not %q or %q", o.Truncation, TruncDrop, TruncTrim)
+	if o.Truncation != TruncCut && o.Truncation != TruncDrop && o.Truncation != TruncTrim {
+		return nil, optionErrorf("bridge: truncation policy %q is not %q, %q or %q (--truncation)", o.Truncation, TruncCut, TruncDrop, TruncTrim)
+	}
+	if o.MissingReward == "" {
+		o.MissingReward = MissingZero
+	}
+	if o.MissingReward != MissingZero && o.MissingReward != MissingDrop && o.MissingReward != MissingDropGroup {
+		return nil, optionErrorf("bridge: missing-reward policy %q is not %q, %q or %q (--missing-reward)", o.MissingReward, MissingZero, MissingDrop, MissingDropGroup)
+	}
+	if o.Logprobs == "" {
+		// Retokenized samples have no logprobs at all: a batch that asks for
+		// them leaves rollout_log_probs out rather than exclude them.
+		o.Logprobs = LogprobsKeep
+		if o.Retokenize != nil {
+			o.Logprobs = LogprobsOmit
+		}
+	}
+	if o.Logprobs != LogprobsKeep && o.Logprobs != LogprobsOmit {
+		return nil, optionErrorf("bridge: logprobs policy %q is not %q or %q (--logprobs)", o.Logprobs, LogprobsKeep, LogprobsOmit)
+	}
+	if o.MinGroupSize < 0 {
+		return nil, optionErrorf("bridge: min group size %d is negative (--min-group-size)", o.MinGroupSize)
+	}
+	if o.MinGroupSize == 0 {
+		o.MinGroupSize = 1
+		switch o.Estimator {
+		case advantage.GRPO, advantage.DrGRPO, advantage.RLOO:
+			o.MinGroupSize = 2
+		}
 	}
 	if o.Mode == "" {
 		o.Mode = ModeTransitions
 	}
 	if o.Mode != ModeTransitions && o.Mode != ModeTrajectories {
-		return nil, fmt.Errorf("bridge: unknown mode %q (%s, %s)", o.Mode, ModeTransitions, ModeTrajectories)
+		return nil, optionErrorf("bridge: unknown mode %q (%s, %s)", o.Mode, ModeTransitions, ModeTrajectories)
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -155,9 +259,16 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	// scores the advantages need (the samples are built again in pass 2).
 	var units []unit
 	perRef := make([]int, len(refs)) // units each ref gave
-	err = eachAttempt(ctx, store, refs, o, &res.Stats, func(i int, samples []*Sample, score float64) error {
-		group := groupOf(samples[0])
-		add := func(u unit) {
+	reports := make([]*AttemptReport, len(refs))
+	err = eachAttempt(ctx, store, refs, o, &res.Stats, func(i int, a attemptOut) error {
+		if a.report != nil {
+			a.report.Group = groupOf(refs[i], a.samples)
+			reports[i] = a.report
+		}
+		if !a.rewarded {
+			return nil // reported only
+		}
+		for _, u := range unitsOf(a, i, refs[i], o.Level) {
 			for _, s := range u.samples {
 				for _, m := range s.ResponseMask {
 					u.tokens += int(m)
@@ -169,17 +280,25 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			units = append(units, u)
 			perRef[i]++
 		}
-		if o.Level == LevelRollout {
-			add(unit{samples: samples, score: score, group: group})
-			return nil
-		}
-		for _, s := range samples {
-			add(unit{samples: []*Sample{s}, score: s.Reward, group: group})
-		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	// Groups as sampled: every unit counts, also those whose samples were
+	// all left out, so no exclusion moves a sibling's baseline.
+	size := map[string]int{}
+	unrewarded := map[string]bool{}
+	for _, u := range units {
+		size[u.group]++
+		if u.missing {
+			unrewarded[u.group] = true
+		}
+	}
+	for _, n := range size {
+		if n < o.MinGroupSize {
+			res.Stats.SmallGroups++
+		}
 	}
 	in := advantage.Input{Scores: make([]float64, len(units)), Groups: make([]string, len(units)), Tokens: make([]int, len(units))}
 	for i, u := range units {
@@ -193,8 +312,29 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	groups := map[string]bool{}
 	tasks := taskAccumulator{}
 	keep := func(i int, u unit, emit func(*Sample) error) error {
-		if !adv.Keep[i] {
+		why := ""
+		switch {
+		case o.MissingReward == MissingDropGroup && unrewarded[u.group]:
+			why = ExclMissingGroup
+		case size[u.group] < o.MinGroupSize:
+			why = ExclSmallGroup
+		case !adv.Keep[i]:
+			why = ExclZeroVariance
 			res.Stats.DroppedSamples += len(u.samples)
+		}
+		if rep := reports[u.ref]; rep != nil {
+			if why != "" && o.Level == LevelRollout {
+				rep.Reason = why
+			}
+			for _, d := range units[i].dec { // pass 1's (pass 2 builds no report)
+				rep.Items[d].Included, rep.Items[d].Reason, rep.Items[d].Advantage = why == "", why, adv.Advantages[i]
+			}
+		}
+		if why != "" {
+			res.Stats.Excluded[why] += len(u.samples)
+			return nil
+		}
+		if len(u.samples) == 0 {
 			return nil
 		}
 		groups[u.group] = true
@@ -218,19 +358,12 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	} else {
 		// Pass 2: build each attempt again and hand its samples out one by one.
 		o2 := o
-		o2.WriteAIR, o2.Progress = false, nil
+		o2.WriteAIR, o2.Progress, o2.Report = false, nil, false
 		var scratch Stats
 		scratch.Excluded, scratch.Breaks, scratch.AIRHits = map[string]int{}, map[string]int{}, map[string]int{}
 		next := 0
-		err = eachAttempt(ctx, store, refs, o2, &scratch, func(i int, samples []*Sample, score float64) error {
-			var us []unit
-			if o.Level == LevelRollout {
-				us = []unit{{samples: samples, group: groupOf(samples[0])}}
-			} else {
-				for _, s := range samples {
-					us = append(us, unit{samples: []*Sample{s}, group: groupOf(samples[0])})
-				}
-			}
+		err = eachAttempt(ctx, store, refs, o2, &scratch, func(i int, a attemptOut) error {
+			us := unitsOf(a, i, refs[i], o.Level)
 			if len(us) != perRef[i] {
 				return fmt.Errorf("bridge: rollout %s changed while it was exported (%d samples, then %d); run the export again", refs[i].RolloutID, perRef[i], len(us))
 			}
@@ -248,23 +381,68 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	}
 	res.Stats.Groups = len(groups)
 	res.Stats.Tasks = tasks.stats()
+	if o.Report {
+		res.Report = make([]AttemptReport, 0, len(refs))
+		for _, r := range reports {
+			if r != nil {
+				res.Report = append(res.Report, *r)
+			}
+		}
+	}
 	return res, nil
 }
 
 // unit is what one advantage is computed for: a rollout's samples (rollout
-// level) or one sample (transition level).
+// level) or one sample (transition level). A unit may have no samples: an
+// attempt whose calls were all left out, or a sample excluded after it was
+// assembled; its score still counts in its group.
 type unit struct {
 	samples []*Sample
 	score   float64
 	group   string
 	tokens  int
+	missing bool  // the attempt had no episode reward (filled with 0)
+	ref     int   // index of the attempt in the selection
+	dec     []int // indices in the attempt's report items of the unit's samples
 }
 
-// eachAttempt builds the samples of every ref in order and calls f for the
-// rewarded attempts that gave samples (the others are counted in st).
-// Stores that read many rollouts at once (ClickHouse) are read in chunks
-// instead of a round trip per rollout.
-func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, f func(i int, samples []*Sample, score float64) error) error {
+// attemptOut is what buildAttempt made of one attempt.
+type attemptOut struct {
+	samples  []*Sample
+	score    float64   // rollout-level score
+	dropped  []float64 // credited rewards of samples excluded after assembly
+	rewarded bool      // false: excluded (no reward, MissingDrop)
+	missing  bool      // no episode reward; 0 was used
+	report   *AttemptReport
+	dec      []int // report item of each sample (Options.Report)
+}
+
+// unitsOf splits an attempt into advantage units, in a fixed order (both
+// passes of Build must agree).
+func unitsOf(a attemptOut, i int, ref AttemptRef, level string) []unit {
+	group := groupOf(ref, a.samples)
+	if level == LevelRollout {
+		return []unit{{samples: a.samples, score: a.score, group: group, missing: a.missing, ref: i, dec: a.dec}}
+	}
+	us := make([]unit, 0, len(a.samples)+len(a.dropped))
+	for k, s := range a.samples {
+		u := unit{samples: []*Sample{s}, score: s.Reward, group: group, missing: a.missing, ref: i}
+		if a.dec != nil {
+			u.dec = a.dec[k : k+1]
+		}
+		us = append(us, u)
+	}
+	for _, r := range a.dropped {
+		us = append(us, unit{score: r, group: group, missing: a.missing, ref: i})
+	}
+	return us
+}
+
+// eachAttempt builds the samples of every ref in order and calls f for
+// every selected attempt (those excluded for a missing reward are counted in
+// st instead). Stores that read many rollouts at once (ClickHouse) are read
+// in chunks instead of a round trip per rollout.
+func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, f func(i int, a attemptOut) error) error {
 	read := store
 	bulk, isBulk := store.(export.BulkRolloutReader)
 	cache := &prefetched{Store: store}
@@ -287,42 +465,54 @@ func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o O
 			}
 			read = cache
 		}
-		samples, score, rewarded, err := buildAttempt(ctx, read, ref, o, st)
+		a, err := buildAttempt(ctx, read, ref, o, st)
 		if err != nil {
 			return err
 		}
 		if o.Progress != nil {
 			o.Progress(i+1, len(refs))
 		}
-		if !rewarded {
+		if !a.rewarded {
+			if a.report != nil {
+				a.report.Reason = ExclNoReward
+				if err := f(i, a); err != nil { // reported, no unit
+					return err
+				}
+			}
 			continue // counted as no_reward
 		}
-		if len(samples) == 0 {
+		if len(a.samples) == 0 {
 			st.Excluded[ExclNoSample]++
-			continue
+			if a.report != nil {
+				a.report.Reason = ExclNoSample
+			}
 		}
-		if err := f(i, samples, score); err != nil {
+		if err := f(i, a); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// groupOf is the GRPO group key: the task id, or the rollout id for calls without one.
-func groupOf(s *Sample) string {
-	if s.TaskID != "" {
-		return s.TaskID
+// groupOf is the GRPO group key: the task id (of the attempt's calls, else
+// of its rollouts row), or the rollout id when there is none.
+func groupOf(ref AttemptRef, samples []*Sample) string {
+	if len(samples) > 0 && samples[0].TaskID != "" {
+		return samples[0].TaskID
 	}
-	return "rollout:" + s.RolloutID
+	if ref.TaskID != "" {
+		return ref.TaskID
+	}
+	return "rollout:" + ref.RolloutID
 }
 
 // buildAttempt assembles one attempt's samples and returns them with the
 // attempt's undiscounted return (the rollout-level score); rewarded is false
 // when the attempt has no episode reward.
-func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Options, st *Stats) (samples []*Sample, score float64, rewarded bool, err error) {
+func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Options, st *Stats) (out attemptOut, err error) {
 	d, err := store.Rollout(ctx, ref.RolloutID)
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("bridge: reading rollout %s: %w", ref.RolloutID, err)
+		return out, fmt.Errorf("bridge: reading rollout %s: %w", ref.RolloutID, err)
 	}
 	calls := make([]export.Call, 0, len(d.Calls))
 	for _, c := range d.Calls {
@@ -337,6 +527,15 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		return calls[i].ChoiceIndex < calls[j].ChoiceIndex
 	})
 	st.Calls += len(calls)
+	if o.Report {
+		out.report = &AttemptReport{RolloutID: ref.RolloutID, AttemptID: ref.AttemptID, TaskID: ref.TaskID, Status: ref.Status, Items: []Decision{}}
+	}
+	exclude := func(c *export.Call, why string) {
+		st.Excluded[why]++
+		if out.report != nil {
+			out.report.Items = append(out.report.Items, Decision{Kind: "call", SequenceIDs: []uint64{c.SequenceID}, ChoiceIndex: c.ChoiceIndex, Reason: why})
+		}
+	}
 
 	// Process rewards per sequence id: the last API reward of that name, plus AIR.
 	process := map[uint64]float64{}
@@ -369,14 +568,32 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		}
 		if o.WriteAIR {
 			if err := air.Write(ctx, store, rs); err != nil {
-				return nil, 0, false, fmt.Errorf("bridge: %w", err)
+				return out, fmt.Errorf("bridge: %w", err)
 			}
 		}
 	}
 	episode, ok := finalReward(d.Rewards, ref.AttemptID, o.RewardName)
 	if !ok {
-		st.Excluded[ExclNoReward]++
-		return nil, 0, false, nil
+		if o.MissingReward == MissingDrop {
+			st.Excluded[ExclNoReward]++
+			if out.report != nil {
+				out.report.RewardMissing = true
+			}
+			return out, nil
+		}
+		episode, out.missing = 0, true
+		st.FilledRewards++
+	}
+	if out.report != nil {
+		out.report.RewardMissing = !ok
+	}
+	out.rewarded = true
+	if len(seqs) == 0 {
+		out.score = credit.Episode(episode, nil)
+		if out.report != nil {
+			out.report.Score = out.score
+		}
+		return out, nil
 	}
 	order := make([]uint64, 0, len(seqs))
 	for s := range seqs {
@@ -390,7 +607,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 	}
 	returns, err := credit.AssignN(o.Credit, len(order), episode, pv, o.Gamma)
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("bridge: %w", err)
+		return out, fmt.Errorf("bridge: %w", err)
 	}
 
 	kept := calls[:0:0]
@@ -409,26 +626,26 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		}
 		switch {
 		case c.Error != "" || c.HTTPStatus >= 300:
-			st.Excluded[ExclErrored]++
+			exclude(&c, ExclErrored)
 		case retokenizeFailed:
-			st.Excluded[ExclRetokenize]++
+			exclude(&c, ExclRetokenize)
 		case !(trusted[c.TokenSource] || o.Retokenize != nil && c.TokenSource == export.TokenSourceRetokenized) ||
 			len(c.PromptTokenIDs) == 0 || len(c.ResponseTokenIDs) == 0:
-			st.Excluded[ExclUnverified]++
+			exclude(&c, ExclUnverified)
 		case o.Selection.AgentName != nil && !o.Selection.AgentName.MatchString(c.AgentName):
-			st.Excluded[ExclAgent]++
+			exclude(&c, ExclAgent)
 		case versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion):
-			st.Excluded[ExclPolicyVersion]++
+			exclude(&c, ExclPolicyVersion)
 		default:
 			kept = append(kept, c)
 		}
 	}
-	samples, err = assemble(o.Mode, kept, st)
+	samples, err := assemble(o.Mode, kept, st)
 	if err != nil {
-		return nil, 0, false, err
+		return out, err
 	}
 	lastSeq := order[len(order)-1]
-	out := samples[:0]
+	out.samples = samples[:0]
 	for _, s := range samples {
 		switch {
 		case o.Mode == ModeTransitions:
@@ -443,17 +660,35 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 				s.Reward += episode
 			}
 		}
-		keep, trimmed := truncate(s, o.MaxPrompt, o.MaxResponse, o.Truncation)
-		if !keep {
-			st.Excluded[ExclTruncDropped]++
+		why := truncate(s, o.MaxPrompt, o.MaxResponse, o.Truncation)
+		if why == "" && o.Logprobs == LogprobsKeep && !s.HasLogprobs {
+			why = ExclNoLogprobs
+		}
+		if out.report != nil {
+			out.report.Items = append(out.report.Items, Decision{Kind: "sample", SequenceIDs: s.SequenceIDs, ChoiceIndex: s.ChoiceIndex,
+				Reason: why, Truncated: s.Truncated})
+			if why == "" {
+				out.dec = append(out.dec, len(out.report.Items)-1)
+			}
+		}
+		if why != "" {
+			st.Excluded[why]++
+			out.dropped = append(out.dropped, s.Reward)
 			continue
 		}
-		if trimmed {
+		if s.Trimmed {
 			st.Trimmed++
 		}
-		out = append(out, s)
+		if s.Truncated {
+			st.Truncated++
+		}
+		out.samples = append(out.samples, s)
 	}
-	return out, credit.Episode(episode, pv), true, nil
+	out.score = credit.Episode(episode, pv)
+	if out.report != nil {
+		out.report.Score = out.score
+	}
+	return out, nil
 }
 
 // retokenize fills c's ids with the retokenizer's and marks them

@@ -123,10 +123,16 @@ func options(t *testing.T) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The mechanics these tests check value by value, under the policies
+	// they were written for (succeeded attempts only, unrewarded ones
+	// dropped, zero logprobs allowed, groups of one kept); the defaults are
+	// checked by TestBuildDefaults.
 	sel := DefaultSelection()
+	sel.Statuses = []string{"succeeded"}
 	sel.AgentName = regexp.MustCompile(`^solver$`)
 	sel.MinPolicyVersion = "v2"
-	return Options{Selection: sel, Estimator: advantage.GRPO, AIR: e, Now: func() time.Time { return time.Unix(0, 77) }}
+	return Options{Selection: sel, Estimator: advantage.GRPO, AIR: e, Now: func() time.Time { return time.Unix(0, 77) },
+		MissingReward: MissingDrop, Logprobs: LogprobsOmit, MinGroupSize: 1}
 }
 
 // sp prints its operands separated by spaces.
@@ -146,9 +152,10 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 //	r4    (R=2, p1=0.25): seq1 2.25
 //	r5 running (not selected); r6 no reward; r1/a1 failed (not selected)
 //
-// Rollout-level GRPO scores R + sum p: r1 0.5, r2 0.5-1.5 = -1 (group t1), r4 2.25 (t2, alone).
-// t1: mean -0.25, unbiased var (0.75^2 + 0.75^2)/1 = 1.125, std 1.0606601717798212,
-// A(r1) = 0.75/(std+1e-6), A(r2) = -A(r1); t2: A(r4) = 2.25/(1+1e-6).
+// Rollout-level GRPO scores R + sum p: r1 0.5, r2 0.5-1.5 = -1, r3 0 (group t1:
+// r3 gives no sample, but it was sampled, so its score stays in the baseline),
+// r4 2.25 (t2, alone). t1: mean -1/6, unbiased var ((2/3)^2 + (5/6)^2 + (1/6)^2)/2
+// = 7/12, A(r1) = (2/3)/(std+1e-6), A(r2) = (-5/6)/(std+1e-6); t2: A(r4) = 2.25/(1+1e-6).
 func TestBuild(t *testing.T) {
 	s := fill(t)
 	ctx := context.Background()
@@ -156,13 +163,14 @@ func TestBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a1 := 0.75 / (math.Sqrt(1.125) + 1e-6)
+	std := math.Sqrt(7.0 / 12)
+	a1, a2 := (2.0/3)/(std+1e-6), (-5.0/6)/(std+1e-6)
 	want := []struct {
 		ro        string
 		seq       uint64
 		reward    float64
 		advantage float64
-	}{{"r1", 1, 0.5, a1}, {"r1", 2, 1, a1}, {"r2", 1, 0.5, -a1}, {"r2", 2, 0, -a1}, {"r4", 1, 2.25, 2.25 / (1 + 1e-6)}}
+	}{{"r1", 1, 0.5, a1}, {"r1", 2, 1, a1}, {"r2", 1, 0.5, a2}, {"r2", 2, 0, a2}, {"r4", 1, 2.25, 2.25 / (1 + 1e-6)}}
 	if len(res.Samples) != len(want) {
 		t.Fatalf("%d samples: %+v", len(res.Samples), res.Samples)
 	}
@@ -407,5 +415,140 @@ func TestBuildStreamingMatches(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestBuildDefaults: groups as sampled. Latest succeeded or failed attempts
+// (r5 running is not selected); r6 has no reward and gets 0; samples
+// without logprobs are excluded as no_logprobs; r3 and r6 give no sample but
+// their scores stay in their groups' baselines.
+//
+//	t1: r1 1, r2 0.5, r3 0 -> mean 0.5, std 0.5: A(r1) = 0.5/(0.5+1e-6), A(r2) = 0
+//	t2: r4 2 + 0.25, r6 0 -> mean 1.125, std 1.125*sqrt(2): A(r4) = 1.125/(std+1e-6)
+func TestBuildDefaults(t *testing.T) {
+	s := fill(t)
+	ctx := context.Background()
+	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO}
+	res, err := Build(ctx, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aR1, aR4 := 0.5/(0.5+1e-6), 1.125/(1.125*math.Sqrt2+1e-6)
+	var got []string
+	for _, g := range res.Samples {
+		got = append(got, fmt.Sprintf("%s/%s %v %.9f %v", g.RolloutID, g.AttemptID, g.SequenceIDs, g.Advantage, g.HasLogprobs))
+	}
+	want := []string{
+		fmt.Sprintf("r1/a2 [1] %.9f true", aR1), fmt.Sprintf("r1/a2 [2] %.9f true", aR1),
+		"r2/a1 [1] 0.000000000 true", "r2/a1 [2] 0.000000000 true",
+		fmt.Sprintf("r4/a1 [1] %.9f true", aR4),
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("samples\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	st := res.Stats
+	wantExcl := map[string]int{ExclNoLogprobs: 3, ExclErrored: 1, ExclUnverified: 1, ExclNoSample: 2}
+	if fmt.Sprint(st.Excluded) != fmt.Sprint(wantExcl) || st.FilledRewards != 1 || st.Attempts != 5 {
+		t.Fatalf("excluded %v (want %v), filled %d, attempts %d", st.Excluded, wantExcl, st.FilledRewards, st.Attempts)
+	}
+
+	// drop-group: t2 has an unrewarded attempt (r6), so r4's sample goes.
+	o.MissingReward = MissingDropGroup
+	if res, err = Build(ctx, s, o); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 4 || res.Stats.Excluded[ExclMissingGroup] != 1 {
+		t.Fatalf("drop-group: %d samples, %v", len(res.Samples), res.Stats.Excluded)
+	}
+	// drop: r6 leaves, t2 is left with r4 alone: below GRPO's minimum of 2.
+	o.MissingReward = MissingDrop
+	if res, err = Build(ctx, s, o); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 4 || res.Stats.Excluded[ExclSmallGroup] != 1 || res.Stats.Excluded[ExclNoReward] != 1 || res.Stats.SmallGroups != 1 {
+		t.Fatalf("drop: %d samples, %v, %d small groups", len(res.Samples), res.Stats.Excluded, res.Stats.SmallGroups)
+	}
+	// Omitting logprobs keeps the samples without them.
+	o.MissingReward, o.Logprobs = "", LogprobsOmit
+	if res, err = Build(ctx, s, o); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 8 || res.Stats.Excluded[ExclNoLogprobs] != 0 {
+		t.Fatalf("omit: %d samples, %v", len(res.Samples), res.Stats.Excluded)
+	}
+	for _, bad := range []Options{{MissingReward: "1"}, {Logprobs: "zeros"}, {Truncation: "chop"}, {MinGroupSize: -1}} {
+		if _, err := Build(ctx, s, bad); err == nil {
+			t.Errorf("options %+v accepted", bad)
+		}
+	}
+}
+
+// TestBuildTruncationCut: a response over the limit is cut and kept (its
+// group's baseline unchanged); a prompt over the limit excludes the sample;
+// a trajectory cut inside an observation ends on its last generated token.
+func TestBuildTruncationCut(t *testing.T) {
+	s := fill(t)
+	ctx := context.Background()
+	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO}
+	base, err := Build(ctx, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.MaxPrompt, o.MaxResponse = 3, 1
+	res, err := Build(ctx, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range res.Samples {
+		got = append(got, sp(g.RolloutID, g.SequenceIDs, g.Response, g.Truncated))
+	}
+	// r1 seq2 (7 prompt ids) and r2 seq2 (6) are over 3; r2 seq1 and r4 are cut to 1.
+	if sp(got) != sp([]string{"r1 [1] [10] true", "r2 [1] [13] true", "r4 [1] [40] true"}) {
+		t.Fatalf("samples %v", got)
+	}
+	if res.Stats.Excluded[ExclPromptTooLong] != 2 || res.Stats.Truncated != 3 {
+		t.Fatalf("stats %+v", res.Stats)
+	}
+	if res.Samples[0].Advantage != base.Samples[0].Advantage || res.Samples[2].Advantage != base.Samples[4].Advantage {
+		t.Fatalf("a cut or an exclusion moved a baseline: %v %v vs %v %v", res.Samples[0].Advantage, res.Samples[2].Advantage, base.Samples[0].Advantage, base.Samples[4].Advantage)
+	}
+	o.MaxPrompt, o.MaxResponse, o.Mode = 0, 3, ModeTrajectories
+	if res, err = Build(ctx, s, o); err != nil {
+		t.Fatal(err)
+	}
+	if g := res.Samples[0]; sp(g.RolloutID, g.Response, g.ResponseMask, g.Truncated) != "r1 [10 11] [1 1] true" {
+		t.Fatalf("trajectory cut: %s %v %v %v", g.RolloutID, g.Response, g.ResponseMask, g.Truncated)
+	}
+}
+
+// TestBuildReport: every selected attempt is explained, item by item.
+func TestBuildReport(t *testing.T) {
+	s := fill(t)
+	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, MissingReward: MissingDrop, Report: true}
+	res, err := Build(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range res.Report {
+		var items []string
+		for _, d := range r.Items {
+			items = append(items, fmt.Sprintf("%s%v:%v:%s", d.Kind, d.SequenceIDs, d.Included, d.Reason))
+		}
+		got[r.RolloutID+"/"+r.AttemptID] = fmt.Sprintf("group=%s reason=%s missing=%v %s", r.Group, r.Reason, r.RewardMissing, strings.Join(items, " "))
+	}
+	want := map[string]string{
+		"r1/a2": "group=t1 reason= missing=false sample[1]:true: sample[2]:true: sample[3]:false:no_logprobs",
+		"r2/a1": "group=t1 reason= missing=false call[3]:false:errored sample[1]:true: sample[2]:true:",
+		"r3/a1": "group=t1 reason=no_sample missing=false call[1]:false:unverified_ids sample[2]:false:no_logprobs",
+		"r4/a1": "group=t2 reason=small_group missing=false sample[1]:false:small_group",
+		"r6/a1": "group=t2 reason=no_reward missing=true ",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("report\n%v\nwant\n%v", got, want)
+	}
+	if st := res.Stats; st.Excluded[ExclSmallGroup] != 1 || st.Excluded[ExclNoReward] != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }

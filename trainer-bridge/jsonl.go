@@ -7,7 +7,7 @@ import (
 	"io"
 )
 
-// Row is the JSON (and Parquet) shape of a Sample.
+// Row is the JSON shape of a Sample (JSONL lines and leased samples).
 type Row struct {
 	RolloutID     string    `json:"rollout_id"`
 	AttemptID     string    `json:"attempt_id"`
@@ -24,6 +24,11 @@ type Row struct {
 	Reward        float64   `json:"reward"`
 	Advantage     float64   `json:"advantage"`
 	Trimmed       bool      `json:"trimmed"`
+	// Truncated: the response was cut at the maximum (Sample.Truncated).
+	Truncated bool `json:"truncated"`
+	// HasLogprobs: false when rollout_log_probs holds zeros that are not
+	// logprobs (Sample.HasLogprobs).
+	HasLogprobs bool `json:"has_logprobs"`
 	// TokenSource is engine, tokenize or retokenized (Sample.TokenSource):
 	// filter on it to train only on ids an engine sampled.
 	TokenSource string `json:"token_source"`
@@ -34,7 +39,8 @@ func (s *Sample) ToRow() Row {
 	r := Row{RolloutID: s.RolloutID, AttemptID: s.AttemptID, TaskID: s.TaskID, AgentName: s.AgentName,
 		PolicyVersion: s.PolicyVersion, UID: s.GroupUID, ChoiceIndex: s.ChoiceIndex, SequenceIDs: s.SequenceIDs,
 		PromptIDs: s.Prompt, ResponseIDs: s.Response, ResponseMask: s.ResponseMask, Logprobs: s.Logprobs,
-		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed, TokenSource: s.TokenSource}
+		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed, Truncated: s.Truncated,
+		HasLogprobs: s.HasLogprobs, TokenSource: s.TokenSource}
 	if r.SequenceIDs == nil {
 		r.SequenceIDs = []uint64{}
 	}

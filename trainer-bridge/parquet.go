@@ -8,61 +8,101 @@ import (
 	"github.com/parquet-go/parquet-go"
 )
 
-// parquetRow is one Parquet row: ids and masks as LIST<int32>, logprobs as
-// LIST<float>, the scalars as their natural types (columns named as in Row).
+// ParquetOptions shape a Parquet file.
+type ParquetOptions struct {
+	// OmitLogprobs leaves the rollout_log_probs column out of the file.
+	OmitLogprobs bool
+}
+
+// parquetHead and parquetTail are the columns of every Parquet row, named
+// as the safetensors keys (Tensors) but unpadded: ids and masks as
+// LIST<int32>, per-token floats as LIST<float>, one entry per response
+// token. Between them parquetRow has rollout_log_probs; parquetRowNoLP
+// (ParquetOptions.OmitLogprobs) has not.
+type parquetHead struct {
+	RolloutID     string  `parquet:"rollout_id"`
+	AttemptID     string  `parquet:"attempt_id"`
+	TaskID        string  `parquet:"task_id"`
+	AgentName     string  `parquet:"agent_name"`
+	PolicyVersion string  `parquet:"policy_version"`
+	UID           string  `parquet:"uid"`
+	ChoiceIndex   int32   `parquet:"choice_index"`
+	SequenceIDs   []int64 `parquet:"sequence_ids,list"`
+	TokenSource   string  `parquet:"token_source"`
+	HasLogprobs   bool    `parquet:"has_logprobs"`
+	Truncated     bool    `parquet:"truncated"`
+	Trimmed       bool    `parquet:"trimmed"`
+	PromptIDs     []int32 `parquet:"prompts,list"`
+	ResponseIDs   []int32 `parquet:"responses,list"`
+	ResponseMask  []int32 `parquet:"response_mask,list"`
+}
+
+type parquetTail struct {
+	Scores     []float32 `parquet:"token_level_scores,list"` // the reward on the last response token
+	Advantages []float32 `parquet:"advantages,list"`         // the advantage times response_mask
+	Returns    []float32 `parquet:"returns,list"`            // = advantages
+}
+
 type parquetRow struct {
-	RolloutID     string    `parquet:"rollout_id"`
-	AttemptID     string    `parquet:"attempt_id"`
-	TaskID        string    `parquet:"task_id"`
-	AgentName     string    `parquet:"agent_name"`
-	PolicyVersion string    `parquet:"policy_version"`
-	UID           string    `parquet:"uid"`
-	ChoiceIndex   int32     `parquet:"choice_index"`
-	SequenceIDs   []int64   `parquet:"sequence_ids,list"`
-	PromptIDs     []int32   `parquet:"prompt_ids,list"`
-	ResponseIDs   []int32   `parquet:"response_ids,list"`
-	ResponseMask  []int32   `parquet:"response_mask,list"`
-	Logprobs      []float32 `parquet:"rollout_log_probs,list"`
-	Reward        float64   `parquet:"reward"`
-	Advantage     float64   `parquet:"advantage"`
-	Trimmed       bool      `parquet:"trimmed"`
-	TokenSource   string    `parquet:"token_source"`
+	parquetHead
+	Logprobs []float32 `parquet:"rollout_log_probs,list"`
+	parquetTail
+}
+
+type parquetRowNoLP struct {
+	parquetHead
+	parquetTail
 }
 
 // WriteParquet writes one row per sample (zstd-compressed, row groups of
-// up to 4096 rows).
-func WriteParquet(w io.Writer, samples []*Sample) error {
-	return writeAll(NewParquetWriter(w), samples)
+// up to 4096 rows). Columns: rollout_id, attempt_id, task_id, agent_name,
+// policy_version, uid, choice_index, sequence_ids, token_source,
+// has_logprobs, truncated, trimmed, prompts, responses, response_mask,
+// rollout_log_probs (unless o.OmitLogprobs), token_level_scores,
+// advantages, returns.
+func WriteParquet(w io.Writer, samples []*Sample, o ParquetOptions) error {
+	return writeAll(NewParquetWriter(w, o), samples)
 }
 
 // NewParquetWriter streams samples into a Parquet file, one row group per
 // 4096 rows.
-func NewParquetWriter(w io.Writer) SampleWriter {
-	return &parquetWriter{pw: parquet.NewGenericWriter[parquetRow](w, parquet.Compression(&parquet.Zstd)),
-		buf: make([]parquetRow, 0, parquetChunk)}
+func NewParquetWriter(w io.Writer, o ParquetOptions) SampleWriter {
+	if o.OmitLogprobs {
+		return newParquetWriter(w, func(s *Sample) parquetRowNoLP {
+			r := toParquet(s)
+			return parquetRowNoLP{r.parquetHead, r.parquetTail}
+		})
+	}
+	return newParquetWriter(w, toParquet)
+}
+
+func newParquetWriter[T any](w io.Writer, conv func(*Sample) T) *parquetWriter[T] {
+	return &parquetWriter[T]{pw: parquet.NewGenericWriter[T](w, parquet.Compression(&parquet.Zstd)),
+		buf: make([]T, 0, parquetChunk), conv: conv}
 }
 
 const parquetChunk = 4096
 
-type parquetWriter struct {
-	pw  *parquet.GenericWriter[parquetRow]
-	buf []parquetRow
-	n   int
+type parquetWriter[T any] struct {
+	pw   *parquet.GenericWriter[T]
+	buf  []T
+	conv func(*Sample) T
+	n    int
 }
 
-func (p *parquetWriter) Write(s *Sample) error {
+func (p *parquetWriter[T]) Write(s *Sample) error {
 	if err := fitsInt32(s.Prompt, s.Response); err != nil {
 		return fmt.Errorf("bridge: sample %d (%s): %w", p.n, s.RolloutID, err)
 	}
 	p.n++
-	p.buf = append(p.buf, toParquet(s))
+	p.buf = append(p.buf, p.conv(s))
 	if len(p.buf) == parquetChunk {
 		return p.flush()
 	}
 	return nil
 }
 
-func (p *parquetWriter) flush() error {
+func (p *parquetWriter[T]) flush() error {
 	if len(p.buf) == 0 {
 		return nil
 	}
@@ -76,7 +116,7 @@ func (p *parquetWriter) flush() error {
 	return nil
 }
 
-func (p *parquetWriter) Close() error {
+func (p *parquetWriter[T]) Close() error {
 	if err := p.flush(); err != nil {
 		return err
 	}
@@ -87,11 +127,14 @@ func (p *parquetWriter) Close() error {
 }
 
 func toParquet(s *Sample) parquetRow {
-	r := parquetRow{RolloutID: s.RolloutID, AttemptID: s.AttemptID, TaskID: s.TaskID, AgentName: s.AgentName,
+	n := len(s.Response)
+	r := parquetRow{parquetHead: parquetHead{RolloutID: s.RolloutID, AttemptID: s.AttemptID, TaskID: s.TaskID, AgentName: s.AgentName,
 		PolicyVersion: s.PolicyVersion, UID: s.GroupUID, ChoiceIndex: int32(s.ChoiceIndex),
-		SequenceIDs: make([]int64, len(s.SequenceIDs)), PromptIDs: i32(s.Prompt), ResponseIDs: i32(s.Response),
-		ResponseMask: make([]int32, len(s.ResponseMask)), Logprobs: s.Logprobs,
-		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed, TokenSource: s.TokenSource}
+		SequenceIDs: make([]int64, len(s.SequenceIDs)), TokenSource: s.TokenSource, HasLogprobs: s.HasLogprobs,
+		Truncated: s.Truncated, Trimmed: s.Trimmed, PromptIDs: i32(s.Prompt), ResponseIDs: i32(s.Response),
+		ResponseMask: make([]int32, len(s.ResponseMask))},
+		Logprobs:    s.Logprobs,
+		parquetTail: parquetTail{Scores: make([]float32, n), Advantages: make([]float32, n), Returns: make([]float32, n)}}
 	if r.Logprobs == nil {
 		r.Logprobs = []float32{}
 	}
@@ -100,6 +143,13 @@ func toParquet(s *Sample) parquetRow {
 	}
 	for i, m := range s.ResponseMask {
 		r.ResponseMask[i] = int32(m)
+		if m == 1 && i < n {
+			r.Advantages[i] = float32(s.Advantage)
+		}
+	}
+	copy(r.Returns, r.Advantages)
+	if n > 0 {
+		r.Scores[n-1] = float32(s.Reward)
 	}
 	return r
 }

@@ -181,7 +181,7 @@ func TestRetokenize(t *testing.T) {
 				t.Errorf("JSONL token_source: %d retokenized rows\n%s", n, jl.String())
 			}
 			var pq bytes.Buffer
-			if err := WriteParquet(&pq, res.Samples); err != nil {
+			if err := WriteParquet(&pq, res.Samples, ParquetOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			rows, err := parquet.Read[parquetRow](bytes.NewReader(pq.Bytes()), int64(pq.Len()))

@@ -20,18 +20,23 @@ const (
 
 // Exclusion reasons counted in Stats.Excluded (calls unless noted).
 const (
-	ExclErrored       = "errored"           // error set or HTTP status >= 300
-	ExclUnverified    = "unverified_ids"    // token_source not engine/tokenize, or no ids
-	ExclRetokenize    = "retokenize_failed" // token_source none and Options.Retokenize could not rebuild the ids (another endpoint, non-text content, a request with its own template)
-	ExclAgent         = "agent_name"        // agent_name does not match the regex
-	ExclPolicyVersion = "policy_version"    // policy_version below the minimum
-	ExclTruncDropped  = "truncated"         // samples dropped by the truncation policy (samples)
-	ExclNoReward      = "no_reward"         // attempts without an episode reward (attempts)
-	ExclNoSample      = "no_sample"         // attempts left without any sample (attempts)
+	ExclErrored       = "errored"              // error set or HTTP status >= 300
+	ExclUnverified    = "unverified_ids"       // token_source not engine/tokenize, or no ids
+	ExclRetokenize    = "retokenize_failed"    // token_source none and Options.Retokenize could not rebuild the ids (another endpoint, non-text content, a request with its own template)
+	ExclAgent         = "agent_name"           // agent_name does not match the regex
+	ExclPolicyVersion = "policy_version"       // policy_version below the minimum
+	ExclTruncDropped  = "truncated"            // samples over a limit dropped by TruncDrop (samples)
+	ExclPromptTooLong = "prompt_too_long"      // samples whose prompt exceeds MaxPrompt under TruncCut: the context the policy saw is never trimmed (samples)
+	ExclNoLogprobs    = "no_logprobs"          // samples without the engine's sampling logprobs while the output carries rollout_log_probs (samples)
+	ExclNoReward      = "no_reward"            // attempts without an episode reward, with MissingReward "drop" (attempts)
+	ExclMissingGroup  = "missing_reward_group" // samples of a group with an unrewarded attempt, with MissingReward "drop-group" (samples)
+	ExclNoSample      = "no_sample"            // attempts left without any sample (attempts); their score still counts in their group
+	ExclSmallGroup    = "small_group"          // samples of a group sampled with fewer than MinGroupSize members (samples)
+	ExclZeroVariance  = "zero_variance"        // samples of a group whose scores are all equal, with DropZeroVariance (samples)
 )
 
 // Selection chooses rollout attempts and calls. The zero value selects every
-// attempt of every status; DefaultSelection is the latest succeeded attempt.
+// attempt of every status; DefaultSelection is the latest finished attempt.
 type Selection struct {
 	// Since and Until bound the start time of an attempt's first call
 	// (Since inclusive, Until exclusive); zero = unbounded.
@@ -54,9 +59,11 @@ type Selection struct {
 	Attempts string
 }
 
-// DefaultSelection selects the latest succeeded attempt of every rollout.
+// DefaultSelection selects the latest succeeded or failed attempt of every
+// rollout: failed attempts are trained on with their reward (0 when none),
+// as Agent Lightning does; cancelled and running ones are not selected.
 func DefaultSelection() Selection {
-	return Selection{Statuses: []string{"succeeded"}, Attempts: AttemptsLatest}
+	return Selection{Statuses: []string{"succeeded", "failed"}, Attempts: AttemptsLatest}
 }
 
 // AttemptRef names one selected attempt.

@@ -33,7 +33,7 @@ import (
 const bridgeSummary = `rollgate bridge — turn captured calls and rewards into training samples.
 
   rollgate bridge --out batch.jsonl --estimator grpo
-  rollgate bridge --mode trajectories --agent '^solver$' --status succeeded --out batch.parquet
+  rollgate bridge --mode trajectories --agent '^solver$' --status succeeded,failed --out batch.parquet
 
 Selects rollout attempts (latest succeeded by default), excludes and counts calls that
 errored or lack verified token ids (with --retokenize, calls captured without ids get ids
@@ -53,7 +53,12 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	dbPath := fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
 	out := fs.String("out", "", "output file (required; '-' = stdout, JSONL only)")
 	format := fs.String("format", "", "jsonl, parquet or safetensors (default: from the --out extension, else jsonl)")
-	padID := fs.Int64("pad-id", 0, "padding token id of safetensors batches")
+	padID := fs.Int64("pad-id", 0, "padding token id of safetensors batches (default: the pad_token of --tokenizer-config, else 0)")
+	tokenizerConfig := fs.String("tokenizer-config", "", "a Hugging Face tokenizer_config.json whose pad_token id pads safetensors batches when --pad-id is not given")
+	padPrompt := fs.Int("pad-prompt", 0, "safetensors: pad prompts to this many tokens (0 = the longest prompt of the batch); a longer prompt is an error, never cut. Fixed lengths let batches concatenate (verl's prompt_length)")
+	padResponse := fs.Int("pad-response", 0, "safetensors: pad responses to this many tokens (0 = the longest response); a longer response is an error, never cut (cut with --max-response). verl's response_length")
+	batchMultiple := fs.Int("batch-multiple", 0, "safetensors: append padding rows (all pad ids, masks 0, padding true in the metadata) until the row count is a multiple of this (0 or 1 = off)")
+	logprobsPolicy := fs.String("logprobs", "", "keep (default: write rollout_log_probs; samples without sampling logprobs are excluded as no_logprobs) or omit (leave rollout_log_probs out of the output, keep every sample); default omit with --retokenize")
 	mode := fs.String("mode", bridge.ModeTransitions, "transitions or trajectories")
 	rewardName := fs.String("reward-name", "primary", "name of the episode and per-call rewards")
 	creditMode := fs.String("credit", string(credit.Identical), "credit assignment: identical, discounted, last")
@@ -64,7 +69,9 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	since := fs.String("since", "", "first call at or after this time (RFC 3339 or unix nanoseconds)")
 	until := fs.String("until", "", "first call before this time (RFC 3339 or unix nanoseconds)")
 	tasks := fs.String("tasks", "", "comma-separated task ids (empty = all)")
-	status := fs.String("status", "succeeded", "comma-separated attempt statuses (empty = any)")
+	status := fs.String("status", "succeeded,failed", "comma-separated attempt statuses (empty = any); failed attempts train with their reward (0 when none), as Agent Lightning does")
+	missingReward := fs.String("missing-reward", bridge.MissingZero, "a selected attempt without an episode reward: 0 (reward 0, counted), drop (exclude it: no_reward) or drop-group (exclude its whole group: missing_reward_group)")
+	minGroup := fs.Int("min-group-size", 0, "exclude the samples of groups sampled with fewer members (small_group); 0 = 2 for grpo, drgrpo and rloo, 1 otherwise")
 	agent := fs.String("agent", "", "regular expression on agent_name (empty = all agents)")
 	minPV := fs.String("min-policy-version", "", "drop calls served by an older policy version")
 	rolloutIDs := fs.String("rollouts", "", "comma-separated rollout ids (empty = all)")
@@ -73,7 +80,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	attempts := fs.String("attempts", bridge.AttemptsLatest, "latest or all attempts per rollout")
 	maxPrompt := fs.Int("max-prompt", 0, "maximum prompt tokens (0 = no limit)")
 	maxResponse := fs.Int("max-response", 0, "maximum response tokens (0 = no limit)")
-	truncation := fs.String("truncation", bridge.TruncDrop, "over a limit: drop or trim")
+	truncation := fs.String("truncation", bridge.TruncCut, "over a limit: cut (a response is cut at --max-response and kept, marked truncated; a prompt over --max-prompt excludes the sample: prompt_too_long), drop (exclude the sample) or trim (off-policy: also keeps the last --max-prompt prompt tokens, a context the policy never saw)")
 	airOn := fs.Bool("air", true, "compute automatic intermediate rewards")
 	airWrite := fs.Bool("air-write", false, "store AIR outcomes in the rewards table (source = rule name)")
 	airRules := fs.String("air-rules", "", "comma-separated rule=weight or rule=off, e.g. air_truncated=-1,air_repeat=off (rules: "+strings.Join(air.RuleNames, ", ")+")")
@@ -90,7 +97,9 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	serve := fs.String("serve", "", "instead of writing a file, serve the samples to online trainers on this address (POST /lease, POST /ack, GET /counts) until all are acknowledged")
 	leaseTTL := fs.Duration("lease-ttl", 5*time.Minute, "with --serve: an unacknowledged lease returns its samples to the queue after this long")
 	retokenizeDir := fs.String("retokenize", "", "Hugging Face model folder (tokenizer.json, tokenizer_config.json, chat_template.jinja if shipped): calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids)")
-	_, err := parseWithEnv(fs, args)
+	reportPath := fs.String("report", "", "write a JSON report to this file: every selected attempt, its calls and samples, included or excluded with the reason")
+	explain := fs.String("explain", "", "print what became of this rollout's attempts, calls and samples and why (with the selection and options given; --out is then optional)")
+	setFlags, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -101,8 +110,8 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(2, "%v", err)
 	}
-	if *out == "" && *serve == "" {
-		return fail(2, "--out (or --serve) is required")
+	if *out == "" && *serve == "" && *explain == "" {
+		return fail(2, "--out (or --serve, or --explain) is required")
 	}
 	if *format == "" {
 		*format = "jsonl"
@@ -119,8 +128,17 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	if *format != "jsonl" && *out == "-" && *serve == "" {
 		return fail(2, "%s output needs a file", *format)
 	}
+	to, err := tensorOptions(setFlags, *format, *serve != "", *padID, *tokenizerConfig, *padPrompt, *padResponse, *batchMultiple)
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	if *logprobsPolicy != "" && *logprobsPolicy != bridge.LogprobsKeep && *logprobsPolicy != bridge.LogprobsOmit {
+		return fail(2, "--logprobs %q is not %s or %s", *logprobsPolicy, bridge.LogprobsKeep, bridge.LogprobsOmit)
+	}
 	o := bridge.Options{Mode: *mode, RewardName: *rewardName, Gamma: *gamma, Level: *level, DropZeroVariance: *dropZero,
-		MaxPrompt: *maxPrompt, MaxResponse: *maxResponse, Truncation: *truncation, WriteAIR: *airWrite}
+		MaxPrompt: *maxPrompt, MaxResponse: *maxResponse, Truncation: *truncation, WriteAIR: *airWrite,
+		MissingReward: *missingReward, MinGroupSize: *minGroup}
+	o.Logprobs = *logprobsPolicy
 	if o.Credit, err = credit.ParseMode(*creditMode); err != nil {
 		return fail(2, "%v", err)
 	}
@@ -214,11 +232,32 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 		}
 		o.Selection.RolloutIDs = ids
 	}
+	o.Report = *reportPath != "" || *explain != ""
+	if *out == "" && *serve == "" {
+		// --explain alone: build (streamed, nothing kept) and explain.
+		o.Emit = func(*bridge.Sample) error { return nil }
+		res, err := bridge.Build(ctx, store, o)
+		if err != nil {
+			return fail(optionStatus(err), "%v", err)
+		}
+		if err := writeReport(*reportPath, *explain, res, stdout); err != nil {
+			return fail(1, "%v", err)
+		}
+		printSummary(stderr, &res.Stats, "(no output)")
+		return 0
+	}
 	if *serve == "" && *format != "safetensors" {
 		// JSONL and Parquet are streamed: memory stays bounded by one
 		// attempt however many samples the export has.
 		res, err := streamSamples(ctx, store, o, *out, *format, stdout)
 		if err != nil {
+			return fail(optionStatus(err), "%v", err)
+		}
+		explainTo := stdout
+		if *out == "-" {
+			explainTo = stderr // stdout carries the samples
+		}
+		if err := writeReport(*reportPath, *explain, res, explainTo); err != nil {
 			return fail(1, "%v", err)
 		}
 		printSummary(stderr, &res.Stats, *out)
@@ -226,6 +265,13 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	}
 	res, err := bridge.Build(ctx, store, o)
 	if err != nil {
+		return fail(optionStatus(err), "%v", err)
+	}
+	explainTo := stdout
+	if *out == "-" {
+		explainTo = stderr
+	}
+	if err := writeReport(*reportPath, *explain, res, explainTo); err != nil {
 		return fail(1, "%v", err)
 	}
 	if *serve != "" {
@@ -235,10 +281,15 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := writeSamples(*out, *format, *padID, stdout, res.Samples); err != nil {
+	to.OmitLogprobs = omitLogprobs(o)
+	ts, err := writeSamples(*out, *format, to, stdout, res.Samples)
+	if err != nil {
 		return fail(1, "%v", err)
 	}
 	printSummary(stderr, &res.Stats, *out)
+	if *format == "safetensors" {
+		printTensorSummary(stderr, ts, to)
+	}
 	return 0
 }
 
@@ -315,7 +366,8 @@ func serveSamples(addr string, ttl time.Duration, samples []*bridge.Sample, stde
 func streamSamples(ctx context.Context, store export.Store, o bridge.Options, path, format string, stdout io.Writer) (*bridge.Result, error) {
 	newWriter := bridge.NewJSONLWriter
 	if format == "parquet" {
-		newWriter = bridge.NewParquetWriter
+		po := bridge.ParquetOptions{OmitLogprobs: omitLogprobs(o)}
+		newWriter = func(w io.Writer) bridge.SampleWriter { return bridge.NewParquetWriter(w, po) }
 	}
 	if path == "-" {
 		w := newWriter(stdout)
@@ -349,20 +401,21 @@ func streamSamples(ctx context.Context, store export.Store, o bridge.Options, pa
 	return res, nil
 }
 
-func writeSamples(path, format string, padID int64, stdout io.Writer, samples []*bridge.Sample) error {
+func writeSamples(path, format string, to bridge.TensorOptions, stdout io.Writer, samples []*bridge.Sample) (bridge.TensorStats, error) {
+	var ts bridge.TensorStats
 	if path == "-" {
-		return bridge.WriteJSONL(stdout, samples)
+		return ts, bridge.WriteJSONL(stdout, samples)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".bridge-*")
 	if err != nil {
-		return fmt.Errorf("creating output: %w", err)
+		return ts, fmt.Errorf("creating output: %w", err)
 	}
 	defer os.Remove(tmp.Name())
 	switch format {
 	case "parquet":
-		err = bridge.WriteParquet(tmp, samples)
+		err = bridge.WriteParquet(tmp, samples, bridge.ParquetOptions{OmitLogprobs: to.OmitLogprobs})
 	case "safetensors":
-		err = bridge.WriteSafetensors(tmp, samples, padID)
+		ts, err = bridge.WriteSafetensors(tmp, samples, to)
 	default:
 		err = bridge.WriteJSONL(tmp, samples)
 	}
@@ -370,10 +423,70 @@ func writeSamples(path, format string, padID int64, stdout io.Writer, samples []
 		err = cerr
 	}
 	if err != nil {
-		return err
+		return ts, err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
+		return ts, fmt.Errorf("writing %s: %w", path, err)
+	}
+	return ts, nil
+}
+
+// optionStatus is the exit status for a Build error: 2 for invalid options.
+func optionStatus(err error) int {
+	var oe *bridge.OptionError
+	if errors.As(err, &oe) {
+		return 2
+	}
+	return 1
+}
+
+// writeReport writes res.Report as JSON to path (when set) and explains
+// rollout explain on w (when set).
+func writeReport(path, explain string, res *bridge.Result, w io.Writer) error {
+	if path != "" {
+		b, err := json.MarshalIndent(map[string]any{"stats": res.Stats, "attempts": res.Report}, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encoding the report: %w", err)
+		}
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("writing the report (--report): %w", err)
+		}
+	}
+	if explain == "" {
+		return nil
+	}
+	found := false
+	for _, a := range res.Report {
+		if a.RolloutID != explain {
+			continue
+		}
+		found = true
+		state := "included"
+		if a.Reason != "" {
+			state = "excluded: " + a.Reason
+		}
+		missing := ""
+		if a.RewardMissing {
+			missing = " (no reward)"
+		}
+		fmt.Fprintf(w, "rollout %s attempt %s (task %q, %s): group %q, score %.6g%s, %s\n", a.RolloutID, a.AttemptID, a.TaskID, a.Status, a.Group, a.Score, missing, state)
+		for _, d := range a.Items {
+			what := "included"
+			if !d.Included {
+				what = "excluded: " + d.Reason
+			}
+			extra := ""
+			if d.Included {
+				extra = fmt.Sprintf(", advantage %.6g", d.Advantage)
+			}
+			if d.Truncated {
+				extra += ", response cut at --max-response"
+			}
+			fmt.Fprintf(w, "  %s %v choice %d: %s%s\n", d.Kind, d.SequenceIDs, d.ChoiceIndex, what, extra)
+		}
+	}
+	if !found {
+		fmt.Fprintf(w, "rollout %s: not selected (check --status, --tasks, --since/--until, --attempts; cancelled and running attempts are never selected)\n", explain)
 	}
 	return nil
 }
@@ -383,8 +496,9 @@ func printSummary(w io.Writer, st *bridge.Stats, out string) {
 	if st.Merged > 0 || len(st.Breaks) > 0 {
 		fmt.Fprintf(w, "  trajectories: %d calls merged, breaks %s\n", st.Merged, kv(st.Breaks))
 	}
-	if st.Trimmed > 0 || st.DroppedGroups > 0 {
-		fmt.Fprintf(w, "  trimmed %d samples; dropped %d zero-variance groups (%d samples)\n", st.Trimmed, st.DroppedGroups, st.DroppedSamples)
+	if st.Trimmed > 0 || st.DroppedGroups > 0 || st.Truncated > 0 || st.FilledRewards > 0 || st.SmallGroups > 0 {
+		fmt.Fprintf(w, "  truncated %d responses at --max-response; trimmed %d samples; dropped %d zero-variance groups (%d samples); %d groups below --min-group-size; %d attempts without a reward given 0\n",
+			st.Truncated, st.Trimmed, st.DroppedGroups, st.DroppedSamples, st.SmallGroups, st.FilledRewards)
 	}
 	if st.Retokenized > 0 {
 		fmt.Fprintf(w, "  retokenized: %d calls without engine ids, %d samples (token_source retokenized)\n", st.Retokenized, st.RetokenizedSamples)

@@ -25,7 +25,8 @@ import (
 //	task T1: g1 tool result "Error: timed out" (air_tool_failure on call 1), R = 1
 //	         g2 tool result fine, R = 0
 //	task T2: g3 second turn cut by max_tokens 2 (air_truncated on call 2), R = 1
-//	         g4 tool result fine, R = 1; a later failed attempt g4/b is not selected
+//	         g4 tool result fine, R = 1; a later cancelled attempt g4/b is not selected
+//	         (failed attempts are, cancelled ones are not)
 func TestBridgeThroughGateway(t *testing.T) {
 	addr := freeAddr(t)
 	db := filepath.Join(t.TempDir(), "rollgate.db")
@@ -43,7 +44,7 @@ func TestBridgeThroughGateway(t *testing.T) {
 		{"g2", "a", "T1", "12 degrees", 0, 0, "succeeded"},
 		{"g3", "a", "T2", "3 degrees", 2, 1, "succeeded"},
 		{"g4", "a", "T2", "sunny", 0, 1, "succeeded"},
-		{"g4", "b", "T2", "sunny", 0, -5, "failed"},
+		{"g4", "b", "T2", "sunny", 0, -5, "cancelled"},
 	}
 	for _, a := range agents {
 		status, body, _ := post(t, base+"/api/v1/rollouts", fmt.Sprintf(`{"task_id":%q,"rollout_id":%q,"attempt_id":%q}`, a.task, a.ro, a.attempt))

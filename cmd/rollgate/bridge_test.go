@@ -15,6 +15,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
+	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/safetensors"
 )
 
@@ -289,10 +290,44 @@ func TestBridgeFlags(t *testing.T) {
 		{"bridge", "--out", "x", "--format", "csv"},
 		{"bridge", "--out", "-", "--format", "parquet"},
 		{"bridge", "--out", "-", "--format", "safetensors"},
+		{"bridge", "--out", "x.jsonl", "--missing-reward", "5"},
+		{"bridge", "--out", "x.jsonl", "--truncation", "chop"},
+		{"bridge", "--out", "x.jsonl", "--min-group-size", "-1"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(args, &stdout, &stderr); code != 2 || stderr.Len() == 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
+	}
+}
+
+// TestBridgeExplain: --explain says, for one rollout, what became of each
+// call and sample and why; --report writes the same for every attempt.
+func TestBridgeExplain(t *testing.T) {
+	db := bridgeStore(t)
+	report := filepath.Join(t.TempDir(), "report.json")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"bridge", "--db", db, "--estimator", "grpo", "--explain", "rb2", "--report", report}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"rollout rb2 attempt at-rb2", `group "B"`, "sample [1] choice 0: included, advantage", "call [3] choice 0: excluded: unverified_ids"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("--explain rb2 lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Attempts []bridge.AttemptReport `json:"attempts"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Attempts) != 4 {
+		t.Fatalf("report (%v): %s", err, b)
+	}
+	stdout.Reset()
+	if code := run([]string{"bridge", "--db", db, "--explain", "nope"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "not selected") {
+		t.Fatalf("unknown rollout: %d %s", code, stdout.String())
 	}
 }

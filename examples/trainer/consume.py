@@ -81,8 +81,9 @@ def main():
     torch.manual_seed(a.seed)
 
     batch, meta = load_safetensors(a.batch)
+    # rollout_log_probs is absent when the bridge ran with --logprobs omit.
     required = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask",
-                "rollout_log_probs", "token_level_rewards", "advantages"]
+                "token_level_rewards", "advantages"]
     missing = [k for k in required if k not in batch]
     if missing:
         sys.exit(f"batch lacks {missing}")
@@ -92,19 +93,22 @@ def main():
         sys.exit(f"{len(uids)} uids for {B} samples")
     mask = batch["response_mask"].float()
     adv = batch["advantages"]
-    old = batch["rollout_log_probs"]
+    old = batch.get("rollout_log_probs")
     vocab = int(batch["input_ids"].max().item()) + 1
     batch = {k: v.to(a.device) for k, v in batch.items()}
     model = TinyLM(vocab).to(a.device)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
-    mask, adv, old = mask.to(a.device), adv.to(a.device), old.to(a.device)
+    mask, adv = mask.to(a.device), adv.to(a.device)
+    old = old.to(a.device) if old is not None else None
     ntok = mask.sum().clamp(min=1)
 
     first = last = None
     for step in range(a.steps):
         logp = response_logprobs(model, batch)
-        # Tokens without rollout log-probs (0 off the mask) use ratio 1.
-        ratio = torch.exp((logp - old) * mask).detach() * torch.exp(logp - logp.detach())
+        # Tokens without rollout log-probs (0 off the mask, or none in the
+        # batch: the current policy is then the behaviour policy) use ratio 1.
+        behaviour = old if old is not None else logp.detach()
+        ratio = torch.exp((logp - behaviour) * mask).detach() * torch.exp(logp - logp.detach())
         surr = torch.min(ratio * adv, torch.clamp(ratio, 1 - a.clip, 1 + a.clip) * adv)
         loss = -(surr * mask).sum() / ntok
         opt.zero_grad()
