@@ -48,6 +48,7 @@ type bridgeRequest struct {
 	Truncation       string   `json:"truncation"`
 	MissingReward    string   `json:"missing_reward"`
 	MinGroupSize     int      `json:"min_group_size"`
+	GroupBy          string   `json:"group_by"`
 	Logprobs         string   `json:"logprobs"`
 	// Report adds "report" to the answer: every selected attempt, its calls
 	// and samples, included or excluded with the reason.
@@ -188,7 +189,7 @@ func intersect(a, b []string) []string {
 func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
 	o := bridge.Options{Mode: in.Mode, RewardName: in.RewardName, Level: in.Level, DropZeroVariance: in.DropZeroVariance,
 		MaxPrompt: in.MaxPrompt, MaxResponse: in.MaxResponse, Truncation: in.Truncation, WriteAIR: in.WriteAIR, Gamma: 1,
-		MissingReward: in.MissingReward, MinGroupSize: in.MinGroupSize, Logprobs: in.Logprobs, Report: in.Report}
+		MissingReward: in.MissingReward, MinGroupSize: in.MinGroupSize, Logprobs: in.Logprobs, Report: in.Report, GroupBy: in.GroupBy}
 	if in.Gamma != nil {
 		o.Gamma = *in.Gamma
 	}

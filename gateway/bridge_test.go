@@ -48,7 +48,7 @@ func TestBridgeOverHTTP(t *testing.T) {
 			t.Fatalf("leases: %s / %s", l1.Raw, l2.Raw)
 		}
 		a1, a2 := l1.Get("samples.0.advantage").Float(), l2.Get("samples.0.advantage").Float()
-		if a1 == 0 || a1 != -a2 || l1.Get("samples.0.uid").String() != "sum" || l1.Get("samples.0.response_ids.#").Int() == 0 {
+		if a1 == 0 || a1 != -a2 || l1.Get("samples.0.uid").String() != "sum@v7" || l1.Get("samples.0.response_ids.#").Int() == 0 {
 			t.Fatalf("samples: %s / %s", l1.Get("samples").Raw, l2.Get("samples").Raw)
 		}
 		if r := do(t, "POST", api+"/bridge/lease", `{"n":1}`); r.status != 204 {
@@ -68,7 +68,7 @@ func TestBridgeOverHTTP(t *testing.T) {
 		}
 		// The report explains every selected attempt: both included here.
 		rep := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"estimator":"grpo","report":true}`).body).Get("report")
-		if rep.Get("#").Int() != 2 || rep.Get("0.group").String() != "sum" || !rep.Get("0.items.0.included").Bool() || rep.Get("0.items.0.advantage").Float() == 0 {
+		if rep.Get("#").Int() != 2 || rep.Get("0.group").String() != "sum@v7" || !rep.Get("0.items.0.included").Bool() || rep.Get("0.items.0.advantage").Float() == 0 {
 			t.Fatalf("report: %s", rep.Raw)
 		}
 		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`, `{"missing_reward":"5"}`, `{"logprobs":"zeros"}`} {

@@ -76,6 +76,12 @@ type Options struct {
 	// mode. Calls with ids (engine, tokenize) are never touched. Nil (the
 	// default) excludes such calls as unverified_ids.
 	Retokenize Retokenizer
+	// GroupBy chooses the advantage group (the trainer's uid): GroupTask
+	// (every selected attempt of a task) or GroupTaskPolicy (default: task
+	// and the policy version of the attempt's first call, so that two
+	// training steps of one task, served by different weights, never share
+	// a baseline, as verl and Agent Lightning mint a group per step).
+	GroupBy string
 	// Report, when set, makes Build explain every selected attempt in
 	// Result.Report: each call choice and sample included or excluded, with
 	// the reason (the Excl* names of Stats.Excluded).
@@ -92,6 +98,12 @@ const (
 	MissingZero      = "0"
 	MissingDrop      = "drop"
 	MissingDropGroup = "drop-group"
+)
+
+// Grouping (Options.GroupBy).
+const (
+	GroupTask       = "task"
+	GroupTaskPolicy = "task+policy"
 )
 
 // Logprobs policies (Options.Logprobs).
@@ -226,6 +238,12 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	if o.Logprobs != LogprobsKeep && o.Logprobs != LogprobsOmit {
 		return nil, optionErrorf("bridge: logprobs policy %q is not %q or %q (--logprobs)", o.Logprobs, LogprobsKeep, LogprobsOmit)
 	}
+	if o.GroupBy == "" {
+		o.GroupBy = GroupTaskPolicy
+	}
+	if o.GroupBy != GroupTask && o.GroupBy != GroupTaskPolicy {
+		return nil, optionErrorf("bridge: group-by %q is not %q or %q (--group-by)", o.GroupBy, GroupTask, GroupTaskPolicy)
+	}
 	if o.MinGroupSize < 0 {
 		return nil, optionErrorf("bridge: min group size %d is negative (--min-group-size)", o.MinGroupSize)
 	}
@@ -262,13 +280,13 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	reports := make([]*AttemptReport, len(refs))
 	err = eachAttempt(ctx, store, refs, o, &res.Stats, func(i int, a attemptOut) error {
 		if a.report != nil {
-			a.report.Group = groupOf(refs[i], a.samples)
+			a.report.Group = groupOf(refs[i], a, o.GroupBy)
 			reports[i] = a.report
 		}
 		if !a.rewarded {
 			return nil // reported only
 		}
-		for _, u := range unitsOf(a, i, refs[i], o.Level) {
+		for _, u := range unitsOf(a, i, refs[i], &o) {
 			for _, s := range u.samples {
 				for _, m := range s.ResponseMask {
 					u.tokens += int(m)
@@ -363,7 +381,7 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		scratch.Excluded, scratch.Breaks, scratch.AIRHits = map[string]int{}, map[string]int{}, map[string]int{}
 		next := 0
 		err = eachAttempt(ctx, store, refs, o2, &scratch, func(i int, a attemptOut) error {
-			us := unitsOf(a, i, refs[i], o.Level)
+			us := unitsOf(a, i, refs[i], &o)
 			if len(us) != perRef[i] {
 				return fmt.Errorf("bridge: rollout %s changed while it was exported (%d samples, then %d); run the export again", refs[i].RolloutID, perRef[i], len(us))
 			}
@@ -414,13 +432,15 @@ type attemptOut struct {
 	rewarded bool      // false: excluded (no reward, MissingDrop)
 	missing  bool      // no episode reward; 0 was used
 	report   *AttemptReport
-	dec      []int // report item of each sample (Options.Report)
+	dec      []int  // report item of each sample (Options.Report)
+	policy   string // policy version of the attempt's first call
 }
 
 // unitsOf splits an attempt into advantage units, in a fixed order (both
 // passes of Build must agree).
-func unitsOf(a attemptOut, i int, ref AttemptRef, level string) []unit {
-	group := groupOf(ref, a.samples)
+func unitsOf(a attemptOut, i int, ref AttemptRef, o *Options) []unit {
+	level := o.Level
+	group := groupOf(ref, a, o.GroupBy)
 	if level == LevelRollout {
 		return []unit{{samples: a.samples, score: a.score, group: group, missing: a.missing, ref: i, dec: a.dec}}
 	}
@@ -495,15 +515,21 @@ func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o O
 }
 
 // groupOf is the GRPO group key: the task id (of the attempt's calls, else
-// of its rollouts row), or the rollout id when there is none.
-func groupOf(ref AttemptRef, samples []*Sample) string {
-	if len(samples) > 0 && samples[0].TaskID != "" {
-		return samples[0].TaskID
+// of its rollouts row), or the rollout id when there is none; with
+// GroupTaskPolicy followed by "@" and the policy version of the attempt's
+// first call when it has one.
+func groupOf(ref AttemptRef, a attemptOut, by string) string {
+	g := "rollout:" + ref.RolloutID
+	switch {
+	case len(a.samples) > 0 && a.samples[0].TaskID != "":
+		g = a.samples[0].TaskID
+	case ref.TaskID != "":
+		g = ref.TaskID
 	}
-	if ref.TaskID != "" {
-		return ref.TaskID
+	if by == GroupTaskPolicy && a.policy != "" {
+		g += "@" + a.policy
 	}
-	return "rollout:" + ref.RolloutID
+	return g
 }
 
 // buildAttempt assembles one attempt's samples and returns them with the
@@ -527,6 +553,9 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		return calls[i].ChoiceIndex < calls[j].ChoiceIndex
 	})
 	st.Calls += len(calls)
+	if len(calls) > 0 {
+		out.policy = calls[0].PolicyVersion
+	}
 	if o.Report {
 		out.report = &AttemptReport{RolloutID: ref.RolloutID, AttemptID: ref.AttemptID, TaskID: ref.TaskID, Status: ref.Status, Items: []Decision{}}
 	}

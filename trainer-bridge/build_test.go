@@ -132,7 +132,7 @@ func options(t *testing.T) Options {
 	sel.AgentName = regexp.MustCompile(`^solver$`)
 	sel.MinPolicyVersion = "v2"
 	return Options{Selection: sel, Estimator: advantage.GRPO, AIR: e, Now: func() time.Time { return time.Unix(0, 77) },
-		MissingReward: MissingDrop, Logprobs: LogprobsOmit, MinGroupSize: 1}
+		MissingReward: MissingDrop, Logprobs: LogprobsOmit, MinGroupSize: 1, GroupBy: GroupTask}
 }
 
 // sp prints its operands separated by spaces.
@@ -539,16 +539,56 @@ func TestBuildReport(t *testing.T) {
 		got[r.RolloutID+"/"+r.AttemptID] = fmt.Sprintf("group=%s reason=%s missing=%v %s", r.Group, r.Reason, r.RewardMissing, strings.Join(items, " "))
 	}
 	want := map[string]string{
-		"r1/a2": "group=t1 reason= missing=false sample[1]:true: sample[2]:true: sample[3]:false:no_logprobs",
-		"r2/a1": "group=t1 reason= missing=false call[3]:false:errored sample[1]:true: sample[2]:true:",
-		"r3/a1": "group=t1 reason=no_sample missing=false call[1]:false:unverified_ids sample[2]:false:no_logprobs",
-		"r4/a1": "group=t2 reason=small_group missing=false sample[1]:false:small_group",
-		"r6/a1": "group=t2 reason=no_reward missing=true ",
+		"r1/a2": "group=t1@v2 reason= missing=false sample[1]:true: sample[2]:true: sample[3]:false:no_logprobs",
+		"r2/a1": "group=t1@v2 reason= missing=false call[3]:false:errored sample[1]:true: sample[2]:true:",
+		"r3/a1": "group=t1@v2 reason=no_sample missing=false call[1]:false:unverified_ids sample[2]:false:no_logprobs",
+		"r4/a1": "group=t2@v2 reason=small_group missing=false sample[1]:false:small_group",
+		"r6/a1": "group=t2@v2 reason=no_reward missing=true ",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("report\n%v\nwant\n%v", got, want)
 	}
 	if st := res.Stats; st.Excluded[ExclSmallGroup] != 1 || st.Excluded[ExclNoReward] != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestBuildGroupByPolicy: two training steps of one task (served by
+// different policy versions) are two groups by default, one with GroupTask.
+func TestBuildGroupByPolicy(t *testing.T) {
+	s := fill(t)
+	ctx := context.Background()
+	b := &export.Batch{}
+	for i, ro := range []string{"s1", "s2"} {
+		c := cs{ro: ro, at: "a1", task: "t1", agent: "solver", seq: 1, prompt: []uint32{1}, resp: []uint32{5}, lp: []float32{-1}, pv: "v3"}.call()
+		b.Calls = append(b.Calls, c)
+		b.Rollouts = append(b.Rollouts, export.Rollout{RolloutID: ro, AttemptID: "a1", TaskID: "t1", Status: "succeeded", Metadata: "{}", CreatedUnixNano: 1, UpdatedUnixNano: 5})
+		b.Rewards = append(b.Rewards, export.Reward{RolloutID: ro, AttemptID: "a1", Name: "primary", Value: float64(i), Source: "api", TimeUnixNano: 1})
+	}
+	if err := s.Write(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO}
+	res, err := Build(ctx, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uids := map[string]int{}
+	for _, smp := range res.Samples {
+		uids[smp.GroupUID]++
+	}
+	if uids["t1@v2"] != 4 || uids["t1@v3"] != 2 || len(uids) != 3 {
+		t.Fatalf("groups by task and policy: %v", uids)
+	}
+	o.GroupBy = GroupTask
+	if res, err = Build(ctx, s, o); err != nil {
+		t.Fatal(err)
+	}
+	uids = map[string]int{}
+	for _, smp := range res.Samples {
+		uids[smp.GroupUID]++
+	}
+	if uids["t1"] != 6 {
+		t.Fatalf("groups by task: %v", uids)
 	}
 }

@@ -62,7 +62,7 @@ func TestBridgeTensorFlags(t *testing.T) {
 	if m := ts["attention_mask"].I64; fmt.Sprint(m[4*14:]) != fmt.Sprint(make([]int64, 2*14)) {
 		t.Errorf("padding rows attention %v", m[4*14:])
 	}
-	if meta["padding"] != `[false,false,false,false,true,true]` || meta["uid"] != `["A","A","B","B","",""]` {
+	if meta["padding"] != `[false,false,false,false,true,true]` || meta["uid"] != `["A@3","A@3","B@3","B@3","",""]` {
 		t.Errorf("metadata padding %s uid %s", meta["padding"], meta["uid"])
 	}
 	var tr []bool

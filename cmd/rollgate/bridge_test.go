@@ -172,7 +172,7 @@ func TestBridgeCommand(t *testing.T) {
 	if x := byName["token_level_rewards"]; fmt.Sprint(x.F32[:4]) != "[0 0 0 0.5]" {
 		t.Errorf("token_level_rewards %v", x.F32[:4])
 	}
-	if meta["uid"] != `["A","A","B","B"]` {
+	if meta["uid"] != `["A@3","A@3","B@3","B@3"]` { // task@policy version: one group per training step
 		t.Errorf("uid %q", meta["uid"])
 	}
 
@@ -311,7 +311,7 @@ func TestBridgeExplain(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{"rollout rb2 attempt at-rb2", `group "B"`, "sample [1] choice 0: included, advantage", "call [3] choice 0: excluded: unverified_ids"} {
+	for _, want := range []string{"rollout rb2 attempt at-rb2", `group "B@3"`, "sample [1] choice 0: included, advantage", "call [3] choice 0: excluded: unverified_ids"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("--explain rb2 lacks %q:\n%s", want, out)
 		}
