@@ -214,10 +214,23 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		TaskID    string          `json:"task_id"`
 		RolloutID string          `json:"rollout_id"`
 		AttemptID string          `json:"attempt_id"`
+		GroupID   string          `json:"group_id"`
 		Metadata  json.RawMessage `json:"metadata"`
 	}
 	if !s.decode(ctx, &in) {
 		return
+	}
+	if in.GroupID != "" {
+		if !ValidName([]byte(in.GroupID)) {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "group_id must be at most 256 bytes of UTF-8 without control characters")
+			return
+		}
+		md, err := withGroupID(in.Metadata, in.GroupID)
+		if err != nil {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+			return
+		}
+		in.Metadata = md
 	}
 	if in.RolloutID == "" {
 		in.RolloutID = "ro-" + uuid.NewString()[:12]

@@ -78,3 +78,49 @@ func TestBridgeOverHTTP(t *testing.T) {
 		}
 	})
 }
+
+// TestGroupPerEnqueue: POST /api/v1/tasks mints one group per task per call
+// (two training steps of one task are two groups), a caller may name one,
+// POST /api/v1/rollouts accepts one, and the bridge's uid is that group.
+func TestGroupPerEnqueue(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.InjectLogprobs = true })
+	withQueue(t, e, "")
+	api := e.url + "/api/v1"
+	step1 := gjson.ParseBytes(do(t, "POST", api+"/tasks", `[{"task_id":"q","input":{}},{"task_id":"q","input":{}},{"task_id":"r","input":{},"metadata":{"k":1}}]`).body)
+	step2 := gjson.ParseBytes(do(t, "POST", api+"/tasks", `[{"task_id":"q","input":{}},{"task_id":"q","input":{},"group_id":"mine"}]`).body)
+	var ids []string
+	for _, r := range append(step1.Get("rollout_ids").Array(), step2.Get("rollout_ids").Array()...) {
+		ids = append(ids, r.String())
+	}
+	if len(ids) != 5 {
+		t.Fatalf("enqueued: %s %s", step1.Raw, step2.Raw)
+	}
+	for range ids {
+		d := gjson.ParseBytes(do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"w"}`).body)
+		ro, at := d.Get("rollout_id").String(), d.Get("attempt_id").String()
+		if r := do(t, "POST", d.Get("base_url").String()+"/chat/completions", chatBody); r.status != 200 {
+			t.Fatalf("call: %d %s", r.status, r.body)
+		}
+		do(t, "POST", api+"/rollouts/"+ro+"/rewards", `{"value":1,"attempt_id":"`+at+`"}`)
+		if r := do(t, "POST", api+"/rollouts/"+ro+"/status", `{"status":"succeeded","attempt_id":"`+at+`"}`); r.status != 200 {
+			t.Fatalf("status: %d %s", r.status, r.body)
+		}
+	}
+	b := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"estimator":"none","report":true}`).body)
+	group := map[string]string{}
+	for _, a := range b.Get("report").Array() {
+		group[a.Get("rollout_id").String()] = a.Get("group").String()
+	}
+	g := func(i int) string { return group[ids[i]] }
+	if g(0) == "" || g(0) != g(1) || g(2) == g(0) || g(3) == g(0) || g(3) == "" || g(4) != "mine" {
+		t.Fatalf("groups of step 1 (q, q, r) and step 2 (q, mine): %q %q %q %q %q\n%s", g(0), g(1), g(2), g(3), g(4), b.Raw)
+	}
+	// Registered rollouts may name their group; a group that is not a string is a 400.
+	if r := do(t, "POST", api+"/rollouts", `{"task_id":"q","group_id":{"x":1}}`); r.status != 400 {
+		t.Fatalf("group_id object: %d %s", r.status, r.body)
+	}
+	if r := do(t, "POST", api+"/rollouts", `{"task_id":"q","group_id":"g-reg","metadata":{"a":1}}`); r.status != 200 {
+		t.Fatalf("register with a group: %d %s", r.status, r.body)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/google/uuid"
 	"strconv"
 	"strings"
 	"time"
@@ -158,6 +159,29 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "no tasks given")
 		return
 	}
+	// One training group per task per enqueue call (a training step), as
+	// verl and Agent Lightning mint a uid per prompt per step; a caller may
+	// name its own. It is kept in the rollout's metadata as "group_id".
+	minted := map[string]string{}
+	for i := range list {
+		t := &list[i]
+		if t.GroupID == "" {
+			if minted[t.TaskID] == "" {
+				minted[t.TaskID] = "grp-" + uuid.NewString()[:13]
+			}
+			t.GroupID = minted[t.TaskID]
+		}
+		if !ValidName([]byte(t.GroupID)) {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("task %d: group_id must be at most 256 bytes of UTF-8 without control characters", i))
+			return
+		}
+		md, err := withGroupID(t.Metadata, t.GroupID)
+		if err != nil {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("task %d: %v", i, err))
+			return
+		}
+		t.Metadata = md
+	}
 	c, cancel := s.storeCtx()
 	defer cancel()
 	ids, err := s.queue.Load().Enqueue(c, list)
@@ -180,6 +204,19 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 		s.log.Warn("task queue: recording queued rollouts", "err", err)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"rollout_ids": ids})
+}
+
+// withGroupID returns metadata (a JSON object, or empty) with "group_id" set.
+func withGroupID(metadata json.RawMessage, group string) (json.RawMessage, error) {
+	m := map[string]json.RawMessage{}
+	if t := strings.TrimSpace(string(metadata)); t != "" && t != "null" {
+		if err := json.Unmarshal(metadata, &m); err != nil || m == nil {
+			return nil, errors.New(`"metadata" must be a JSON object`)
+		}
+	}
+	g, _ := json.Marshal(group)
+	m["group_id"] = g
+	return json.Marshal(m)
 }
 
 // strictJSON decodes s into v, refusing unknown fields and trailing data.

@@ -76,11 +76,13 @@ type Options struct {
 	// mode. Calls with ids (engine, tokenize) are never touched. Nil (the
 	// default) excludes such calls as unverified_ids.
 	Retokenize Retokenizer
-	// GroupBy chooses the advantage group (the trainer's uid): GroupTask
-	// (every selected attempt of a task) or GroupTaskPolicy (default: task
+	// GroupBy chooses the advantage group (the trainer's uid): GroupGroup
+	// (default: the rollout's group_id, minted per task per enqueue call by
+	// the task queue or given at registration, else as GroupTaskPolicy),
+	// GroupTask (every selected attempt of a task) or GroupTaskPolicy (task
 	// and the policy version of the attempt's first call, so that two
-	// training steps of one task, served by different weights, never share
-	// a baseline, as verl and Agent Lightning mint a group per step).
+	// training steps of one task, served by different weights, never share a
+	// baseline, as verl and Agent Lightning mint a group per step).
 	GroupBy string
 	// Report, when set, makes Build explain every selected attempt in
 	// Result.Report: each call choice and sample included or excluded, with
@@ -102,6 +104,7 @@ const (
 
 // Grouping (Options.GroupBy).
 const (
+	GroupGroup      = "group"
 	GroupTask       = "task"
 	GroupTaskPolicy = "task+policy"
 )
@@ -239,10 +242,10 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		return nil, optionErrorf("bridge: logprobs policy %q is not %q or %q (--logprobs)", o.Logprobs, LogprobsKeep, LogprobsOmit)
 	}
 	if o.GroupBy == "" {
-		o.GroupBy = GroupTaskPolicy
+		o.GroupBy = GroupGroup
 	}
-	if o.GroupBy != GroupTask && o.GroupBy != GroupTaskPolicy {
-		return nil, optionErrorf("bridge: group-by %q is not %q or %q (--group-by)", o.GroupBy, GroupTask, GroupTaskPolicy)
+	if o.GroupBy != GroupGroup && o.GroupBy != GroupTask && o.GroupBy != GroupTaskPolicy {
+		return nil, optionErrorf("bridge: group-by %q is not %q, %q or %q (--group-by)", o.GroupBy, GroupGroup, GroupTask, GroupTaskPolicy)
 	}
 	if o.MinGroupSize < 0 {
 		return nil, optionErrorf("bridge: min group size %d is negative (--min-group-size)", o.MinGroupSize)
@@ -514,11 +517,15 @@ func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o O
 	return nil
 }
 
-// groupOf is the GRPO group key: the task id (of the attempt's calls, else
+// groupOf is the GRPO group key: with GroupGroup the rollout's group_id when
+// it has one; else the task id (of the attempt's calls, else
 // of its rollouts row), or the rollout id when there is none; with
 // GroupTaskPolicy followed by "@" and the policy version of the attempt's
 // first call when it has one.
 func groupOf(ref AttemptRef, a attemptOut, by string) string {
+	if by == GroupGroup && ref.GroupID != "" {
+		return ref.GroupID
+	}
 	g := "rollout:" + ref.RolloutID
 	switch {
 	case len(a.samples) > 0 && a.samples[0].TaskID != "":
@@ -526,7 +533,7 @@ func groupOf(ref AttemptRef, a attemptOut, by string) string {
 	case ref.TaskID != "":
 		g = ref.TaskID
 	}
-	if by == GroupTaskPolicy && a.policy != "" {
+	if by != GroupTask && a.policy != "" {
 		g += "@" + a.policy
 	}
 	return g

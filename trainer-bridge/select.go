@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/rollgate/rollgate/export"
 )
 
@@ -69,7 +71,11 @@ func DefaultSelection() Selection {
 // AttemptRef names one selected attempt.
 type AttemptRef struct {
 	RolloutID, AttemptID, TaskID, Status string
-	FirstCallUnixNano                    uint64
+	// GroupID is the rollout's training group ("group_id" in its rollouts
+	// metadata: set per task per enqueue call by POST /api/v1/tasks, or
+	// given to POST /api/v1/rollouts); "" when it has none.
+	GroupID           string
+	FirstCallUnixNano uint64
 }
 
 // SelectAttempts lists the attempts sel chooses, ordered by task, rollout
@@ -85,13 +91,17 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		hasCalls  bool
 	}
 	m := map[key]*info{}
-	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano FROM rollouts")
+	groups := map[string]string{} // rollout -> group_id from any of its rows
+	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, metadata FROM rollouts")
 	if err != nil {
 		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
 	}
 	for _, row := range res.Rows {
-		if len(row) < 5 {
+		if len(row) < 6 {
 			return nil, fmt.Errorf("bridge: listing rollouts: row with %d columns", len(row))
+		}
+		if g := gjson.Get(row[5], "group_id"); g.Type == gjson.String && g.Str != "" {
+			groups[row[0]] = g.Str
 		}
 		upd, err := strconv.ParseUint(row[4], 10, 64)
 		if err != nil {
@@ -177,6 +187,9 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 			}
 		}
 		out = append(out, best.AttemptRef)
+	}
+	for i := range out {
+		out[i].GroupID = groups[out[i].RolloutID]
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]

@@ -71,7 +71,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	tasks := fs.String("tasks", "", "comma-separated task ids (empty = all)")
 	status := fs.String("status", "succeeded,failed", "comma-separated attempt statuses (empty = any); failed attempts train with their reward (0 when none), as Agent Lightning does")
 	missingReward := fs.String("missing-reward", bridge.MissingZero, "a selected attempt without an episode reward: 0 (reward 0, counted), drop (exclude it: no_reward) or drop-group (exclude its whole group: missing_reward_group)")
-	groupBy := fs.String("group-by", bridge.GroupTaskPolicy, "advantage group (the trainer's uid): task+policy (task and the policy version of the attempt's first call: one group per training step) or task")
+	groupBy := fs.String("group-by", bridge.GroupGroup, "advantage group (the trainer's uid): group (the rollout's group_id: one per task per enqueue call of POST /api/v1/tasks, or given to POST /api/v1/rollouts; rollouts without one as task+policy), task+policy (task and the policy version of the attempt's first call) or task")
 	minGroup := fs.Int("min-group-size", 0, "exclude the samples of groups sampled with fewer members (small_group); 0 = 2 for grpo, drgrpo and rloo, 1 otherwise")
 	agent := fs.String("agent", "", "regular expression on agent_name (empty = all agents)")
 	minPV := fs.String("min-policy-version", "", "drop calls served by an older policy version")

@@ -59,6 +59,10 @@ type Task struct {
 	LeaseS float64 `json:"lease_s,omitempty"`
 	// Metadata is free JSON kept with the rollout.
 	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// GroupID is the training group (the trainer's uid). The gateway's
+	// POST /api/v1/tasks mints one per task id per call when it is empty
+	// and keeps it in Metadata as "group_id".
+	GroupID string `json:"group_id,omitempty"`
 }
 
 // State is a rollout as the queue sees it.
