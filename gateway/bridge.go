@@ -6,18 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
-	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
-	"github.com/rollgate/rollgate/trainer-bridge/advantage"
-	"github.com/rollgate/rollgate/trainer-bridge/air"
-	"github.com/rollgate/rollgate/trainer-bridge/credit"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
@@ -27,38 +21,9 @@ import (
 // (latest succeeded or failed attempt, transitions, GRPO, AIR on, missing
 // rewards 0, responses cut at max_response).
 type bridgeRequest struct {
-	Tasks            []string `json:"tasks"`
-	RolloutIDs       []string `json:"rollout_ids"`
-	After            *int64   `json:"after"` // completion cursor of the task queue
-	Statuses         []string `json:"statuses"`
-	Agent            string   `json:"agent"`
-	MinPolicyVersion string   `json:"min_policy_version"`
-	Attempts         string   `json:"attempts"`
-	SinceUnixNano    int64    `json:"since_unix_nano"`
-	UntilUnixNano    int64    `json:"until_unix_nano"`
-	Mode             string   `json:"mode"`
-	RewardName       string   `json:"reward_name"`
-	Credit           string   `json:"credit"`
-	Gamma            *float64 `json:"gamma"`
-	Estimator        string   `json:"estimator"`
-	Level            string   `json:"level"`
-	DropZeroVariance bool     `json:"drop_zero_variance"`
-	MaxPrompt        int      `json:"max_prompt"`
-	MaxResponse      int      `json:"max_response"`
-	Truncation       string   `json:"truncation"`
-	MissingReward    string   `json:"missing_reward"`
-	MinGroupSize     int      `json:"min_group_size"`
-	GroupBy          string   `json:"group_by"`
-	Logprobs         string   `json:"logprobs"`
-	// Report adds "report" to the answer: every selected attempt, its calls
-	// and samples, included or excluded with the reason.
-	Report   bool  `json:"report"`
-	AIR      *bool `json:"air"`
-	WriteAIR bool  `json:"write_air"`
-	// Retokenize is a folder on the gateway's host holding the model's
-	// tokenizer.json and tokenizer_config.json (rollgate bridge
-	// --retokenize): calls captured without ids get retokenized ones.
-	Retokenize string `json:"retokenize"`
+	// The bridge's options, as rollgate bridge's flags fill them.
+	bridge.Request
+	After *int64 `json:"after"` // completion cursor of the task queue
 }
 
 // bridgeRoutes serves /api/v1/bridge/*: POST batches builds samples from the
@@ -185,55 +150,7 @@ func intersect(a, b []string) []string {
 	return out
 }
 
-// bridgeOptions turns a request into bridge options, with the CLI's defaults.
+// bridgeOptions turns a request into bridge options, exactly as the CLI does.
 func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
-	o := bridge.Options{Mode: in.Mode, RewardName: in.RewardName, Level: in.Level, DropZeroVariance: in.DropZeroVariance,
-		MaxPrompt: in.MaxPrompt, MaxResponse: in.MaxResponse, Truncation: in.Truncation, WriteAIR: in.WriteAIR, Gamma: 1,
-		MissingReward: in.MissingReward, MinGroupSize: in.MinGroupSize, Logprobs: in.Logprobs, Report: in.Report, GroupBy: in.GroupBy}
-	if in.Gamma != nil {
-		o.Gamma = *in.Gamma
-	}
-	var err error
-	if in.Credit != "" {
-		if o.Credit, err = credit.ParseMode(in.Credit); err != nil {
-			return o, err
-		}
-	}
-	est := in.Estimator
-	if est == "" {
-		est = string(advantage.GRPO)
-	}
-	if o.Estimator, err = advantage.Parse(est); err != nil {
-		return o, err
-	}
-	sel := bridge.Selection{TaskIDs: in.Tasks, RolloutIDs: in.RolloutIDs, Statuses: in.Statuses,
-		MinPolicyVersion: in.MinPolicyVersion, Attempts: in.Attempts}
-	if sel.Statuses == nil {
-		sel.Statuses = bridge.DefaultSelection().Statuses
-	}
-	if in.SinceUnixNano > 0 {
-		sel.Since = time.Unix(0, in.SinceUnixNano)
-	}
-	if in.UntilUnixNano > 0 {
-		sel.Until = time.Unix(0, in.UntilUnixNano)
-	}
-	if strings.TrimSpace(in.Agent) != "" {
-		if sel.AgentName, err = regexp.Compile(in.Agent); err != nil {
-			return o, fmt.Errorf("agent: %w", err)
-		}
-	}
-	o.Selection = sel
-	if in.Retokenize != "" {
-		r, err := chattemplate.LoadDir(in.Retokenize)
-		if err != nil {
-			return o, fmt.Errorf("retokenize: %w", err)
-		}
-		o.Retokenize = r
-	}
-	if in.AIR == nil || *in.AIR {
-		if o.AIR, err = air.New(air.DefaultConfig()); err != nil {
-			return o, err
-		}
-	}
-	return o, nil
+	return in.Request.Options()
 }

@@ -66,12 +66,17 @@ func TestBridgeOverHTTP(t *testing.T) {
 		if c.Get("acked").Int() != 2 || c.Get("pending").Int() != 0 || c.Get("leased").Int() != 0 {
 			t.Fatalf("counts: %s", c.Raw)
 		}
+		// The AIR options the CLI has are accepted over HTTP too.
+		if r := do(t, "POST", api+"/bridge/batches", `{"air_rules":["air_repeat=off","air_truncated=-2"],"air_min_repeats":3,"air_failure_patterns":["^Error"]}`); r.status != 200 {
+			t.Fatalf("AIR options: %d %s", r.status, r.body)
+		}
 		// The report explains every selected attempt: both included here.
 		rep := gjson.ParseBytes(do(t, "POST", api+"/bridge/batches", `{"estimator":"grpo","report":true}`).body).Get("report")
 		if rep.Get("#").Int() != 2 || rep.Get("0.group").String() != "sum@v7" || !rep.Get("0.items.0.included").Bool() || rep.Get("0.items.0.advantage").Float() == 0 {
 			t.Fatalf("report: %s", rep.Raw)
 		}
-		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`, `{"missing_reward":"5"}`, `{"logprobs":"zeros"}`} {
+		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`, `{"missing_reward":"5"}`, `{"logprobs":"zeros"}`,
+			`{"air_rules":["nope=1"]}`, `{"air_failure_patterns":["("]}`, `{"air_min_repeats":-1}`} {
 			if r := do(t, "POST", api+"/bridge/batches", bad); r.status != 400 {
 				t.Errorf("%s: %d %s", bad, r.status, r.body)
 			}

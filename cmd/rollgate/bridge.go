@@ -21,9 +21,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/stores"
-	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
-	"github.com/rollgate/rollgate/trainer-bridge/advantage"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 	"github.com/rollgate/rollgate/trainer-bridge/credit"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
@@ -133,62 +131,33 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(2, "%v", err)
 	}
-	if *logprobsPolicy != "" && *logprobsPolicy != bridge.LogprobsKeep && *logprobsPolicy != bridge.LogprobsOmit {
-		return fail(2, "--logprobs %q is not %s or %s", *logprobsPolicy, bridge.LogprobsKeep, bridge.LogprobsOmit)
+	// The flags fill one bridge.Request, as the HTTP API's JSON body does.
+	req := bridge.Request{Tasks: splitList(*tasks), RolloutIDs: splitList(*rolloutIDs), Statuses: splitList(*status),
+		Agent: *agent, MinPolicyVersion: *minPV, Attempts: *attempts, Mode: *mode, RewardName: *rewardName,
+		Credit: *creditMode, Gamma: gamma, Estimator: *estimator, Level: *level, DropZeroVariance: *dropZero,
+		MaxPrompt: *maxPrompt, MaxResponse: *maxResponse, Truncation: *truncation, MissingReward: *missingReward,
+		MinGroupSize: *minGroup, GroupBy: *groupBy, Logprobs: *logprobsPolicy, AIR: airOn, AIRRules: splitList(*airRules),
+		AIRFailurePatterns: airPatterns, AIRMinRepeats: *airMinRepeats, WriteAIR: *airWrite, Retokenize: *retokenizeDir}
+	if req.Statuses == nil {
+		req.Statuses = []string{} // --status "": any status
 	}
-	o := bridge.Options{Mode: *mode, RewardName: *rewardName, Gamma: *gamma, Level: *level, DropZeroVariance: *dropZero,
-		MaxPrompt: *maxPrompt, MaxResponse: *maxResponse, Truncation: *truncation, WriteAIR: *airWrite,
-		MissingReward: *missingReward, MinGroupSize: *minGroup, GroupBy: *groupBy}
-	o.Logprobs = *logprobsPolicy
-	if o.Credit, err = credit.ParseMode(*creditMode); err != nil {
-		return fail(2, "%v", err)
-	}
-	if o.Estimator, err = advantage.Parse(*estimator); err != nil {
-		return fail(2, "%v", err)
-	}
-	sel := bridge.Selection{TaskIDs: splitList(*tasks), RolloutIDs: splitList(*rolloutIDs), Statuses: splitList(*status), MinPolicyVersion: *minPV, Attempts: *attempts}
-	if sel.Since, err = parseTime(*since); err != nil {
+	sinceT, err := parseTime(*since)
+	if err != nil {
 		return fail(2, "--since: %v", err)
 	}
-	if sel.Until, err = parseTime(*until); err != nil {
+	untilT, err := parseTime(*until)
+	if err != nil {
 		return fail(2, "--until: %v", err)
 	}
-	if *agent != "" {
-		if sel.AgentName, err = regexp.Compile(*agent); err != nil {
-			return fail(2, "--agent: %v", err)
-		}
+	if !sinceT.IsZero() {
+		req.SinceUnixNano = sinceT.UnixNano()
 	}
-	o.Selection = sel
-	if *retokenizeDir != "" {
-		r, err := chattemplate.LoadDir(*retokenizeDir)
-		if err != nil {
-			return fail(2, "--retokenize: %v", err)
-		}
-		o.Retokenize = r
+	if !untilT.IsZero() {
+		req.UntilUnixNano = untilT.UnixNano()
 	}
-	if *airOn {
-		cfg := air.DefaultConfig()
-		cfg.FailurePatterns, cfg.MinRepeats = airPatterns, *airMinRepeats
-		for _, kv := range splitList(*airRules) {
-			name, val, ok := strings.Cut(kv, "=")
-			if !ok {
-				return fail(2, "--air-rules: %q is not rule=weight or rule=off", kv)
-			}
-			r := cfg.Rules[name]
-			if val == "off" {
-				r.Enabled = false
-			} else {
-				w, err := strconv.ParseFloat(val, 64)
-				if err != nil {
-					return fail(2, "--air-rules: %q: %v", kv, err)
-				}
-				r.Enabled, r.Weight = true, w
-			}
-			cfg.Rules[name] = r
-		}
-		if o.AIR, err = air.New(cfg); err != nil {
-			return fail(2, "%v", err)
-		}
+	o, err := req.Options()
+	if err != nil {
+		return fail(2, "%v", err)
 	}
 	o.Progress = func(done, total int) {
 		if done == total || done%1000 == 0 {
