@@ -312,6 +312,10 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 		drainBody(ctx.Conn(), int64(ctx.Request.Header.ContentLength()))
 	} else if isHeaderTooLarge(err) {
 		status = fasthttp.StatusRequestHeaderFieldsTooLarge
+		// The client may still be sending the rest of its headers and body:
+		// read them first, or closing with unread bytes resets the
+		// connection and the client never sees the 431 (FuzzGatewayInput).
+		drainBody(ctx.Conn(), 1<<20)
 	}
 	s.log.Debug("cannot read request", "status", status, "reason", msg, "remote", ctx.RemoteAddr().String())
 	attr, path := attributionOf(ctx)
@@ -360,9 +364,10 @@ func isHeaderTooLarge(err error) bool {
 	return errors.As(err, &sb) || strings.Contains(err.Error(), "small read buffer")
 }
 
-// drainBody reads and discards what the client is still sending of a body we
-// refused, so that it receives the error response instead of a connection
-// reset. It gives up after 64 MiB or once the client pauses for 200ms.
+// drainBody reads and discards what the client is still sending of a request
+// we refused (up to contentLength bytes), so that it receives the error
+// response instead of a connection reset. It gives up after 64 MiB or once
+// the client pauses for 200ms.
 func drainBody(c net.Conn, contentLength int64) {
 	const maxDrain = 64 << 20
 	if contentLength <= 0 || contentLength > maxDrain {
