@@ -255,7 +255,7 @@ func putID(id []byte, prefix byte, i int) []byte {
 // the heap, and checks seqEntryOverhead and seqTombstoneBytes cover it.
 func TestSequenceEntryOverhead(t *testing.T) {
 	if testing.Short() {
-		t.Skip("heap measurement")
+		t.Skip("-short: a heap measurement of 10^5 entries (seconds); CI runs it")
 	}
 	const keyLen = 32 // 16-byte rollout id, NUL, 15-byte attempt id: one 32-byte allocation
 	r, a := make([]byte, 16), make([]byte, 15)
@@ -304,7 +304,7 @@ func seqMemoryBound(maxEntries int, maxBytes int64) int64 {
 // accumulate); with smaller ones, enough to drop tombstones many times over.
 func TestSequenceHeapBound(t *testing.T) {
 	if testing.Short() {
-		t.Skip("heap measurement")
+		t.Skip("-short: a heap measurement of 10^5 entries (seconds); CI runs it")
 	}
 	for _, tc := range []struct {
 		maxEntries, attempts int

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rollgate/rollgate/export"
@@ -212,40 +214,29 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	if o.Estimator == "" {
 		o.Estimator = advantage.None
 	}
-	if o.Level == "" {
-		o.Level = LevelRollout
-	}
-	if o.Level != LevelRollout && o.Level != LevelTransition {
-		return nil, optionErrorf("bridge: advantage level %q is not %q or %q", o.Level, LevelRollout, LevelTransition)
-	}
-	if o.Truncation == "" {
-		o.Truncation = TruncCut
-	}
-	if o.Truncation != TruncCut && o.Truncation != TruncDrop && o.Truncation != TruncTrim {
-		return nil, optionErrorf("bridge: truncation policy %q is not %q, %q or %q (--truncation)", o.Truncation, TruncCut, TruncDrop, TruncTrim)
-	}
-	if o.MissingReward == "" {
-		o.MissingReward = MissingZero
-	}
-	if o.MissingReward != MissingZero && o.MissingReward != MissingDrop && o.MissingReward != MissingDropGroup {
-		return nil, optionErrorf("bridge: missing-reward policy %q is not %q, %q or %q (--missing-reward)", o.MissingReward, MissingZero, MissingDrop, MissingDropGroup)
-	}
-	if o.Logprobs == "" {
+	if o.Logprobs == "" && o.Retokenize != nil {
 		// Retokenized samples have no logprobs at all: a batch that asks for
 		// them leaves rollout_log_probs out rather than exclude them.
-		o.Logprobs = LogprobsKeep
-		if o.Retokenize != nil {
-			o.Logprobs = LogprobsOmit
+		o.Logprobs = LogprobsOmit
+	}
+	for _, c := range []struct {
+		v       *string
+		flag    string
+		allowed []string // the first is the default
+	}{
+		{&o.Mode, "--mode", []string{ModeTransitions, ModeTrajectories}},
+		{&o.Level, "--level", []string{LevelRollout, LevelTransition}},
+		{&o.Truncation, "--truncation", []string{TruncCut, TruncDrop, TruncTrim}},
+		{&o.MissingReward, "--missing-reward", []string{MissingZero, MissingDrop, MissingDropGroup}},
+		{&o.Logprobs, "--logprobs", []string{LogprobsKeep, LogprobsOmit}},
+		{&o.GroupBy, "--group-by", []string{GroupGroup, GroupTask, GroupTaskPolicy}},
+	} {
+		if *c.v == "" {
+			*c.v = c.allowed[0]
 		}
-	}
-	if o.Logprobs != LogprobsKeep && o.Logprobs != LogprobsOmit {
-		return nil, optionErrorf("bridge: logprobs policy %q is not %q or %q (--logprobs)", o.Logprobs, LogprobsKeep, LogprobsOmit)
-	}
-	if o.GroupBy == "" {
-		o.GroupBy = GroupGroup
-	}
-	if o.GroupBy != GroupGroup && o.GroupBy != GroupTask && o.GroupBy != GroupTaskPolicy {
-		return nil, optionErrorf("bridge: group-by %q is not %q, %q or %q (--group-by)", o.GroupBy, GroupGroup, GroupTask, GroupTaskPolicy)
+		if !slices.Contains(c.allowed, *c.v) {
+			return nil, optionErrorf("bridge: %s %q is not one of %s", c.flag, *c.v, strings.Join(c.allowed, ", "))
+		}
 	}
 	if o.MinGroupSize < 0 {
 		return nil, optionErrorf("bridge: min group size %d is negative (--min-group-size)", o.MinGroupSize)
@@ -256,12 +247,6 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		case advantage.GRPO, advantage.DrGRPO, advantage.RLOO:
 			o.MinGroupSize = 2
 		}
-	}
-	if o.Mode == "" {
-		o.Mode = ModeTransitions
-	}
-	if o.Mode != ModeTransitions && o.Mode != ModeTrajectories {
-		return nil, optionErrorf("bridge: unknown mode %q (%s, %s)", o.Mode, ModeTransitions, ModeTrajectories)
 	}
 	if o.Now == nil {
 		o.Now = time.Now

@@ -61,26 +61,8 @@ func TestPythonPackage(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "rollgate.db")
 	cmd := exec.Command(binary, "serve", "--listen", addr, "--db", db)
 	cmd.Env = append(os.Environ(), "ROLLGATE_ADMIN_TOKEN="+token)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	logs := startCmd(t, cmd, addr) // waits for /readyz
 	base := "http://" + addr
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		r, err := http.Get(base + "/readyz")
-		if err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not come up: %v\n%s", err, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	out := pyTest("test_client", "ROLLGATE_TEST_GATEWAY="+base, "ROLLGATE_TEST_TOKEN="+token)
 	if !strings.Contains(out, "test_loop (test_client.GatewayE2ETest") {
 		t.Fatalf("the gateway test did not run:\n%s", out)
