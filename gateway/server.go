@@ -54,6 +54,7 @@ type Server struct {
 	queue        atomic.Pointer[tasks.Queue] // nil: no training-loop routes
 	localTok     *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
 	tracing      *Tracing                    // the gateway's own spans; nil = off
+	storeStatus  func() StoreStatus          // /readyz's store fields; nil = none
 
 	// The trainer pull API (/api/v1/bridge/*), made on first use.
 	leaseOnce sync.Once
@@ -397,16 +398,17 @@ func (s *Server) recoverPanic(where string) {
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	t := s.table.Load()
+	status := "ready"
 	switch {
 	case s.draining.Load():
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString(`{"status":"draining"}`)
+		status = "draining"
 	case len(t.pools) == 0 && t.wildcard == nil:
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString(`{"status":"no backends configured"}`)
-	default:
-		ctx.SetBodyString(`{"status":"ready"}`)
+		status = "no backends configured"
 	}
+	body := append(append(make([]byte, 0, 128), `{"status":"`...), status...)
+	ctx.SetBody(append(s.appendStoreStatus(append(body, '"')), '}'))
 }
 
 // fasthttpLogger sends fasthttp's own messages (mostly broken client

@@ -161,6 +161,7 @@ type Spool struct {
 	closed  bool
 	stopped chan struct{} // closed by Close: wakes waiters, stops the replayer
 	wake    chan struct{} // a record was spooled (capacity 1)
+	retry   chan struct{} // RetryNow: end the replayer's backoff (capacity 1)
 
 	replayCtx    context.Context
 	replayCancel context.CancelFunc
@@ -199,6 +200,7 @@ func New(cfg Config, sink export.Sink, name string, reg prometheus.Registerer, l
 		space:    make(chan struct{}),
 		stopped:  make(chan struct{}),
 		wake:     make(chan struct{}, 1),
+		retry:    make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
 	s.dir, err = openDir(cfg.Dir, cfg.SegmentBytes, s.countCorrupt, log)
@@ -374,10 +376,12 @@ func (s *Spool) replay() {
 			s.log.Warn("spool: replay to sink failed; retrying", "attempt", failures, "retry_in", backoff, "rows", cur.Len(), "err", err)
 			select {
 			case <-time.After(backoff):
+				backoff = min(2*backoff, s.cfg.RetryMax)
+			case <-s.retry:
+				backoff = s.cfg.RetryMin
 			case <-s.stopped:
 				return
 			}
-			backoff = min(2*backoff, s.cfg.RetryMax)
 			continue
 		}
 		if failures > 0 {
@@ -400,6 +404,16 @@ func (s *Spool) replay() {
 		if drained {
 			s.log.Info("spool: drained; writing to the sink directly again", "replayed_rows_total", s.replayed.Load())
 		}
+	}
+}
+
+// RetryNow makes the replayer try the sink again at once instead of at the
+// end of its backoff: call it when the sink is known to be back (a store
+// that just connected).
+func (s *Spool) RetryNow() {
+	select {
+	case s.retry <- struct{}{}:
+	default:
 	}
 }
 

@@ -161,19 +161,7 @@ func TestGatewayRestartLosesNothingAcknowledged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	counts := func() map[string]int {
-		res, err := store.Query(context.Background(), "SELECT span_id, count() FROM llm_calls GROUP BY span_id")
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]int{}
-		for _, r := range res.Rows {
-			var n int
-			fmt.Sscan(r[1], &n)
-			m[r[0]] = n
-		}
-		return m
-	}
+	counts := func() map[string]int { return spanCounts(t, store) }
 	want := append(append([]answered{}, phase1...), phase2...)
 	var got map[string]int
 	deadline := time.Now().Add(60 * time.Second)

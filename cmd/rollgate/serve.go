@@ -29,7 +29,6 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/otlp"
-	"github.com/rollgate/rollgate/export/stores"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
@@ -352,11 +351,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 
 	ctx := context.Background()
-	store, err := stores.OpenWith(ctx, fc.ClickHouse, fc.DB, clickhouse.Options{TTLDays: fc.ClickHouseTTLDays, Logger: log})
+	sc, err := openStore(ctx, fc.ClickHouse, fc.DB, fc.Spool.Dir != "", clickhouse.Options{TTLDays: fc.ClickHouseTTLDays, Logger: log}, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve: opening store:", err)
 		return 1
 	}
+	store := sc.Store
 	m := metrics.New()
 	sink := capture.NamedSink{Name: store.Name(), Sink: store}
 	var sp *spool.Spool
@@ -368,6 +368,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		sink.Sink = sp
+		sc.spool.Store(sp)
 	}
 	sinks := []capture.NamedSink{sink}
 	var otl *otlp.Sink
@@ -411,6 +412,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
 		return 2
 	}
+	srv.SetStoreStatus(sc.status)
 	pipe.SetFallback(srv.FallbackFor)
 	pipe.SetDetok(srv.DetokFor)
 	tq, err := openTaskQueue(ctx, fc.Queue.DSN, fc.DB, fc.Queue.Lease, store)

@@ -82,22 +82,12 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	chOpts, err := clickhouse.ParseDSN(dsn)
+	chOpts, db, err := parseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("clickhouse: parse DSN: %w", err)
+		return nil, err
 	}
 	if opt.DialTimeout > 0 {
 		chOpts.DialTimeout = opt.DialTimeout
-	}
-	if chOpts.Protocol == clickhouse.HTTP {
-		return nil, fmt.Errorf("clickhouse: DSN %q uses HTTP; use the native protocol (clickhouse://host:9000/db)", redact(dsn))
-	}
-	db := chOpts.Auth.Database
-	if db == "" {
-		db = "default"
-	}
-	if err := checkIdent(db); err != nil {
-		return nil, err
 	}
 
 	// Bootstrap on the server's default database: the target may not exist yet.
