@@ -1,0 +1,212 @@
+package seqstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// schema is rg_sequences, the same in SQLite and PostgreSQL. A row costs
+// about 100 bytes plus the two ids, and as much again in the primary key
+// index: ~250 bytes for a UUID rollout id (see Options.Retention).
+const schema = `
+CREATE TABLE IF NOT EXISTS rg_sequences (
+	rollout_id  TEXT NOT NULL,
+	attempt_id  TEXT NOT NULL,
+	next_id     BIGINT NOT NULL,
+	block       BIGINT NOT NULL,
+	holder      TEXT NOT NULL,
+	prev_holder TEXT NOT NULL,
+	updated_ns  BIGINT NOT NULL,
+	PRIMARY KEY (rollout_id, attempt_id)
+);
+CREATE INDEX IF NOT EXISTS rg_sequences_updated ON rg_sequences (updated_ns)
+`
+
+// sqlStore is what the SQLite and PostgreSQL stores share: the reservation
+// statement over database/sql, pruning, and the instance id.
+type sqlStore struct {
+	db       *sql.DB
+	owned    bool // Close closes db
+	instance string
+	opt      Options
+	m        *metrics
+	reserve  string // the reservation statement of the dialect
+	prune    string
+	log      *slog.Logger
+
+	stopPrune chan struct{}
+	closeOnce sync.Once
+	pruneDone chan struct{}
+}
+
+// sqliteReserve moves the row forward by a block. In DO UPDATE, every
+// expression sees the row as it was, so block and next_id grow by the same
+// amount. ?1 rollout, ?2 attempt, ?3 MinBlock, ?4 instance, ?5 MaxBlock,
+// ?6 now.
+const sqliteReserve = `INSERT INTO rg_sequences (rollout_id, attempt_id, next_id, block, holder, prev_holder, updated_ns)
+VALUES (?1, ?2, ?3 + 1, ?3, ?4, '', ?6)
+ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET
+	block = CASE WHEN holder = ?4 THEN MIN(block * 2, ?5) ELSE ?3 END,
+	next_id = next_id + CASE WHEN holder = ?4 THEN MIN(block * 2, ?5) ELSE ?3 END,
+	prev_holder = holder, holder = ?4, updated_ns = ?6
+RETURNING next_id, block, prev_holder`
+
+// SQLite is a Store on a SQLite file: for one gateway (the embedded store's
+// file, or the SQLite queue file when capturing to ClickHouse). Ids survive
+// restarts; several processes on one file get unique ids (SQLite serialises
+// the writes) but no takeover notification, so only PostgreSQL keeps them
+// increasing in call order across gateways.
+type SQLite struct {
+	sqlStore
+}
+
+// OpenSQLite opens (creating if needed) the SQLite file at path.
+func OpenSQLite(ctx context.Context, path string, opt Options) (*SQLite, error) {
+	if path == "" {
+		return nil, errors.New("seqstore: empty SQLite path: give --db or --queue")
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("seqstore: opening SQLite %s: %w", path, err)
+	}
+	s, err := NewSQLite(ctx, db, opt)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("seqstore: SQLite %s: %w", path, err)
+	}
+	s.owned = true
+	return s, nil
+}
+
+// NewSQLite makes a store on an open SQLite handle (the embedded store's),
+// creating rg_sequences if missing. Close does not close db.
+func NewSQLite(ctx context.Context, db *sql.DB, opt Options) (*SQLite, error) {
+	s := &SQLite{}
+	if err := s.init(ctx, db, opt, sqliteReserve, `DELETE FROM rg_sequences WHERE updated_ns < ?`); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// init fills the shared part and creates the table.
+func (s *sqlStore) init(ctx context.Context, db *sql.DB, opt Options, reserve, prune string) error {
+	opt.setDefaults()
+	id, err := newInstanceID()
+	if err != nil {
+		return err
+	}
+	s.db, s.opt, s.instance, s.reserve, s.prune = db, opt, id, reserve, prune
+	s.m = newMetrics(opt.Registerer)
+	s.log = opt.Logger
+	for _, stmt := range strings.Split(schema, ";") {
+		if strings.TrimSpace(stmt) == "" {
+			continue
+		}
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("seqstore: creating rg_sequences (check the database is writable): %w", err)
+		}
+	}
+	s.stopPrune, s.pruneDone = make(chan struct{}), make(chan struct{})
+	go s.pruneLoop()
+	return nil
+}
+
+// Instance is this store's gateway instance id, the holder it writes.
+func (s *sqlStore) Instance() string { return s.instance }
+
+// OnTakeover does nothing: a SQLite store has one gateway.
+func (s *SQLite) OnTakeover(func(rollout, attempt string)) {}
+
+// Reserve reserves the next block of (rollout, attempt).
+func (s *SQLite) Reserve(ctx context.Context, rollout, attempt string) (Block, error) {
+	b, _, err := s.reserveRow(ctx, rollout, attempt)
+	return b, err
+}
+
+// reserveRow runs the reservation statement and returns the block and the
+// row's previous holder.
+func (s *sqlStore) reserveRow(ctx context.Context, rollout, attempt string) (Block, string, error) {
+	var next, size int64
+	var prev string
+	err := s.db.QueryRowContext(ctx, s.reserve, rollout, attempt, int64(s.opt.MinBlock), s.instance,
+		int64(s.opt.MaxBlock), s.opt.Now().UnixNano()).Scan(&next, &size, &prev)
+	if err != nil {
+		s.m.errors.Inc()
+		if ctx.Err() != nil {
+			return Block{}, "", fmt.Errorf("seqstore: reserving sequence ids of rollout %q attempt %q: the database did not answer in time (%w); check it is up and not overloaded", rollout, attempt, err)
+		}
+		return Block{}, "", fmt.Errorf("seqstore: reserving sequence ids of rollout %q attempt %q (check the database is up and writable): %w", rollout, attempt, err)
+	}
+	b, err := blockOf(next, size)
+	if err != nil {
+		s.m.errors.Inc()
+		return Block{}, "", err
+	}
+	s.m.reservations.Inc()
+	return b, prev, nil
+}
+
+// pruneLoop deletes old rows hourly when a retention is set.
+func (s *sqlStore) pruneLoop() {
+	defer close(s.pruneDone)
+	if s.opt.Retention <= 0 {
+		return
+	}
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopPrune:
+			return
+		case <-t.C:
+		}
+		if _, err := s.Prune(context.Background()); err != nil {
+			s.log.Warn("pruning old rows of rg_sequences (retried in an hour)", "err", err)
+		}
+	}
+}
+
+// Prune deletes the rows of attempts no block was reserved for within the
+// retention (none when Options.Retention is 0) and returns how many.
+func (s *sqlStore) Prune(ctx context.Context) (int64, error) {
+	if s.opt.Retention <= 0 {
+		return 0, nil
+	}
+	r, err := s.db.ExecContext(ctx, s.prune, s.opt.Now().Add(-s.opt.Retention).UnixNano())
+	if err != nil {
+		return 0, fmt.Errorf("seqstore: pruning rg_sequences: %w", err)
+	}
+	n, _ := r.RowsAffected()
+	s.m.pruned.Add(float64(n))
+	return n, nil
+}
+
+// closeSQL stops pruning and closes the handle when the store opened it.
+func (s *sqlStore) closeSQL() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.stopPrune)
+		<-s.pruneDone
+		if s.owned {
+			err = s.db.Close()
+		}
+	})
+	return err
+}
+
+// Close stops pruning and closes the file when the store opened it.
+func (s *SQLite) Close() error { return s.closeSQL() }
+
+// Interface guards.
+var (
+	_ Store = (*SQLite)(nil)
+	_ Store = (*Postgres)(nil)
+)
