@@ -2,6 +2,7 @@ package capture
 
 import (
 	"bytes"
+	"github.com/rollgate/rollgate/export/arrays"
 	"math"
 	"slices"
 	"strconv"
@@ -1105,11 +1106,11 @@ func (a *Assembler) buildBody() {
 		b = appendRawOr(b, c.stopReason, "null")
 		if c.hasPrompt {
 			b = append(b, `,"prompt_token_ids":`...)
-			b = appendU32s(b, c.promptIDs)
+			b = arrays.AppendUint32s(b, c.promptIDs)
 		}
 		if c.hasTokenIDs {
 			b = append(b, `,"token_ids":`...)
-			b = appendU32s(b, c.tokenIDs)
+			b = arrays.AppendUint32s(b, c.tokenIDs)
 		}
 		b = append(b, '}')
 	}
@@ -1120,7 +1121,7 @@ func (a *Assembler) buildBody() {
 	}
 	if a.hasPmt {
 		b = append(b, `,"prompt_token_ids":`...)
-		b = appendU32s(b, a.prompt)
+		b = arrays.AppendUint32s(b, a.prompt)
 	}
 	b = append(b, '}')
 	a.body = b
@@ -1132,18 +1133,6 @@ func appendRawOr(dst, raw []byte, def string) []byte {
 		return append(dst, def...)
 	}
 	return append(dst, raw...)
-}
-
-// appendU32s appends ids as a JSON array.
-func appendU32s(dst []byte, ids []uint32) []byte {
-	dst = append(dst, '[')
-	for i, id := range ids {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = strconv.AppendUint(dst, uint64(id), 10)
-	}
-	return append(dst, ']')
 }
 
 // appendIDs appends the token ids of a JSON array. Elements that are not

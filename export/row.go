@@ -181,7 +181,19 @@ type RolloutDetail struct {
 // BulkRolloutReader is implemented by stores that read many rollouts in a
 // few queries (ClickHouse, where a round trip per rollout is slow).
 type BulkRolloutReader interface {
-	Rollouts(ctx context.Context, ids []string) (map[string]*RolloutDetail, error)
+	Rollouts(ctx context.Context, ids []string, opt ReadOptions) (map[string]*RolloutDetail, error)
+}
+
+// ReadOptions leave out of a bulk read the columns its reader does not need.
+type ReadOptions struct {
+	// NoResponseBody leaves Call.ResponseBody empty: the engine's raw
+	// answer, which the trainer bridge never reads and which is a call's
+	// largest column when logprobs were asked for.
+	NoResponseBody bool
+	// NoRequestBody leaves Call.RequestBody empty (the whole conversation
+	// so far: the bridge needs it only to retokenize and for AIR rules that
+	// read the request).
+	NoRequestBody bool
 }
 
 // Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.

@@ -452,26 +452,29 @@ func unitsOf(a attemptOut, i int, ref AttemptRef, o *Options) []unit {
 // in chunks instead of a round trip per rollout.
 func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, f func(i int, a attemptOut) error) error {
 	read := store
-	bulk, isBulk := store.(export.BulkRolloutReader)
 	cache := &prefetched{Store: store}
+	var chunks <-chan chunk
+	if bulk, ok := store.(export.BulkRolloutReader); ok {
+		// The engine's raw answer is never read here; the request only to
+		// retokenize and by AIR rules that read it.
+		ro := export.ReadOptions{NoResponseBody: true, NoRequestBody: o.Retokenize == nil && (o.AIR == nil || !o.AIR.ReadsRequests())}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // stops the reader when f fails
+		chunks = readAhead(ctx, bulk, refs, ro)
+	}
 	for i, ref := range refs {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if isBulk && i%bulkChunk == 0 {
-			ids := make([]string, 0, bulkChunk)
-			seen := map[string]bool{}
-			for _, r := range refs[i:min(len(refs), i+bulkChunk)] {
-				if !seen[r.RolloutID] {
-					seen[r.RolloutID] = true
-					ids = append(ids, r.RolloutID)
-				}
+		if chunks != nil && i%bulkChunk == 0 {
+			c, ok := <-chunks
+			if !ok {
+				return ctx.Err()
 			}
-			var err error
-			if cache.m, err = bulk.Rollouts(ctx, ids); err != nil {
-				return fmt.Errorf("bridge: reading rollouts: %w", err)
+			if c.err != nil {
+				return fmt.Errorf("bridge: reading rollouts: %w", c.err)
 			}
-			read = cache
+			cache.m, read = c.m, cache
 		}
 		a, err := buildAttempt(ctx, read, ref, o, st)
 		if err != nil {
@@ -777,6 +780,45 @@ func failedToolSpans(ctx context.Context, store export.Store) (map[[2]string][]e
 
 // bulkChunk is how many rollouts Build reads per query from a bulk reader.
 const bulkChunk = 500
+
+// chunk is the details of the rollouts of bulkChunk refs, or why they could
+// not be read.
+type chunk struct {
+	m   map[string]*export.RolloutDetail
+	err error
+}
+
+// readAhead reads the rollouts of refs in chunks of bulkChunk refs, one
+// chunk ahead of its consumer: the store prepares and sends the next chunk
+// while the bridge builds the samples of this one. Memory holds at most three
+// chunks (one in use, one in the channel, one being read). The channel is
+// closed after the last chunk, after an error, or when ctx ends.
+func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []AttemptRef, ro export.ReadOptions) <-chan chunk {
+	out := make(chan chunk, 1)
+	go func() {
+		defer close(out)
+		for i := 0; i < len(refs); i += bulkChunk {
+			ids := make([]string, 0, bulkChunk)
+			seen := map[string]bool{}
+			for _, r := range refs[i:min(len(refs), i+bulkChunk)] {
+				if !seen[r.RolloutID] {
+					seen[r.RolloutID] = true
+					ids = append(ids, r.RolloutID)
+				}
+			}
+			m, err := bulk.Rollouts(ctx, ids, ro)
+			select {
+			case out <- chunk{m, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return out
+}
 
 // prefetched serves Rollout from a chunk read in bulk, and everything else
 // from the store.

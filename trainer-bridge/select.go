@@ -78,8 +78,10 @@ type AttemptRef struct {
 	FirstCallUnixNano uint64
 }
 
-// SelectAttempts lists the attempts sel chooses, ordered by task, rollout
-// and attempt. It reads the rollouts table and a per-attempt aggregate of
+// SelectAttempts lists the attempts sel chooses, ordered by rollout and
+// attempt: the order of the stores' primary keys, so that reading them in
+// chunks reads neighbouring rows (ClickHouse reads whole granules of 8,192
+// rows: in task order, each rollout of a chunk cost a granule of its own). It reads the rollouts table and a per-attempt aggregate of
 // llm_calls through Store.Query with SQL that SQLite and ClickHouse both run;
 // filtering happens here so no value is spliced into SQL.
 func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]AttemptRef, error) {
@@ -193,9 +195,6 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]
-		if a.TaskID != b.TaskID {
-			return a.TaskID < b.TaskID
-		}
 		if a.RolloutID != b.RolloutID {
 			return a.RolloutID < b.RolloutID
 		}

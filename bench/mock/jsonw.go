@@ -1,6 +1,7 @@
 package mock
 
 import (
+	"github.com/rollgate/rollgate/export/arrays"
 	"math"
 	"strconv"
 	"unicode/utf8"
@@ -65,16 +66,7 @@ func appendJSONStringBody(dst []byte, s string) []byte {
 }
 
 // appendIDs appends ids as a JSON array of integers.
-func appendIDs(dst []byte, ids []uint32) []byte {
-	dst = append(dst, '[')
-	for i, id := range ids {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = strconv.AppendUint(dst, uint64(id), 10)
-	}
-	return append(dst, ']')
-}
+func appendIDs(dst []byte, ids []uint32) []byte { return arrays.AppendUint32s(dst, ids) }
 
 // appendRawBytes appends the bytes of s as a JSON list of integers.
 func appendRawBytes(dst []byte, s string) []byte {

@@ -154,3 +154,34 @@ func TestQueryRendersTypes(t *testing.T) {
 	f("SELECT 'héllo\tworld'", "héllo\tworld")
 	f("SELECT toFixedString('ab', 3)", "ab\x00")
 }
+
+// TestRolloutsReadOptions checks that a bulk read leaves out exactly the
+// bodies its options name and reads every other column as Rollout does.
+func TestRolloutsReadOptions(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t, Options{})
+	want := storetest.FullCall("r1", "a1", 1, 0)
+	if err := s.Write(ctx, &export.Batch{Calls: []export.Call{want}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, opt := range []export.ReadOptions{{}, {NoResponseBody: true}, {NoRequestBody: true}, {NoRequestBody: true, NoResponseBody: true}} {
+		m, err := s.Rollouts(ctx, []string{"r1", "unknown"}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m["unknown"].Calls) != 0 || len(m["r1"].Calls) != 1 {
+			t.Fatalf("%+v: %d and %d calls", opt, len(m["r1"].Calls), len(m["unknown"].Calls))
+		}
+		got, exp := m["r1"].Calls[0], want
+		if opt.NoRequestBody {
+			exp.RequestBody = ""
+		}
+		if opt.NoResponseBody {
+			exp.ResponseBody = ""
+		}
+		if got.RequestBody != exp.RequestBody || got.ResponseBody != exp.ResponseBody || got.ResponseMessage != exp.ResponseMessage ||
+			len(got.PromptTokenIDs) != len(exp.PromptTokenIDs) || len(got.ResponseLogprobs) != len(exp.ResponseLogprobs) || exp.RequestBody == "" && !opt.NoRequestBody {
+			t.Fatalf("%+v: got %+v, want %+v", opt, got, exp)
+		}
+	}
+}

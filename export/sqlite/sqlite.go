@@ -12,6 +12,7 @@ import (
 	"database/sql"
 	_ "embed"
 	"fmt"
+	"github.com/rollgate/rollgate/export/arrays"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -169,11 +170,11 @@ func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
 		var buf []byte
 		for i := range b.Calls {
 			c := &b.Calls[i]
-			buf = appendUint32s(buf[:0], c.PromptTokenIDs)
+			buf = arrays.AppendUint32s(buf[:0], c.PromptTokenIDs)
 			prompt := string(buf)
-			buf = appendUint32s(buf[:0], c.ResponseTokenIDs)
+			buf = arrays.AppendUint32s(buf[:0], c.ResponseTokenIDs)
 			resp := string(buf)
-			buf = appendFloat32s(buf[:0], c.ResponseLogprobs)
+			buf = arrays.AppendFloat32s(buf[:0], c.ResponseLogprobs)
 			logprobs := string(buf)
 			stream := 0
 			if c.Stream {
@@ -342,13 +343,13 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 		c.Stream, c.HTTPStatus = stream != 0, uint16(status)
 		c.PromptTokens, c.CompletionTokens = uint32(promptTok), uint32(complTok)
 		c.TurnPrefixLen, c.TurnPrevSequenceID = uint32(turnPrefix), u64(turnPrev)
-		if c.PromptTokenIDs, err = parseUint32s(promptIDs); err != nil {
+		if c.PromptTokenIDs, err = arrays.ParseUint32s(promptIDs); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: span %q prompt_token_ids: %w", c.SpanID, err)
 		}
-		if c.ResponseTokenIDs, err = parseUint32s(respIDs); err != nil {
+		if c.ResponseTokenIDs, err = arrays.ParseUint32s(respIDs); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: span %q response_token_ids: %w", c.SpanID, err)
 		}
-		if c.ResponseLogprobs, err = parseFloat32s(logprobs); err != nil {
+		if c.ResponseLogprobs, err = arrays.ParseFloat32s(logprobs); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: span %q response_logprobs: %w", c.SpanID, err)
 		}
 		out = append(out, c)

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -129,7 +130,7 @@ func TestJSONArrays(t *testing.T) {
 	defer s.Close()
 	c := storetest.EmptyCall("r", "a", 1)
 	c.PromptTokenIDs = []uint32{5, 6, 7}
-	c.ResponseLogprobs = []float32{-0.5, float32(negInf())}
+	c.ResponseLogprobs = []float32{-0.5, float32(math.Inf(-1))}
 	if err := s.Write(ctx, &export.Batch{Calls: []export.Call{c}}); err != nil {
 		t.Fatal(err)
 	}

@@ -180,6 +180,12 @@ func testRoundTrip(t *testing.T, s export.Store) {
 		big.ResponseLogprobs[i] = -float32(i) / 7
 		big.ResponseTokenIDs[i] = uint32(i * 3)
 	}
+	// Values whose text forms are hard to read back bit for bit (readers
+	// may move arrays as text): subnormals, extremes, -0, non-finite.
+	copy(big.ResponseLogprobs, []float32{math.SmallestNonzeroFloat32, -math.SmallestNonzeroFloat32, math.Float32frombits(0x007fffff),
+		math.MaxFloat32, -math.MaxFloat32, math.Float32frombits(1 << 31), float32(math.Inf(1)), float32(math.NaN()),
+		-0.1234567, -1.0000001e-7, math.Float32frombits(0x3f800001), math.Nextafter32(-1, 0)})
+	big.ResponseTokenIDs[1] = math.MaxUint32
 	errCall := EmptyCall("r1", "a1", 4)
 	errCall.HTTPStatus = 502
 	errCall.Error = "backend: connection refused; 'quoted' \"double\" \\ \t tab"

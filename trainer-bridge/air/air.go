@@ -129,6 +129,13 @@ func (e *Engine) Evaluate(calls []export.Call, timeUnixNano uint64) []export.Rew
 // Enabled reports whether a rule is on.
 func (e *Engine) Enabled(rule string) bool { return e.on(rule) }
 
+// ReadsRequests reports whether an enabled rule reads the calls' request
+// bodies (tool declarations, tool results, repeats); the others read only
+// the response message, status and finish reason.
+func (e *Engine) ReadsRequests() bool {
+	return e.on(RuleToolArgs) || e.on(RuleToolFailure) || e.on(RuleRepeat)
+}
+
 // EvaluateSpans is Evaluate with the agent's own spans (agent_spans rows, any
 // rollouts): a tool span with status error is a hit of air_tool_span on the
 // call that asked for the tool — the call whose tool_calls carry the span's

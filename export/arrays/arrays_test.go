@@ -1,0 +1,116 @@
+package arrays
+
+import (
+	"math"
+	"testing"
+)
+
+func TestArrays(t *testing.T) {
+	f := func(ids []uint32, vs []float32, wantIDs, wantVs string) {
+		t.Helper()
+		if got := string(AppendUint32s(nil, ids)); got != wantIDs {
+			t.Fatalf("AppendUint32s(%v) = %s, want %s", ids, got, wantIDs)
+		}
+		if got := string(AppendFloat32s(nil, vs)); got != wantVs {
+			t.Fatalf("AppendFloat32s(%v) = %s, want %s", vs, got, wantVs)
+		}
+		backIDs, err := ParseUint32s(wantIDs)
+		if err != nil || len(backIDs) != len(ids) {
+			t.Fatalf("ParseUint32s(%s) = %v, %v", wantIDs, backIDs, err)
+		}
+		for i := range ids {
+			if backIDs[i] != ids[i] {
+				t.Fatalf("ParseUint32s(%s)[%d] = %d", wantIDs, i, backIDs[i])
+			}
+		}
+		backVs, err := ParseFloat32s(wantVs)
+		if err != nil || len(backVs) != len(vs) {
+			t.Fatalf("ParseFloat32s(%s) = %v, %v", wantVs, backVs, err)
+		}
+		for i := range vs {
+			if math.Float32bits(backVs[i]) != math.Float32bits(vs[i]) && !(vs[i] != vs[i] && backVs[i] != backVs[i]) {
+				t.Fatalf("ParseFloat32s(%s)[%d] = %v, want %v", wantVs, i, backVs[i], vs[i])
+			}
+		}
+	}
+	f(nil, nil, "[]", "[]")
+	f([]uint32{0}, []float32{0}, "[0]", "[0]")
+	f([]uint32{1, 2, 3}, []float32{-0.5, -1.25, 1e-7}, "[1,2,3]", "[-0.5,-1.25,1e-07]")
+	f([]uint32{math.MaxUint32}, []float32{float32(math.Inf(-1)), float32(math.Inf(1)), float32(math.NaN()), math.MaxFloat32, math.SmallestNonzeroFloat32},
+		"[4294967295]", "[-Infinity,Infinity,NaN,3.4028235e+38,1e-45]")
+}
+
+func TestParseArraysRejects(t *testing.T) {
+	for _, s := range []string{"", "[", "1,2", "[1,,2]", "[-1]", "[4294967296]", "[a]", "{}"} {
+		if _, err := ParseUint32s(s); err == nil {
+			t.Errorf("ParseUint32s(%q): no error", s)
+		}
+	}
+	for _, s := range []string{"", "[", "[1,,2]", "[x]", "[1e99]"} {
+		if _, err := ParseFloat32s(s); err == nil {
+			t.Errorf("ParseFloat32s(%q): no error", s)
+		}
+	}
+	// Whitespace as other JSON writers put it is accepted.
+	if v, err := ParseUint32s(" [ 1 , 2 ] "); err != nil || len(v) != 2 || v[1] != 2 {
+		t.Errorf("ParseUint32s with spaces = %v, %v", v, err)
+	}
+}
+
+func FuzzParseUint32s(f *testing.F) {
+	for _, s := range []string{"[]", "[1,2,3]", "[4294967295]", " [ 1 ] ", "[-1]"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids, err := ParseUint32s(s)
+		if err != nil {
+			return
+		}
+		// What parses re-encodes and parses to the same ids.
+		again, err := ParseUint32s(string(AppendUint32s(nil, ids)))
+		if err != nil || len(again) != len(ids) {
+			t.Fatalf("round trip of %q: %v, %v", s, again, err)
+		}
+		for i := range ids {
+			if again[i] != ids[i] {
+				t.Fatalf("round trip of %q: %v != %v", s, again, ids)
+			}
+		}
+	})
+}
+
+func FuzzParseFloat32s(f *testing.F) {
+	for _, s := range []string{"[]", "[-0.5,1e-07]", "[-Infinity,NaN]", "[3.4028235e+38]"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		vs, err := ParseFloat32s(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseFloat32s(string(AppendFloat32s(nil, vs)))
+		if err != nil || len(again) != len(vs) {
+			t.Fatalf("round trip of %q: %v, %v", s, again, err)
+		}
+		for i := range vs {
+			if math.Float32bits(again[i]) != math.Float32bits(vs[i]) && !(vs[i] != vs[i] && again[i] != again[i]) {
+				t.Fatalf("round trip of %q: %v != %v", s, again, vs)
+			}
+		}
+	})
+}
+
+func BenchmarkAppendArrays(b *testing.B) {
+	ids := make([]uint32, 4096)
+	vs := make([]float32, 4096)
+	for i := range ids {
+		ids[i] = uint32(i * 37)
+		vs[i] = -float32(i) / 97
+	}
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendUint32s(buf[:0], ids)
+		buf = AppendFloat32s(buf[:0], vs)
+	}
+}
