@@ -158,6 +158,9 @@ type backendsDoc struct {
 type backendView struct {
 	Model    string        `json:"model"`
 	Replicas []replicaView `json:"replicas"`
+	// Routing and LoadFactor are the pool's effective policy (defaults resolved).
+	Routing    string  `json:"routing"`
+	LoadFactor float64 `json:"load_factor,omitempty"`
 }
 
 type replicaView struct {
@@ -176,6 +179,7 @@ func (s *Server) getBackends(ctx *fasthttp.RequestCtx) {
 			p = t.wildcard
 		}
 		v := backendView{Model: b.Model}
+		v.Routing, v.LoadFactor = routingOf(p.sel)
 		for _, r := range p.replicas {
 			rv := replicaView{Replica: r.spec, Outstanding: r.outstanding.Load(), Healthy: r.healthy()}
 			if r.kindOK.Load() {

@@ -118,6 +118,16 @@ type Config struct {
 	CaptureEmbeddingBodies bool `yaml:"capture_embedding_bodies"`
 	// Backends is the initial routing table.
 	Backends []Backend `yaml:"backends"`
+	// Routing is how pools that set no routing of their own pick a replica:
+	// "affine" (the default: the calls of one rollout stay on one replica
+	// while it is healthy and under the load bound, so its prefix cache
+	// serves every turn after the first; see affinity.go) or
+	// "least_outstanding" (every call to the least loaded replica).
+	Routing string `yaml:"routing"`
+	// RoutingLoadFactor is affine routing's load bound c ≥ 1 for pools that
+	// set none: a replica with ceil(c × average outstanding calls) or more is
+	// passed over for the rollout's next replica (default 1.25).
+	RoutingLoadFactor float64 `yaml:"routing_load_factor"`
 	// Tracing, when set, makes the gateway's own spans (the proxy hop and
 	// each backend attempt, see NewTracing); nil (the default) = no tracing
 	// work at all. The owner shuts it down after the gateway.
@@ -129,9 +139,16 @@ type Backend struct {
 	// Model is the name clients put in "model". "*" matches any model not
 	// listed elsewhere (used with a single --upstream).
 	Model string `yaml:"model" json:"model"`
-	// Replicas serve the model; requests go to the one with the fewest
-	// outstanding requests (weights break ties).
+	// Replicas serve the model; Routing says which one takes a call.
 	Replicas []Replica `yaml:"replicas" json:"replicas"`
+	// Routing is "affine" (calls of one rollout to one replica while it is
+	// healthy and not overloaded) or "least_outstanding" (the replica with
+	// the fewest outstanding requests, weights breaking ties); empty = the
+	// gateway's Config.Routing (default affine).
+	Routing string `yaml:"routing" json:"routing,omitempty"`
+	// LoadFactor is affine routing's bound c ≥ 1 (see Config.RoutingLoadFactor);
+	// 0 = the gateway's.
+	LoadFactor float64 `yaml:"load_factor" json:"load_factor,omitempty"`
 }
 
 // Replica is one inference server.
@@ -224,6 +241,12 @@ func (c *Config) SetDefaults() {
 	if c.MaxTrackedAttemptBytes <= 0 {
 		c.MaxTrackedAttemptBytes = defaultMaxTrackedAttemptBytes
 	}
+	if c.Routing == "" {
+		c.Routing = RoutingAffine
+	}
+	if c.RoutingLoadFactor == 0 {
+		c.RoutingLoadFactor = DefaultRoutingLoadFactor
+	}
 }
 
 // ValidateBackends checks a routing table and says which entry is wrong.
@@ -239,6 +262,9 @@ func ValidateBackends(bs []Backend) error {
 		seen[b.Model] = true
 		if len(b.Replicas) == 0 {
 			return fmt.Errorf("backends[%d] (model %q): no replicas", i, b.Model)
+		}
+		if err := validRouting(b.Routing, b.LoadFactor); err != nil {
+			return fmt.Errorf("backends[%d] (model %q): %w", i, b.Model, err)
 		}
 		for j, r := range b.Replicas {
 			u, err := url.Parse(r.URL)

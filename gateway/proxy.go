@@ -127,10 +127,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		backoff = s.cfg.RetryBackoff
 	)
 	for attempt := 0; ; attempt++ {
-		r = s.selector.Select(pl, tried)
+		r = s.pick(pl, c.attr.rolloutID, tried)
 		if r == nil { // every replica tried once: start over
 			tried = tried[:0]
-			r = s.selector.Select(pl, nil)
+			r = s.pick(pl, c.attr.rolloutID, nil)
 		}
 		kind := r.resolveKind()
 		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind), Validated: true})

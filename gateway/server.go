@@ -35,7 +35,7 @@ type Server struct {
 	capture  *capture.Pipeline
 	m        *metrics.Metrics
 	log      *slog.Logger
-	selector Selector
+	affinity routeCounters // rollgate_routing_affinity_total by outcome (affinity.go)
 
 	table        atomic.Pointer[table]
 	tableMu      sync.Mutex    // serialises PUT /api/v1/backends
@@ -88,7 +88,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 		capture:  pipe,
 		m:        m,
 		log:      log,
-		selector: LeastOutstanding{},
+		affinity: newRouteCounters(m),
 		tracing:  cfg.Tracing,
 	}
 	s.stop = make(chan struct{})

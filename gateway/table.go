@@ -28,6 +28,7 @@ type replica struct {
 	basePath string // path of the base URL without trailing slash, e.g. "/v1"
 	client   *fasthttp.HostClient
 	auth     string // "Bearer ..." of the start-time key APIKeyEnv names, or ""
+	key      uint64 // hash of spec.URL: the replica's identity in rendezvous hashing (affinity.go)
 
 	outstanding atomic.Int64
 
@@ -120,6 +121,7 @@ func versionBefore(v string, major, minor, patch int) bool {
 type pool struct {
 	model    string
 	replicas []*replica
+	sel      Selector      // the pool's routing policy (affinity.go)
 	next     atomic.Uint64 // rotates the starting point of ties
 }
 
@@ -135,10 +137,11 @@ type table struct {
 	wildcard *pool
 }
 
-// Selector picks a replica of a pool for one call, skipping those in exclude
-// (already tried for this call). It returns nil when none is left.
+// Selector picks a replica of a pool for one call of rollout (nil when the
+// call names none), skipping those in exclude (already tried for this call),
+// and says how it chose. It returns nil when none is left.
 type Selector interface {
-	Select(p *pool, exclude []*replica) *replica
+	Select(p *pool, rollout []byte, exclude []*replica) (*replica, RouteOutcome)
 }
 
 // LeastOutstanding picks the healthy replica with the fewest outstanding
@@ -147,13 +150,13 @@ type Selector interface {
 // calls only because checks failed.
 type LeastOutstanding struct{}
 
-// Select implements Selector.
-func (LeastOutstanding) Select(p *pool, exclude []*replica) *replica {
+// Select implements Selector; the rollout plays no part.
+func (LeastOutstanding) Select(p *pool, _ []byte, exclude []*replica) (*replica, RouteOutcome) {
 	now := time.Now().UnixNano()
 	if r := leastLoaded(p, exclude, now, true); r != nil {
-		return r
+		return r, RouteUncounted
 	}
-	return leastLoaded(p, exclude, now, false)
+	return leastLoaded(p, exclude, now, false), RouteUncounted
 }
 
 func leastLoaded(p *pool, exclude []*replica, now int64, healthyOnly bool) *replica {
@@ -271,7 +274,11 @@ func buildTable(spec []Backend, old *table, cc *clientCache, keys *upstreamKeys)
 	}
 	t := &table{spec: spec, pools: map[string]*pool{}}
 	for _, b := range spec {
-		p := &pool{model: b.Model}
+		sel, err := poolSelector(b, cc.cfg)
+		if err != nil {
+			return nil, err
+		}
+		p := &pool{model: b.Model, sel: sel}
 		for _, rs := range b.Replicas {
 			if rs.Weight == 0 {
 				rs.Weight = 1
@@ -297,6 +304,7 @@ func buildTable(spec []Backend, old *table, cc *clientCache, keys *upstreamKeys)
 				origin:   u.Scheme + "://" + u.Host,
 				basePath: u.Path,
 				client:   cc.get(u),
+				key:      replicaHashKey(rs.URL),
 			}
 			if rs.APIKeyEnv != "" {
 				auth, err := keys.bearer(rs.APIKeyEnv, rs.URL)

@@ -100,7 +100,10 @@ func wantAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[att
 // backend attempt; a call first sent to the refused replica has a failed,
 // retried attempt span and then the mock's.
 func TestTracingRetriesNestInClientTrace(t *testing.T) {
-	e, tr, exp := tracedEnv(t, 0.000001, nil) // the ratio does not apply: the client's trace is sampled
+	// The ratio does not apply: the client's trace is sampled. Least
+	// outstanding rotates among idle replicas (affine routing would keep
+	// ro-1 on one of them).
+	e, tr, exp := tracedEnv(t, 0.000001, func(c *gateway.Config) { c.Routing = gateway.RoutingLeastOutstanding })
 	ids := map[string]int{}
 	for i := range 3 {
 		r := do(t, "POST", e.url+"/rollout/ro-1/attempt/at-1/v1/chat/completions", chatBody,

@@ -150,6 +150,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		queueBytes     = fs.Int("capture-queue-bytes", 256<<20, "memory the calls waiting for capture may hold (bodies, token ids); past it calls are dropped from capture and counted, as for --capture-queue")
 		fwdAuth        = fs.Bool("forward-client-authorization", false, "pass the agent's Authorization header to backends that have no key of their own (default: the gateway holds upstream credentials)")
 		retries        = fs.Int("retries", 2, "times a call that failed before any response byte is retried on another replica (-1 = never)")
+		routing        = fs.String("routing", gateway.RoutingAffine, "how a model's replicas share calls, for pools whose config sets no routing: affine (the calls of one rollout go to one replica while it is healthy and under the load bound, so the engine's prefix cache serves every turn after the first; calls without a rollout id go to the least loaded) or least_outstanding (every call to the least loaded replica); see also --routing-load-factor")
+		loadFactor     = fs.Float64("routing-load-factor", gateway.DefaultRoutingLoadFactor, "affine routing's load bound c >= 1: a replica holding ceil(c x average outstanding calls) or more is passed over for the rollout's next replica; larger keeps rollouts on their replica under more imbalance")
 		spoolDir       = fs.String("spool-dir", "", "durable spool folder: captured rows wait here (checksummed, replayed in order) while the store is down or slow; empty = no spool (rows are dropped, counted, after retries)")
 		spoolMax       = fs.Int64("spool-max-bytes", 1<<30, "largest size of the spool")
 		spoolPolicy    = fs.String("spool-full-policy", "block", "when the spool is full: block (capture waits) or drop (rows dropped and counted in rollgate_spool_dropped_rows_total)")
@@ -237,6 +239,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	if set["retries"] || cfg.Retries == 0 {
 		cfg.Retries = *retries
+	}
+	if set["routing"] || cfg.Routing == "" {
+		cfg.Routing = *routing
+	}
+	if set["routing-load-factor"] || cfg.RoutingLoadFactor == 0 {
+		cfg.RoutingLoadFactor = *loadFactor
 	}
 	cfg.AdminToken = os.Getenv("ROLLGATE_ADMIN_TOKEN")
 	if cfg.AdminToken == "" && !*insecureAdmin {

@@ -33,6 +33,11 @@ type Metrics struct {
 	InFlight prometheus.Gauge
 	// BackendInFlight is the number of outstanding requests per backend replica.
 	BackendInFlight *prometheus.GaugeVec
+	// RoutingAffinity counts replica selections of rollout-affine pools by
+	// outcome: hit (the rollout's own replica), spill (the next in its
+	// order: its own was unhealthy, overloaded or already tried), fallback
+	// (no rollout id or no healthy replica: least outstanding).
+	RoutingAffinity *prometheus.CounterVec
 
 	// CaptureQueueDepth is the number of calls waiting in the capture queue.
 	CaptureQueueDepth prometheus.Gauge
@@ -110,6 +115,9 @@ func New() *Metrics {
 		BackendInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rollgate_backend_in_flight_requests", Help: "Outstanding requests per backend replica.",
 		}, []string{"backend"}),
+		RoutingAffinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_routing_affinity_total", Help: "Replica selections of rollout-affine pools by outcome: hit (the rollout's own replica), spill (the next replica of its rendezvous order: its own was unhealthy, over the load bound or already tried by the call), fallback (no rollout id, or no healthy replica: least outstanding).",
+		}, []string{"outcome"}),
 		CaptureQueueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rollgate_capture_queue_depth", Help: "Calls waiting in the capture queue.",
 		}),
@@ -159,7 +167,7 @@ func New() *Metrics {
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.Requests, m.CallsRejected, m.SequenceEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight,
+		m.Requests, m.CallsRejected, m.SequenceEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
 		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Detok, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)

@@ -1,0 +1,236 @@
+package gateway
+
+// Rollout-affine routing: the calls of one rollout go to one replica of the
+// model's pool while it is healthy and not overloaded, so that the engine's
+// prefix cache (vLLM's automatic prefix caching, SGLang's radix cache) holds
+// the conversation a multi-turn agent resends every turn and only the new
+// turn is prefilled.
+//
+// The replica is chosen by rendezvous (highest-random-weight) hashing of the
+// rollout id with each replica's URL, with bounded load as in "consistent
+// hashing with bounded loads" (Mirrokni, Thorup, Zadimoghaddam, SODA 2018):
+// a replica already holding ceil(c × (total outstanding + 1) / healthy
+// replicas) calls or more is skipped, and the next replica in the rollout's
+// rendezvous order takes the call. So no replica carries more than about c
+// times the average load, and when a replica leaves (unhealthy, removed,
+// overloaded) only the rollouts it served move, each to its own next choice.
+//
+// The hash is deterministic (xxhash, no per-process seed as hash/maphash
+// has), so every gateway behind a load balancer sends a rollout to the same
+// replica, and so does a restarted gateway.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollgate/rollgate/internal/metrics"
+)
+
+// Routing policies (Backend.Routing, Config.Routing, serve --routing).
+const (
+	// RoutingAffine sends the calls of one rollout to one replica while it is
+	// healthy and not overloaded (see Affine). The default.
+	RoutingAffine = "affine"
+	// RoutingLeastOutstanding sends every call to the replica with the fewest
+	// outstanding calls (see LeastOutstanding).
+	RoutingLeastOutstanding = "least_outstanding"
+	// DefaultRoutingLoadFactor is the default bound c of affine routing.
+	DefaultRoutingLoadFactor = 1.25
+)
+
+// RouteOutcome says how a replica was selected, for the counter
+// rollgate_routing_affinity_total.
+type RouteOutcome uint8
+
+// Outcomes of a selection.
+const (
+	// RouteUncounted: a least_outstanding pool's selection (not counted).
+	RouteUncounted RouteOutcome = iota
+	// RouteHit: the rollout's own replica, the first of its rendezvous order.
+	RouteHit
+	// RouteSpill: a later replica of the rollout's order, because its own was
+	// unhealthy, over the load bound or already tried by this call.
+	RouteSpill
+	// RouteFallback: least outstanding, because the call names no rollout or
+	// no replica is healthy.
+	RouteFallback
+	numRouteOutcomes
+)
+
+var routeOutcomeNames = [numRouteOutcomes]string{RouteHit: "hit", RouteSpill: "spill", RouteFallback: "fallback"}
+
+// Affine is rollout-affine selection: rendezvous hashing of the rollout id
+// with bounded load (see the top of affinity.go). Calls without a rollout
+// id, and calls finding no healthy replica, are routed as by
+// LeastOutstanding. Replica weights scale both a replica's share of rollouts
+// (weighted rendezvous: score = -ln(u)/weight) and its load bound.
+type Affine struct {
+	// LoadFactor is c ≥ 1: a replica is skipped while its outstanding calls
+	// are at or above ceil(c × (total outstanding + 1) × weight / healthy
+	// weight). +Inf disables the bound (pure rendezvous hashing).
+	LoadFactor float64
+}
+
+// Select implements Selector without allocating.
+func (a Affine) Select(p *pool, rollout []byte, exclude []*replica) (*replica, RouteOutcome) {
+	if len(rollout) == 0 {
+		r, _ := LeastOutstanding{}.Select(p, nil, exclude)
+		return r, RouteFallback
+	}
+	now := time.Now().UnixNano()
+	var (
+		total int64
+		sumW  float64
+	)
+	for _, r := range p.replicas {
+		if r.unhealthyUntil.Load() > now || slices.Contains(exclude, r) {
+			continue
+		}
+		total += r.outstanding.Load()
+		sumW += r.weight()
+	}
+	if sumW == 0 { // nothing healthy left: least loaded of the rest
+		return leastLoaded(p, exclude, now, false), RouteFallback
+	}
+	h := xxhash.Sum64(rollout)
+	var (
+		best, home           *replica
+		bestScore, homeScore float64
+	)
+	for _, r := range p.replicas {
+		w := r.weight()
+		sc := rendezvousScore(h, r.key, w)
+		if home == nil || sc < homeScore {
+			home, homeScore = r, sc
+		}
+		if r.unhealthyUntil.Load() > now || slices.Contains(exclude, r) {
+			continue
+		}
+		bound := math.Ceil(a.LoadFactor * float64(total+1) * w / sumW)
+		if float64(r.outstanding.Load()) >= bound {
+			continue
+		}
+		if best == nil || sc < bestScore {
+			best, bestScore = r, sc
+		}
+	}
+	if best == nil {
+		// Some replica is always under the bound (c ≥ 1); the counters moved
+		// between the two passes. Least loaded of the healthy ones.
+		return leastLoaded(p, exclude, now, true), RouteSpill
+	}
+	if best == home {
+		return best, RouteHit
+	}
+	return best, RouteSpill
+}
+
+var _ Selector = Affine{}
+
+// weight is the replica's selection weight (at least 1).
+func (r *replica) weight() float64 {
+	if r.spec.Weight <= 0 {
+		return 1
+	}
+	return float64(r.spec.Weight)
+}
+
+// replicaHashKey is the hash of a replica's identity in rendezvous hashing: its
+// URL, so a replica keeps its rollouts across table swaps and renames.
+func replicaHashKey(url string) uint64 { return xxhash.Sum64String(url) }
+
+// rendezvousScore is the weighted rendezvous score of a rollout (hash h) on
+// a replica (hash key, weight w): -ln(u)/w with u uniform in (0, 1) from
+// the hash of the pair. The lowest score wins; with equal weights that is
+// the highest hash.
+func rendezvousScore(h, key uint64, w float64) float64 {
+	var pair [16]byte
+	binary.LittleEndian.PutUint64(pair[:8], h)
+	binary.LittleEndian.PutUint64(pair[8:], key)
+	x := xxhash.Sum64(pair[:])
+	u := (float64(x>>11) + 0.5) / (1 << 53)
+	return -math.Log(u) / w
+}
+
+// validRouting checks a routing policy and load factor as given in a
+// Backend ("" and 0 mean the gateway's default).
+func validRouting(routing string, loadFactor float64) error {
+	switch routing {
+	case "", RoutingAffine, RoutingLeastOutstanding:
+	default:
+		return fmt.Errorf("routing %q is not one of %s, %s", routing, RoutingAffine, RoutingLeastOutstanding)
+	}
+	if !(loadFactor == 0 || loadFactor >= 1) {
+		return fmt.Errorf("load_factor %v is below 1: affine routing needs c ≥ 1 (default %v; larger keeps rollouts on their replica under more imbalance)", loadFactor, DefaultRoutingLoadFactor)
+	}
+	return nil
+}
+
+// errRoutingDefault says how to fix the gateway-wide routing settings.
+var errRoutingDefault = errors.New("set routing: / routing_load_factor: in the config file, or --routing / --routing-load-factor")
+
+// poolSelector returns the selector of backend b: its own routing and load
+// factor, else the gateway's (cfg; nil = the defaults).
+func poolSelector(b Backend, cfg *Config) (Selector, error) {
+	routing, lf := RoutingAffine, DefaultRoutingLoadFactor
+	if cfg != nil {
+		if err := validRouting(cfg.Routing, cfg.RoutingLoadFactor); err != nil {
+			return nil, fmt.Errorf("gateway %w (%w)", err, errRoutingDefault)
+		}
+		if cfg.Routing != "" {
+			routing = cfg.Routing
+		}
+		if cfg.RoutingLoadFactor != 0 {
+			lf = cfg.RoutingLoadFactor
+		}
+	}
+	if b.Routing != "" {
+		routing = b.Routing
+	}
+	if b.LoadFactor != 0 {
+		lf = b.LoadFactor
+	}
+	if routing == RoutingLeastOutstanding {
+		return LeastOutstanding{}, nil
+	}
+	return Affine{LoadFactor: lf}, nil
+}
+
+// routingOf describes a pool's selector for GET /api/v1/backends.
+func routingOf(sel Selector) (routing string, loadFactor float64) {
+	if a, ok := sel.(Affine); ok {
+		return RoutingAffine, a.LoadFactor
+	}
+	return RoutingLeastOutstanding, 0
+}
+
+// routeCounters are rollgate_routing_affinity_total's series by outcome,
+// resolved once so that counting allocates nothing.
+type routeCounters [numRouteOutcomes]prometheus.Counter
+
+func newRouteCounters(m *metrics.Metrics) routeCounters {
+	var rc routeCounters
+	for o, name := range routeOutcomeNames {
+		if name != "" {
+			rc[o] = m.RoutingAffinity.WithLabelValues(name)
+		}
+	}
+	return rc
+}
+
+// pick selects the replica of pool p for a call of rollout (nil: none),
+// skipping those in exclude, and counts the outcome.
+func (s *Server) pick(p *pool, rollout []byte, exclude []*replica) *replica {
+	r, o := p.sel.Select(p, rollout, exclude)
+	if c := s.affinity[o]; c != nil {
+		c.Inc()
+	}
+	return r
+}
