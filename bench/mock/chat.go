@@ -33,6 +33,7 @@ func (s *Server) chat(ctx *fasthttp.RequestCtx, k *knobs) {
 		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
+	p.prefill()
 	switch s.cfg.Flavor {
 	case FlavorSGLang:
 		if f.stream && p.returnIDs {
@@ -312,7 +313,7 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 		dst = append(dst, '}')
 	}
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	dst = p.appendUsageOf(dst)
 	dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
 	dst = appendIDsOrNull(dst, p.prompts, p.returnIDs)
 	return append(dst, '}')
@@ -346,7 +347,7 @@ func (p *plan) appendChatRole(dst []byte, i int) []byte {
 func (p *plan) appendChatUsageChunk(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	dst = p.appendUsageOf(dst)
 	return append(dst, '}')
 }
 

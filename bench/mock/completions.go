@@ -24,6 +24,7 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx, k *knobs) {
 		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
+	p.prefill()
 	switch s.cfg.Flavor {
 	case FlavorSGLang:
 		p.respond(ctx, f.stream, (*plan).appendSGLangCompletionFull, (*plan).streamSGLangCompletion)
@@ -250,7 +251,7 @@ func (p *plan) appendCompletionFull(dst []byte) []byte {
 		dst = append(dst, '}')
 	}
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	dst = p.appendUsageOf(dst)
 	return append(dst, '}')
 }
 
@@ -318,6 +319,6 @@ func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
 func (p *plan) appendCompletionUsageChunk(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, p.promptTokens(), p.completionTokens())
+	dst = p.appendUsageOf(dst)
 	return append(dst, '}')
 }

@@ -62,6 +62,15 @@ type Config struct {
 	// HangTimeout bounds how long x-mock-fail: hang waits for the client to go away.
 	// Default 60s.
 	HangTimeout time.Duration
+	// PrefixCacheBlocks > 0 turns on the prefix-cache model (see prefixcache.go):
+	// an LRU of this many prompt blocks of PrefixBlockSize tokens, like vLLM's
+	// automatic prefix caching; hits are reported as
+	// usage.prompt_tokens_details.cached_tokens. Default 0: off.
+	PrefixCacheBlocks int
+	// PrefillPerToken is added to the time to first token for every prompt
+	// token not served from the prefix cache (every prompt token when the
+	// model is off). Default 0.
+	PrefillPerToken time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -124,4 +133,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DropIDsEvery, "drop-ids-every", d.DropIDsEvery, "k > 0: omit token_ids of every k-th streamed content chunk (vLLM tool-parser bug); 0 disables")
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed mixed into all generated text")
 	fs.DurationVar(&c.HangTimeout, "hang-timeout", d.HangTimeout, "how long x-mock-fail: hang holds a connection")
+	fs.IntVar(&c.PrefixCacheBlocks, "prefix-cache-blocks", d.PrefixCacheBlocks, "n > 0: model vLLM's automatic prefix caching with an LRU of n prompt blocks of 16 tokens (cached prompt tokens skip --prefill-per-token and are reported as usage.prompt_tokens_details.cached_tokens and on GET /metrics); 0 = off")
+	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "time to first token added per prompt token not served from the prefix cache, e.g. 20us (see --prefix-cache-blocks); 0 = none")
 }

@@ -71,6 +71,7 @@ type plan struct {
 	returnIDs, logprobs, asTokenIDs, includeUsage bool
 	topLogprobs                                   int
 	k                                             knobs
+	cached                                        int // prompt tokens served from the prefix cache
 
 	// Responses API echoes.
 	temperature float64
@@ -93,6 +94,7 @@ func acquirePlan(s *Server, k *knobs) *plan {
 	p.choices = p.choices[:0]
 	p.returnIDs, p.logprobs, p.asTokenIDs, p.includeUsage = false, false, false, false
 	p.topLogprobs = 0
+	p.cached = 0
 	return p
 }
 

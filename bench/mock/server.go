@@ -67,6 +67,8 @@ const (
 	PathWakeUp           = "/wake_up"
 	PathIsSleeping       = "/is_sleeping"
 	PathResetPrefixCache = "/reset_prefix_cache"
+	// PathMetrics serves the prefix-cache counters (see prefixcache.go).
+	PathMetrics = "/metrics"
 	// PathApplyTemplate and PathProps are served by FlavorLlamaCpp only.
 	PathApplyTemplate = "/apply-template"
 	PathProps         = "/props"
@@ -74,7 +76,7 @@ const (
 
 var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathModels,
 	PathVersion, PathHealth, PathTokenize, PathDetokenize, PathSleep, PathWakeUp, PathIsSleeping,
-	PathResetPrefixCache, PathApplyTemplate, PathProps}
+	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics}
 
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
@@ -99,6 +101,8 @@ type Server struct {
 	modelsBody  []byte
 	versionBody []byte
 	propsBody   []byte
+
+	pc *prefixCache // nil unless Config.PrefixCacheBlocks > 0
 }
 
 // New returns a server for cfg (zero fields take their defaults). It panics when
@@ -116,6 +120,9 @@ func New(cfg Config) *Server {
 	}
 	for _, p := range knownPaths {
 		s.perPath[p] = new(atomic.Int64)
+	}
+	if cfg.PrefixCacheBlocks > 0 {
+		s.pc = newPrefixCache(cfg.PrefixCacheBlocks)
 	}
 	s.modelsBody = s.appendFlavorModels(nil)
 	if cfg.Flavor == FlavorLlamaCpp {
@@ -339,7 +346,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeJSON(ctx, s.propsBody)
 		}
 	case PathResetPrefixCache:
-		s.method(ctx, fasthttp.MethodPost)
+		if s.method(ctx, fasthttp.MethodPost) {
+			s.resetPrefixCache()
+		}
+	case PathMetrics:
+		if s.method(ctx, fasthttp.MethodGet) {
+			s.writeMetrics(ctx)
+		}
 	case PathIsSleeping:
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, strconv.AppendBool([]byte(`{"is_sleeping":`), s.sleeping.Load()))
