@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/rollgate/rollgate/gateway/seqstore"
 )
 
 // Config is the gateway's configuration. Zero values take the documented defaults.
@@ -81,6 +83,16 @@ type Config struct {
 	// may start above 1 (see sequences in sequences.go).
 	MaxTrackedAttempts     int   `yaml:"max_tracked_attempts"`
 	MaxTrackedAttemptBytes int64 `yaml:"max_tracked_attempt_bytes"`
+	// SequenceStore reserves sequence ids in blocks in a database, so that
+	// they survive restarts and stay unique and increasing across gateways
+	// sharing it (rollgate serve: the --queue database, else the --db file).
+	// nil keeps them in memory only: unique while the gateway runs.
+	SequenceStore seqstore.Store `yaml:"-"`
+	// SequenceStoreTimeout bounds a reservation of sequence ids (the first
+	// call of an attempt, and one call per block); past it the call gets 503
+	// and counts in rollgate_calls_rejected_total{reason="sequence_store"}
+	// (default 5s).
+	SequenceStoreTimeout time.Duration `yaml:"sequence_store_timeout"`
 	// AdminToken, when set, is required as "Authorization: Bearer ..." on the
 	// /api/v1 write routes (backends, pause/resume, rollouts, rewards, status).
 	// Set it through the environment (ROLLGATE_ADMIN_TOKEN), not a file.

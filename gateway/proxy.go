@@ -106,7 +106,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	if !s.acquireSlot(ctx, &c) {
 		return
 	}
-	s.admit(ctx, p, attr)
+	if !s.admit(ctx, &c) {
+		s.releaseSlot()
+		return
+	}
 	slotHeld := true
 	defer func() {
 		if slotHeld {
@@ -377,12 +380,22 @@ func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, path []
 // admit attributes an admitted call to its rollout and attempt, gives it its
 // sequence id and sets the attribution response headers. attr's ids have
 // been validated (validAttribution), so they are safe in headers and rows.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, p *capture.Pending, attr attribution) {
+// It returns false, having answered 503 and released c's capture state,
+// when no sequence id could be reserved (the sequence store is down or slow).
+func (s *Server) admit(ctx *fasthttp.RequestCtx, c *call) bool {
+	p, attr := c.pend, c.attr
 	if p.Meta.SequenceID != 0 {
-		return
+		return true
 	}
 	h := &ctx.Response.Header
-	e, seq := s.seq.assign(attr.rolloutID, attr.attemptID)
+	e, seq, err := s.seq.assign(attr.rolloutID, attr.attemptID)
+	if err != nil {
+		s.log.Warn("refusing a call: no sequence id", "err", err)
+		ctx.Response.Header.Set("Retry-After", "1")
+		s.reject(ctx, c, rejectSequenceStore, fasthttp.StatusServiceUnavailable, errServer,
+			"the gateway could not reserve a sequence id for this call (its database, --queue or --db, is down or slow); nothing was sent to the model: retry: "+err.Error())
+		return false
+	}
 	p.Meta.RolloutID, p.Meta.AttemptID = e.rollout, e.attempt
 	p.Meta.TaskID = s.texts.get(attr.taskID)
 	p.Meta.AgentName = s.texts.get(attr.agentName)
@@ -398,6 +411,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, p *capture.Pending, attr attrib
 	*num = strconv.AppendUint((*num)[:0], seq, 10)
 	h.SetBytesV("x-sequence-id", *num)
 	s.bufs.put(num)
+	return true
 }
 
 // registeredTask returns the task id registered (POST /api/v1/rollouts) for
@@ -427,7 +441,9 @@ func (s *Server) noteRegistered(rolloutID, taskID string) {
 
 // fail answers with an OpenAI-style error and captures the call with it.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg string) {
-	s.admit(ctx, c.pend, c.attr)
+	if !s.admit(ctx, c) {
+		return
+	}
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(nil)
@@ -444,6 +460,7 @@ const (
 	rejectInvalidID       = "invalid_id"
 	rejectConcurrency     = "concurrency_limit"
 	rejectPaused          = "paused"
+	rejectSequenceStore   = "sequence_store" // no sequence id could be reserved
 )
 
 // admissible checks what a call must pass before anything of it is kept:

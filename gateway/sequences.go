@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"context"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollgate/rollgate/gateway/seqstore"
 )
 
 const (
@@ -33,6 +37,8 @@ const (
 	floorMask = 1<<floorBits - 1
 	// evictDivisor: an eviction removes at least 1/evictDivisor of the entries.
 	evictDivisor = 8
+	// defaultSequenceStoreTimeout is the default of Config.SequenceStoreTimeout.
+	defaultSequenceStoreTimeout = 5 * time.Second
 	// seqKeyBuf is the stack buffer of a key: two ids of at most 128 bytes
 	// and the separator fit (longer ids work, at the cost of an allocation).
 	seqKeyBuf = 2*128 + 1
@@ -89,6 +95,18 @@ const (
 // An id is taken under the read lock (a lookup and an atomic increment),
 // and entries are evicted, their counters read, under the write lock, so no
 // call can take an id from an entry after its counter was saved.
+//
+// With a store (setStore; rollgate serve always has one), what is above
+// holds for the table's bounds and LRU, but ids come from blocks the store
+// reserves in the database (package seqstore): an entry holds its current
+// block, a call takes the block's next id under the read lock (the same
+// lookup and atomic increment: no I/O), and the call that finds no entry or
+// an exhausted block reserves the next block (under the entry's mutex, with
+// storeTimeout; an error is returned, never an id outside a reserved
+// block). An evicted or dropped (taken over by another gateway) entry
+// leaves no tombstone: the attempt reserves a new block, above every
+// earlier one, at its next call. Ids then survive restarts and replicas (see
+// seqstore.Postgres for the exact guarantee across gateways).
 type sequences struct {
 	mu sync.RWMutex
 	m  map[string]*seqEntry // key: rollout + "\x00" + attempt
@@ -107,6 +125,18 @@ type sequences struct {
 	oldTombs   map[uint64]uint64       // the previous generation
 	floors     *[1 << floorBits]uint64 // highest id of dropped tombstones, by hash & floorMask
 	evictions  prometheus.Counter      // may be nil
+
+	// store reserves blocks of ids (nil: ids from memory only, as above).
+	// Set before the first call (setStore).
+	store        seqstore.Store
+	storeTimeout time.Duration
+}
+
+// seqBlock is a block of ids reserved in the store: n is the last id handed
+// out (it passes last when the block is exhausted).
+type seqBlock struct {
+	n    atomic.Uint64
+	last uint64
 }
 
 // seqEntry is one (rollout, attempt): its counter, its ids, and the task id
@@ -120,6 +150,11 @@ type seqEntry struct {
 	attempt string        // key's suffix
 	task    atomic.Pointer[string]
 	looked  atomic.Bool // the rollout registry was consulted for the task id
+
+	// With a store: the current block (nil until reserved), and the mutex
+	// of the call reserving the next one.
+	blk     atomic.Pointer[seqBlock]
+	reserve sync.Mutex
 
 	// prev and next link the entries of one rollout (guarded by sequences.mu).
 	prev, next *seqEntry
@@ -155,38 +190,119 @@ func (s *sequences) initLocked() {
 	}
 }
 
+// setStore makes the table take ids from blocks the store reserves, each
+// reservation bounded by timeout (< 1: defaultSequenceStoreTimeout), and
+// drop the attempts other gateways take over. Call it before the first id.
+func (s *sequences) setStore(st seqstore.Store, timeout time.Duration) {
+	if timeout < 1 {
+		timeout = defaultSequenceStoreTimeout
+	}
+	s.mu.Lock()
+	s.store, s.storeTimeout = st, timeout
+	s.mu.Unlock()
+	if st != nil {
+		st.OnTakeover(s.drop)
+	}
+}
+
 // next returns the next sequence id of (rollout, attempt).
-func (s *sequences) next(rollout, attempt string) uint64 {
-	_, id := s.assign([]byte(rollout), []byte(attempt))
-	return id
+func (s *sequences) next(rollout, attempt string) (uint64, error) {
+	_, id, err := s.assign([]byte(rollout), []byte(attempt))
+	return id, err
 }
 
 // assign returns the entry of (rollout, attempt) and its next sequence id,
 // creating the entry on first use (or after its eviction). It does not
-// allocate for a known attempt.
-func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64) {
+// allocate for a known attempt, nor, with a store, touch the store while
+// the attempt's block lasts. The error (only with a store) says the store
+// could not reserve a block in time: the call must be refused.
+func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 	var kb [seqKeyBuf]byte
 	key := append(append(append(kb[:0], rollout...), 0), attempt...)
 	s.mu.RLock()
 	if e := s.m[string(key)]; e != nil {
-		id := e.n.Add(1)
+		var id uint64
+		if s.store == nil {
+			id = e.n.Add(1)
+		} else if b := e.blk.Load(); b != nil {
+			if id = b.n.Add(1); id > b.last {
+				id = 0
+			}
+		}
 		if t := s.tick; e.used.Load() != t {
 			e.used.Store(t)
 		}
 		s.mu.RUnlock()
-		return e, id
+		if id == 0 {
+			return s.refill(e)
+		}
+		return e, id, nil
 	}
 	s.mu.RUnlock()
 	return s.insert(key, len(rollout))
 }
 
-// insert is assign's slow path: it makes the entry of key, whose rollout id
-// is key[:rolloutLen], evicting entries first if the table is full.
-func (s *sequences) insert(key []byte, rolloutLen int) (*seqEntry, uint64) {
+// refill reserves the next block of e's attempt in the store and returns
+// its first id (or an id of a block another call reserved meanwhile).
+func (s *sequences) refill(e *seqEntry) (*seqEntry, uint64, error) {
+	e.reserve.Lock()
+	defer e.reserve.Unlock()
+	if b := e.blk.Load(); b != nil {
+		if id := b.n.Add(1); id <= b.last {
+			return e, id, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
+	blk, err := s.store.Reserve(ctx, e.rollout, e.attempt)
+	cancel()
+	if err != nil {
+		return e, 0, err // seqstore's errors name the attempt and what to check
+	}
+	b := &seqBlock{last: blk.Last}
+	b.n.Store(blk.First)
+	e.blk.Store(b)
+	return e, blk.First, nil
+}
+
+// drop forgets (rollout, attempt), or every attempt when both are "": the
+// store says another gateway took it over (or it cannot tell). The next
+// call of the attempt reserves a new block. Calls already past the lookup
+// may still take ids of the old block: they arrived before the takeover.
+func (s *sequences) drop(rollout, attempt string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rollout == "" && attempt == "" {
+		for _, e := range s.m {
+			s.remove(e)
+		}
+		return
+	}
+	if e := s.m[rollout+"\x00"+attempt]; e != nil {
+		s.remove(e)
+	}
+}
+
+// insert is assign's slow path: it makes the entry of key, whose rollout id
+// is key[:rolloutLen], evicting entries first if the table is full; with a
+// store it then reserves the entry's first block.
+func (s *sequences) insert(key []byte, rolloutLen int) (*seqEntry, uint64, error) {
+	s.mu.Lock()
+	e, id := s.insertLocked(key, rolloutLen)
+	s.mu.Unlock()
+	if id == 0 {
+		return s.refill(e)
+	}
+	return e, id, nil
+}
+
+// insertLocked is insert under the write lock: the entry and, without a
+// store, its next id (0: reserve a block).
+func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64) {
 	if e := s.m[string(key)]; e != nil { // made meanwhile
 		e.used.Store(s.tick)
+		if s.store != nil {
+			return e, 0
+		}
 		return e, e.n.Add(1)
 	}
 	if s.m == nil || s.maxEntries < 1 {
@@ -198,7 +314,9 @@ func (s *sequences) insert(key []byte, rolloutLen int) (*seqEntry, uint64) {
 	}
 	k := string(key)
 	e := &seqEntry{key: k, rollout: k[:rolloutLen], attempt: k[rolloutLen+1:]}
-	e.n.Store(s.resume(maphash.String(s.seed, k)))
+	if s.store == nil {
+		e.n.Store(s.resume(maphash.String(s.seed, k)))
+	}
 	s.tick++
 	e.used.Store(s.tick)
 	s.m[k] = e
@@ -211,6 +329,9 @@ func (s *sequences) insert(key []byte, rolloutLen int) (*seqEntry, uint64) {
 		first.next = e
 	} else {
 		s.byRollout[e.rollout] = e
+	}
+	if s.store != nil {
+		return e, 0
 	}
 	return e, e.n.Add(1)
 }
@@ -282,7 +403,9 @@ func (s *sequences) remove(e *seqEntry) {
 		delete(s.byRollout, e.rollout)
 	}
 	e.prev, e.next = nil, nil
-	s.bury(maphash.String(s.seed, e.key), e.n.Load())
+	if s.store == nil {
+		s.bury(maphash.String(s.seed, e.key), e.n.Load())
+	}
 }
 
 // bury records id as the last id of the key hashing to h. When the current

@@ -96,6 +96,7 @@ func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metr
 	s.texts = interner{max: 1 << 16, maxBytes: 8 << 20, maxLen: MaxNameLen}
 	s.modelNames = interner{max: 1 << 12, maxBytes: 1 << 20, maxLen: MaxNameLen}
 	s.seq.setLimits(cfg.MaxTrackedAttempts, cfg.MaxTrackedAttemptBytes, m.SequenceEvictions)
+	s.seq.setStore(cfg.SequenceStore, cfg.SequenceStoreTimeout)
 	keys, err := resolveClientKeys(cfg.ClientKeys)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)

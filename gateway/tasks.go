@@ -566,7 +566,13 @@ func (s *Server) postCalls(ctx *fasthttp.RequestCtx, rolloutID string) {
 	// Sequence ids are taken only once the whole body is valid.
 	for i := range b.Calls {
 		cl := &b.Calls[i]
-		cl.SequenceID = s.seq.next(rolloutID, cl.AttemptID)
+		seq, err := s.seq.next(rolloutID, cl.AttemptID)
+		if err != nil {
+			s.m.CallsRejected.WithLabelValues(rejectSequenceStore).Inc()
+			s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reserving sequence ids (nothing stored; retry): "+err.Error())
+			return
+		}
+		cl.SequenceID = seq
 		if r := list[i].Reward; r != nil {
 			b.Rewards = append(b.Rewards, export.Reward{RolloutID: rolloutID, AttemptID: cl.AttemptID,
 				SequenceID: cl.SequenceID, Name: "primary", Value: *r, Source: "reported", TimeUnixNano: now})

@@ -83,11 +83,43 @@ type Postgres struct {
 	tokens  atomic.Uint64
 	mu      sync.Mutex
 	waiters map[string]chan struct{} // token → closed on acknowledgement
+	keys    map[string]*keyLock      // attempts being reserved (guarded by mu)
 
 	listening atomic.Bool
 	gen       atomic.Uint64 // incremented on every connect and disconnect of the listener
 	cancel    context.CancelFunc
 	done      chan struct{}
+}
+
+// keyLock serialises the reservations of one attempt within a gateway: a
+// reservation that follows this gateway's own takeover (so waits for no
+// one) must not return before that takeover was acknowledged.
+type keyLock struct {
+	mu   sync.Mutex
+	refs int // reservations holding or waiting for mu (guarded by Postgres.mu)
+}
+
+// lockKey takes the reservation lock of (rollout, attempt) and returns its
+// release.
+func (p *Postgres) lockKey(rollout, attempt string) func() {
+	k := rollout + "\x00" + attempt
+	p.mu.Lock()
+	l := p.keys[k]
+	if l == nil {
+		l = &keyLock{}
+		p.keys[k] = l
+	}
+	l.refs++
+	p.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		p.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(p.keys, k)
+		}
+		p.mu.Unlock()
+	}
 }
 
 // schemaLock serialises the creation of rg_sequences by gateways starting
@@ -101,7 +133,7 @@ func OpenPostgres(ctx context.Context, dsn string, opt Options) (*Postgres, erro
 	if err != nil {
 		return nil, fmt.Errorf("seqstore: opening PostgreSQL: %w", err)
 	}
-	p := &Postgres{dsn: dsn, waiters: map[string]chan struct{}{}, done: make(chan struct{})}
+	p := &Postgres{dsn: dsn, waiters: map[string]chan struct{}{}, keys: map[string]*keyLock{}, done: make(chan struct{})}
 	p.owned = true
 	if _, err := db.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, schemaLock); err != nil {
 		db.Close()
@@ -254,6 +286,7 @@ func (p *Postgres) Reserve(ctx context.Context, rollout, attempt string) (Block,
 		p.m.errors.Inc()
 		return Block{}, errNotListening
 	}
+	defer p.lockKey(rollout, attempt)()
 	token := strconv.FormatUint(p.tokens.Add(1), 10)
 	notify := rollout != "" || attempt != "" // unattributed calls promise no order across gateways
 	payload, err := json.Marshal(takeover{Rollout: rollout, Attempt: attempt, Holder: p.instance, Token: token})

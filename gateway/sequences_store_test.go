@@ -1,0 +1,267 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/rollgate/rollgate/gateway/seqstore"
+	"github.com/rollgate/rollgate/internal/testenv"
+)
+
+// newStoreTable is a table taking ids from st.
+func newStoreTable(st seqstore.Store, maxEntries int) *sequences {
+	s := &sequences{}
+	s.setLimits(maxEntries, 0, nil)
+	s.setStore(st, 0)
+	return s
+}
+
+func openSeqStore(t testing.TB, dsn string) seqstore.Store {
+	t.Helper()
+	st, err := seqstore.Open(context.Background(), dsn, seqstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// postgresDSN starts (or takes, ROLLGATE_TEST_POSTGRES_DSN) a PostgreSQL
+// server and returns a fresh database of it.
+func postgresDSN(t testing.TB) string {
+	t.Helper()
+	dsn, stop, err := testenv.StartPostgres()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	if dsn, err = testenv.FreshPostgresDatabase(dsn, t.Name()); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+// TestSequenceStoreSurvivesRestartsAndEvictions: with a SQLite store, an
+// attempt's ids increase across block boundaries, evictions of its entry,
+// and a restart (a new table and store on the same file).
+func TestSequenceStoreSurvivesRestartsAndEvictions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seq.db")
+	st, err := seqstore.Open(context.Background(), path, seqstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStoreTable(st, 4)
+	last := uint64(0)
+	check := func(s *sequences, attempt string) uint64 {
+		t.Helper()
+		id, err := s.next("r", attempt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id <= last {
+			t.Fatalf("id %d after %d", id, last)
+		}
+		last = id
+		return id
+	}
+	for i := 1; i <= 40; i++ { // 16 + 32 ids: crosses a block boundary
+		if id := check(s, "a"); id != uint64(i) {
+			t.Fatalf("call %d got id %d: without evictions or restarts, ids have no gaps", i, id)
+		}
+	}
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 8; i++ { // evicts "a"
+			if id, err := s.next("other", strconv.Itoa(round*8+i)); err != nil || id != 1 {
+				t.Fatalf("a new attempt got %d, %v, want 1", id, err)
+			}
+		}
+		check(s, "a")
+	}
+	st.Close()
+	st2 := openSeqStore(t, path)
+	s2 := newStoreTable(st2, 4)
+	for i := 0; i < 20; i++ {
+		check(s2, "a")
+	}
+	if id, _ := s2.next("r", "fresh"); id != 1 {
+		t.Fatalf("a new attempt after a restart got %d, want 1", id)
+	}
+}
+
+// failingStore fails every reservation while down is set.
+type failingStore struct {
+	seqstore.Store
+	down atomic.Bool
+}
+
+func (f *failingStore) Reserve(ctx context.Context, r, a string) (seqstore.Block, error) {
+	if f.down.Load() {
+		return seqstore.Block{}, errors.New("database down")
+	}
+	return f.Store.Reserve(ctx, r, a)
+}
+
+// TestSequenceStoreDownGivesNoID: while the store fails, a call of a new
+// attempt and a call past its block get an error, not an id; afterwards
+// ids continue above.
+func TestSequenceStoreDownGivesNoID(t *testing.T) {
+	f := &failingStore{Store: openSeqStore(t, filepath.Join(t.TempDir(), "seq.db"))}
+	s := newStoreTable(f, 0)
+	for i := 1; i <= 16; i++ {
+		if id, err := s.next("r", "a"); err != nil || id != uint64(i) {
+			t.Fatalf("call %d: %d, %v", i, id, err)
+		}
+	}
+	f.down.Store(true)
+	if id, err := s.next("r", "a"); err == nil {
+		t.Fatalf("block exhausted, store down: got id %d", id)
+	}
+	if id, err := s.next("r", "b"); err == nil {
+		t.Fatalf("new attempt, store down: got id %d", id)
+	}
+	f.down.Store(false)
+	if id, err := s.next("r", "a"); err != nil || id != 17 {
+		t.Fatalf("after the outage: %d, %v, want 17", id, err)
+	}
+}
+
+// TestSequenceStoreTwoGateways (PostgreSQL): two tables, each with its own
+// store on one database, as two gateways. Calls of one attempt alternating
+// between them, each after the previous answer, get increasing ids; many
+// goroutines on both never get an id twice, and each goroutine's ids
+// increase.
+func TestSequenceStoreTwoGateways(t *testing.T) {
+	dsn := postgresDSN(t)
+	a, b := newStoreTable(openSeqStore(t, dsn), 0), newStoreTable(openSeqStore(t, dsn), 0)
+	gws := []*sequences{a, b}
+	last := uint64(0)
+	for i := 0; i < 40; i++ {
+		id, err := gws[(i/3)%2].next("r", "seq") // three calls on one, three on the other
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id <= last {
+			t.Fatalf("call %d: id %d after %d", i, id, last)
+		}
+		last = id
+	}
+
+	const goroutines, calls = 8, 200
+	var mu sync.Mutex
+	seen := map[string]map[uint64]bool{}
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			attempt := fmt.Sprint("c", g%2)
+			var prev uint64
+			for i := 0; i < calls; i++ {
+				id, err := gws[(g+i/5)%2].next("r", attempt)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if id <= prev {
+					errs <- fmt.Errorf("goroutine %d: id %d after %d", g, id, prev)
+					return
+				}
+				prev = id
+				mu.Lock()
+				if seen[attempt] == nil {
+					seen[attempt] = map[uint64]bool{}
+				}
+				if seen[attempt][id] {
+					mu.Unlock()
+					errs <- fmt.Errorf("%s: id %d given twice", attempt, id)
+					return
+				}
+				seen[attempt][id] = true
+				mu.Unlock()
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// hugeBlocks is a store whose blocks never run out: the fast path only.
+type hugeBlocks struct{ n atomic.Uint64 }
+
+func (h *hugeBlocks) Reserve(context.Context, string, string) (seqstore.Block, error) {
+	f := h.n.Add(1<<40) - 1<<40 + 1
+	return seqstore.Block{First: f, Last: f + 1<<40 - 1}, nil
+}
+func (h *hugeBlocks) OnTakeover(func(string, string)) {}
+func (h *hugeBlocks) Close() error                    { return nil }
+
+func TestSequenceStoreFastPathDoesNotAllocate(t *testing.T) {
+	s := newStoreTable(&hugeBlocks{}, 0)
+	rollout, attempt := []byte("ro-4bd2d6b4-5d21-4c3c-9a37-0c4b1c1d2e3f"), []byte("at-1")
+	s.assign(rollout, attempt)
+	if allocs := testing.AllocsPerRun(100, func() { s.assign(rollout, attempt) }); allocs != 0 {
+		t.Fatalf("%v allocations per call of a known attempt with a store", allocs)
+	}
+}
+
+// BenchmarkSequenceAssignStore is BenchmarkSequenceAssign's uuid case with
+// a store: the fast path (ids from the block in memory).
+func BenchmarkSequenceAssignStore(b *testing.B) {
+	s := newStoreTable(&hugeBlocks{}, 0)
+	var g atomic.Int64
+	rollout := []byte("ro-4bd2d6b4-5d21-4c3c-9a37-0c4b1c1d2e3f")
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		attempt := []byte("at-" + strconv.FormatInt(g.Add(1), 10))
+		s.assign(rollout, attempt)
+		for pb.Next() {
+			s.assign(rollout, attempt)
+		}
+	})
+}
+
+// BenchmarkSequenceFirstCall measures the first call of an attempt: one
+// reservation in the database (SQLite file, PostgreSQL on loopback).
+func BenchmarkSequenceFirstCall(b *testing.B) {
+	for _, kind := range []string{"sqlite", "postgres"} {
+		b.Run(kind, func(b *testing.B) {
+			dsn := filepath.Join(b.TempDir(), "seq.db")
+			if kind == "postgres" {
+				dsn = postgresDSN(b)
+			}
+			s := newStoreTable(openSeqStore(b, dsn), 0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := s.next("ro-4bd2d6b4-5d21-4c3c-9a37-0c4b1c1d2e3f", "at-"+strconv.Itoa(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSequenceTakeover (PostgreSQL): every call of one attempt on the
+// other of two gateways: a reservation, a notification to the other
+// gateway, and its acknowledgement.
+func BenchmarkSequenceTakeover(b *testing.B) {
+	dsn := postgresDSN(b)
+	gws := []*sequences{newStoreTable(openSeqStore(b, dsn), 0), newStoreTable(openSeqStore(b, dsn), 0)}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := gws[i%2].next("ro-4bd2d6b4-5d21-4c3c-9a37-0c4b1c1d2e3f", "at-1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
