@@ -67,8 +67,10 @@ type Options struct {
 	Logprobs string
 	// Now stamps AIR rows; nil = time.Now.
 	Now func() time.Time
-	// Progress, when set, is called after each attempt with (done, total).
-	Progress func(done, total int)
+	// Progress, when set, is called after each attempt read and, with
+	// Emit, after each sample handed out; it must be cheap (throttle any
+	// drawing) and must not keep p.
+	Progress func(p *Progress)
 	// Retokenize, when set, rebuilds the ids of calls captured without them
 	// (token_source "none": hosted APIs, llama.cpp's chat route, SGLang
 	// streaming chat) from the model's chat template and tokenizer, instead
@@ -91,11 +93,33 @@ type Options struct {
 	// the reason (the Excl* names of Stats.Excluded).
 	Report bool
 	// Emit, when set, streams the samples instead of returning them in
-	// Result.Samples: Build reads the attempts twice (scores for the
-	// advantages, then the samples, one attempt at a time), so memory stays
-	// bounded by one attempt whatever the size of the export.
+	// Result.Samples: Build reads the store once and keeps the samples in a
+	// spill file (in SpillDir) until the batch-wide advantages are known,
+	// so memory stays flat whatever the size of the export; the file holds
+	// about the samples' ids, masks and logprobs (≈ 5 bytes per token) and
+	// is removed when Build returns.
 	Emit func(*Sample) error
+	// SpillDir is the folder of Emit's spill file ("" = os.TempDir()).
+	SpillDir string
 }
+
+// Progress is how far a Build has come (Options.Progress).
+type Progress struct {
+	// Phase is PhaseRead while attempts are read and assembled, then, with
+	// Emit, PhaseWrite while the samples are handed out.
+	Phase                   string
+	Attempts, TotalAttempts int // attempts read, of those selected
+	Calls                   int // call rows read
+	// Samples written (PhaseWrite), of TotalSamples, known when the
+	// writing begins.
+	Samples, TotalSamples int
+}
+
+// Progress phases.
+const (
+	PhaseRead  = "read"
+	PhaseWrite = "write"
+)
 
 // MissingReward policies (Options.MissingReward).
 const (
@@ -261,12 +285,20 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		}
 	}
 	res := &Result{Stats: Stats{Attempts: len(refs), Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
-	// Pass 1: every selected attempt's samples, or, when streaming, only the
-	// scores the advantages need (the samples are built again in pass 2).
+	// One pass over the store: every selected attempt's samples, kept in
+	// memory, or, when streaming, in a spill file until the advantages are
+	// known.
+	var sp *spill
+	if o.Emit != nil {
+		if sp, err = newSpill(o.SpillDir); err != nil {
+			return nil, err
+		}
+		defer sp.close()
+	}
 	var units []unit
-	perRef := make([]int, len(refs)) // units each ref gave
 	reports := make([]*AttemptReport, len(refs))
-	err = eachAttempt(ctx, store, refs, o, &res.Stats, func(i int, a attemptOut) error {
+	prog := &Progress{Phase: PhaseRead, TotalAttempts: len(refs)}
+	err = eachAttempt(ctx, store, refs, o, &res.Stats, prog, func(i int, a attemptOut) error {
 		if a.report != nil {
 			a.report.Group = groupOf(refs[i], a, o.GroupBy)
 			reports[i] = a.report
@@ -280,11 +312,15 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 					u.tokens += int(m)
 				}
 			}
-			if o.Emit != nil {
-				u.samples = nil
+			if sp != nil {
+				for _, s := range u.samples {
+					if err := sp.write(s); err != nil {
+						return err
+					}
+				}
+				u.spilled, u.samples = len(u.samples), nil
 			}
 			units = append(units, u)
-			perRef[i]++
 		}
 		return nil
 	})
@@ -317,15 +353,20 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	res.Stats.DroppedGroups = adv.DroppedGroups
 	groups := map[string]bool{}
 	tasks := taskAccumulator{}
-	keep := func(i int, u unit, emit func(*Sample) error) error {
-		why := ""
+	reason := func(i int, u unit) string {
 		switch {
 		case o.MissingReward == MissingDropGroup && unrewarded[u.group]:
-			why = ExclMissingGroup
+			return ExclMissingGroup
 		case size[u.group] < o.MinGroupSize:
-			why = ExclSmallGroup
+			return ExclSmallGroup
 		case !adv.Keep[i]:
-			why = ExclZeroVariance
+			return ExclZeroVariance
+		}
+		return ""
+	}
+	keep := func(i int, u unit, emit func(*Sample) error) error {
+		why := reason(i, u)
+		if why == ExclZeroVariance {
 			res.Stats.DroppedSamples += len(u.samples)
 		}
 		if rep := reports[u.ref]; rep != nil {
@@ -362,27 +403,38 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			_ = keep(i, u, func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
 		}
 	} else {
-		// Pass 2: build each attempt again and hand its samples out one by one.
-		o2 := o
-		o2.WriteAIR, o2.Progress, o2.Report = false, nil, false
-		var scratch Stats
-		scratch.Excluded, scratch.Breaks, scratch.AIRHits = map[string]int{}, map[string]int{}, map[string]int{}
-		next := 0
-		err = eachAttempt(ctx, store, refs, o2, &scratch, func(i int, a attemptOut) error {
-			us := unitsOf(a, i, refs[i], &o)
-			if len(us) != perRef[i] {
-				return fmt.Errorf("bridge: rollout %s changed while it was exported (%d samples, then %d); run the export again", refs[i].RolloutID, perRef[i], len(us))
+		// Hand the spilled samples out one by one, in the order they were built.
+		if err := sp.rewind(); err != nil {
+			return nil, err
+		}
+		emit := o.Emit
+		if o.Progress != nil {
+			prog.Phase = PhaseWrite
+			for i, u := range units {
+				if reason(i, u) == "" {
+					prog.TotalSamples += u.spilled
+				}
 			}
-			for _, u := range us {
-				if err := keep(next, u, o.Emit); err != nil {
+			o.Progress(prog)
+			emit = func(s *Sample) error {
+				if err := o.Emit(s); err != nil {
 					return err
 				}
-				next++
+				prog.Samples++
+				o.Progress(prog)
+				return nil
 			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
+		}
+		for i, u := range units {
+			u.samples = make([]*Sample, u.spilled)
+			for k := range u.samples {
+				if u.samples[k], err = sp.read(); err != nil {
+					return nil, err
+				}
+			}
+			if err := keep(i, u, emit); err != nil {
+				return nil, err
+			}
 		}
 	}
 	res.Stats.Groups = len(groups)
@@ -410,6 +462,7 @@ type unit struct {
 	missing bool  // the attempt had no episode reward (filled with 0)
 	ref     int   // index of the attempt in the selection
 	dec     []int // indices in the attempt's report items of the unit's samples
+	spilled int   // samples written to the spill (streamed Build) instead of kept in samples
 }
 
 // attemptOut is what buildAttempt made of one attempt.
@@ -450,7 +503,7 @@ func unitsOf(a attemptOut, i int, ref AttemptRef, o *Options) []unit {
 // every selected attempt (those excluded for a missing reward are counted in
 // st instead). Stores that read many rollouts at once (ClickHouse) are read
 // in chunks instead of a round trip per rollout.
-func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, f func(i int, a attemptOut) error) error {
+func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, prog *Progress, f func(i int, a attemptOut) error) error {
 	read := store
 	cache := &prefetched{Store: store}
 	var chunks <-chan chunk
@@ -481,7 +534,8 @@ func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o O
 			return err
 		}
 		if o.Progress != nil {
-			o.Progress(i+1, len(refs))
+			prog.Attempts, prog.Calls = i+1, st.Calls
+			o.Progress(prog)
 		}
 		if !a.rewarded {
 			if a.report != nil {

@@ -80,6 +80,8 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	maxPrompt := fs.Int("max-prompt", 0, "maximum prompt tokens (0 = no limit)")
 	maxResponse := fs.Int("max-response", 0, "maximum response tokens (0 = no limit)")
 	truncation := fs.String("truncation", bridge.TruncCut, "over a limit: cut (a response is cut at --max-response and kept, marked truncated; a prompt over --max-prompt excludes the sample: prompt_too_long), drop (exclude the sample) or trim (off-policy: also keeps the last --max-prompt prompt tokens, a context the policy never saw)")
+	spillDir := fs.String("spill-dir", "", "folder for the samples a streamed export (JSONL, Parquet, --explain) keeps on disk until the advantages are known, about 5 bytes per token, removed at the end (default: the output's folder, else $TMPDIR)")
+	quiet := fs.Bool("quiet", false, "no progress bar on a terminal: a progress line every 10 s instead, as when stderr is not a terminal")
 	airOn := fs.Bool("air", true, "compute automatic intermediate rewards")
 	airWrite := fs.Bool("air-write", false, "store AIR outcomes in the rewards table (source = rule name)")
 	airRules := fs.String("air-rules", "", "comma-separated rule=weight or rule=off, e.g. air_truncated=-1,air_repeat=off (rules: "+strings.Join(air.RuleNames, ", ")+")")
@@ -159,13 +161,14 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(2, "%v", err)
 	}
-	o.Progress = func(done, total int) {
-		if done == total || done%1000 == 0 {
-			fmt.Fprintf(stderr, "\rrollgate bridge: %d/%d attempts", done, total)
-			if done == total {
-				fmt.Fprintln(stderr)
-			}
-		}
+	tty := false
+	if f, ok := stderr.(*os.File); ok && !*quiet {
+		tty = isTerminal(f)
+	}
+	o.Progress = newProgressReporter(stderr, tty).update
+	o.SpillDir = *spillDir
+	if o.SpillDir == "" && *out != "" && *out != "-" {
+		o.SpillDir = filepath.Dir(*out)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)

@@ -1,0 +1,208 @@
+package bridge
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+)
+
+// spill keeps the samples a streamed Build assembled in its one pass over
+// the store, on disk, until the batch-wide advantages are known: memory then
+// stays flat however large the export, and the store is read once (reading
+// it again cost half the throughput, and a rollout could change in between).
+// The file is private to one Build and removed by close; its format is
+// internal (little-endian, length-prefixed), written and read in order.
+type spill struct {
+	f   *os.File
+	w   *bufio.Writer
+	r   *bufio.Reader
+	buf []byte
+	n   int64 // bytes written
+}
+
+// newSpill creates the spill file in dir (os.TempDir when empty).
+func newSpill(dir string) (*spill, error) {
+	f, err := os.CreateTemp(dir, "rollgate-bridge-spill-*")
+	if err != nil {
+		return nil, fmt.Errorf("bridge: creating a spill file for the samples (point --spill-dir or TMPDIR at a folder with room): %w", err)
+	}
+	return &spill{f: f, w: bufio.NewWriterSize(f, 1<<20)}, nil
+}
+
+func (s *spill) putUvarint(v uint64) { s.buf = binary.AppendUvarint(s.buf, v) }
+
+func (s *spill) putString(v string) {
+	s.putUvarint(uint64(len(v)))
+	s.buf = append(s.buf, v...)
+}
+
+// write appends one sample.
+func (s *spill) write(x *Sample) error {
+	s.buf = s.buf[:0]
+	for _, v := range []string{x.RolloutID, x.AttemptID, x.TaskID, x.AgentName, x.PolicyVersion, x.GroupUID, x.TokenSource} {
+		s.putString(v)
+	}
+	var flags uint64
+	for i, b := range []bool{x.Trimmed, x.Truncated, x.HasLogprobs} {
+		if b {
+			flags |= 1 << i
+		}
+	}
+	s.putUvarint(flags)
+	s.putUvarint(uint64(x.ChoiceIndex))
+	s.buf = binary.LittleEndian.AppendUint64(s.buf, math.Float64bits(x.Reward))
+	s.buf = binary.LittleEndian.AppendUint64(s.buf, math.Float64bits(x.Advantage))
+	s.putUvarint(uint64(len(x.SequenceIDs)))
+	for _, v := range x.SequenceIDs {
+		s.putUvarint(v)
+	}
+	for _, ids := range [][]uint32{x.Prompt, x.Response} {
+		s.putUvarint(uint64(len(ids)))
+		for _, v := range ids {
+			s.buf = binary.LittleEndian.AppendUint32(s.buf, v)
+		}
+	}
+	s.putUvarint(uint64(len(x.ResponseMask)))
+	s.buf = append(s.buf, x.ResponseMask...)
+	s.putUvarint(uint64(len(x.Logprobs)))
+	for _, v := range x.Logprobs {
+		s.buf = binary.LittleEndian.AppendUint32(s.buf, math.Float32bits(v))
+	}
+	var head [binary.MaxVarintLen64]byte
+	if _, err := s.w.Write(head[:binary.PutUvarint(head[:], uint64(len(s.buf)))]); err != nil {
+		return s.writeErr(err)
+	}
+	if _, err := s.w.Write(s.buf); err != nil {
+		return s.writeErr(err)
+	}
+	s.n += int64(len(s.buf))
+	return nil
+}
+
+func (s *spill) writeErr(err error) error {
+	return fmt.Errorf("bridge: writing the sample spill %s (%d bytes so far; free disk space or point --spill-dir or TMPDIR elsewhere): %w", s.f.Name(), s.n, err)
+}
+
+// rewind ends writing and starts reading from the first sample.
+func (s *spill) rewind() error {
+	if err := s.w.Flush(); err != nil {
+		return s.writeErr(err)
+	}
+	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("bridge: rewinding the sample spill: %w", err)
+	}
+	s.r = bufio.NewReaderSize(s.f, 1<<20)
+	return nil
+}
+
+// errSpillCorrupt means the spill did not read back as written.
+var errSpillCorrupt = errors.New("bridge: the sample spill does not read back as written (the temporary folder changed under the export?)")
+
+// read returns the next sample.
+func (s *spill) read() (*Sample, error) {
+	n, err := binary.ReadUvarint(s.r)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: reading the sample spill: %w", err)
+	}
+	if cap(s.buf) < int(n) {
+		s.buf = make([]byte, n)
+	}
+	b := s.buf[:n]
+	if _, err := io.ReadFull(s.r, b); err != nil {
+		return nil, fmt.Errorf("bridge: reading the sample spill: %w", err)
+	}
+	d := spillDecoder{b: b}
+	x := &Sample{}
+	for _, v := range []*string{&x.RolloutID, &x.AttemptID, &x.TaskID, &x.AgentName, &x.PolicyVersion, &x.GroupUID, &x.TokenSource} {
+		*v = d.string()
+	}
+	flags := d.uvarint()
+	x.Trimmed, x.Truncated, x.HasLogprobs = flags&1 != 0, flags&2 != 0, flags&4 != 0
+	x.ChoiceIndex = uint32(d.uvarint())
+	x.Reward = math.Float64frombits(d.u64())
+	x.Advantage = math.Float64frombits(d.u64())
+	x.SequenceIDs = make([]uint64, d.count(1))
+	for i := range x.SequenceIDs {
+		x.SequenceIDs[i] = d.uvarint()
+	}
+	for _, ids := range []*[]uint32{&x.Prompt, &x.Response} {
+		*ids = make([]uint32, d.count(4))
+		for i := range *ids {
+			(*ids)[i] = d.u32()
+		}
+	}
+	mask := d.bytes(d.count(1))
+	x.ResponseMask = make([]uint8, len(mask))
+	copy(x.ResponseMask, mask)
+	x.Logprobs = make([]float32, d.count(4))
+	for i := range x.Logprobs {
+		x.Logprobs[i] = math.Float32frombits(d.u32())
+	}
+	if d.bad || len(d.b) != 0 {
+		return nil, errSpillCorrupt
+	}
+	return x, nil
+}
+
+// close removes the spill file.
+func (s *spill) close() {
+	s.f.Close()
+	os.Remove(s.f.Name())
+}
+
+// spillDecoder reads the fields of one spilled sample; a short or malformed
+// record sets bad (and yields zeros) instead of panicking.
+type spillDecoder struct {
+	b   []byte
+	bad bool
+}
+
+func (d *spillDecoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.bad, d.b = true, nil
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a length of items of size bytes each, bounded by what is left.
+func (d *spillDecoder) count(size int) int {
+	n := d.uvarint()
+	if n > uint64(len(d.b)/size) {
+		d.bad, d.b = true, nil
+		return 0
+	}
+	return int(n)
+}
+
+func (d *spillDecoder) bytes(n int) []byte {
+	if n > len(d.b) {
+		d.bad, d.b = true, nil
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *spillDecoder) string() string { return string(d.bytes(d.count(1))) }
+
+func (d *spillDecoder) u32() uint32 {
+	if b := d.bytes(4); b != nil {
+		return binary.LittleEndian.Uint32(b)
+	}
+	return 0
+}
+
+func (d *spillDecoder) u64() uint64 {
+	if b := d.bytes(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}
