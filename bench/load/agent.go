@@ -58,6 +58,7 @@ type agent struct {
 	cfg    *Config
 	system string // the system message (see Config.SystemBytes)
 	body   bytes.Buffer
+	timer  *time.Timer // Config.ThinkTime's
 }
 
 func newAgent(cfg *Config) *agent { return &agent{cfg: cfg, system: systemPrompt(cfg.SystemBytes)} }
@@ -78,6 +79,17 @@ func systemPrompt(n int) string {
 	return b.String()
 }
 
+// rolloutContext is about n bytes of text of rollout's own (see
+// Config.ContextBytes): "" when n is 0.
+func rolloutContext(rollout string, n int) string {
+	var b strings.Builder
+	b.Grow(n + 96)
+	for i := 0; b.Len() < n; i++ {
+		fmt.Fprintf(&b, " Observation %d of %s: the service answered with record %d and asked for the next step.", i, rollout, i*7919%1000)
+	}
+	return b.String()
+}
+
 // rollout runs cfg.Turns calls of one rollout (attempt "1"), appending them to
 // calls. It stops early when ctx ends or a call fails; a call in flight is
 // allowed to finish.
@@ -86,7 +98,11 @@ func (a *agent) rollout(ctx context.Context, rolloutID string, calls []Call) []C
 	for turn := 0; turn < a.cfg.Turns && ctx.Err() == nil; turn++ {
 		last := msgs[len(msgs)-1]
 		if last.Role != "tool" {
-			msgs = append(msgs, message{Role: "user", Content: fmt.Sprintf("Step %d of rollout %s: what should we do next?", turn+1, rolloutID)})
+			content := fmt.Sprintf("Step %d of rollout %s: what should we do next?", turn+1, rolloutID)
+			if turn == 0 {
+				content += rolloutContext(rolloutID, a.cfg.ContextBytes)
+			}
+			msgs = append(msgs, message{Role: "user", Content: content})
 		}
 		tools := a.cfg.ToolEvery > 0 && (turn%a.cfg.ToolEvery == 0 || last.Role == "tool")
 		c, reply := a.send(context.WithoutCancel(ctx), rolloutID, turn, msgs, tools, time.Now())
@@ -98,8 +114,25 @@ func (a *agent) rollout(ctx context.Context, rolloutID string, calls []Call) []C
 		for _, tc := range reply.ToolCalls {
 			msgs = append(msgs, message{Role: "tool", ToolCallID: tc.ID, Content: `{"city":"Paris","temperature_c":21}`})
 		}
+		if a.cfg.ThinkTime > 0 && turn+1 < a.cfg.Turns {
+			a.think(ctx)
+		}
 	}
 	return calls
+}
+
+// think waits Config.ThinkTime, or until ctx ends.
+func (a *agent) think(ctx context.Context) {
+	if a.timer == nil {
+		a.timer = time.NewTimer(a.cfg.ThinkTime)
+	} else {
+		a.timer.Reset(a.cfg.ThinkTime)
+	}
+	select {
+	case <-a.timer.C:
+	case <-ctx.Done():
+		a.timer.Stop()
+	}
 }
 
 // call makes the i-th call of an open-loop run, a single-turn rollout due at

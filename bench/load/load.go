@@ -78,6 +78,16 @@ type Config struct {
 	// cost of request size can be measured: agents' requests grow to
 	// hundreds of KB as their contexts do.
 	SystemBytes int
+	// ContextBytes > 0 adds about that many bytes of text of the rollout's
+	// own to its first user message (a task description, a retrieved
+	// document, an observation), resent with the rest of the conversation
+	// every turn: what an engine's prefix cache can keep for the rollout's
+	// later turns, unlike the system message shared by every rollout.
+	ContextBytes int
+	// ThinkTime is how long a closed-loop agent waits after an answer before
+	// its next turn: the environment's step (running a tool, a test suite, a
+	// browser), during which other agents' calls arrive. Default 0.
+	ThinkTime time.Duration
 	// MaxTokens is the request's max_tokens (0 = leave it out).
 	MaxTokens int
 	// Model is the request's model. Default "mock-model".

@@ -61,6 +61,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", false, "ask the engine for token ids (return_token_ids), as rollgate does: with --include-usage, a direct run that makes the engine do rollgate's work")
 	fs.IntVar(&cfg.ToolEvery, "tool-every", 3, "offer a tool every k-th turn (0 = never)")
 	fs.IntVar(&cfg.SystemBytes, "system-bytes", 0, "pad each rollout's system message to about this many bytes (long contexts: the cost of request size); 0 = a one-line instruction")
+	fs.DurationVar(&cfg.ThinkTime, "think-time", 0, "closed loop: wait this long after an answer before the rollout's next turn (the environment's step: a tool, a test run), e.g. 20ms; 0 = none")
+	fs.IntVar(&cfg.ContextBytes, "context-bytes", 0, "add about this many bytes of the rollout's own text (a task, an observation) to its first user message, resent every turn (what a replica's prefix cache keeps for the rollout; see --system-bytes for text shared by all rollouts); 0 = none")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", 0, "max_tokens of each call (0 = not sent)")
 	fs.StringVar(&cfg.Model, "model", "mock-model", "model of each call")
 	fs.Var(&headers, "header", `extra request header "Name: value" (repeatable)`)
