@@ -30,6 +30,7 @@ import (
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/seqstore"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
@@ -176,6 +177,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		insecureAdmin  = fs.Bool("insecure-admin", false, "allow --listen (or --debug-listen) on a non-loopback address without ROLLGATE_ADMIN_TOKEN: anyone who reaches the port can then change the routing table, pause the gateway and read every captured rollout")
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
 	)
+	seqFlags := addSequenceFlags(fs)
 	set, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -415,6 +417,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		QueueSize: fc.Capture.QueueSize, QueueBytes: fc.Capture.QueueBytes, Workers: fc.Capture.Workers,
 		BatchSize: fc.Capture.BatchSize, BatchBytes: fc.Capture.BatchBytes, FlushInterval: fc.Capture.FlushInterval, Redact: redact,
 	}, sinks, m, log)
+	seqs, err := openSequenceStore(ctx, fc.Queue.DSN, fc.DB, store, seqFlags, seqstore.Options{Registerer: m.Registry, Logger: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "rollgate serve:", err)
+		return 1
+	}
+	defer seqs.Close() // after the gateway's shutdown: the last calls may reserve
+	cfg.SequenceStore = seqs
+	seqFlags.apply(set, &cfg)
 	srv, err := gateway.New(cfg, store, pipe, m, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/seqstore"
+)
+
+// sequenceFlags are serve's flags of the sequence store.
+type sequenceFlags struct {
+	timeout, retention *time.Duration
+}
+
+// addSequenceFlags registers serve's sequence store flags on fs.
+func addSequenceFlags(fs *flag.FlagSet) sequenceFlags {
+	return sequenceFlags{
+		timeout: fs.Duration("sequence-timeout", 5*time.Second,
+			"longest a call waits for its sequence id to be reserved in the database (the first call of an attempt, one call per block of 16 to 1024 ids); past it the call gets 503 and counts in rollgate_calls_rejected_total{reason=\"sequence_store\"} (see also --queue, --db)"),
+		retention: fs.Duration("sequence-retention", 0,
+			"delete the rg_sequences row (~250 bytes) of an attempt no sequence id was reserved for in this long, hourly; it must exceed the longest an attempt may still get calls, or its ids start again at 1 (0 = keep rows forever)"),
+	}
+}
+
+// apply sets cfg's sequence settings from the flags given or the defaults
+// the config file leaves unset.
+func (f sequenceFlags) apply(set map[string]bool, cfg *gateway.Config) {
+	if set["sequence-timeout"] || cfg.SequenceStoreTimeout == 0 {
+		cfg.SequenceStoreTimeout = *f.timeout
+	}
+}
+
+// openSequenceStore opens where sequence ids are reserved: the task queue's
+// database (queueDSN: PostgreSQL when several gateways share it, or a SQLite
+// file), else the embedded store's SQLite handle, else (capturing to
+// ClickHouse) the SQLite file at dbPath, where the task queue is too.
+func openSequenceStore(ctx context.Context, queueDSN, dbPath string, store export.Store, f sequenceFlags, opt seqstore.Options) (seqstore.Store, error) {
+	opt.Retention = *f.retention
+	if queueDSN == "" {
+		if s, ok := store.(interface{ DB() *sql.DB }); ok {
+			st, err := seqstore.NewSQLite(ctx, s.DB(), opt)
+			if err != nil {
+				return nil, fmt.Errorf("sequence ids in %s: %w", dbPath, err)
+			}
+			return st, nil
+		}
+		queueDSN = dbPath
+	}
+	st, err := seqstore.Open(ctx, queueDSN, opt)
+	if err != nil {
+		return nil, fmt.Errorf("opening the sequence store (the --queue database, else --db): %w", err)
+	}
+	return st, nil
+}

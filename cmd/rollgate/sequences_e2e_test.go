@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rollgate/rollgate/internal/testenv"
+)
+
+// seqCall makes one chat call of (rollout, attempt) through the gateway at
+// addr and returns its x-sequence-id.
+func seqCall(addr, rollout, attempt string) (uint64, error) {
+	body := `{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
+	r, err := http.Post("http://"+addr+"/rollout/"+rollout+"/attempt/"+attempt+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	r.Body.Close()
+	if r.StatusCode != 200 {
+		return 0, fmt.Errorf("status %d", r.StatusCode)
+	}
+	return strconv.ParseUint(r.Header.Get("x-sequence-id"), 10, 64)
+}
+
+// gatewayProc is a rollgate serve process that can be restarted on the
+// same address with the same arguments.
+type gatewayProc struct {
+	t    *testing.T
+	addr string
+	args []string
+	cmd  *exec.Cmd
+	logs *syncBuffer
+}
+
+func startGateway(t *testing.T, args ...string) *gatewayProc {
+	g := &gatewayProc{t: t, addr: freeAddr(t), args: args}
+	g.start()
+	return g
+}
+
+func (g *gatewayProc) start() {
+	g.t.Helper()
+	g.cmd = exec.Command(binary, append([]string{"serve", "--listen", g.addr, "--log-level", "warn"}, g.args...)...)
+	g.logs = startCmd(g.t, g.cmd, g.addr)
+}
+
+func (g *gatewayProc) restart() {
+	g.t.Helper()
+	stop(g.t, g.cmd, g.logs)
+	g.start()
+}
+
+// chCount runs a count query on ClickHouse with rollgate sql.
+func chCount(t *testing.T, dsn, query string) int {
+	t.Helper()
+	out := runCmd(t, "sql", "--clickhouse", dsn, query)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("rollgate sql %q:\n%s", query, out)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(lines[2]))
+	if err != nil {
+		t.Fatalf("rollgate sql %q: %v\n%s", query, err, out)
+	}
+	return n
+}
+
+// TestSequenceIDsAcrossGatewaysAndRestarts: two gateways on one PostgreSQL
+// (--queue) capturing to one ClickHouse; rollouts whose calls alternate
+// between them (each call after the previous answer), one gateway restarted
+// in the middle. Every answer's id is above the rollout's previous one, and
+// the store holds every call once with no (rollout, attempt, sequence_id)
+// twice.
+func TestSequenceIDsAcrossGatewaysAndRestarts(t *testing.T) {
+	pg, stopPG, err := testenv.StartPostgres()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopPG()
+	if pg, err = testenv.FreshPostgresDatabase(pg, t.Name()); err != nil {
+		t.Fatal(err)
+	}
+	ch, stopCH, err := testenv.StartClickHouse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopCH()
+	ch = testenv.FreshDatabase(ch, "seq_e2e_"+strconv.FormatInt(time.Now().UnixNano(), 10))
+	dir := t.TempDir()
+	gws := []*gatewayProc{
+		startGateway(t, "--queue", pg, "--clickhouse", ch, "--db", filepath.Join(dir, "a.db")),
+		startGateway(t, "--queue", pg, "--clickhouse", ch, "--db", filepath.Join(dir, "b.db")),
+	}
+	const rollouts, calls = 6, 40
+	lastIDs := make([]uint64, rollouts) // each rollout's last id, between the phases
+	var answered sync.WaitGroup
+	phase := func(from, to int) {
+		errs := make(chan error, rollouts)
+		for r := 0; r < rollouts; r++ {
+			answered.Add(1)
+			go func(r int) {
+				defer answered.Done()
+				rollout := fmt.Sprintf("ro-%d", r)
+				last := lastIDs[r]
+				for i := from; i < to; i++ {
+					// Rollout r alternates every (r%3)+1 calls.
+					g := gws[(i/((r%3)+1))%2]
+					id, err := seqCall(g.addr, rollout, "at-1")
+					if err != nil {
+						errs <- fmt.Errorf("%s call %d on %s: %v", rollout, i, g.addr, err)
+						return
+					}
+					if id <= last {
+						errs <- fmt.Errorf("%s call %d on %s: sequence id %d after %d", rollout, i, g.addr, id, last)
+						return
+					}
+					last = id
+				}
+				lastIDs[r] = last
+			}(r)
+		}
+		answered.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	phase(0, calls/2)
+	gws[0].restart()
+	phase(calls/2, calls)
+	for _, g := range gws {
+		stop(t, g.cmd, g.logs)
+	}
+	if n := chCount(t, ch, "SELECT count() AS n FROM llm_calls WHERE rollout_id LIKE 'ro-%'"); n != rollouts*calls {
+		t.Fatalf("%d calls stored, want %d", n, rollouts*calls)
+	}
+	if n := chCount(t, ch, "SELECT count() AS n FROM (SELECT rollout_id, attempt_id, sequence_id FROM llm_calls GROUP BY rollout_id, attempt_id, sequence_id HAVING count() > 1)"); n != 0 {
+		t.Fatalf("%d (rollout, attempt, sequence_id) stored more than once", n)
+	}
+}
+
+// TestSequenceIDsSurviveRestart: one gateway on the embedded store, and one
+// capturing to ClickHouse (ids in the SQLite file --db), restarted between
+// calls: the attempt continues above its last id, and a new attempt starts
+// at 1.
+func TestSequenceIDsSurviveRestart(t *testing.T) {
+	f := func(t *testing.T, args ...string) {
+		g := startGateway(t, args...)
+		var last uint64
+		for round := 0; round < 3; round++ {
+			for i := 0; i < 5; i++ {
+				id, err := seqCall(g.addr, "ro-restart", "at-1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if id <= last {
+					t.Fatalf("round %d: id %d after %d", round, id, last)
+				}
+				last = id
+			}
+			g.restart()
+		}
+		if id, err := seqCall(g.addr, "ro-restart", "at-2"); err != nil || id != 1 {
+			t.Fatalf("a new attempt: id %d, %v; want 1", id, err)
+		}
+		stop(t, g.cmd, g.logs)
+	}
+	t.Run("sqlite", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "rollgate.db")
+		f(t, "--db", db)
+		if n := sqlCount(t, db, "SELECT count(*) AS n FROM (SELECT 1 FROM llm_calls GROUP BY rollout_id, attempt_id, sequence_id HAVING count(*) > 1)"); n != 0 {
+			t.Fatalf("%d ids stored twice", n)
+		}
+	})
+	t.Run("clickhouse", func(t *testing.T) {
+		ch, stopCH, err := testenv.StartClickHouse()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopCH()
+		ch = testenv.FreshDatabase(ch, "seq_restart_"+strconv.FormatInt(time.Now().UnixNano(), 10))
+		f(t, "--clickhouse", ch, "--db", filepath.Join(t.TempDir(), "queue.db"))
+		if n := chCount(t, ch, "SELECT count() AS n FROM (SELECT rollout_id, attempt_id, sequence_id FROM llm_calls GROUP BY rollout_id, attempt_id, sequence_id HAVING count() > 1)"); n != 0 {
+			t.Fatalf("%d ids stored twice", n)
+		}
+		if n := chCount(t, ch, "SELECT count() AS n FROM llm_calls WHERE rollout_id = 'ro-restart'"); n != 16 {
+			t.Fatalf("%d calls stored, want 16", n)
+		}
+	})
+}
