@@ -50,12 +50,23 @@ type Pending struct {
 	eventEnds []int  // end offset of each kept payload in events
 	ticket    uint64 // order of TryPush, for Sync
 	size      int    // bytes counted against Config.QueueBytes while queued
+
+	// With a WAL (Config.WAL), every payload of a stream is kept in raw
+	// for the call's WAL record (see walcodec.go), and wal names the record
+	// once it is logged (walLogged). again marks a call replayed from the
+	// WAL at start: its rows may be stored already (export.WriteAgain).
+	keepRaw   bool
+	raw       []byte
+	rawEnds   []int
+	wal       walRef
+	walLogged bool
+	again     bool
 }
 
 // footprint is what a queued call holds in memory, roughly: its bodies,
 // kept payloads and, for a stream, what its assembler has gathered.
 func (p *Pending) footprint() int {
-	n := len(p.Request) + len(p.Body) + len(p.events)
+	n := len(p.Request) + len(p.Body) + len(p.events) + len(p.raw)
 	if p.nEvents > 0 {
 		n += p.asm.footprint()
 	}
@@ -100,7 +111,7 @@ func ReleasePending(p *Pending) { releasePending(p) }
 
 func releasePending(p *Pending) {
 	const maxPooled = 1 << 20
-	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled ||
+	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled || cap(p.raw) > maxPooled ||
 		(p.nEvents > 0 && p.asm.footprint() > maxPooled) {
 		return
 	}
@@ -121,6 +132,9 @@ func (p *Pending) reset() {
 	p.eventEnds = p.eventEnds[:0]
 	p.nEvents = 0
 	p.ticket = 0
+	p.keepRaw, p.walLogged, p.again = false, false, false
+	p.raw, p.rawEnds = p.raw[:0], p.rawEnds[:0]
+	p.wal = walRef{}
 }
 
 // AddEvent records the data payload of one streamed SSE event. Set Endpoint
@@ -133,6 +147,10 @@ func (p *Pending) AddEvent(data []byte) {
 		p.asm.Reset(p.Endpoint)
 	}
 	p.nEvents++
+	if p.keepRaw {
+		p.raw = append(p.raw, data...)
+		p.rawEnds = append(p.rawEnds, len(p.raw))
+	}
 	if p.asm.addChunk(data) {
 		p.events = append(p.events, data...)
 		p.eventEnds = append(p.eventEnds, len(p.events))
@@ -200,6 +218,11 @@ type Config struct {
 	// Retries is how many times a failed batch write is retried, with
 	// exponential backoff from 100ms, before its rows are dropped and counted (default 5).
 	Retries int
+	// WAL, when set, logs every finished call before its answer completes
+	// and replays what an earlier, killed process left (see WAL and
+	// Pipeline.ReplayWAL); the pipeline closes it. nil = calls waiting in
+	// the queue are lost when the process is killed.
+	WAL *WAL
 }
 
 func (c *Config) setDefaults() {
@@ -353,7 +376,28 @@ func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Lo
 // TryPush hands a completed call to the pipeline without blocking. It returns
 // false, counts the drop and logs it when the queue is full or closed; the
 // caller keeps ownership of c in that case.
+//
+// With a WAL (Config.WAL) the call is logged first (see Commit), so that a
+// process kill from here on loses nothing of it.
 func (p *Pipeline) TryPush(c *Pending) bool {
+	p.Commit(c)
+	if p.enqueue(c) {
+		return true
+	}
+	if c.walLogged { // dropped and counted below: nothing to replay
+		p.cfg.WAL.ack([]walRef{c.wal})
+	}
+	p.m.CaptureDropped.Inc()
+	c.ResolveIDs()
+	p.log.Warn("capture queue full: call not captured (raise --capture-queue / --capture-queue-bytes or add export capacity)",
+		"rollout_id", c.Meta.RolloutID, "sequence_id", c.Meta.SequenceID, "span_id", c.Meta.SpanID,
+		"queue_size", p.cfg.QueueSize, "queue_bytes", p.cfg.QueueBytes, "call_bytes", c.size)
+	return false
+}
+
+// enqueue queues c unless the queue is full or closed; it neither counts
+// nor logs a refusal.
+func (p *Pipeline) enqueue(c *Pending) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if !p.closed {
@@ -380,11 +424,6 @@ func (p *Pipeline) TryPush(c *Pending) bool {
 		}
 		p.settle(c.ticket)
 	}
-	p.m.CaptureDropped.Inc()
-	c.ResolveIDs()
-	p.log.Warn("capture queue full: call not captured (raise --capture-queue / --capture-queue-bytes or add export capacity)",
-		"rollout_id", c.Meta.RolloutID, "sequence_id", c.Meta.SequenceID, "span_id", c.Meta.SpanID,
-		"queue_size", p.cfg.QueueSize, "queue_bytes", p.cfg.QueueBytes, "call_bytes", c.size)
 	return false
 }
 
@@ -402,6 +441,9 @@ func (p *Pipeline) Close(ctx context.Context) error {
 	go func() { p.wg.Wait(); close(p.rows) }()
 	select {
 	case <-p.done:
+		if p.cfg.WAL != nil {
+			return p.cfg.WAL.Close()
+		}
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("capture: flushing on close: %w", ctx.Err())
@@ -495,6 +537,10 @@ func (p *Pipeline) assemble(calls []*Pending, a *Assembler) rowBatch {
 		}
 		out.rows = append(out.rows, rows...)
 		out.tickets = append(out.tickets, c.ticket)
+		if c.walLogged {
+			out.wal = append(out.wal, c.wal)
+		}
+		out.again = out.again || c.again
 		releasePending(c)
 	}
 	return out
@@ -552,15 +598,23 @@ func (p *Pipeline) batch() {
 	t := time.NewTicker(p.cfg.FlushInterval)
 	defer t.Stop()
 	b := &export.Batch{Calls: make([]export.Call, 0, p.cfg.BatchSize)}
-	var done []uint64 // tickets of the calls whose rows are all in b
-	size := 0         // rowBytes of b.Calls
+	var (
+		done  []uint64 // tickets of the calls whose rows are all in b
+		refs  []walRef // their WAL records
+		size  int      // rowBytes of b.Calls
+		again bool     // b holds rows replayed from the WAL
+	)
 	flush := func() {
 		if len(b.Calls) > 0 {
-			p.write(b)
+			p.write(b, again)
 			clear(b.Calls) // drop the rows' bodies now, not when the slots are reused
 			b.Calls = b.Calls[:0]
 		}
-		size = 0
+		size, again = 0, false
+		if len(refs) > 0 { // the rows are in the sinks (or the spool), or dropped and counted
+			p.cfg.WAL.ack(refs)
+			refs = refs[:0]
+		}
 		p.settle(done...)
 		done = done[:0]
 	}
@@ -573,6 +627,8 @@ func (p *Pipeline) batch() {
 			}
 			b.Calls = append(b.Calls, m.rows...)
 			done = append(done, m.tickets...)
+			refs = append(refs, m.wal...)
+			again = again || m.again
 			size += m.bytes
 			if len(b.Calls) >= p.cfg.BatchSize || size >= p.cfg.BatchBytes {
 				flush()
@@ -590,7 +646,9 @@ func (p *Pipeline) batch() {
 type rowBatch struct {
 	rows    []export.Call
 	tickets []uint64
-	bytes   int // rowBytes of rows
+	bytes   int      // rowBytes of rows
+	wal     []walRef // WAL records of the calls, acknowledged once the rows are written
+	again   bool     // some calls were replayed from the WAL: write with export.WriteAgain
 }
 
 // rowBytes is roughly what a row holds: its bodies, message and id arrays.
@@ -646,8 +704,10 @@ func (p *Pipeline) Sync(ctx context.Context) error {
 }
 
 // write stores b in every sink, retrying with backoff; rows a sink never
-// accepts are counted as dropped and logged.
-func (p *Pipeline) write(b *export.Batch) {
+// accepts are counted as dropped and logged. again: b holds rows replayed
+// from the WAL, which may be stored already, so even the first try goes
+// through export.WriteAgain.
+func (p *Pipeline) write(b *export.Batch, again bool) {
 	for _, s := range p.sinks {
 		var err error
 		backoff := 100 * time.Millisecond
@@ -658,7 +718,7 @@ func (p *Pipeline) write(b *export.Batch) {
 			}
 			start := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if attempt == 0 {
+			if attempt == 0 && !again {
 				err = s.Sink.Write(ctx, b)
 			} else {
 				err = export.WriteAgain(ctx, s.Sink, b) // the failed try may have stored some rows

@@ -59,7 +59,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 		return
 	}
 	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), attr: attr}
-	p := capture.AcquirePending()
+	p := s.capture.AcquirePending()
 	c.pend = p
 	p.Endpoint = ep
 	s.beginCall(ctx, p, path, c.start)

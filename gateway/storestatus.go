@@ -13,10 +13,17 @@ type StoreStatus struct {
 	Spool        bool
 	SpoolBytes   int64
 	SpoolRecords int
+	// WAL is true when answered calls are logged to capture's write-ahead
+	// log; WALBytes is its size and WALPending its calls whose rows are not
+	// yet stored or spooled.
+	WAL        bool
+	WALBytes   int64
+	WALPending int
 }
 
-// SetStoreStatus makes /readyz report f's answer as "store", "spool_bytes"
-// and "spool_records" in its body. Call it before serving.
+// SetStoreStatus makes /readyz report f's answer as "store", "spool_bytes",
+// "spool_records", "wal_bytes" and "wal_pending" in its body. Call it
+// before serving.
 func (s *Server) SetStoreStatus(f func() StoreStatus) { s.storeStatus = f }
 
 // appendStoreStatus appends the store fields of /readyz's body (after a
@@ -33,6 +40,12 @@ func (s *Server) appendStoreStatus(dst []byte) []byte {
 		dst = strconv.AppendInt(dst, st.SpoolBytes, 10)
 		dst = append(dst, `,"spool_records":`...)
 		dst = strconv.AppendInt(dst, int64(st.SpoolRecords), 10)
+	}
+	if st.WAL {
+		dst = append(dst, `,"wal_bytes":`...)
+		dst = strconv.AppendInt(dst, st.WALBytes, 10)
+		dst = append(dst, `,"wal_pending":`...)
+		dst = strconv.AppendInt(dst, int64(st.WALPending), 10)
 	}
 	return dst
 }

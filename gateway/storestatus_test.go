@@ -24,4 +24,6 @@ func TestAppendStoreStatus(t *testing.T) {
 	f(&StoreStatus{State: "up"}, `{"status":"ready","store":"up"}`)
 	f(&StoreStatus{State: "down", Spool: true, SpoolBytes: 1234, SpoolRecords: 5},
 		`{"status":"ready","store":"down","spool_bytes":1234,"spool_records":5}`)
+	f(&StoreStatus{State: "up", Spool: true, WAL: true, WALBytes: 99, WALPending: 2},
+		`{"status":"ready","store":"up","spool_bytes":0,"spool_records":0,"wal_bytes":99,"wal_pending":2}`)
 }

@@ -132,6 +132,7 @@ func (b *streamBody) handHeld() {
 // It is called once the previous bytes were taken (fasthttp has written and
 // flushed them), so it first hands the previous payloads to capture.
 func (b *streamBody) fill() {
+	defer b.logIfEnded()
 	b.handHeld()
 	b.out, b.off = b.out[:0], 0
 	pend := b.c.pend
@@ -215,6 +216,19 @@ func (b *streamBody) fill() {
 		b.out = append(b.out, "\n\ndata: "...)
 		b.out = appendError(b.out, fasthttp.StatusBadGateway, errUpstream, msg)
 		b.out = append(b.out, "\n\n"...)
+	}
+}
+
+// logIfEnded logs the call to capture's write-ahead log (Pipeline.Commit)
+// once the stream's end is in hand (data: [DONE], an error event, or the end
+// of the backend's stream), before those last bytes are returned to the
+// client, so a process kill cannot lose a call whose answer the client has.
+// The last payloads are handed to capture first (they are in the record).
+// Without a WAL it does nothing.
+func (b *streamBody) logIfEnded() {
+	if (b.done || b.errEvent || b.eof) && b.s.capture.Logging() {
+		b.handHeld()
+		b.s.capture.Commit(b.c.pend)
 	}
 }
 

@@ -171,7 +171,10 @@ type Spool struct {
 	spilled, replayed, dropped, corrupt, replayErrs atomic.Uint64
 }
 
-var _ export.Sink = (*Spool)(nil)
+var (
+	_ export.Sink       = (*Spool)(nil)
+	_ export.OnceWriter = (*Spool)(nil)
+)
 
 // New opens (or creates) the spool in cfg.Dir in front of sink, recovers the
 // records a previous process left there and starts replaying them. name
@@ -233,7 +236,14 @@ func (s *Spool) countCorrupt() {
 // kept). It returns nil once b is in the sink or in a segment file (fsynced
 // when SyncInterval is 0). A full spool waits (Block) or refuses (Drop) with
 // an error wrapping ErrFull. b is not retained.
-func (s *Spool) Write(ctx context.Context, b *export.Batch) error {
+func (s *Spool) Write(ctx context.Context, b *export.Batch) error { return s.write(ctx, b, false) }
+
+// WriteOnce implements export.OnceWriter: Write for a batch whose rows may
+// be stored already (a retry, capture's WAL replay after a kill): the direct
+// write goes through export.WriteAgain, as spooled batches' replays do.
+func (s *Spool) WriteOnce(ctx context.Context, b *export.Batch) error { return s.write(ctx, b, true) }
+
+func (s *Spool) write(ctx context.Context, b *export.Batch, once bool) error {
 	if b == nil || b.Len() == 0 {
 		return nil
 	}
@@ -254,7 +264,12 @@ func (s *Spool) Write(ctx context.Context, b *export.Batch) error {
 	}
 	if empty {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DirectTimeout)
-		err := s.sink.Write(dctx, b)
+		var err error
+		if once {
+			err = export.WriteAgain(dctx, s.sink, b)
+		} else {
+			err = s.sink.Write(dctx, b)
+		}
 		cancel()
 		if err == nil {
 			return nil

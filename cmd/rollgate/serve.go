@@ -157,6 +157,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		spoolMax       = fs.Int64("spool-max-bytes", 1<<30, "largest size of the spool")
 		spoolPolicy    = fs.String("spool-full-policy", "block", "when the spool is full: block (capture waits) or drop (rows dropped and counted in rollgate_spool_dropped_rows_total)")
 		spoolSync      = fs.Duration("spool-sync-interval", 0, "fsync the spool at this interval instead of on every batch (0); an OS crash can lose up to one interval, a killed process loses nothing written")
+		walOn          = fs.Bool("capture-wal", true, "with --spool-dir: log every answered call to a write-ahead log in the spool folder (one write(2), before the answer's last bytes) until its rows are stored or spooled, and replay it at the next start, so a killed gateway (SIGKILL, OOM) loses no answered call; false = calls waiting in the capture queue are lost on a kill (without --spool-dir they always are)")
+		walMax         = fs.Int64("capture-wal-max-bytes", 512<<20, "largest size of the capture write-ahead log; when full, answered calls are captured unlogged (a kill before they are stored loses them) and counted in rollgate_capture_wal_skipped_total{reason=\"full\"}")
+		walSync        = fs.Duration("capture-wal-sync-interval", time.Second, "fsync the capture write-ahead log at this interval when it has new records (0 = never): a killed process loses nothing either way; an OS crash or power loss can lose the calls answered in the last interval")
 		otlpEndpoint   = fs.String("otlp-endpoint", "", "export captured calls as OpenTelemetry spans to this OTLP receiver (host:port or URL); empty = off")
 		otlpProtocol   = fs.String("otlp-protocol", "http", "OTLP protocol: http or grpc")
 		otlpHeaders    = fs.String("otlp-headers", "", "extra OTLP headers, k=v,k=v (prefer ROLLGATE_OTLP_HEADERS for tokens)")
@@ -370,6 +373,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	m := metrics.New()
 	sink := capture.NamedSink{Name: store.Name(), Sink: store}
 	var sp *spool.Spool
+	var wal *capture.WAL
 	if fc.Spool.Dir != "" {
 		sp, err = spool.New(spool.Config{Dir: filepath.Join(fc.Spool.Dir, store.Name()), MaxBytes: fc.Spool.MaxBytes,
 			FullPolicy: spool.FullPolicy(fc.Spool.FullPolicy), SyncInterval: fc.Spool.SyncInterval}, store, store.Name(), m.Registry, log)
@@ -379,6 +383,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		sink.Sink = sp
 		sc.spool.Store(sp)
+		if *walOn { // after the spool: its lock keeps other processes out of the folder
+			wal, err = capture.OpenWAL(capture.WALConfig{Dir: filepath.Join(fc.Spool.Dir, "wal"), MaxBytes: *walMax, SyncInterval: *walSync}, m.Registry, log)
+			if err != nil {
+				fmt.Fprintln(stderr, "rollgate serve: opening the capture write-ahead log (or pass --capture-wal=false):", err)
+				return 1
+			}
+			sc.wal.Store(wal)
+		}
 	}
 	sinks := []capture.NamedSink{sink}
 	var otl *otlp.Sink
@@ -416,6 +428,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	pipe := capture.NewPipeline(capture.Config{
 		QueueSize: fc.Capture.QueueSize, QueueBytes: fc.Capture.QueueBytes, Workers: fc.Capture.Workers,
 		BatchSize: fc.Capture.BatchSize, BatchBytes: fc.Capture.BatchBytes, FlushInterval: fc.Capture.FlushInterval, Redact: redact,
+		WAL: wal,
 	}, sinks, m, log)
 	seqs, err := openSequenceStore(ctx, fc.Queue.DSN, fc.DB, store, seqFlags, seqstore.Options{Registerer: m.Registry, Logger: log})
 	if err != nil {
@@ -433,6 +446,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	srv.SetStoreStatus(sc.status)
 	pipe.SetFallback(srv.FallbackFor)
 	pipe.SetDetok(srv.DetokFor)
+	go func() {
+		if err := pipe.ReplayWAL(); err != nil {
+			log.Error("replaying the capture write-ahead log; its records stay for the next start", "err", err)
+		}
+	}()
 	tq, err := openTaskQueue(ctx, fc.Queue.DSN, fc.DB, fc.Queue.Lease, store)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)

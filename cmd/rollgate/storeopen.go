@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
@@ -18,6 +19,7 @@ type storeConn struct {
 	export.Store
 	bg    *stores.Background          // ClickHouse connecting in the background; nil otherwise
 	spool atomic.Pointer[spool.Spool] // told to replay at once when bg connects
+	wal   atomic.Pointer[capture.WAL] // capture's write-ahead log, if on
 }
 
 // openStore opens the capture store. With a ClickHouse DSN and a spool
@@ -58,6 +60,10 @@ func (sc *storeConn) status() gateway.StoreStatus {
 	if sp := sc.spool.Load(); sp != nil {
 		s := sp.Stats()
 		st.Spool, st.SpoolBytes, st.SpoolRecords = true, s.Bytes, s.Records
+	}
+	if w := sc.wal.Load(); w != nil {
+		s := w.Stats()
+		st.WAL, st.WALBytes, st.WALPending = true, s.Bytes, s.Pending
 	}
 	return st
 }

@@ -63,8 +63,9 @@ type Background struct {
 }
 
 var (
-	_ export.Store      = (*Background)(nil)
-	_ export.OnceWriter = (*Background)(nil)
+	_ export.Store             = (*Background)(nil)
+	_ export.OnceWriter        = (*Background)(nil)
+	_ export.BulkRolloutReader = (*Background)(nil)
 )
 
 // OpenBackground checks dsn (a mistake in it is an error at once) and starts
@@ -252,6 +253,15 @@ func (b *Background) Rollout(ctx context.Context, rolloutID string) (*export.Rol
 		return nil, err
 	}
 	return s.Rollout(ctx, rolloutID)
+}
+
+// Rollouts implements export.BulkRolloutReader.
+func (b *Background) Rollouts(ctx context.Context, ids []string, opt export.ReadOptions) (map[string]*export.RolloutDetail, error) {
+	s, err := b.get()
+	if err != nil {
+		return nil, err
+	}
+	return s.Rollouts(ctx, ids, opt)
 }
 
 // Close stops connecting and closes the store if it was connected.

@@ -1,0 +1,558 @@
+package capture
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The write-ahead log (WAL) makes a call recoverable once its answer is on
+// its way to the client, before it waits in the capture queue: the call's
+// raw record (see appendWALRecord) is handed to the kernel with one write(2)
+// on the hot path, and acknowledged once the call's rows are in the sink or
+// the spool. A killed process (SIGKILL, OOM kill, panic) loses nothing the
+// kernel was given: the next process replays the records never
+// acknowledged into capture, and the rows are written with
+// export.WriteAgain, so a store with export.OnceWriter (ClickHouse) keeps
+// each row once.
+//
+// # Where the window is
+//
+// A non-streamed call is logged in Pipeline.TryPush, which the gateway calls
+// before the response is written: nothing of the answer reaches the client
+// before its record is in the kernel. A streamed call is logged
+// (Pipeline.Commit) when the backend's data: [DONE], an error event or the
+// end of the stream arrives, before those bytes are returned to the client;
+// the events before it reached the client earlier, but the call is not
+// complete for the client without them. A stream the client abandons is
+// logged when it ends. So no window is left for a process kill, except for
+// calls the WAL refused (full or a write error), which are counted in
+// rollgate_capture_wal_skipped_total.
+//
+// # fsync policy (machine crashes)
+//
+// Records are not fsynced per call. With WALConfig.SyncInterval > 0
+// (--capture-wal-sync-interval, default 1s) the segment being written is
+// fsynced at that interval when it has new records, so an OS crash or power
+// loss can lose the calls answered in the last interval; 0 never fsyncs (the
+// kernel writes back on its own schedule, about 30 s on Linux).
+// Acknowledgements are never fsynced: a lost one only replays a call, which
+// WriteAgain stores once.
+//
+// # Layout
+//
+// WALConfig.Dir holds segment files NNNNNNNNNNNNNNNNNNNN.wal (the 8-byte
+// magic, then records: payload length and CRC-32C, uint32 little endian
+// each, then the payload) and beside each an .ack file of the indices
+// (uint32 little endian) of its acknowledged records. A segment is deleted
+// once it is full (a newer one is being written) and all its records are
+// acknowledged. At open, a torn or corrupt record ends its segment and is
+// counted in rollgate_capture_wal_corrupt_records_total.
+
+// walMagic starts every WAL segment; its last byte is the format version.
+const walMagic = "RGWAL001"
+
+const (
+	walSuffix    = ".wal"
+	walAckSuffix = ".ack"
+	walHeader    = 8
+	// maxWALRecord bounds one record's payload; a header claiming more is corrupt.
+	maxWALRecord = 1 << 30
+)
+
+var walCRC = crc32.MakeTable(crc32.Castagnoli)
+
+// errWALFull is why a record did not fit in WALConfig.MaxBytes.
+var errWALFull = errors.New("capture WAL full")
+
+// WALConfig sizes the write-ahead log. Zero values take the documented
+// defaults; Dir is required.
+type WALConfig struct {
+	// Dir holds the segment files; created if missing. Only one process may
+	// use it: put it in the spool folder, whose lock keeps a second one out.
+	Dir string
+	// MaxBytes bounds the segments on disk (default 512 MiB). A call that
+	// does not fit is not logged (it is captured as usual, but a kill before
+	// its rows are stored loses it) and counted in
+	// rollgate_capture_wal_skipped_total{reason="full"}.
+	MaxBytes int64
+	// SegmentBytes is the size at which a new segment is started (default
+	// MaxBytes/8, at most 16 MiB).
+	SegmentBytes int64
+	// SyncInterval is how often the segment being written is fsynced when it
+	// has new records (0 = never; see the package notes on the fsync policy).
+	SyncInterval time.Duration
+}
+
+func (c *WALConfig) setDefaults() error {
+	if c.Dir == "" {
+		return errors.New("capture WAL: WALConfig.Dir is required (it lives in --spool-dir)")
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = 512 << 20
+	}
+	if c.SegmentBytes <= 0 {
+		c.SegmentBytes = min(c.MaxBytes/8, 16<<20)
+	}
+	return nil
+}
+
+// walRef names one record: its segment and its index in that segment.
+type walRef struct {
+	seg uint64
+	idx uint32
+}
+
+// walSegment is one segment file and the state of its records.
+type walSegment struct {
+	id       uint64
+	size     int64
+	appended uint32 // records written (or found at open)
+	acked    uint32 // of which acknowledged
+	ackFile  *os.File
+	// recovered: left by an earlier process; acked holds the indices found
+	// in its .ack file, replayed by Replay.
+	recovered map[uint32]bool
+}
+
+// WAL is the capture write-ahead log (see the notes above WALConfig). It is
+// safe for concurrent use.
+type WAL struct {
+	cfg WALConfig
+	log *slog.Logger
+
+	mu     sync.Mutex
+	segs   map[uint64]*walSegment
+	order  []uint64 // recovered segments, oldest first, for Replay
+	cur    *walSegment
+	w      *os.File // cur's file
+	dirty  bool     // w has writes not fsynced
+	bytes  int64    // size of every segment on disk
+	nextID uint64
+	closed bool
+
+	stop chan struct{}
+	done chan struct{}
+
+	lastWarn atomic.Int64 // unix nanos of the last "skipped" warning
+
+	logged, skippedFull, skippedErr, acked, replayed, corrupt prometheus.Counter
+	sizeGauge                                                 prometheus.Gauge
+}
+
+// OpenWAL opens (or creates) the WAL in cfg.Dir and finds the records an
+// earlier process left unacknowledged (see Replay). Its metrics are
+// registered on reg unless it is nil.
+func OpenWAL(cfg WALConfig, reg prometheus.Registerer, log *slog.Logger) (*WAL, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	w := &WAL{cfg: cfg, log: log.With("wal_dir", cfg.Dir), segs: map[uint64]*walSegment{}, stop: make(chan struct{}), done: make(chan struct{})}
+	w.metrics()
+	if reg != nil {
+		for _, c := range []prometheus.Collector{w.logged, w.skippedFull, w.skippedErr, w.acked, w.replayed, w.corrupt, w.sizeGauge} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("capture WAL: registering metrics: %w", err)
+			}
+		}
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("capture WAL: create %s (check --spool-dir): %w", cfg.Dir, err)
+	}
+	if err := w.recover(); err != nil {
+		return nil, err
+	}
+	w.sizeGauge.Set(float64(w.bytes))
+	if cfg.SyncInterval > 0 {
+		go w.syncLoop()
+	} else {
+		close(w.done)
+	}
+	return w, nil
+}
+
+func (w *WAL) metrics() {
+	c := func(name, help string, labels prometheus.Labels) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+	}
+	w.logged = c("rollgate_capture_wal_records_total", "Answered calls logged to the capture write-ahead log before their answer completed.", nil)
+	const skipHelp = "Answered calls not logged to the capture write-ahead log (captured as usual, but a process kill before their rows are stored loses them): full = --capture-wal-max-bytes reached, error = a write failed."
+	w.skippedFull = c("rollgate_capture_wal_skipped_total", skipHelp, prometheus.Labels{"reason": "full"})
+	w.skippedErr = c("rollgate_capture_wal_skipped_total", skipHelp, prometheus.Labels{"reason": "error"})
+	w.acked = c("rollgate_capture_wal_acked_total", "Write-ahead log records acknowledged: their rows are in the store or the spool.", nil)
+	w.replayed = c("rollgate_capture_wal_replayed_total", "Write-ahead log records an earlier process left unacknowledged, replayed into capture at start.", nil)
+	w.corrupt = c("rollgate_capture_wal_corrupt_records_total", "Write-ahead log records found torn or corrupt at start (the rest of their segment is skipped).", nil)
+	w.sizeGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "rollgate_capture_wal_bytes", Help: "Size of the capture write-ahead log's segments on disk."})
+}
+
+func (w *WAL) segPath(id uint64, suffix string) string {
+	return filepath.Join(w.cfg.Dir, fmt.Sprintf("%020d%s", id, suffix))
+}
+
+// recover scans the segments left in Dir: their valid records, and which of
+// them their .ack file acknowledges.
+func (w *WAL) recover() error {
+	ents, err := os.ReadDir(w.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("capture WAL: read %s: %w", w.cfg.Dir, err)
+	}
+	var ids []uint64
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasSuffix(name, walSuffix) {
+			continue
+		}
+		id, err := strconv.ParseUint(strings.TrimSuffix(name, walSuffix), 10, 64)
+		if err != nil {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	pending := 0
+	for _, id := range ids {
+		w.nextID = id + 1
+		b, err := os.ReadFile(w.segPath(id, walSuffix))
+		if err != nil {
+			return fmt.Errorf("capture WAL: read segment %d: %w", id, err)
+		}
+		seg := &walSegment{id: id, size: int64(len(b)), recovered: map[uint32]bool{}}
+		if !strings.HasPrefix(string(b), walMagic) {
+			w.corrupt.Inc()
+			w.log.Error("capture WAL: segment without its magic header; removed", "segment", id)
+			w.removeFiles(id)
+			continue
+		}
+		var n uint32
+		eachWALRecord(b[len(walMagic):], func([]byte) { n++ }, func(err error) {
+			w.corrupt.Inc()
+			w.log.Error("capture WAL: torn or corrupt record ends its segment", "segment", id, "record", n, "err", err)
+		})
+		seg.appended = n
+		if a, err := os.ReadFile(w.segPath(id, walAckSuffix)); err == nil {
+			for i := 0; i+4 <= len(a); i += 4 {
+				if x := binary.LittleEndian.Uint32(a[i:]); x < n && !seg.recovered[x] {
+					seg.recovered[x] = true
+					seg.acked++
+				}
+			}
+		}
+		if seg.acked == seg.appended {
+			w.removeFiles(id)
+			continue
+		}
+		w.segs[id] = seg
+		w.order = append(w.order, id)
+		w.bytes += seg.size
+		pending += int(seg.appended - seg.acked)
+	}
+	if pending > 0 {
+		w.log.Warn("capture WAL: replaying calls a previous run answered but had not stored (it was killed)", "calls", pending, "segments", len(w.order))
+	}
+	return nil
+}
+
+// eachWALRecord calls f with the payload of every valid record in b, in
+// order, and bad once if a torn or corrupt record ends b early.
+func eachWALRecord(b []byte, f func(payload []byte), bad func(error)) {
+	for len(b) > 0 {
+		if len(b) < walHeader {
+			bad(errors.New("record header truncated"))
+			return
+		}
+		n := binary.LittleEndian.Uint32(b)
+		if n == 0 || n > maxWALRecord {
+			bad(fmt.Errorf("record length %d out of range", n))
+			return
+		}
+		if int64(len(b)-walHeader) < int64(n) {
+			bad(errors.New("record truncated"))
+			return
+		}
+		p := b[walHeader : walHeader+int(n)]
+		if crc32.Checksum(p, walCRC) != binary.LittleEndian.Uint32(b[4:]) {
+			bad(errors.New("checksum mismatch"))
+			return
+		}
+		f(p)
+		b = b[walHeader+int(n):]
+	}
+}
+
+func (w *WAL) removeFiles(id uint64) {
+	for _, s := range []string{walSuffix, walAckSuffix} {
+		if err := os.Remove(w.segPath(id, s)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			w.log.Warn("capture WAL: removing an acknowledged segment", "segment", id, "err", err)
+		}
+	}
+}
+
+// Replay calls f, in order, with every record an earlier process left
+// unacknowledged, and its reference for ack. It reads one segment at a
+// time; f must not retain payload.
+func (w *WAL) replay(f func(ref walRef, payload []byte) bool) error {
+	w.mu.Lock()
+	order := slices.Clone(w.order)
+	w.mu.Unlock()
+	for _, id := range order {
+		w.mu.Lock()
+		seg := w.segs[id]
+		var acked map[uint32]bool
+		if seg != nil {
+			acked = maps.Clone(seg.recovered)
+		}
+		w.mu.Unlock()
+		if seg == nil {
+			continue
+		}
+		b, err := os.ReadFile(w.segPath(id, walSuffix))
+		if err != nil {
+			return fmt.Errorf("capture WAL: read segment %d: %w", id, err)
+		}
+		var idx uint32
+		stop := false
+		eachWALRecord(b[len(walMagic):], func(p []byte) {
+			if !stop && !acked[idx] {
+				w.replayed.Inc()
+				stop = !f(walRef{seg: id, idx: idx}, p)
+			}
+			idx++
+		}, func(error) {})
+		if stop {
+			return nil
+		}
+	}
+	return nil
+}
+
+// append writes one framed record (header space included, filled here) with
+// one write(2). It returns the record's reference, or an error when the WAL
+// is full or the write failed (counted and logged; the call is not logged).
+func (w *WAL) append(rec []byte) (walRef, error) {
+	payload := rec[walHeader:]
+	binary.LittleEndian.PutUint32(rec, uint32(len(payload)))
+	binary.LittleEndian.PutUint32(rec[4:], crc32.Checksum(payload, walCRC))
+	n := int64(len(rec))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return walRef{}, errors.New("capture WAL closed")
+	}
+	if w.bytes+n > w.cfg.MaxBytes {
+		w.skippedFull.Inc()
+		w.warnSkipped("full: raise --capture-wal-max-bytes, or add store capacity (calls wait in the WAL until their rows are stored or spooled)", errWALFull)
+		return walRef{}, errWALFull
+	}
+	if w.cur == nil || w.cur.size+n > w.cfg.SegmentBytes {
+		if err := w.rotateLocked(); err != nil {
+			w.skippedErr.Inc()
+			w.warnSkipped("cannot start a segment (check the disk of --spool-dir)", err)
+			return walRef{}, err
+		}
+	}
+	if _, err := w.w.Write(rec); err != nil {
+		w.skippedErr.Inc()
+		w.warnSkipped("write failed (check the disk of --spool-dir)", err)
+		// The segment may hold part of the record now: end it, so the next
+		// record starts a clean one (the torn tail is skipped at open).
+		w.sealLocked()
+		return walRef{}, fmt.Errorf("capture WAL: %w", err)
+	}
+	ref := walRef{seg: w.cur.id, idx: w.cur.appended}
+	w.cur.appended++
+	w.cur.size += n
+	w.bytes += n
+	w.dirty = true
+	w.logged.Inc()
+	w.sizeGauge.Set(float64(w.bytes))
+	return ref, nil
+}
+
+// warnSkipped logs a skipped call at most once a second (every skip is counted).
+func (w *WAL) warnSkipped(why string, err error) {
+	now := time.Now().UnixNano()
+	if last := w.lastWarn.Load(); now-last > int64(time.Second) && w.lastWarn.CompareAndSwap(last, now) {
+		w.log.Warn("capture WAL: answered call not logged; a process kill before its rows are stored would lose it ("+why+"); see rollgate_capture_wal_skipped_total",
+			"err", err, "wal_bytes", w.bytes, "max_bytes", w.cfg.MaxBytes)
+	}
+}
+
+// rotateLocked seals the current segment and starts the next one.
+func (w *WAL) rotateLocked() error {
+	w.sealLocked()
+	id := w.nextID
+	f, err := os.OpenFile(w.segPath(id, walSuffix), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("capture WAL: create segment: %w", err)
+	}
+	if _, err := f.Write([]byte(walMagic)); err != nil {
+		f.Close()
+		_ = os.Remove(w.segPath(id, walSuffix))
+		return fmt.Errorf("capture WAL: write segment header: %w", err)
+	}
+	w.nextID++
+	w.cur = &walSegment{id: id, size: int64(len(walMagic))}
+	w.w = f
+	w.segs[id] = w.cur
+	w.bytes += w.cur.size
+	return nil
+}
+
+// sealLocked ends the segment being written (it is deleted once all its
+// records are acknowledged).
+func (w *WAL) sealLocked() {
+	if w.cur == nil {
+		return
+	}
+	if w.dirty && w.cfg.SyncInterval > 0 {
+		_ = w.w.Sync()
+	}
+	_ = w.w.Close()
+	seg := w.cur
+	w.cur, w.w, w.dirty = nil, nil, false
+	w.maybeRemoveLocked(seg)
+}
+
+// maybeRemoveLocked deletes seg once it is sealed and fully acknowledged.
+func (w *WAL) maybeRemoveLocked(seg *walSegment) {
+	if seg == w.cur || seg.acked < seg.appended {
+		return
+	}
+	if seg.ackFile != nil {
+		_ = seg.ackFile.Close()
+	}
+	w.removeFiles(seg.id)
+	delete(w.segs, seg.id)
+	w.bytes -= seg.size
+	w.sizeGauge.Set(float64(w.bytes))
+}
+
+// ack records that the rows of refs are in the sink or the spool: one
+// write(2) per segment to its .ack file, and segments wholly acknowledged
+// are deleted.
+func (w *WAL) ack(refs []walRef) {
+	if len(refs) == 0 {
+		return
+	}
+	slices.SortFunc(refs, func(a, b walRef) int {
+		if a.seg != b.seg {
+			if a.seg < b.seg {
+				return -1
+			}
+			return 1
+		}
+		return int(int64(a.idx) - int64(b.idx))
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var buf []byte
+	for i := 0; i < len(refs); {
+		j := i
+		for j < len(refs) && refs[j].seg == refs[i].seg {
+			j++
+		}
+		seg := w.segs[refs[i].seg]
+		if seg != nil {
+			buf = buf[:0]
+			for _, r := range refs[i:j] {
+				buf = binary.LittleEndian.AppendUint32(buf, r.idx)
+			}
+			if seg.ackFile == nil {
+				f, err := os.OpenFile(w.segPath(seg.id, walAckSuffix), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				if err != nil {
+					w.log.Warn("capture WAL: recording acknowledgements failed (their calls are replayed after a kill; WriteAgain stores them once)", "err", err)
+				}
+				seg.ackFile = f
+			}
+			if seg.ackFile != nil {
+				_, _ = seg.ackFile.Write(buf)
+			}
+			seg.acked += uint32(j - i)
+			w.acked.Add(float64(j - i))
+			w.maybeRemoveLocked(seg)
+		}
+		i = j
+	}
+}
+
+func (w *WAL) syncLoop() {
+	defer close(w.done)
+	t := time.NewTicker(w.cfg.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			w.mu.Lock()
+			if w.dirty && w.w != nil {
+				if err := w.w.Sync(); err != nil {
+					w.log.Error("capture WAL: fsync failed (an OS crash may lose recent calls)", "err", err)
+				}
+				w.dirty = false
+			}
+			w.mu.Unlock()
+		case <-w.stop:
+			return
+		}
+	}
+}
+
+// WALStats is a snapshot of the WAL: its size on disk and records not yet acknowledged.
+type WALStats struct {
+	Bytes   int64
+	Pending int
+}
+
+// Stats returns a snapshot of the WAL's size and unacknowledged records.
+func (w *WAL) Stats() WALStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := WALStats{Bytes: w.bytes}
+	for _, s := range w.segs {
+		st.Pending += int(s.appended - s.acked)
+	}
+	return st
+}
+
+// Close fsyncs and closes the segment being written; it is deleted when
+// every record was acknowledged (a clean shutdown leaves an empty folder).
+func (w *WAL) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	var err error
+	if w.w != nil {
+		if serr := w.w.Sync(); serr != nil {
+			err = fmt.Errorf("capture WAL: fsync on close: %w", serr)
+		}
+	}
+	w.sealLocked()
+	for _, s := range w.segs {
+		if s.ackFile != nil {
+			_ = s.ackFile.Close()
+			s.ackFile = nil
+		}
+	}
+	w.mu.Unlock()
+	close(w.stop)
+	<-w.done
+	return err
+}
