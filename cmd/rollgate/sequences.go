@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"flag"
 	"fmt"
 	"time"
 
-	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/seqstore"
 )
@@ -37,18 +35,13 @@ func (f sequenceFlags) apply(set map[string]bool, cfg *gateway.Config) {
 
 // openSequenceStore opens where sequence ids are reserved: the task queue's
 // database (queueDSN: PostgreSQL when several gateways share it, or a SQLite
-// file), else the embedded store's SQLite handle, else (capturing to
-// ClickHouse) the SQLite file at dbPath, where the task queue is too.
-func openSequenceStore(ctx context.Context, queueDSN, dbPath string, store export.Store, f sequenceFlags, opt seqstore.Options) (seqstore.Store, error) {
+// file), else the SQLite file at dbPath, where the task queue is too (the
+// embedded store's file, also when capturing to ClickHouse). A SQLite file
+// gets a handle of its own that commits with synchronous=FULL (the embedded
+// store's commits with NORMAL): a reservation survives a power loss.
+func openSequenceStore(ctx context.Context, queueDSN, dbPath string, f sequenceFlags, opt seqstore.Options) (seqstore.Store, error) {
 	opt.Retention = *f.retention
 	if queueDSN == "" {
-		if s, ok := store.(interface{ DB() *sql.DB }); ok {
-			st, err := seqstore.NewSQLite(ctx, s.DB(), opt)
-			if err != nil {
-				return nil, fmt.Errorf("sequence ids in %s: %w", dbPath, err)
-			}
-			return st, nil
-		}
 		queueDSN = dbPath
 	}
 	st, err := seqstore.Open(ctx, queueDSN, opt)

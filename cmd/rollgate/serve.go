@@ -430,7 +430,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		BatchSize: fc.Capture.BatchSize, BatchBytes: fc.Capture.BatchBytes, FlushInterval: fc.Capture.FlushInterval, Redact: redact,
 		WAL: wal,
 	}, sinks, m, log)
-	seqs, err := openSequenceStore(ctx, fc.Queue.DSN, fc.DB, store, seqFlags, seqstore.Options{Registerer: m.Registry, Logger: log})
+	seqs, err := openSequenceStore(ctx, fc.Queue.DSN, fc.DB, seqFlags, seqstore.Options{Registerer: m.Registry, Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
 		return 1

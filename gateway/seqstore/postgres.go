@@ -259,7 +259,7 @@ func (p *Postgres) handle(ctx context.Context, conn *pgx.Conn, payload string) {
 	if f := p.drop.Load(); f != nil {
 		(*f)(t.Rollout, t.Attempt)
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_notify($1, $2)`, channel(t.Holder), t.Token); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_notify($1, $2)`, channel(t.Holder), t.Token); err != nil && ctx.Err() == nil {
 		p.log.Warn("seqstore: acknowledging a takeover (the other gateway waits out its takeover wait)", "err", err)
 	}
 }
