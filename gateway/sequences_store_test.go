@@ -156,7 +156,6 @@ func TestSequenceStoreTwoGateways(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]map[uint64]bool{}
 	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
 	for g := 0; g < goroutines; g++ {
 		wg.Add(1)
 		go func(g int) {
@@ -166,11 +165,11 @@ func TestSequenceStoreTwoGateways(t *testing.T) {
 			for i := 0; i < calls; i++ {
 				id, err := gws[(g+i/5)%2].next("r", attempt)
 				if err != nil {
-					errs <- err
+					t.Error(err)
 					return
 				}
 				if id <= prev {
-					errs <- fmt.Errorf("goroutine %d: id %d after %d", g, id, prev)
+					t.Errorf("goroutine %d: id %d after %d", g, id, prev)
 					return
 				}
 				prev = id
@@ -180,7 +179,7 @@ func TestSequenceStoreTwoGateways(t *testing.T) {
 				}
 				if seen[attempt][id] {
 					mu.Unlock()
-					errs <- fmt.Errorf("%s: id %d given twice", attempt, id)
+					t.Errorf("%s: id %d given twice", attempt, id)
 					return
 				}
 				seen[attempt][id] = true
@@ -189,10 +188,6 @@ func TestSequenceStoreTwoGateways(t *testing.T) {
 		}(g)
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
 }
 
 // hugeBlocks is a store whose blocks never run out: the fast path only.

@@ -94,16 +94,7 @@ func stop(t *testing.T, cmd *exec.Cmd, logs *syncBuffer) {
 // sqlCount runs a count query with rollgate sql and returns its value.
 func sqlCount(t *testing.T, db, query string) int {
 	t.Helper()
-	out := runCmd(t, "sql", "--db", db, query)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 3 {
-		t.Fatalf("rollgate sql %q:\n%s", query, out)
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(lines[2]))
-	if err != nil {
-		t.Fatalf("rollgate sql %q: %v\n%s", query, err, out)
-	}
-	return n
+	return sqlCountOn(t, query, "--db", db)
 }
 
 // TestHostileIDsNeverReachHeadersOrRows: ids with CR/LF (URL-encoded in the

@@ -57,10 +57,11 @@ func (g *gatewayProc) restart() {
 	g.start()
 }
 
-// chCount runs a count query on ClickHouse with rollgate sql.
-func chCount(t *testing.T, dsn, query string) int {
+// sqlCountOn runs a count query with rollgate sql on the store its flags
+// name (--db FILE or --clickhouse DSN) and returns its value.
+func sqlCountOn(t *testing.T, query string, store ...string) int {
 	t.Helper()
-	out := runCmd(t, "sql", "--clickhouse", dsn, query)
+	out := runCmd(t, append(append([]string{"sql"}, store...), query)...)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) < 3 {
 		t.Fatalf("rollgate sql %q:\n%s", query, out)
@@ -70,6 +71,12 @@ func chCount(t *testing.T, dsn, query string) int {
 		t.Fatalf("rollgate sql %q: %v\n%s", query, err, out)
 	}
 	return n
+}
+
+// chCount runs a count query on ClickHouse with rollgate sql.
+func chCount(t *testing.T, dsn, query string) int {
+	t.Helper()
+	return sqlCountOn(t, query, "--clickhouse", dsn)
 }
 
 // TestSequenceIDsAcrossGatewaysAndRestarts: two gateways on one PostgreSQL

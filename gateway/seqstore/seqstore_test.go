@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -18,17 +17,7 @@ import (
 
 var postgresDSN string
 
-func TestMain(m *testing.M) {
-	dsn, stop, err := testenv.StartPostgres()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "testenv:", err)
-		os.Exit(1)
-	}
-	postgresDSN = dsn
-	code := m.Run()
-	stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.PostgresMain(m, &postgresDSN) }
 
 // each runs f with a DSN of a fresh SQLite file and of a fresh PostgreSQL
 // database.
@@ -118,7 +107,6 @@ func TestTwoStoresConcurrentNoDuplicate(t *testing.T) {
 		var mu sync.Mutex
 		got := map[string][]Block{}
 		var wg sync.WaitGroup
-		errs := make(chan error, goroutines)
 		for g := 0; g < goroutines; g++ {
 			wg.Add(1)
 			go func(g int) {
@@ -129,11 +117,11 @@ func TestTwoStoresConcurrentNoDuplicate(t *testing.T) {
 				for i := 0; i < rounds; i++ {
 					b, err := s.Reserve(context.Background(), "r", attempt)
 					if err != nil {
-						errs <- err
+						t.Error(err)
 						return
 					}
 					if b.First <= prev || b.Last < b.First {
-						errs <- fmt.Errorf("goroutine %d: block %+v after id %d", g, b, prev)
+						t.Errorf("goroutine %d: block %+v after id %d", g, b, prev)
 						return
 					}
 					prev = b.Last
@@ -143,10 +131,8 @@ func TestTwoStoresConcurrentNoDuplicate(t *testing.T) {
 				}
 			}(g)
 		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
+		if wg.Wait(); t.Failed() {
+			return
 		}
 		for attempt, bs := range got {
 			sort.Slice(bs, func(i, j int) bool { return bs[i].First < bs[j].First })

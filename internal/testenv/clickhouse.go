@@ -109,8 +109,12 @@ func StartClickHouse() (dsn string, stop func(), err error) {
 // Main is a TestMain body for packages whose tests need ClickHouse: it starts
 // the server, stores its DSN in *dsn, runs the tests, stops the server and
 // exits. A server that cannot be started fails the whole test binary.
-func Main(m *testing.M, dsn *string) {
-	d, stop, err := StartClickHouse()
+func Main(m *testing.M, dsn *string) { runWith(m, dsn, StartClickHouse) }
+
+// runWith starts a server with start, stores its DSN in *dsn, runs the
+// tests, stops the server and exits.
+func runWith(m *testing.M, dsn *string, start func() (string, func(), error)) {
+	d, stop, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testenv:", err)
 		os.Exit(1)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
@@ -164,3 +165,9 @@ func postgresBin() (string, error) {
 	}
 	return "", fmt.Errorf("postgres not found in %s or /usr/lib/postgresql/*/bin: apt-get install postgresql (or run ./scripts/test), or set %s", PostgresBinDir, EnvPostgresDSN)
 }
+
+// PostgresMain is a TestMain body for packages whose tests need PostgreSQL:
+// it starts the server (or takes ROLLGATE_TEST_POSTGRES_DSN), stores its DSN
+// in *dsn, runs the tests, stops the server and exits. A server that cannot
+// be started fails the whole test binary.
+func PostgresMain(m *testing.M, dsn *string) { runWith(m, dsn, StartPostgres) }
