@@ -135,13 +135,11 @@ func OpenPostgres(ctx context.Context, dsn string, opt Options) (*Postgres, erro
 	}
 	p := &Postgres{dsn: dsn, waiters: map[string]chan struct{}{}, keys: map[string]*keyLock{}, done: make(chan struct{})}
 	p.owned = true
-	if _, err := db.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, schemaLock); err != nil {
+	if err := createSchemaLocked(ctx, db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("seqstore: PostgreSQL unreachable (check --queue and that the server is up): %w", err)
+		return nil, err
 	}
-	err = p.init(ctx, db, opt, postgresReserve, `DELETE FROM rg_sequences WHERE updated_ns < $1`)
-	db.ExecContext(context.Background(), `SELECT pg_advisory_unlock($1)`, schemaLock)
-	if err != nil {
+	if err := p.init(db, opt, postgresReserve, `DELETE FROM rg_sequences WHERE updated_ns < $1`); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -154,6 +152,21 @@ func OpenPostgres(ctx context.Context, dsn string, opt Options) (*Postgres, erro
 	p.cancel = cancel
 	go p.listen(lctx, conn)
 	return p, nil
+}
+
+// createSchemaLocked creates rg_sequences under the schema lock, on one
+// connection (the session that takes the lock must release it).
+func createSchemaLocked(ctx context.Context, db *sql.DB) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("seqstore: PostgreSQL unreachable (check --queue and that the server is up): %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, schemaLock); err != nil {
+		return fmt.Errorf("seqstore: locking the schema: %w", err)
+	}
+	defer conn.ExecContext(context.Background(), `SELECT pg_advisory_unlock($1)`, schemaLock)
+	return createSchema(ctx, conn)
 }
 
 // channel is the notification channel of a gateway instance.
@@ -308,7 +321,7 @@ func (p *Postgres) Reserve(ctx context.Context, rollout, attempt string) (Block,
 		alive      bool
 		notified   int64
 	)
-	err = p.db.QueryRowContext(ctx, p.reserve, rollout, attempt, int64(p.opt.MinBlock), p.instance,
+	err = p.db.QueryRowContext(ctx, p.reserve, rollout, attempt, int64(p.opt.firstBlock(rollout, attempt)), p.instance,
 		int64(p.opt.MaxBlock), p.opt.Now().UnixNano(), string(payload), notify).Scan(&next, &size, &prev, &alive, &notified)
 	if err != nil {
 		p.m.errors.Inc()

@@ -107,6 +107,17 @@ func (o *Options) setDefaults() {
 	}
 }
 
+// firstBlock is the size of a block that does not follow one of the same
+// gateway: MinBlock, or MaxBlock for unattributed calls (rollout and
+// attempt ""), whose ids promise no order across gateways: gateways serving
+// them in turn would otherwise reserve MinBlock ids at a time.
+func (o *Options) firstBlock(rollout, attempt string) uint64 {
+	if rollout == "" && attempt == "" {
+		return o.MaxBlock
+	}
+	return o.MinBlock
+}
+
 // Open opens a store on a DSN: "postgres://..." or "postgresql://..." for
 // PostgreSQL, otherwise a SQLite file path (optionally "sqlite:" prefixed).
 func Open(ctx context.Context, dsn string, opt Options) (Store, error) {

@@ -69,7 +69,7 @@ func TestBlocksStartAtOneAndGrow(t *testing.T) {
 		f("r", "a", Block{13, 28})
 		f("r", "a", Block{29, 44}) // capped at MaxBlock
 		f("r", "b", Block{1, 4})
-		f("", "", Block{1, 4})
+		f("", "", Block{1, 16}) // unattributed: MaxBlock at once
 	})
 }
 

@@ -93,23 +93,20 @@ func OpenSQLite(ctx context.Context, path string, opt Options) (*SQLite, error) 
 // the handle commits with synchronous=FULL (OpenSQLite's does; the
 // embedded capture store's, NORMAL, does not).
 func NewSQLite(ctx context.Context, db *sql.DB, opt Options) (*SQLite, error) {
+	if err := createSchema(ctx, db); err != nil {
+		return nil, err
+	}
 	s := &SQLite{}
-	if err := s.init(ctx, db, opt, sqliteReserve, `DELETE FROM rg_sequences WHERE updated_ns < ?`); err != nil {
+	if err := s.init(db, opt, sqliteReserve, `DELETE FROM rg_sequences WHERE updated_ns < ?`); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// init fills the shared part and creates the table.
-func (s *sqlStore) init(ctx context.Context, db *sql.DB, opt Options, reserve, prune string) error {
-	opt.setDefaults()
-	id, err := newInstanceID()
-	if err != nil {
-		return err
-	}
-	s.db, s.opt, s.instance, s.reserve, s.prune = db, opt, id, reserve, prune
-	s.m = newMetrics(opt.Registerer)
-	s.log = opt.Logger
+// createSchema creates rg_sequences if missing.
+func createSchema(ctx context.Context, db interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}) error {
 	for _, stmt := range strings.Split(schema, ";") {
 		if strings.TrimSpace(stmt) == "" {
 			continue
@@ -118,6 +115,19 @@ func (s *sqlStore) init(ctx context.Context, db *sql.DB, opt Options, reserve, p
 			return fmt.Errorf("seqstore: creating rg_sequences (check the database is writable): %w", err)
 		}
 	}
+	return nil
+}
+
+// init fills the shared part and starts pruning.
+func (s *sqlStore) init(db *sql.DB, opt Options, reserve, prune string) error {
+	opt.setDefaults()
+	id, err := newInstanceID()
+	if err != nil {
+		return err
+	}
+	s.db, s.opt, s.instance, s.reserve, s.prune = db, opt, id, reserve, prune
+	s.m = newMetrics(opt.Registerer)
+	s.log = opt.Logger
 	s.stopPrune, s.pruneDone = make(chan struct{}), make(chan struct{})
 	go s.pruneLoop()
 	return nil
@@ -140,7 +150,7 @@ func (s *SQLite) Reserve(ctx context.Context, rollout, attempt string) (Block, e
 func (s *sqlStore) reserveRow(ctx context.Context, rollout, attempt string) (Block, string, error) {
 	var next, size int64
 	var prev string
-	err := s.db.QueryRowContext(ctx, s.reserve, rollout, attempt, int64(s.opt.MinBlock), s.instance,
+	err := s.db.QueryRowContext(ctx, s.reserve, rollout, attempt, int64(s.opt.firstBlock(rollout, attempt)), s.instance,
 		int64(s.opt.MaxBlock), s.opt.Now().UnixNano()).Scan(&next, &size, &prev)
 	if err != nil {
 		s.m.errors.Inc()
