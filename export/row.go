@@ -84,9 +84,15 @@ type Reward struct {
 // Rollout is one row of the rollouts table; the latest row (by UpdatedUnixNano)
 // per rollout wins.
 type Rollout struct {
-	RolloutID       string
-	AttemptID       string
-	TaskID          string
+	RolloutID string
+	AttemptID string
+	TaskID    string
+	// GroupID is the training group, the trainer's uid (CONTRACT §3): one per
+	// task per enqueue call of POST /api/v1/tasks (a training step), or given
+	// to POST /api/v1/rollouts; '' when the rollout has none (rows written
+	// before the column existed read back as ''). Every row of a rollout,
+	// status updates included, carries it, since the latest row wins.
+	GroupID         string
 	Status          string
 	Metadata        string // JSON
 	CreatedUnixNano uint64

@@ -36,6 +36,14 @@
 -- on 20.1+ add the codecs of export/clickhouse/sql, on the _local tables.
 --
 -- To use another database name, replace every "rollgate" below.
+--
+-- Upgrading: on a single server rollgate adds the columns of a newer release
+-- itself; on a cluster it does not alter these tables (it stops and names the
+-- ALTER to run). Add a new column to the _local tables first, then to the
+-- Distributed ones, for example the rollouts table's group_id (added with the
+-- training group; before it, the group was only in metadata):
+--     ALTER TABLE rollgate.rollouts_local ON CLUSTER '{cluster}' ADD COLUMN group_id String AFTER task_id;
+--     ALTER TABLE rollgate.rollouts ON CLUSTER '{cluster}' ADD COLUMN group_id String AFTER task_id;
 
 CREATE DATABASE IF NOT EXISTS rollgate ON CLUSTER '{cluster}';
 
@@ -104,6 +112,7 @@ CREATE TABLE IF NOT EXISTS rollgate.rollouts_local ON CLUSTER '{cluster}' (
     rollout_id String,
     attempt_id String,
     task_id String,
+    group_id String,
     status String,
     metadata String,
     created_unix_nano UInt64,

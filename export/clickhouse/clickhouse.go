@@ -119,8 +119,13 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("clickhouse: create table %s.%s: %w", db, tableOrder[i], err)
 		}
 	}
-	if err := addMissingColumns(ctx, bootConn, db, "llm_calls", callCols); err != nil {
-		return nil, err
+	for _, t := range []struct {
+		name string
+		cols []colDef
+	}{{"llm_calls", callCols}, {"rollouts", rolloutCols}} {
+		if err := addMissingColumns(ctx, bootConn, db, t.name, t.cols); err != nil {
+			return nil, err
+		}
 	}
 
 	chOpts.Auth.Database = db
@@ -193,30 +198,72 @@ func redact(dsn string) string {
 }
 
 // addMissingColumns brings a table created by an older rollgate up to date:
-// columns added since are appended with ALTER TABLE (their defaults fill old rows).
+// columns added since are added with ALTER TABLE ... ADD COLUMN ... AFTER the
+// column before them in cols, so an upgraded table has the layout of a new
+// one (their defaults fill old rows). 18.16 has no ADD COLUMN IF NOT EXISTS:
+// when another process added the column first, the ALTER fails and a second
+// look at the columns finds it. A Distributed table (deploy/clickhouse/cluster.sql)
+// is not altered: its _local tables need the column first, on every server.
 func addMissingColumns(ctx context.Context, conn driver.Conn, db, table string, cols []colDef) error {
+	have, engine, err := tableColumns(ctx, conn, db, table)
+	if err != nil {
+		return err
+	}
+	prev := ""
+	for _, c := range cols {
+		if have[c.name] {
+			prev = c.name
+			continue
+		}
+		if engine == "Distributed" {
+			return fmt.Errorf("clickhouse: the Distributed table %s.%s has no column %s (created by an older rollgate): "+
+				"add it on the cluster, to %s_local first, then to %s: ALTER TABLE %s.%s_local ON CLUSTER '{cluster}' ADD COLUMN %s %s%s; "+
+				"ALTER TABLE %s.%s ON CLUSTER '{cluster}' ADD COLUMN %s %s%s (see deploy/clickhouse/cluster.sql)",
+				db, table, c.name, table, table, db, table, c.name, c.typ, afterClause(prev), db, table, c.name, c.typ, afterClause(prev))
+		}
+		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.name) + " " + c.typ
+		if prev != "" {
+			stmt += " AFTER " + quoteIdent(prev)
+		}
+		if err := conn.Exec(ctx, stmt); err != nil {
+			if again, _, rerr := tableColumns(ctx, conn, db, table); rerr != nil || !again[c.name] {
+				return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.name, db, table, err)
+			}
+		}
+		have[c.name], prev = true, c.name
+	}
+	return nil
+}
+
+// afterClause is " AFTER col", or "" when col is "".
+func afterClause(col string) string {
+	if col == "" {
+		return ""
+	}
+	return " AFTER " + col
+}
+
+// tableColumns returns the column names of db.table and its engine.
+func tableColumns(ctx context.Context, conn driver.Conn, db, table string) (map[string]bool, string, error) {
+	var engine string
+	if err := conn.QueryRow(ctx, "SELECT engine FROM system.tables WHERE database = ? AND name = ?", db, table).Scan(&engine); err != nil {
+		return nil, "", fmt.Errorf("clickhouse: reading the engine of %s.%s: %w", db, table, err)
+	}
 	rows, err := conn.Query(ctx, "SELECT name FROM system.columns WHERE database = ? AND table = ?", db, table)
 	if err != nil {
-		return fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
+		return nil, "", fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
 	}
+	defer rows.Close()
 	have := map[string]bool{}
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
+			return nil, "", fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
 		}
 		have[name] = true
 	}
-	rows.Close()
-	for _, c := range cols {
-		if have[c.name] {
-			continue
-		}
-		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.name) + " " + c.typ
-		if err := conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.name, db, table, err)
-		}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("clickhouse: reading the columns of %s.%s: %w", db, table, err)
 	}
-	return nil
+	return have, engine, nil
 }

@@ -62,6 +62,7 @@ var (
 		{"rollout_id", "String"},
 		{"attempt_id", "String"},
 		{"task_id", "String"},
+		{"group_id", "String"},
 		{"status", "String"},
 		{"metadata", "String"},
 		{"created_unix_nano", "UInt64"},
@@ -144,11 +145,11 @@ func rewardDest(r *export.Reward) []any {
 }
 
 func rolloutValues(r *export.Rollout) []any {
-	return []any{r.RolloutID, r.AttemptID, r.TaskID, r.Status, r.Metadata, r.CreatedUnixNano, r.UpdatedUnixNano}
+	return []any{r.RolloutID, r.AttemptID, r.TaskID, r.GroupID, r.Status, r.Metadata, r.CreatedUnixNano, r.UpdatedUnixNano}
 }
 
 func rolloutDest(r *export.Rollout) []any {
-	return []any{&r.RolloutID, &r.AttemptID, &r.TaskID, &r.Status, &r.Metadata, &r.CreatedUnixNano, &r.UpdatedUnixNano}
+	return []any{&r.RolloutID, &r.AttemptID, &r.TaskID, &r.GroupID, &r.Status, &r.Metadata, &r.CreatedUnixNano, &r.UpdatedUnixNano}
 }
 
 func spanValues(s *export.Span) []any {

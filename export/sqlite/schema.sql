@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     rollout_id        TEXT    NOT NULL DEFAULT '',
     attempt_id        TEXT    NOT NULL DEFAULT '',
     task_id           TEXT    NOT NULL DEFAULT '',
+    group_id          TEXT    NOT NULL DEFAULT '',
     status            TEXT    NOT NULL DEFAULT '',
     metadata          TEXT    NOT NULL DEFAULT '',
     created_unix_nano INTEGER NOT NULL DEFAULT 0,

@@ -73,9 +73,14 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("sqlite: create tables in %s: %w", path, err)
 	}
-	if err := addMissingColumns(db, "llm_calls", addedCallColumns); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
+	for _, t := range []struct {
+		name string
+		cols [][2]string
+	}{{"llm_calls", addedCallColumns}, {"rollouts", addedRolloutColumns}} {
+		if err := addMissingColumns(db, t.name, t.cols); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
+		}
 	}
 	return &Store{db: db, path: path}, nil
 }
@@ -114,7 +119,7 @@ var (
 		"turn_kind", "turn_prefix_len", "turn_prev_sequence_id", "api_key_name",
 	}
 	rewardColumns  = []string{"rollout_id", "attempt_id", "sequence_id", "name", "value", "source", "time_unix_nano"}
-	rolloutColumns = []string{"rollout_id", "attempt_id", "task_id", "status", "metadata", "created_unix_nano", "updated_unix_nano"}
+	rolloutColumns = []string{"rollout_id", "attempt_id", "task_id", "group_id", "status", "metadata", "created_unix_nano", "updated_unix_nano"}
 
 	insertCall   = insertSQL("llm_calls", callColumns)
 	insertReward = insertSQL("rewards", rewardColumns)
@@ -125,7 +130,7 @@ var (
 	// The latest row per (rollout, attempt) wins; equal times: the later write.
 	insertRollout = insertSQL("rollouts", rolloutColumns) +
 		" ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET" +
-		" task_id = excluded.task_id, status = excluded.status, metadata = excluded.metadata," +
+		" task_id = excluded.task_id, group_id = excluded.group_id, status = excluded.status, metadata = excluded.metadata," +
 		" created_unix_nano = excluded.created_unix_nano, updated_unix_nano = excluded.updated_unix_nano" +
 		" WHERE excluded.updated_unix_nano >= rollouts.updated_unix_nano"
 )
@@ -226,7 +231,7 @@ func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
 		}
 		defer stmt.Close()
 		for _, r := range b.Rollouts {
-			if _, err := stmt.ExecContext(ctx, r.RolloutID, r.AttemptID, r.TaskID, r.Status, r.Metadata, i64(r.CreatedUnixNano), i64(r.UpdatedUnixNano)); err != nil {
+			if _, err := stmt.ExecContext(ctx, r.RolloutID, r.AttemptID, r.TaskID, r.GroupID, r.Status, r.Metadata, i64(r.CreatedUnixNano), i64(r.UpdatedUnixNano)); err != nil {
 				return fmt.Errorf("sqlite: insert into rollouts: %w", err)
 			}
 		}
@@ -374,7 +379,7 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 			r                export.Rollout
 			created, updated int64
 		)
-		if err := rows.Scan(&r.RolloutID, &r.AttemptID, &r.TaskID, &r.Status, &r.Metadata, &created, &updated); err != nil {
+		if err := rows.Scan(&r.RolloutID, &r.AttemptID, &r.TaskID, &r.GroupID, &r.Status, &r.Metadata, &created, &updated); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 		}
@@ -420,6 +425,12 @@ var addedCallColumns = [][2]string{
 	{"turn_prefix_len", "INTEGER NOT NULL DEFAULT 0"},
 	{"turn_prev_sequence_id", "INTEGER NOT NULL DEFAULT 0"},
 	{"api_key_name", "TEXT NOT NULL DEFAULT ''"},
+}
+
+// addedRolloutColumns are the rollouts columns added after the first schema,
+// as addedCallColumns. An upgraded table has them last (SQLite appends).
+var addedRolloutColumns = [][2]string{
+	{"group_id", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // addMissingColumns brings a table created by an older rollgate up to date.

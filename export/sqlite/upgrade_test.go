@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/export/storetest"
 )
 
 // TestUpgradeAddsNewColumns opens a file created with the first llm_calls
@@ -48,4 +49,44 @@ func TestUpgradeAddsNewColumns(t *testing.T) {
 	if err != nil || len(rows) != 2 || rows[0].TurnKind != "" || rows[1].TurnKind != "prefix" || rows[1].TurnPrefixLen != 9 || rows[1].TurnPrevSequenceID != 1 {
 		t.Fatalf("after upgrade: %+v %v", rows, err)
 	}
+}
+
+// TestUpgradeAddsGroupID opens a file whose rollouts table predates group_id
+// (the group only in metadata): the column is added and the old row reads
+// back with an empty group.
+func TestUpgradeAddsGroupID(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := schemaSQL
+	for _, c := range addedRolloutColumns {
+		line := "\n    " + c[0] + " "
+		i := strings.Index(old, line)
+		if i < 0 {
+			t.Fatalf("schema.sql has no column %s", c[0])
+		}
+		end := strings.Index(old[i+1:], "\n")
+		old = old[:i] + old[i+1+end:]
+	}
+	if _, err := db.Exec(old); err != nil {
+		t.Fatalf("old schema: %v\n%s", err, old)
+	}
+	r := storetest.OldRollout()
+	if _, err := db.Exec(`INSERT INTO rollouts (rollout_id, attempt_id, task_id, status, metadata, created_unix_nano, updated_unix_nano) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		r.RolloutID, r.AttemptID, r.TaskID, r.Status, r.Metadata, int64(r.CreatedUnixNano), int64(r.UpdatedUnixNano)); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info('rollouts') WHERE name = 'group_id'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the old schema has %d group_id columns (%v)", n, err)
+	}
+	db.Close()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	storetest.CheckUpgradedRollouts(t, s)
 }

@@ -254,6 +254,9 @@ func testRolloutLatestWins(t *testing.T, s export.Store) {
 	mk := func(attempt, status string, updated uint64) export.Rollout {
 		return export.Rollout{
 			RolloutID: "ro-1", AttemptID: attempt, TaskID: "task-1", Status: status,
+			// The group differs per row, so a store that keeps an older
+			// row's group_id (or drops the column) fails.
+			GroupID:         "grp-" + status + " ü'\"",
 			Metadata:        fmt.Sprintf(`{"status":%q,"note":"naïve 'x'"}`, status),
 			CreatedUnixNano: 1_700_000_000_000_000_000, UpdatedUnixNano: updated,
 		}
@@ -340,6 +343,9 @@ func testQuery(t *testing.T, s export.Store) {
 	f("SELECT name, value FROM rewards WHERE rollout_id = 'rq'",
 		[]string{"name", "value"}, [][]string{{"primary", "0.75"}})
 	f("SELECT span_id FROM llm_calls WHERE rollout_id = 'none'", []string{"span_id"}, nil)
+	write(t, s, &export.Batch{Rollouts: []export.Rollout{{RolloutID: "rq", AttemptID: "a1", TaskID: "t", GroupID: "grp-q", Status: "succeeded", Metadata: "{}", UpdatedUnixNano: 1}}})
+	f("SELECT task_id, group_id FROM rollouts WHERE rollout_id = 'rq'",
+		[]string{"task_id", "group_id"}, [][]string{{"t", "grp-q"}})
 }
 
 func testQueryError(t *testing.T, s export.Store) {
@@ -410,5 +416,49 @@ func testConcurrentWrites(t *testing.T, s export.Store) {
 				t.Fatalf("rollout rc-%d: call %d has sequence %d", w, i, c.SequenceID)
 			}
 		}
+	}
+}
+
+// OldRollout is the row an upgrade test stores with a store's schema from
+// before the rollouts table had group_id (the group was only in metadata);
+// CheckUpgradedRollouts reads it back after the upgrade.
+func OldRollout() export.Rollout {
+	return export.Rollout{RolloutID: "ro-old", AttemptID: "a1", TaskID: "task-old", Status: "succeeded",
+		Metadata: `{"group_id":"grp-old"}`, CreatedUnixNano: 1_700_000_000_000_000_000, UpdatedUnixNano: 1_700_000_100_000_000_000}
+}
+
+// CheckUpgradedRollouts checks a store opened on a database whose rollouts
+// table was created without group_id and holds OldRollout: the old row reads
+// back whole with GroupID "" (its group stays in metadata), new rows and a
+// later status row of the old rollout store their group, and ad-hoc queries
+// see the column.
+func CheckUpgradedRollouts(t *testing.T, s export.Store) {
+	t.Helper()
+	ctx := context.Background()
+	old := OldRollout()
+	d, err := s.Rollout(ctx, old.RolloutID)
+	if err != nil {
+		t.Fatalf("Rollout after upgrade: %v", err)
+	}
+	if want := []export.Rollout{old}; !reflect.DeepEqual(d.Attempts, want) {
+		t.Fatalf("old rollout after upgrade:\n got %+v\nwant %+v", d.Attempts, want)
+	}
+	fresh := export.Rollout{RolloutID: "ro-new", AttemptID: "a1", TaskID: "task-new", GroupID: "grp-new", Status: "running",
+		Metadata: `{"group_id":"grp-new"}`, CreatedUnixNano: 1_700_000_200_000_000_000, UpdatedUnixNano: 1_700_000_200_000_000_000}
+	later := old
+	later.GroupID, later.Status, later.UpdatedUnixNano = "grp-old", "failed", old.UpdatedUnixNano+1
+	write(t, s, &export.Batch{Rollouts: []export.Rollout{fresh, later}})
+	for _, want := range []export.Rollout{fresh, later} {
+		d, err := s.Rollout(ctx, want.RolloutID)
+		if err != nil {
+			t.Fatalf("Rollout(%s): %v", want.RolloutID, err)
+		}
+		if !reflect.DeepEqual(d.Attempts, []export.Rollout{want}) {
+			t.Fatalf("rollout %s after upgrade:\n got %+v\nwant %+v", want.RolloutID, d.Attempts, []export.Rollout{want})
+		}
+	}
+	res, err := s.Query(ctx, "SELECT rollout_id, group_id FROM rollouts WHERE rollout_id = 'ro-new'")
+	if err != nil || len(res.Rows) != 1 || !reflect.DeepEqual(res.Rows[0], []string{"ro-new", "grp-new"}) {
+		t.Fatalf("SELECT group_id after upgrade: %+v, %v", res, err)
 	}
 }

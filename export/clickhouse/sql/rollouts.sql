@@ -2,6 +2,7 @@ CREATE TABLE IF NOT EXISTS {{.Table "rollouts"}} (
     rollout_id String,
     attempt_id String,
     task_id String,
+    group_id String,
     status {{lowCardinality}},
     metadata String{{codec "ZSTD(3)"}},
     created_unix_nano UInt64,
