@@ -21,7 +21,6 @@ package gateway
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -159,30 +158,27 @@ func rendezvousScore(h, key uint64, w float64) float64 {
 	return -math.Log(u) / w
 }
 
-// validRouting checks a routing policy and load factor as given in a
-// Backend ("" and 0 mean the gateway's default).
-func validRouting(routing string, loadFactor float64) error {
+// validRouting checks a routing policy and load factor ("" and 0 mean the
+// default), naming them as the fields routingField and lfField.
+func validRouting(routing string, loadFactor float64, routingField, lfField string) error {
 	switch routing {
 	case "", RoutingAffine, RoutingLeastOutstanding:
 	default:
-		return fmt.Errorf("routing %q is not one of %s, %s", routing, RoutingAffine, RoutingLeastOutstanding)
+		return fmt.Errorf("%s %q is not one of %s, %s", routingField, routing, RoutingAffine, RoutingLeastOutstanding)
 	}
 	if !(loadFactor == 0 || loadFactor >= 1) {
-		return fmt.Errorf("load_factor %v is below 1: affine routing needs c ≥ 1 (default %v; larger keeps rollouts on their replica under more imbalance)", loadFactor, DefaultRoutingLoadFactor)
+		return fmt.Errorf("%s %v is below 1: affine routing needs c ≥ 1 (default %v; larger keeps rollouts on their replica under more imbalance)", lfField, loadFactor, DefaultRoutingLoadFactor)
 	}
 	return nil
 }
-
-// errRoutingDefault says how to fix the gateway-wide routing settings.
-var errRoutingDefault = errors.New("set routing: / routing_load_factor: in the config file, or --routing / --routing-load-factor")
 
 // poolSelector returns the selector of backend b: its own routing and load
 // factor, else the gateway's (cfg; nil = the defaults).
 func poolSelector(b Backend, cfg *Config) (Selector, error) {
 	routing, lf := RoutingAffine, DefaultRoutingLoadFactor
 	if cfg != nil {
-		if err := validRouting(cfg.Routing, cfg.RoutingLoadFactor); err != nil {
-			return nil, fmt.Errorf("gateway %w (%w)", err, errRoutingDefault)
+		if err := validRouting(cfg.Routing, cfg.RoutingLoadFactor, "routing (--routing)", "routing_load_factor (--routing-load-factor)"); err != nil {
+			return nil, err
 		}
 		if cfg.Routing != "" {
 			routing = cfg.Routing

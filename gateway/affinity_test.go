@@ -264,12 +264,15 @@ func TestRoutingSettingsAreChecked(t *testing.T) {
 
 	// The gateway-wide default says which setting to change.
 	_, err := poolSelector(Backend{}, &Config{Routing: "round_robin"})
-	if err == nil || !strings.Contains(err.Error(), `routing "round_robin"`) || !strings.Contains(err.Error(), "--routing") {
+	if err == nil || !strings.Contains(err.Error(), `routing (--routing) "round_robin" is not one of`) {
 		t.Fatalf("bad Config.Routing: %v", err)
 	}
 	// A pool's own routing overrides the default.
 	if sel, err := poolSelector(Backend{Routing: RoutingLeastOutstanding}, &Config{Routing: RoutingAffine}); err != nil || sel != (LeastOutstanding{}) {
 		t.Fatalf("pool routing least_outstanding: %v %v", sel, err)
+	}
+	if _, err := poolSelector(Backend{}, &Config{RoutingLoadFactor: 0.5}); err == nil || !strings.Contains(err.Error(), "routing_load_factor (--routing-load-factor) 0.5 is below 1") {
+		t.Fatalf("bad Config.RoutingLoadFactor: %v", err)
 	}
 	if sel, err := poolSelector(Backend{}, &Config{RoutingLoadFactor: 2}); err != nil || sel != (Affine{LoadFactor: 2}) {
 		t.Fatalf("default affine with c=2: %v %v", sel, err)

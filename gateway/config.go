@@ -275,7 +275,7 @@ func ValidateBackends(bs []Backend) error {
 		if len(b.Replicas) == 0 {
 			return fmt.Errorf("backends[%d] (model %q): no replicas", i, b.Model)
 		}
-		if err := validRouting(b.Routing, b.LoadFactor); err != nil {
+		if err := validRouting(b.Routing, b.LoadFactor, "routing", "load_factor"); err != nil {
 			return fmt.Errorf("backends[%d] (model %q): %w", i, b.Model, err)
 		}
 		for j, r := range b.Replicas {
