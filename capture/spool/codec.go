@@ -18,13 +18,18 @@ const (
 	// MaxRecordBytes bounds one record's payload; a header claiming more is
 	// treated as corrupt.
 	MaxRecordBytes = 1 << 30
-	// payloadVersion is the first byte of every payload.
-	payloadVersion = 1
+	// payloadVersion is the first byte of every payload written. Version 2
+	// added the rollouts rows' group_id; version 1 payloads (written by
+	// earlier releases, still in spools and logs after an upgrade) decode
+	// with GroupID "".
+	payloadVersion = 2
+	// payloadVersionNoGroup is the version before rollouts rows carried group_id.
+	payloadVersionNoGroup = 1
 
 	// Smallest encodings of one row: one byte per field, eight for a float64.
 	minCallBytes    = 29
 	minRewardBytes  = 6 + 8
-	minRolloutBytes = 7
+	minRolloutBytes = 8 // 7 in version 1
 	minSpanBytes    = 16
 )
 
@@ -120,6 +125,7 @@ func AppendBatch(dst []byte, b *export.Batch) []byte {
 		dst = appendString(dst, r.RolloutID)
 		dst = appendString(dst, r.AttemptID)
 		dst = appendString(dst, r.TaskID)
+		dst = appendString(dst, r.GroupID)
 		dst = appendString(dst, r.Status)
 		dst = appendString(dst, r.Metadata)
 		dst = binary.AppendUvarint(dst, r.CreatedUnixNano)
@@ -202,11 +208,13 @@ func appendUint32s(dst []byte, v []uint32) []byte {
 // DecodeBatch decodes a payload written by AppendBatch.
 func DecodeBatch(p []byte) (*export.Batch, error) {
 	d := decoder{buf: p}
-	if v := d.byte(); v != payloadVersion {
-		if d.err != nil {
-			return nil, d.err
-		}
-		return nil, fmt.Errorf("%w: payload version %d, want %d", ErrCorruptRecord, v, payloadVersion)
+	version := d.byte()
+	if d.err != nil {
+		return nil, d.err
+	}
+	if version != payloadVersion && version != payloadVersionNoGroup {
+		return nil, fmt.Errorf("%w: payload version %d, want %d or %d (a newer rollgate wrote it? run that release to drain it)",
+			ErrCorruptRecord, version, payloadVersionNoGroup, payloadVersion)
 	}
 	b := &export.Batch{}
 	// Every field takes at least one byte, so a count larger than the
@@ -230,13 +238,20 @@ func DecodeBatch(p []byte) (*export.Batch, error) {
 			r.TimeUnixNano = d.uvarint()
 		}
 	}
-	if n := d.count(minRolloutBytes); n > 0 {
+	minRollout := minRolloutBytes
+	if version == payloadVersionNoGroup {
+		minRollout--
+	}
+	if n := d.count(minRollout); n > 0 {
 		b.Rollouts = make([]export.Rollout, n)
 		for i := range b.Rollouts {
 			r := &b.Rollouts[i]
 			r.RolloutID = d.string()
 			r.AttemptID = d.string()
 			r.TaskID = d.string()
+			if version != payloadVersionNoGroup {
+				r.GroupID = d.string()
+			}
 			r.Status = d.string()
 			r.Metadata = d.string()
 			r.CreatedUnixNano = d.uvarint()

@@ -3,6 +3,7 @@ package spool
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"hash/crc32"
 	"reflect"
@@ -90,6 +91,60 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// recordV1 is a record written by the release before rollouts rows carried
+// group_id (payload version 1, made with that release's AppendRecord), of
+// batchV1. Spools and write-ahead logs survive upgrades, so it must decode.
+const recordV1 = "cb000000cc48af1e0101027331000272310261310274310001000000000000000001c8010000000003010203010401000000bf06656e67696e65000000000566697273740000027031026b310102723102613100077072696d617279000000000000e83f0361706909020272310261310274310772756e6e696e67117b2267726f75705f6964223a226731227d050602723102613102743109737563636565646564117b2267726f75705f6964223a226731227d050701027231026131000273700004746f6f6c0000000000000300027b7d00"
+
+// batchV1 is what recordV1 holds: its rollouts have no GroupID (the group
+// was only in metadata then).
+func batchV1() *export.Batch {
+	return &export.Batch{
+		Calls: []export.Call{{SpanID: "s1", RolloutID: "r1", AttemptID: "a1", TaskID: "t1", SequenceID: 1, HTTPStatus: 200,
+			Stream: true, PromptTokenIDs: []uint32{1, 2, 3}, ResponseTokenIDs: []uint32{4}, ResponseLogprobs: []float32{-0.5},
+			TokenSource: "engine", TurnKind: "first", ParentSpanID: "p1", APIKeyName: "k1"}},
+		Rewards: []export.Reward{{RolloutID: "r1", AttemptID: "a1", Name: "primary", Value: 0.75, Source: "api", TimeUnixNano: 9}},
+		Rollouts: []export.Rollout{
+			{RolloutID: "r1", AttemptID: "a1", TaskID: "t1", Status: "running", Metadata: `{"group_id":"g1"}`, CreatedUnixNano: 5, UpdatedUnixNano: 6},
+			{RolloutID: "r1", AttemptID: "a1", TaskID: "t1", Status: "succeeded", Metadata: `{"group_id":"g1"}`, CreatedUnixNano: 5, UpdatedUnixNano: 7},
+		},
+		Spans: []export.Span{{RolloutID: "r1", AttemptID: "a1", SpanID: "sp", Name: "tool", StartTimeUnixNano: 3, Attributes: "{}"}},
+	}
+}
+
+// TestDecodeVersion1: records of the previous payload version decode with
+// GroupID "", and are written again in the current version.
+func TestDecodeVersion1(t *testing.T) {
+	rec, err := hex.DecodeString(recordV1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec[recordHeaderSize] != payloadVersionNoGroup {
+		t.Fatalf("recordV1 has payload version %d", rec[recordHeaderSize])
+	}
+	got, n, err := DecodeRecord(rec)
+	if err != nil || n != len(rec) {
+		t.Fatalf("DecodeRecord(v1) = %d bytes, %v; want %d", n, err, len(rec))
+	}
+	if want := batchV1(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("v1 record:\n got %+v\nwant %+v", got, want)
+	}
+	again := AppendRecord(nil, got)
+	if again[recordHeaderSize] != payloadVersion {
+		t.Fatalf("written again with version %d, want %d", again[recordHeaderSize], payloadVersion)
+	}
+	if back, _, err := DecodeRecord(again); err != nil || !reflect.DeepEqual(back, got) {
+		t.Fatalf("v1 batch written again: %v", err)
+	}
+	// The same bytes under the current version are not a valid record:
+	// version 2 rows have one field more.
+	p := bytes.Clone(rec[recordHeaderSize:])
+	p[0] = payloadVersion
+	if b, err := DecodeBatch(p); err == nil && reflect.DeepEqual(b, got) {
+		t.Fatal("a v1 payload relabelled v2 decodes as the same batch")
+	}
+}
+
 func TestDecodeRecordErrors(t *testing.T) {
 	good := AppendRecord(nil, fullBatch())
 	f := func(name string, rec []byte, want error) {
@@ -133,6 +188,13 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(AppendRecord(nil, &export.Batch{Calls: []export.Call{{SpanID: "x", PromptTokenIDs: []uint32{1, 2, 3}}}}))
 	f.Add([]byte{})
 	f.Add(frame([]byte{payloadVersion, 0xff, 0xff, 0xff, 0xff, 0x0f}))
+	f.Add(AppendRecord(nil, &export.Batch{Rollouts: []export.Rollout{{RolloutID: "r", GroupID: "grp-1", Metadata: `{"group_id":"grp-1"}`}}}))
+	v1, err := hex.DecodeString(recordV1)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(v1)
+	f.Add(frame([]byte{payloadVersionNoGroup, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// Checksums stop random input early; frame it too so the fuzzer
 		// reaches the payload decoder.
