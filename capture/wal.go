@@ -134,13 +134,16 @@ type WAL struct {
 	cfg WALConfig
 	log *slog.Logger
 
-	mu     sync.Mutex
-	segs   map[uint64]*walSegment
-	order  []uint64 // recovered segments, oldest first, for Replay
-	cur    *walSegment
-	w      *os.File // cur's file
-	dirty  bool     // w has writes not fsynced
-	bytes  int64    // size of every segment on disk
+	mu    sync.Mutex
+	segs  map[uint64]*walSegment
+	order []uint64 // recovered segments, oldest first, for Replay
+	cur   *walSegment
+	w     *os.File // cur's file
+	dirty bool     // w has writes not fsynced
+	// sealed are files of segments ended since the last fsync: syncLoop
+	// fsyncs and closes them outside mu, so appends never wait for a disk.
+	sealed []*os.File
+	bytes  int64 // size of every segment on disk
 	nextID uint64
 	closed bool
 
@@ -420,10 +423,11 @@ func (w *WAL) sealLocked() {
 	if w.cur == nil {
 		return
 	}
-	if w.dirty && w.cfg.SyncInterval > 0 {
-		_ = w.w.Sync()
+	if w.cfg.SyncInterval > 0 && !w.closed {
+		w.sealed = append(w.sealed, w.w) // fsynced and closed by syncLoop
+	} else {
+		_ = w.w.Close()
 	}
-	_ = w.w.Close()
 	seg := w.cur
 	w.cur, w.w, w.dirty = nil, nil, false
 	w.maybeRemoveLocked(seg)
@@ -498,14 +502,26 @@ func (w *WAL) syncLoop() {
 	for {
 		select {
 		case <-t.C:
+			// fsync outside mu: appends go on meanwhile. A file is closed
+			// only here or by Close (after this loop ended), never while
+			// it is being synced.
 			w.mu.Lock()
+			files := w.sealed
+			w.sealed = nil
 			if w.dirty && w.w != nil {
-				if err := w.w.Sync(); err != nil {
-					w.log.Error("capture WAL: fsync failed (an OS crash may lose recent calls)", "err", err)
-				}
+				files = append(files, w.w)
 				w.dirty = false
 			}
+			cur := w.w
 			w.mu.Unlock()
+			for _, f := range files {
+				if err := f.Sync(); err != nil {
+					w.log.Error("capture WAL: fsync failed (an OS crash may lose recent calls)", "err", err)
+				}
+				if f != cur {
+					_ = f.Close()
+				}
+			}
 		case <-w.stop:
 			return
 		}
@@ -537,13 +553,26 @@ func (w *WAL) Close() error {
 		w.mu.Unlock()
 		return nil
 	}
-	w.closed = true
-	var err error
+	w.closed = true // appends fail from here
+	w.mu.Unlock()
+	close(w.stop)
+	<-w.done // syncLoop has ended: the files are ours
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var errs []error
+	files := w.sealed
 	if w.w != nil {
-		if serr := w.w.Sync(); serr != nil {
-			err = fmt.Errorf("capture WAL: fsync on close: %w", serr)
+		files = append(files, w.w)
+	}
+	for _, f := range files {
+		if err := f.Sync(); err != nil {
+			errs = append(errs, fmt.Errorf("capture WAL: fsync on close: %w", err))
+		}
+		if f != w.w {
+			_ = f.Close()
 		}
 	}
+	w.sealed = nil
 	w.sealLocked()
 	for _, s := range w.segs {
 		if s.ackFile != nil {
@@ -551,8 +580,5 @@ func (w *WAL) Close() error {
 			s.ackFile = nil
 		}
 	}
-	w.mu.Unlock()
-	close(w.stop)
-	<-w.done
-	return err
+	return errors.Join(errs...)
 }

@@ -19,6 +19,22 @@ import (
 	"github.com/rollgate/rollgate/internal/testenv"
 )
 
+// drillITL and drillAgents shape the restart drill's load: the mock's
+// inter-token latency (ms) and the agents of the SIGKILL phases; set
+// ROLLGATE_RESTART_DRILL_ITL_MS and ROLLGATE_RESTART_DRILL_AGENTS for a
+// heavier drill (e.g. 0 and 64).
+var (
+	drillITL    = envOr("ROLLGATE_RESTART_DRILL_ITL_MS", "5")
+	drillAgents = envOr("ROLLGATE_RESTART_DRILL_AGENTS", "16")
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
 // answered is a call whose complete response the client received.
 type answered struct {
 	span string
@@ -51,7 +67,7 @@ func startLoad(addr string, workers int) *loadGen {
 				body := fmt.Sprintf(`{"model":"mock-model","messages":[{"role":"user","content":"call %d of worker %d"}],"stream":%v}`, i, w, stream)
 				req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("x-mock-itl-ms", "5")
+				req.Header.Set("x-mock-itl-ms", drillITL)
 				req.Header.Set("x-mock-tokens", "20")
 				resp, err := client.Do(req)
 				if err != nil {
@@ -160,7 +176,8 @@ func TestGatewayRestartLosesNothingAcknowledged(t *testing.T) {
 	// while they call it; it returns the calls answered and when the kill was.
 	killMidLoad := func() ([]answered, time.Time) {
 		g, _ := start(t, addr, "/readyz", args...)
-		load := startLoad(addr, 16)
+		agents, _ := strconv.Atoi(drillAgents)
+		load := startLoad(addr, agents)
 		time.Sleep(3 * time.Second)
 		_ = g.Process.Kill()
 		killed := time.Now()
@@ -206,10 +223,10 @@ func TestGatewayRestartLosesNothingAcknowledged(t *testing.T) {
 	lost3, dup3, old3 := lost(phase3, killed3)
 	lost4, dup4, old4 := lost(phase4, killed4)
 	t.Logf("WAL %v. SIGTERM phase: %d answered; quiet SIGKILL phase (ClickHouse down): %d answered; lost %d, duplicated %d", !noWAL, len(phase1), len(phase2), lost12, dup12)
-	t.Logf("SIGKILL mid-load, ClickHouse down, 16 agents: %d answered, %d lost (answered at most %v before the kill), %d duplicated",
-		len(phase3), lost3, old3.Round(time.Millisecond), dup3)
-	t.Logf("SIGKILL mid-load, ClickHouse up, 16 agents: %d answered, %d lost (answered at most %v before the kill), %d duplicated",
-		len(phase4), lost4, old4.Round(time.Millisecond), dup4)
+	t.Logf("SIGKILL mid-load, ClickHouse down, %s agents: %d answered, %d lost (answered at most %v before the kill), %d duplicated",
+		drillAgents, len(phase3), lost3, old3.Round(time.Millisecond), dup3)
+	t.Logf("SIGKILL mid-load, ClickHouse up, %s agents: %d answered, %d lost (answered at most %v before the kill), %d duplicated",
+		drillAgents, len(phase4), lost4, old4.Round(time.Millisecond), dup4)
 	if len(phase1) == 0 || len(phase2) == 0 || len(phase3) == 0 || len(phase4) == 0 {
 		t.Fatalf("a phase made no calls: %d %d %d %d", len(phase1), len(phase2), len(phase3), len(phase4))
 	}

@@ -1,0 +1,48 @@
+package capture
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// BenchmarkWALCommit is the hot-path cost of the WAL per call: encoding
+// the finished call and one write(2) (no fsync), for a non-streamed call
+// and for a stream of 256 chunks (every payload is in the record).
+func BenchmarkWALCommit(b *testing.B) {
+	stream := func() *Pending {
+		p := AcquirePending()
+		p.keepRaw = true
+		p.Endpoint = EndpointChatCompletions
+		p.Request = append(p.Request[:0], `{"model":"m","stream":true,"messages":[{"role":"user","content":"`+strings.Repeat("x", 2000)+`"}]}`...)
+		for i := range 256 {
+			p.AddEvent(fmt.Appendf(nil, `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok%d "},"logprobs":{"content":[{"token":"tok","logprob":-0.5,"bytes":[116]}]},"token_ids":[%d],"finish_reason":null}]}`, i, i))
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		p    *Pending
+	}{{"non-streamed", pending(1)}, {"stream-256", stream()}} {
+		b.Run(tc.name, func(b *testing.B) {
+			w := openTestWAL(&testing.T{}, b.TempDir(), WALConfig{})
+			defer w.Close()
+			var s walScratch
+			var buf []byte
+			refs := make([]walRef, 0, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = appendWALRecord(buf[:0], tc.p, &s)
+				ref, err := w.append(buf)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if refs = append(refs, ref); len(refs) == cap(refs) {
+					w.ack(refs) // as the batcher does, so segments are deleted
+					refs = refs[:0]
+				}
+			}
+			b.SetBytes(int64(len(buf)))
+		})
+	}
+}
