@@ -255,7 +255,7 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		meta = string(in.Metadata)
 	}
 	now := uint64(time.Now().UnixNano())
-	row := export.Rollout{RolloutID: in.RolloutID, AttemptID: in.AttemptID, TaskID: in.TaskID,
+	row := export.Rollout{RolloutID: in.RolloutID, AttemptID: in.AttemptID, TaskID: in.TaskID, GroupID: in.GroupID,
 		Status: "running", Metadata: meta, CreatedUnixNano: now, UpdatedUnixNano: now}
 	c, cancel := s.storeCtx()
 	defer cancel()
@@ -270,7 +270,7 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "storing rollout: "+err.Error())
 		return
 	}
-	s.rollouts.Store(in.RolloutID, &rolloutInfo{taskID: in.TaskID, createdNs: now, metadata: meta})
+	s.rollouts.Store(in.RolloutID, &rolloutInfo{taskID: in.TaskID, groupID: in.GroupID, createdNs: now, metadata: meta})
 	s.noteRegistered(in.RolloutID, in.TaskID)
 	writeJSON(ctx, fasthttp.StatusOK, map[string]string{
 		"rollout_id": in.RolloutID,
@@ -359,13 +359,17 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	now := uint64(time.Now().UnixNano())
 	row := export.Rollout{RolloutID: rolloutID, AttemptID: in.AttemptID, Status: in.Status, Metadata: "{}",
 		CreatedUnixNano: now, UpdatedUnixNano: now}
-	// Carry task, metadata and creation time over from what is known.
+	// Carry task, group, metadata and creation time over from what is known:
+	// this row becomes the latest, so whatever it leaves out is lost.
 	if ri, ok := s.rollouts.Load(rolloutID); ok {
 		info := ri.(*rolloutInfo)
-		row.TaskID, row.CreatedUnixNano, row.Metadata = info.taskID, info.createdNs, info.metadata
+		row.TaskID, row.GroupID, row.CreatedUnixNano, row.Metadata = info.taskID, info.groupID, info.createdNs, info.metadata
 	} else if d, err := s.store.Rollout(c, rolloutID); err == nil && len(d.Attempts) > 0 {
 		last := d.Attempts[len(d.Attempts)-1]
-		row.TaskID, row.CreatedUnixNano, row.Metadata = last.TaskID, last.CreatedUnixNano, last.Metadata
+		row.TaskID, row.GroupID, row.CreatedUnixNano, row.Metadata = last.TaskID, last.GroupID, last.CreatedUnixNano, last.Metadata
+		if row.GroupID == "" { // a row from before the group_id column
+			row.GroupID = metadataGroupID([]byte(last.Metadata))
+		}
 	}
 	if row.AttemptID == "" {
 		if d, err := s.store.Rollout(c, rolloutID); err == nil && len(d.Attempts) > 0 {
@@ -437,7 +441,7 @@ func rolloutView(r export.Rollout) map[string]any {
 		meta = r.Metadata
 	}
 	return map[string]any{"rollout_id": r.RolloutID, "attempt_id": r.AttemptID, "task_id": r.TaskID,
-		"status": r.Status, "metadata": meta, "created_unix_nano": r.CreatedUnixNano, "updated_unix_nano": r.UpdatedUnixNano}
+		"group_id": r.GroupID, "status": r.Status, "metadata": meta, "created_unix_nano": r.CreatedUnixNano, "updated_unix_nano": r.UpdatedUnixNano}
 }
 
 func rewardView(r export.Reward) map[string]any {

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -128,4 +129,61 @@ func TestGroupPerEnqueue(t *testing.T) {
 	if r := do(t, "POST", api+"/rollouts", `{"task_id":"q","group_id":"g-reg","metadata":{"a":1}}`); r.status != 200 {
 		t.Fatalf("register with a group: %d %s", r.status, r.body)
 	}
+	// The group is the rollouts table's group_id on every row (queued,
+	// running, final) and is still mirrored in metadata for older readers.
+	res, err := s.Query(context.Background(), "SELECT rollout_id, attempt_id, status, group_id, metadata FROM rollouts ORDER BY rollout_id, attempt_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for i, id := range ids {
+		want[id] = g(i)
+	}
+	seen := map[string]bool{}
+	for _, row := range res.Rows {
+		w, ok := want[row[0]]
+		if !ok {
+			w = "g-reg"
+		}
+		if row[3] != w || gjson.Get(row[4], "group_id").String() != w {
+			t.Errorf("row %q: group_id %q, metadata %s; want group %q", row[:3], row[3], row[4], w)
+		}
+		seen[row[0]] = true
+	}
+	if len(seen) != len(ids)+1 {
+		t.Fatalf("rollouts rows of %d rollouts, want %d: %q", len(seen), len(ids)+1, res.Rows)
+	}
+}
+
+// TestGroupIDOnStatusRows: POST /api/v1/rollouts/{id}/status without a task
+// queue writes a row that keeps the rollout's group_id (the latest row wins):
+// from the registration, from the store's row, or from the metadata of a row
+// written before the group_id column existed.
+func TestGroupIDOnStatusRows(t *testing.T) {
+	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		s := open(t)
+		e := newEnv(t, s, nil)
+		api := e.url + "/api/v1"
+		ctx := context.Background()
+		reg := gjson.ParseBytes(do(t, "POST", api+"/rollouts", `{"task_id":"q","group_id":"g-reg"}`).body)
+		ro := reg.Get("rollout_id").String()
+		// Rows this gateway never registered: one with the column, one as
+		// an older release wrote it (the group only in metadata).
+		if err := s.Write(ctx, &export.Batch{Rollouts: []export.Rollout{
+			{RolloutID: "ro-col", AttemptID: "a1", TaskID: "q", GroupID: "g-col", Status: "running", Metadata: `{"group_id":"g-col"}`, CreatedUnixNano: 1, UpdatedUnixNano: 1},
+			{RolloutID: "ro-old", AttemptID: "a1", TaskID: "q", Status: "running", Metadata: `{"group_id":"g-old"}`, CreatedUnixNano: 1, UpdatedUnixNano: 1},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		for id, group := range map[string]string{ro: "g-reg", "ro-col": "g-col", "ro-old": "g-old"} {
+			r := do(t, "POST", api+"/rollouts/"+id+"/status", `{"status":"succeeded"}`)
+			if r.status != 200 || gjson.GetBytes(r.body, "group_id").String() != group {
+				t.Fatalf("status of %s: %d %s; want group_id %q", id, r.status, r.body, group)
+			}
+			d, err := s.Rollout(ctx, id)
+			if err != nil || len(d.Attempts) != 1 || d.Attempts[0].Status != "succeeded" || d.Attempts[0].GroupID != group {
+				t.Fatalf("rollout %s after its status: %+v %v; want group_id %q", id, d, err, group)
+			}
+		}
+	})
 }

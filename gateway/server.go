@@ -71,6 +71,7 @@ type Server struct {
 // rolloutInfo is what the gateway remembers of a registered rollout.
 type rolloutInfo struct {
 	taskID    string
+	groupID   string // the rollouts table's group_id, carried onto status rows
 	createdNs uint64
 	metadata  string
 }

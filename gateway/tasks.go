@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
@@ -77,19 +78,19 @@ func (s *Server) mirror(c context.Context, changes []tasks.Change) {
 	var rows []export.Rollout
 	for _, ch := range changes {
 		st, a := ch.State, ch.Attempt
-		status := st.Status
+		status, group := st.Status, metadataGroupID(st.Metadata)
 		if st.Status == tasks.StatusQueued || a.Status != tasks.StatusRunning {
 			status = attemptOutcome(a.Status)
 		}
 		if st.Status == tasks.StatusRunning {
-			s.rollouts.Store(st.RolloutID, &rolloutInfo{taskID: st.TaskID, createdNs: uint64(st.CreatedNano), metadata: string(st.Metadata)})
+			s.rollouts.Store(st.RolloutID, &rolloutInfo{taskID: st.TaskID, groupID: group, createdNs: uint64(st.CreatedNano), metadata: string(st.Metadata)})
 			s.noteRegistered(st.RolloutID, st.TaskID)
 		}
-		rows = append(rows, export.Rollout{RolloutID: st.RolloutID, AttemptID: a.AttemptID, TaskID: st.TaskID,
+		rows = append(rows, export.Rollout{RolloutID: st.RolloutID, AttemptID: a.AttemptID, TaskID: st.TaskID, GroupID: group,
 			Status: status, Metadata: queueMetadata(&st, &a), CreatedUnixNano: uint64(st.CreatedNano),
 			UpdatedUnixNano: uint64(st.UpdatedNano)})
 		if st.Status == tasks.StatusQueued && a.AttemptID != "" {
-			rows = append(rows, export.Rollout{RolloutID: st.RolloutID, TaskID: st.TaskID, Status: tasks.StatusQueued,
+			rows = append(rows, export.Rollout{RolloutID: st.RolloutID, TaskID: st.TaskID, GroupID: group, Status: tasks.StatusQueued,
 				Metadata: queueMetadata(&st, nil), CreatedUnixNano: uint64(st.CreatedNano), UpdatedUnixNano: uint64(st.UpdatedNano) + 1})
 		}
 	}
@@ -161,7 +162,9 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 	}
 	// One training group per task per enqueue call (a training step), as
 	// verl and Agent Lightning mint a uid per prompt per step; a caller may
-	// name its own. It is kept in the rollout's metadata as "group_id".
+	// name its own. It is the rollouts table's group_id column, and kept in
+	// the rollout's metadata as "group_id" too (for readers of older
+	// releases, and the queue, which keeps only the metadata).
 	minted := map[string]string{}
 	for i := range list {
 		t := &list[i]
@@ -197,13 +200,23 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 	rows := make([]export.Rollout, len(ids))
 	for i, id := range ids {
 		st := tasks.State{TaskID: list[i].TaskID, Mode: list[i].Mode, MaxAttempts: list[i].MaxAttempts, Metadata: list[i].Metadata}
-		rows[i] = export.Rollout{RolloutID: id, TaskID: list[i].TaskID, Status: tasks.StatusQueued,
+		rows[i] = export.Rollout{RolloutID: id, TaskID: list[i].TaskID, GroupID: list[i].GroupID, Status: tasks.StatusQueued,
 			Metadata: queueMetadata(&st, nil), CreatedUnixNano: now, UpdatedUnixNano: now}
 	}
 	if err := s.store.Write(c, &export.Batch{Rollouts: rows}); err != nil {
 		s.log.Warn("task queue: recording queued rollouts", "err", err)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"rollout_ids": ids})
+}
+
+// metadataGroupID is the "group_id" string of a rollout's metadata, "" when
+// there is none: where the queue keeps the group, and where rows written
+// before the rollouts table had a group_id column have it.
+func metadataGroupID(metadata []byte) string {
+	if g := gjson.GetBytes(metadata, "group_id"); g.Type == gjson.String {
+		return g.Str
+	}
+	return ""
 }
 
 // withGroupID returns metadata (a JSON object, or empty) with "group_id" set.
