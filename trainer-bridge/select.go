@@ -71,9 +71,10 @@ func DefaultSelection() Selection {
 // AttemptRef names one selected attempt.
 type AttemptRef struct {
 	RolloutID, AttemptID, TaskID, Status string
-	// GroupID is the rollout's training group ("group_id" in its rollouts
-	// metadata: set per task per enqueue call by POST /api/v1/tasks, or
-	// given to POST /api/v1/rollouts); "" when it has none.
+	// GroupID is the rollout's training group, the rollouts table's
+	// group_id (set per task per enqueue call by POST /api/v1/tasks, or
+	// given to POST /api/v1/rollouts), or for rows written before that
+	// column existed the "group_id" of their metadata; "" when it has none.
 	GroupID           string
 	FirstCallUnixNano uint64
 }
@@ -94,15 +95,23 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 	}
 	m := map[key]*info{}
 	groups := map[string]string{} // rollout -> group_id from any of its rows
-	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, metadata FROM rollouts")
+	// Metadata only where group_id is empty: rows of older releases kept the
+	// group there alone (and metadata can be large).
+	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
+		" CASE WHEN group_id = '' THEN metadata ELSE '' END FROM rollouts")
 	if err != nil {
+		if strings.Contains(err.Error(), "group_id") {
+			return nil, fmt.Errorf("bridge: listing rollouts: the rollouts table has no group_id (made by an older rollgate; opening it with this one adds the column, on a cluster see deploy/clickhouse/cluster.sql): %w", err)
+		}
 		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
 	}
 	for _, row := range res.Rows {
-		if len(row) < 6 {
+		if len(row) < 7 {
 			return nil, fmt.Errorf("bridge: listing rollouts: row with %d columns", len(row))
 		}
-		if g := gjson.Get(row[5], "group_id"); g.Type == gjson.String && g.Str != "" {
+		if g := row[5]; g != "" {
+			groups[row[0]] = g
+		} else if g := gjson.Get(row[6], "group_id"); g.Type == gjson.String && g.Str != "" {
 			groups[row[0]] = g.Str
 		}
 		upd, err := strconv.ParseUint(row[4], 10, 64)
