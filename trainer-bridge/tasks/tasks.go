@@ -60,8 +60,9 @@ type Task struct {
 	// Metadata is free JSON kept with the rollout.
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 	// GroupID is the training group (the trainer's uid). The gateway's
-	// POST /api/v1/tasks mints one per task id per call when it is empty
-	// and keeps it in Metadata as "group_id".
+	// POST /api/v1/tasks mints one per task id per call when it is empty,
+	// stores it in the rollouts table's group_id column and keeps it in
+	// Metadata as "group_id" (the queue keeps only the metadata).
 	GroupID string `json:"group_id,omitempty"`
 }
 
