@@ -80,7 +80,10 @@ type Config struct {
 	// 8 × MaxTrackedAttempts records of 48 bytes, 24 MiB by default, then
 	// 512 KiB of floors) so that their ids never repeat; once more than
 	// 8 × MaxTrackedAttempts attempts have been evicted, a new attempt's ids
-	// may start above 1 (see sequences in sequences.go).
+	// may start above 1 (see sequences in sequences.go). With a
+	// SequenceStore (rollgate serve) there are no such records and ids never
+	// start above 1: an evicted attempt reserves its next block from the
+	// store; an entry then counts 128 bytes more (its block).
 	MaxTrackedAttempts     int   `yaml:"max_tracked_attempts"`
 	MaxTrackedAttemptBytes int64 `yaml:"max_tracked_attempt_bytes"`
 	// SequenceStore reserves sequence ids in blocks in a database, so that

@@ -19,11 +19,17 @@ const (
 	defaultMaxTrackedAttemptBytes = 32 << 20
 
 	// seqEntryOverhead bounds what an entry costs on the heap besides its
-	// key string: the seqEntry (96 bytes), its slots in the key map and the
+	// key string: the seqEntry (112 bytes; with a store, its block: 16
+	// more), its slots in the key map and the
 	// rollout index (25 bytes each, at a load of 7/16 to 7/8: at most 57
 	// bytes each) and some fragmentation (measured by
 	// TestSequenceEntryOverhead, with one rollout per entry, the worst case).
 	seqEntryOverhead = 256
+	// seqBlockOverhead is what an entry costs more with a store: its block
+	// (16 bytes) and the fragmentation of the spans it shares with what its
+	// reservation allocated for a while (measured by
+	// TestSequenceEntryOverhead).
+	seqBlockOverhead = 128
 	// seqTombstoneBytes bounds what a tombstone costs on the heap: a slot
 	// of 17 bytes in a map only ever added to, at a load of 7/16 to 7/8
 	// (at most 39 bytes), and some fragmentation (measured by
@@ -308,7 +314,7 @@ func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64)
 	if s.m == nil || s.maxEntries < 1 {
 		s.initLocked()
 	}
-	size := entrySize(len(key))
+	size := s.entrySize(len(key))
 	if len(s.m) >= s.maxEntries || s.bytes+size > s.maxBytes {
 		s.evict(size)
 	}
@@ -337,8 +343,12 @@ func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64)
 }
 
 // entrySize is the counted size of an entry whose key is keyLen bytes long.
-func entrySize(keyLen int) int64 {
-	return int64(keyLen+31)&^31 + seqEntryOverhead
+func (s *sequences) entrySize(keyLen int) int64 {
+	n := int64(keyLen+31)&^31 + seqEntryOverhead
+	if s.store != nil {
+		n += seqBlockOverhead
+	}
+	return n
 }
 
 // resume returns where the counter of a new entry whose key hashes to h
@@ -389,7 +399,7 @@ func (s *sequences) evict(size int64) {
 // remove takes e out of the table, leaving its tombstone.
 func (s *sequences) remove(e *seqEntry) {
 	delete(s.m, e.key)
-	s.bytes -= entrySize(len(e.key))
+	s.bytes -= s.entrySize(len(e.key))
 	if e.next != nil {
 		e.next.prev = e.prev
 	}

@@ -35,7 +35,7 @@ func (s *sequences) check(t testing.TB) {
 		if k != e.key || k != e.rollout+"\x00"+e.attempt {
 			t.Fatalf("entry %q has key %q (%q, %q)", k, e.key, e.rollout, e.attempt)
 		}
-		bytes += entrySize(len(k))
+		bytes += s.entrySize(len(k))
 	}
 	if bytes != s.bytes {
 		t.Fatalf("counted %d bytes, entries take %d", s.bytes, bytes)
@@ -121,7 +121,7 @@ func TestSequenceIDsIncreaseUnderChurn(t *testing.T) {
 		maxBytes   int64
 	}{
 		{"entries", 4, 0},
-		{"bytes", 100, 6 * entrySize(40)},
+		{"bytes", 100, 6 * (&sequences{}).entrySize(40)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestSequences(tc.maxEntries, tc.maxBytes)
@@ -259,18 +259,23 @@ func TestSequenceEntryOverhead(t *testing.T) {
 	}
 	const keyLen = 32 // 16-byte rollout id, NUL, 15-byte attempt id: one 32-byte allocation
 	r, a := make([]byte, 16), make([]byte, 15)
-	for _, n := range []int{20_000, 65_536, 100_000, 150_000} {
-		s := newTestSequences(n, 1<<40)
-		before := heapInuse()
-		for i := range n { // one rollout per entry: the rollout index's worst case
-			s.assign(putID(r, 'r', i), putID(a, 'a', i))
+	for _, withStore := range []bool{false, true} { // with a store, an entry also holds its block
+		for _, n := range []int{20_000, 65_536, 100_000, 150_000} {
+			s := newTestSequences(n, 1<<40)
+			if withStore {
+				s.setStore(&hugeBlocks{}, 0)
+			}
+			before := heapInuse()
+			for i := range n { // one rollout per entry: the rollout index's worst case
+				s.assign(putID(r, 'r', i), putID(a, 'a', i))
+			}
+			per := float64(heapInuse()-before)/float64(n) - keyLen
+			t.Logf("store %v, %6d entries: %.0f bytes each besides the key", withStore, n, per)
+			if limit := s.entrySize(0); per > float64(limit) {
+				t.Errorf("store %v, %d entries: %.0f bytes each besides the key, counted %d", withStore, n, per, limit)
+			}
+			runtime.KeepAlive(s)
 		}
-		per := float64(heapInuse()-before)/float64(n) - keyLen
-		t.Logf("%6d entries: %.0f bytes each besides the key", n, per)
-		if per > seqEntryOverhead {
-			t.Errorf("%d entries: %.0f bytes each besides the key, seqEntryOverhead %d", n, per, seqEntryOverhead)
-		}
-		runtime.KeepAlive(s)
 	}
 	for _, n := range []int{100_000, 300_000, 524_288} {
 		s := newTestSequences(n/tombstonesPerEntry, 0)

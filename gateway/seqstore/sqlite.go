@@ -13,9 +13,10 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
-// schema is rg_sequences, the same in SQLite and PostgreSQL. A row costs
-// about 100 bytes plus the two ids, and as much again in the primary key
-// index: ~250 bytes for a UUID rollout id (see Options.Retention).
+// schema is rg_sequences, the same in SQLite and PostgreSQL. An attempt
+// costs its row and its primary key entry: measured with a UUID rollout id
+// and a short attempt id, 176 bytes in SQLite and 265 in PostgreSQL (table
+// and indexes), so 10^6 attempts take 180 to 270 MB (see Options.Retention).
 const schema = `
 CREATE TABLE IF NOT EXISTS rg_sequences (
 	rollout_id  TEXT NOT NULL,
