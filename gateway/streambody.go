@@ -50,6 +50,7 @@ type streamBody struct {
 	bodyRdr  bytes.Reader
 	done     bool      // the backend sent data: [DONE]
 	errEvent bool      // the backend sent an error event
+	respEnd  bool      // the backend sent a Responses stream's last event (see isResponseEnd)
 	conn     net.Conn  // the client connection, for write deadlines
 	deadline time.Time // when the write deadline was last moved
 }
@@ -68,7 +69,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
 	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
-	b.conn, b.deadline, b.done, b.errEvent = conn, time.Time{}, false, false
+	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
 	b.upstream = resp.BodyStream()
 	b.peek, b.peekOK = peekerOf(resp, b.upstream)
 	if b.upstream == nil {
@@ -157,6 +158,8 @@ func (b *streamBody) fill() {
 					b.done = true
 				case bytes.HasPrefix(ev.Data, []byte(`{"error"`)):
 					b.errEvent = true
+				case b.c.endpoint == capture.EndpointResponses && isResponseEnd(ev.Data):
+					b.respEnd = true
 				}
 			}
 			if b.inj == 0 || len(ev.Data) == 0 {
@@ -220,16 +223,29 @@ func (b *streamBody) fill() {
 }
 
 // logIfEnded logs the call to capture's write-ahead log (Pipeline.Commit)
-// once the stream's end is in hand (data: [DONE], an error event, or the end
+// once the stream's end is in hand (data: [DONE], an error event, a
+// Responses stream's response.completed / .incomplete / .failed, or the end
 // of the backend's stream), before those last bytes are returned to the
 // client, so a process kill cannot lose a call whose answer the client has.
 // The last payloads are handed to capture first (they are in the record).
 // Without a WAL it does nothing.
 func (b *streamBody) logIfEnded() {
-	if (b.done || b.errEvent || b.eof) && b.s.capture.Logging() {
+	if (b.done || b.errEvent || b.respEnd || b.eof) && b.s.capture.Logging() {
 		b.handHeld()
 		b.s.capture.Commit(b.c.pend)
 	}
+}
+
+// isResponseEnd reports whether a Responses stream event is its last one
+// (response.completed, .incomplete or .failed), with "type" first as
+// OpenAI, vLLM and SGLang send it.
+func isResponseEnd(data []byte) bool {
+	const head = `{"type":"response.`
+	if !bytes.HasPrefix(data, []byte(head)) {
+		return false
+	}
+	rest := data[len(head):]
+	return bytes.HasPrefix(rest, []byte(`completed"`)) || bytes.HasPrefix(rest, []byte(`incomplete"`)) || bytes.HasPrefix(rest, []byte(`failed"`))
 }
 
 // CloseWithError ends the call once fasthttp is done with the body: werr is

@@ -42,7 +42,7 @@ func (h *heldSink) Write(ctx context.Context, b *export.Batch) error {
 
 // TestWALLogsCallsBeforeTheirAnswerEnds: with a WAL, a call's record is in
 // the log by the time its client has the whole answer (streamed and not,
-// n=2), even though its rows are stuck behind a slow sink; a second
+// n=2, completions, responses), even though its rows are stuck behind a slow sink; a second
 // pipeline replaying that log (the next process after a kill) stores the
 // rows the live call stores.
 func TestWALLogsCallsBeforeTheirAnswerEnds(t *testing.T) {
@@ -77,8 +77,9 @@ func TestWALLogsCallsBeforeTheirAnswerEnds(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"two"}],"stream":true}`,
 		`{"model":"m","messages":[{"role":"user","content":"three"}],"stream":true,"n":2,"stream_options":{"include_usage":true}}`,
 		`{"model":"m","prompt":"four","stream":true}`,
+		`{"model":"m","input":"five","stream":true}`,
 	}
-	paths := []string{"/v1/chat/completions", "/v1/chat/completions", "/v1/chat/completions", "/v1/completions"}
+	paths := []string{"/v1/chat/completions", "/v1/chat/completions", "/v1/chat/completions", "/v1/completions", "/v1/responses"}
 	var spans []string
 	for i, body := range bodies {
 		r := do(t, "POST", url+"/rollout/r/attempt/a"+paths[i], body)
@@ -130,7 +131,7 @@ func TestWALLogsCallsBeforeTheirAnswerEnds(t *testing.T) {
 				t.Errorf("call %d row %d replayed differs:\n got %+v\nwant %+v", i, j, got[j], want[j])
 			}
 		}
-		if !strings.Contains(want[0].ResponseBody, "choices") && !strings.Contains(want[0].ResponseBody, "text") {
+		if !strings.Contains(want[0].ResponseBody, "choices") && !strings.Contains(want[0].ResponseBody, "output") {
 			t.Errorf("call %d: response body %q", i, want[0].ResponseBody)
 		}
 	}
