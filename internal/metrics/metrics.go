@@ -18,7 +18,8 @@ type Metrics struct {
 	Requests *prometheus.CounterVec
 	// CallsRejected counts agent calls refused before they were admitted
 	// (never proxied, never captured, no sequence id), by reason:
-	// unauthenticated, invalid_id, concurrency_limit, paused.
+	// unauthenticated, invalid_id, concurrency_limit, paused, sequence_store
+	// (no sequence id could be reserved: the database is down or slow).
 	CallsRejected *prometheus.CounterVec
 	// SequenceEvictions counts (rollout, attempt) entries moved out of the
 	// gateway's in-memory sequence table to keep it within its bounds.
