@@ -57,6 +57,16 @@ func (g *gatewayProc) restart() {
 	g.start()
 }
 
+// kill9 kills the gateway with SIGKILL and starts it again.
+func (g *gatewayProc) kill9() {
+	g.t.Helper()
+	if err := g.cmd.Process.Kill(); err != nil {
+		g.t.Fatal(err)
+	}
+	g.cmd.Wait() // "signal: killed"
+	g.start()
+}
+
 // sqlCountOn runs a count query with rollgate sql on the store its flags
 // name (--db FILE or --clickhouse DSN) and returns its value.
 func sqlCountOn(t *testing.T, query string, store ...string) int {
@@ -82,9 +92,11 @@ func chCount(t *testing.T, dsn, query string) int {
 // TestSequenceIDsAcrossGatewaysAndRestarts: two gateways on one PostgreSQL
 // (--queue) capturing to one ClickHouse; rollouts whose calls alternate
 // between them (each call after the previous answer), one gateway restarted
-// in the middle. Every answer's id is above the rollout's previous one, and
-// the store holds every call once with no (rollout, attempt, sequence_id)
-// twice.
+// (SIGTERM) after the first third, the other killed (SIGKILL) and started
+// again after the second. Every answer's id is above the rollout's previous
+// one, the store holds every call of the first two thirds once (the killed
+// gateway's last calls are waited for in the store before the kill), and no
+// (rollout, attempt, sequence_id) twice.
 func TestSequenceIDsAcrossGatewaysAndRestarts(t *testing.T) {
 	pg, stopPG, err := testenv.StartPostgres()
 	if err != nil {
@@ -105,7 +117,7 @@ func TestSequenceIDsAcrossGatewaysAndRestarts(t *testing.T) {
 		startGateway(t, "--queue", pg, "--clickhouse", ch, "--db", filepath.Join(dir, "a.db")),
 		startGateway(t, "--queue", pg, "--clickhouse", ch, "--db", filepath.Join(dir, "b.db")),
 	}
-	const rollouts, calls = 6, 40
+	const rollouts, calls = 6, 60
 	lastIDs := make([]uint64, rollouts) // each rollout's last id, between the phases
 	var answered sync.WaitGroup
 	phase := func(from, to int) {
@@ -139,14 +151,29 @@ func TestSequenceIDsAcrossGatewaysAndRestarts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	phase(0, calls/2)
+	countIn := func(q string) func() bool {
+		return func() bool { return chCount(t, ch, q) == rollouts*calls*2/3 }
+	}
+	phase(0, calls/3)
 	gws[0].restart()
-	phase(calls/2, calls)
+	phase(calls/3, calls*2/3)
+	waitUntil(t, "the calls answered so far in ClickHouse", 30*time.Second,
+		countIn("SELECT count() AS n FROM llm_calls WHERE rollout_id LIKE 'ro-%'"))
+	gws[1].kill9()
+	phase(calls*2/3, calls)
+	// The gateways took attempts over from each other, with the handshake.
+	if n := metricSum(t, gws[0].addr, `rollgate_sequence_takeovers_total{outcome="acked"}`) +
+		metricSum(t, gws[1].addr, `rollgate_sequence_takeovers_total{outcome="acked"}`); n == 0 {
+		t.Fatal("no acknowledged takeover counted")
+	}
 	for _, g := range gws {
+		if n := metricSum(t, g.addr, `rollgate_calls_rejected_total{reason="sequence_store"}`); n != 0 {
+			t.Fatalf("%s refused %v calls for want of a sequence id", g.addr, n)
+		}
 		stop(t, g.cmd, g.logs)
 	}
-	if n := chCount(t, ch, "SELECT count() AS n FROM llm_calls WHERE rollout_id LIKE 'ro-%'"); n != rollouts*calls {
-		t.Fatalf("%d calls stored, want %d", n, rollouts*calls)
+	if n := chCount(t, ch, "SELECT count() AS n FROM llm_calls WHERE rollout_id LIKE 'ro-%'"); n < rollouts*calls*2/3 || n > rollouts*calls {
+		t.Fatalf("%d calls stored, want %d to %d", n, rollouts*calls*2/3, rollouts*calls)
 	}
 	if n := chCount(t, ch, "SELECT count() AS n FROM (SELECT rollout_id, attempt_id, sequence_id FROM llm_calls GROUP BY rollout_id, attempt_id, sequence_id HAVING count() > 1)"); n != 0 {
 		t.Fatalf("%d (rollout, attempt, sequence_id) stored more than once", n)
