@@ -83,7 +83,7 @@ type Config struct {
 	// may start above 1 (see sequences in sequences.go). With a
 	// SequenceStore (rollgate serve) there are no such records and ids never
 	// start above 1: an evicted attempt reserves its next block from the
-	// store; an entry then counts 128 bytes more (its block).
+	// store; an entry then counts 160 bytes more (its block).
 	MaxTrackedAttempts     int   `yaml:"max_tracked_attempts"`
 	MaxTrackedAttemptBytes int64 `yaml:"max_tracked_attempt_bytes"`
 	// SequenceStore reserves sequence ids in blocks in a database, so that

@@ -19,17 +19,17 @@ const (
 	defaultMaxTrackedAttemptBytes = 32 << 20
 
 	// seqEntryOverhead bounds what an entry costs on the heap besides its
-	// key string: the seqEntry (112 bytes; with a store, its block: 16
-	// more), its slots in the key map and the
+	// key string: the seqEntry (112 bytes; with a store, its block and
+	// seqReserve: 48 more), its slots in the key map and the
 	// rollout index (25 bytes each, at a load of 7/16 to 7/8: at most 57
 	// bytes each) and some fragmentation (measured by
 	// TestSequenceEntryOverhead, with one rollout per entry, the worst case).
 	seqEntryOverhead = 256
 	// seqBlockOverhead is what an entry costs more with a store: its block
-	// (16 bytes) and the fragmentation of the spans it shares with what its
+	// and seqReserve (16 + 32 bytes) and the fragmentation of the spans it shares with what its
 	// reservation allocated for a while (measured by
 	// TestSequenceEntryOverhead).
-	seqBlockOverhead = 128
+	seqBlockOverhead = 160
 	// seqTombstoneBytes bounds what a tombstone costs on the heap: a slot
 	// of 17 bytes in a map only ever added to, at a load of 7/16 to 7/8
 	// (at most 39 bytes), and some fragmentation (measured by
@@ -138,6 +138,15 @@ type sequences struct {
 	storeTimeout time.Duration
 }
 
+// seqReserve serialises the reservations of an entry: the mutex of the call
+// reserving the next block, how many reservations were tried, and the
+// error of the last (guarded by mu).
+type seqReserve struct {
+	mu       sync.Mutex
+	tries    atomic.Uint64
+	lastFail error
+}
+
 // seqBlock is a block of ids reserved in the store: n is the last id handed
 // out (it passes last when the block is exhausted).
 type seqBlock struct {
@@ -157,10 +166,11 @@ type seqEntry struct {
 	task    atomic.Pointer[string]
 	looked  atomic.Bool // the rollout registry was consulted for the task id
 
-	// With a store: the current block (nil until reserved), and the mutex
-	// of the call reserving the next one.
-	blk     atomic.Pointer[seqBlock]
-	reserve sync.Mutex
+	// With a store: the current block (nil until reserved), and how the
+	// next is reserved (made with the entry; nil without a store, so that
+	// an entry costs no more then).
+	blk atomic.Pointer[seqBlock]
+	rs  *seqReserve
 
 	// prev and next link the entries of one rollout (guarded by sequences.mu).
 	prev, next *seqEntry
@@ -249,19 +259,27 @@ func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 }
 
 // refill reserves the next block of e's attempt in the store and returns
-// its first id (or an id of a block another call reserved meanwhile).
+// its first id (or an id of a block another call reserved meanwhile). A call
+// that waited while another's reservation failed fails with it, so that
+// calls queued on a down store wait one timeout, not one each.
 func (s *sequences) refill(e *seqEntry) (*seqEntry, uint64, error) {
-	e.reserve.Lock()
-	defer e.reserve.Unlock()
+	rs := e.rs
+	tried := rs.tries.Load()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
 	if b := e.blk.Load(); b != nil {
 		if id := b.n.Add(1); id <= b.last {
 			return e, id, nil
 		}
 	}
+	if rs.tries.Load() != tried && rs.lastFail != nil {
+		return e, 0, rs.lastFail
+	}
+	rs.tries.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
 	blk, err := s.store.Reserve(ctx, e.rollout, e.attempt)
 	cancel()
-	if err != nil {
+	if rs.lastFail = err; err != nil {
 		return e, 0, err // seqstore's errors name the attempt and what to check
 	}
 	b := &seqBlock{last: blk.Last}
@@ -322,6 +340,8 @@ func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64)
 	e := &seqEntry{key: k, rollout: k[:rolloutLen], attempt: k[rolloutLen+1:]}
 	if s.store == nil {
 		e.n.Store(s.resume(maphash.String(s.seed, k)))
+	} else {
+		e.rs = &seqReserve{}
 	}
 	s.tick++
 	e.used.Store(s.tick)
