@@ -39,11 +39,13 @@
 --
 -- Upgrading: on a single server rollgate adds the columns of a newer release
 -- itself; on a cluster it does not alter these tables (it stops and names the
--- ALTER to run). Add a new column to the _local tables first, then to the
--- Distributed ones, for example the rollouts table's group_id (added with the
--- training group; before it, the group was only in metadata):
+-- ALTER to run). Add a new column to the _local tables first (ON CLUSTER),
+-- then to the Distributed ones on every server, one by one (18.16 refuses
+-- ALTER ON CLUSTER on a table that is not replicated). For example the
+-- rollouts table's group_id (added with the training group; before it, the
+-- group was only in metadata):
 --     ALTER TABLE rollgate.rollouts_local ON CLUSTER '{cluster}' ADD COLUMN group_id String AFTER task_id;
---     ALTER TABLE rollgate.rollouts ON CLUSTER '{cluster}' ADD COLUMN group_id String AFTER task_id;
+--     ALTER TABLE rollgate.rollouts ADD COLUMN group_id String AFTER task_id;
 
 CREATE DATABASE IF NOT EXISTS rollgate ON CLUSTER '{cluster}';
 

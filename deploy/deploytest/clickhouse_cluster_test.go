@@ -363,6 +363,78 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		})
 	})
 
+	// Tables made by the cluster.sql of a release before rollouts.group_id:
+	// the store does not alter Distributed tables but stops and names the
+	// ALTER; the upgrade the header of cluster.sql gives makes them work.
+	t.Run("upgrade without group_id", func(t *testing.T) {
+		conn := first.connect(t)
+		for _, stmt := range clusterStatements(t, "upgraded") {
+			stmt = strings.Replace(stmt, "    group_id String,\n", "", 1)
+			if err := conn.Exec(ctx, stmt); err != nil {
+				t.Fatalf("old cluster.sql: %v\n%s", err, stmt)
+			}
+		}
+		_, err := chstore.Open(ctx, first.dsn("upgraded"), chstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), "ALTER TABLE upgraded.rollouts_local ON CLUSTER '{cluster}' ADD COLUMN group_id String AFTER task_id") {
+			t.Fatalf("Open on Distributed tables without group_id: %v; want an error naming the ALTER on rollouts_local", err)
+		}
+		b, err := os.ReadFile(filepath.Join(deployDir(t), "clickhouse", "cluster.sql"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var alters int
+		for _, l := range strings.Split(string(b), "\n") {
+			stmt, ok := strings.CutPrefix(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "--")), "ALTER TABLE ")
+			if !ok {
+				continue
+			}
+			stmt = "ALTER TABLE " + regexp.MustCompile(`\brollgate\b`).ReplaceAllString(strings.TrimSuffix(stmt, ";"), "upgraded")
+			on := nodes // without ON CLUSTER: on every server, as the header says
+			if strings.Contains(stmt, " ON CLUSTER ") {
+				on = []*chNode{first}
+			}
+			for _, n := range on {
+				if err := n.connect(t).Exec(ctx, stmt); err != nil {
+					t.Fatalf("the upgrade in cluster.sql's header, on %s: %v\n%s", n.name, err, stmt)
+				}
+			}
+			alters++
+		}
+		if alters != 2 {
+			t.Fatalf("cluster.sql's header gives %d ALTER statements, want 2 (rollouts_local on the cluster, then rollouts on every server)", alters)
+		}
+		ref, err := chstore.Open(ctx, first.dsn("upgrade_ref"), chstore.Options{}) // a new single-server table
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref.Close()
+		want := tableColumns(t, first, "upgrade_ref", "rollouts")
+		for _, n := range nodes {
+			for _, name := range []string{"rollouts", "rollouts_local"} {
+				n, name := n, name
+				waitCond(t, "group_id on "+n.name+" upgraded."+name, 60*time.Second, func() error {
+					if got := tableColumns(t, n, "upgraded", name); !slices.Equal(got, want) {
+						return fmt.Errorf("columns %v, want %v", got, want)
+					}
+					return nil
+				})
+			}
+		}
+		s, err := chstore.Open(ctx, first.dsn("upgraded"), chstore.Options{})
+		if err != nil {
+			t.Fatalf("Open after the upgrade: %v", err)
+		}
+		defer s.Close()
+		row := export.Rollout{RolloutID: "up-1", AttemptID: "a1", TaskID: "t", GroupID: "g-up", Status: "succeeded", Metadata: "{}", CreatedUnixNano: 1, UpdatedUnixNano: 2}
+		if err := s.Write(ctx, &export.Batch{Rollouts: []export.Rollout{row}}); err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.Rollout(ctx, "up-1")
+		if err != nil || len(d.Attempts) != 1 || d.Attempts[0] != row {
+			t.Fatalf("rollout after the upgrade: %+v %v", d, err)
+		}
+	})
+
 	t.Run("deploy/sql", func(t *testing.T) {
 		applyClusterDDL(t, first, "saved_queries")
 		s, err := chstore.Open(ctx, other.dsn("saved_queries"), chstore.Options{})

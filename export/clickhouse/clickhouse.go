@@ -217,8 +217,8 @@ func addMissingColumns(ctx context.Context, conn driver.Conn, db, table string, 
 		}
 		if engine == "Distributed" {
 			return fmt.Errorf("clickhouse: the Distributed table %s.%s has no column %s (created by an older rollgate): "+
-				"add it on the cluster, to %s_local first, then to %s: ALTER TABLE %s.%s_local ON CLUSTER '{cluster}' ADD COLUMN %s %s%s; "+
-				"ALTER TABLE %s.%s ON CLUSTER '{cluster}' ADD COLUMN %s %s%s (see deploy/clickhouse/cluster.sql)",
+				"add it to %s_local on the cluster first, then to %s on every server: ALTER TABLE %s.%s_local ON CLUSTER '{cluster}' ADD COLUMN %s %s%s; "+
+				"then on each server ALTER TABLE %s.%s ADD COLUMN %s %s%s (see deploy/clickhouse/cluster.sql)",
 				db, table, c.name, table, table, db, table, c.name, c.typ, afterClause(prev), db, table, c.name, c.typ, afterClause(prev))
 		}
 		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.name) + " " + c.typ
