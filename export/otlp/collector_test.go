@@ -138,6 +138,9 @@ func runTracedGateway(t *testing.T, cfg otlp.Config) []string {
 	}
 	addr, stop := startGateway(t, sink, func(c *gateway.Config) {
 		c.HealthInterval, c.Tracing = -1, tr // only calls mark the refused replica: it stays in rotation
+		// Least outstanding tries the refused replica first (affine routing
+		// might hash the rollout onto the mock and never retry).
+		c.Routing = gateway.RoutingLeastOutstanding
 		c.Backends[0].Replicas = append([]gateway.Replica{{Name: "dead", URL: "http://127.0.0.1:1/v1", Kind: "vllm"}}, c.Backends[0].Replicas...)
 	})
 	var ids []string
