@@ -60,6 +60,7 @@ type Pending struct {
 	rawEnds   []int
 	wal       walRef
 	walLogged bool
+	walTried  bool // Commit ran (logged or refused)
 	again     bool
 }
 
@@ -132,7 +133,7 @@ func (p *Pending) reset() {
 	p.eventEnds = p.eventEnds[:0]
 	p.nEvents = 0
 	p.ticket = 0
-	p.keepRaw, p.walLogged, p.again = false, false, false
+	p.keepRaw, p.walLogged, p.walTried, p.again = false, false, false, false
 	p.raw, p.rawEnds = p.raw[:0], p.rawEnds[:0]
 	p.wal = walRef{}
 }

@@ -353,3 +353,26 @@ func TestWALConcurrentAppendSyncAck(t *testing.T) {
 		t.Fatalf("files left: %d", len(left))
 	}
 }
+
+// TestCommitOnce: a stream the WAL refused (full) at its end is not logged
+// again, without its payloads, when TryPush runs; the refusal is counted once.
+func TestCommitOnce(t *testing.T) {
+	w := openTestWAL(t, t.TempDir(), WALConfig{MaxBytes: 64})
+	p := NewPipeline(Config{WAL: w}, []NamedSink{{Name: "mem", Sink: &memCalls{spans: map[string]int{}}}}, metrics.New(), nil)
+	c := streamPending(1)
+	p.Commit(c)
+	if !p.TryPush(c) {
+		t.Fatal("call refused")
+	}
+	if got := testutil.ToFloat64(w.skippedFull); got != 1 {
+		t.Fatalf("skipped (full) = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(w.logged); got != 0 {
+		t.Fatalf("logged = %v, want 0", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

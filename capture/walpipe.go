@@ -26,16 +26,17 @@ func (p *Pipeline) AcquirePending() *Pending {
 func (p *Pipeline) Logging() bool { return p.cfg.WAL != nil }
 
 // Commit logs the finished call c to the WAL with one write(2), unless
-// there is no WAL or c is logged already. The gateway calls it for a stream
+// there is no WAL or Commit ran for c already (logged or refused). The gateway calls it for a stream
 // before the stream's last bytes go to the client; TryPush calls it for
 // every other call. It never blocks on the store: a full WAL or a failed
 // write is counted (rollgate_capture_wal_skipped_total) and c goes on
 // unlogged. c is not retained.
 func (p *Pipeline) Commit(c *Pending) {
 	w := p.cfg.WAL
-	if w == nil || c.walLogged {
+	if w == nil || c.walTried {
 		return
 	}
+	c.walTried = true // once: after a refusal the payloads are gone
 	if c.Meta.EndTimeUnixNano == 0 {
 		c.Meta.EndTimeUnixNano = uint64(time.Now().UnixNano())
 	}
@@ -48,6 +49,9 @@ func (p *Pipeline) Commit(c *Pending) {
 	if err == nil {
 		c.wal, c.walLogged = ref, true
 	}
+	// The payloads were kept for the record only: free them before the
+	// call waits in the queue (they would count against QueueBytes).
+	c.raw, c.rawEnds, c.keepRaw = c.raw[:0], c.rawEnds[:0], false
 }
 
 // ReplayWAL feeds the calls an earlier process logged to the WAL but never
@@ -71,7 +75,7 @@ func (p *Pipeline) ReplayWAL() error {
 			w.ack([]walRef{ref})
 			return true
 		}
-		c.wal, c.walLogged, c.again = ref, true, true
+		c.wal, c.walLogged, c.walTried, c.again = ref, true, true, true
 		for !p.enqueue(c) {
 			select {
 			case <-p.quit:

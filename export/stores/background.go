@@ -154,29 +154,6 @@ func (b *Background) Store() *clickhouse.Store {
 	return b.store
 }
 
-// WaitConnected waits until the store is connected or ctx ends; it returns
-// the last connection error when ctx ends first.
-func (b *Background) WaitConnected(ctx context.Context) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		s, err := b.get()
-		if s != nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", err, ctx.Err())
-		case <-b.done:
-			if s, err := b.get(); s == nil {
-				return err
-			}
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
 // get returns the store, or an error wrapping ErrUnavailable that says why.
 func (b *Background) get() (*clickhouse.Store, error) {
 	b.mu.Lock()
