@@ -65,8 +65,34 @@ RETURNING next_id, block, prev_holder`
 // restarts; several processes on one file get unique ids (SQLite serialises
 // the writes) but no takeover notification, so only PostgreSQL keeps them
 // increasing in call order across gateways.
+//
+// Reservations are committed in groups: one writer takes every reservation
+// waiting when it starts a transaction (up to maxGroup) and commits them
+// together, so concurrent first calls of many attempts share one fsync
+// instead of queueing for one each behind SQLite's single writer.
 type SQLite struct {
 	sqlStore
+	reqs      chan *sqliteReq
+	stopGroup chan struct{}
+	stopOnce  sync.Once
+	groupDone chan struct{}
+}
+
+const (
+	// maxGroup is the most reservations one SQLite transaction commits.
+	maxGroup = 256
+	// groupTimeout bounds one group's transaction (the callers' own
+	// deadlines, --sequence-timeout, are usually shorter).
+	groupTimeout = 30 * time.Second
+)
+
+// sqliteReq is a reservation waiting for the group writer.
+type sqliteReq struct {
+	ctx              context.Context
+	rollout, attempt string
+	b                Block
+	err              error
+	ready            chan struct{}
 }
 
 // OpenSQLite opens (creating if needed) the SQLite file at path.
@@ -97,11 +123,101 @@ func NewSQLite(ctx context.Context, db *sql.DB, opt Options) (*SQLite, error) {
 	if err := createSchema(ctx, db); err != nil {
 		return nil, err
 	}
-	s := &SQLite{}
+	s := &SQLite{reqs: make(chan *sqliteReq, maxGroup), stopGroup: make(chan struct{}), groupDone: make(chan struct{})}
 	if err := s.init(db, opt, sqliteReserve, `DELETE FROM rg_sequences WHERE updated_ns < ?`); err != nil {
 		return nil, err
 	}
+	go s.groupLoop()
 	return s, nil
+}
+
+// errClosed answers reservations made after Close.
+var errClosed = errors.New("seqstore: the sequence store is closed (the gateway is stopping)")
+
+// groupLoop commits the waiting reservations in groups until Close.
+func (s *SQLite) groupLoop() {
+	defer close(s.groupDone)
+	for {
+		var group []*sqliteReq
+		select {
+		case r := <-s.reqs:
+			group = append(group, r)
+		case <-s.stopGroup:
+			for {
+				select {
+				case r := <-s.reqs:
+					r.err = errClosed
+					close(r.ready)
+				default:
+					return
+				}
+			}
+		}
+	more:
+		for len(group) < maxGroup {
+			select {
+			case r := <-s.reqs:
+				group = append(group, r)
+			default:
+				break more
+			}
+		}
+		s.commitGroup(group)
+	}
+}
+
+// commitGroup reserves the blocks of group in one transaction. A request
+// whose caller gave up is left out; its caller already has its error. When
+// the transaction fails, every request of the group gets the error: no
+// block of it was reserved.
+func (s *SQLite) commitGroup(group []*sqliteReq) {
+	done := func(err error) {
+		for _, r := range group {
+			if err != nil {
+				r.b, r.err = Block{}, err
+			}
+			close(r.ready)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
+	defer cancel()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		s.m.errors.Inc()
+		done(fmt.Errorf("seqstore: reserving sequence ids (check the database is up and writable): %w", err))
+		return
+	}
+	now := s.opt.Now().UnixNano()
+	for _, r := range group {
+		if r.ctx.Err() != nil {
+			r.err = r.ctx.Err()
+			continue
+		}
+		var next, size int64
+		var prev string
+		err := tx.QueryRowContext(ctx, s.reserve, r.rollout, r.attempt, int64(s.opt.firstBlock(r.rollout, r.attempt)), s.instance,
+			int64(s.opt.MaxBlock), now).Scan(&next, &size, &prev)
+		if err == nil {
+			r.b, err = blockOf(next, size)
+		}
+		if err != nil {
+			tx.Rollback()
+			s.m.errors.Inc()
+			done(fmt.Errorf("seqstore: reserving sequence ids of rollout %q attempt %q (check the database is up and writable): %w", r.rollout, r.attempt, err))
+			return
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		s.m.errors.Inc()
+		done(fmt.Errorf("seqstore: committing reserved sequence ids (check the database is up and writable): %w", err))
+		return
+	}
+	for _, r := range group {
+		if r.err == nil {
+			s.m.reservations.Inc()
+		}
+	}
+	done(nil)
 }
 
 // createSchema creates rg_sequences if missing.
@@ -142,8 +258,24 @@ func (s *SQLite) OnTakeover(func(rollout, attempt string)) {}
 
 // Reserve reserves the next block of (rollout, attempt).
 func (s *SQLite) Reserve(ctx context.Context, rollout, attempt string) (Block, error) {
-	b, _, err := s.reserveRow(ctx, rollout, attempt)
-	return b, err
+	r := &sqliteReq{ctx: ctx, rollout: rollout, attempt: attempt, ready: make(chan struct{})}
+	wait := func() (Block, error) {
+		select {
+		case <-r.ready:
+			return r.b, r.err
+		case <-ctx.Done():
+			// The group may still commit this block: its ids become a gap.
+			return Block{}, fmt.Errorf("seqstore: reserving sequence ids of rollout %q attempt %q: the database did not answer in time (%w); check it is up and not overloaded", rollout, attempt, ctx.Err())
+		}
+	}
+	select {
+	case s.reqs <- r:
+		return wait()
+	case <-s.stopGroup:
+		return Block{}, errClosed
+	case <-ctx.Done():
+		return wait()
+	}
 }
 
 // reserveRow runs the reservation statement and returns the block and the
@@ -218,7 +350,11 @@ func (s *sqlStore) closeSQL() error {
 }
 
 // Close stops pruning and closes the file when the store opened it.
-func (s *SQLite) Close() error { return s.closeSQL() }
+func (s *SQLite) Close() error {
+	s.stopOnce.Do(func() { close(s.stopGroup) })
+	<-s.groupDone
+	return s.closeSQL()
+}
 
 // Interface guards.
 var (
