@@ -107,7 +107,7 @@ func TestBackendsSwap(t *testing.T) {
 	go func() {
 		done <- do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true`), "x-mock-itl-ms", "40")
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "the slow stream to be in flight on mock-1", func() bool { return e.mock.ActiveStreams() == 1 })
 	put := `{"backends":[{"model":"*","replicas":[{"name":"mock-2","url":"` + e.mockURL + `","kind":"vllm","policy_version":"v8"}]}]}`
 	r := do(t, "PUT", e.url+"/api/v1/backends", put)
 	if r.status != 200 || gjson.GetBytes(r.body, "backends.0.replicas.0.policy_version").String() != "v8" {
@@ -174,7 +174,7 @@ func TestClientDisconnectMidStream(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("mock still streaming %d responses after the client left", e.mock.ActiveStreams())
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // polling interval of this wait on ActiveStreams
 		}
 	})
 }

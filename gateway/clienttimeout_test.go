@@ -41,7 +41,7 @@ func TestSlowClientsAreBounded(t *testing.T) {
 					closed <- err
 					return
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // the slowloris client's pace, not a wait
 			}
 			closed <- nil
 		}()
@@ -85,13 +85,13 @@ func TestSlowClientsAreBounded(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("no row for the stalled client after 30 s (%d rows)", len(rows))
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // polling interval of this wait on the stored row
 		}
 		for e.mock.ActiveStreams() > 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("the backend still streams %d responses for a client that left", e.mock.ActiveStreams())
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // polling interval of this wait on ActiveStreams
 		}
 	})
 

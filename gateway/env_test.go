@@ -180,7 +180,7 @@ func (e *env) waitCalls(spanID string, n int) []export.Call {
 		if time.Now().After(deadline) {
 			e.t.Fatalf("span %s: %d rows stored after 15s, want %d", spanID, len(rows), n)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polling interval of this wait on the stored rows
 	}
 }
 

@@ -46,7 +46,7 @@ func TestPauseResume(t *testing.T) {
 	go func() {
 		slow <- do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true`), "x-mock-itl-ms", "30")
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "the slow stream to be in flight", func() bool { return e.mock.ActiveStreams() == 1 })
 	p := do(t, "POST", e.url+"/api/v1/pause", "")
 	if p.status != 200 || !gjson.GetBytes(p.body, "paused").Bool() {
 		t.Fatalf("pause: %d %s", p.status, p.body)
@@ -67,7 +67,7 @@ func TestPauseResume(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("drain state never reached: %s", d.Raw)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polling interval of this wait on the drain state
 	}
 	select {
 	case r := <-held:
@@ -173,7 +173,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	go func() {
 		slow <- do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true`), "x-mock-itl-ms", "100")
 	}()
-	time.Sleep(150 * time.Millisecond)
+	waitFor(t, "the first call to hold the slot", func() bool { return e.mock.ActiveStreams() == 1 })
 	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
 	if r.status != 429 || r.header.Get("Retry-After") == "" || gjson.GetBytes(r.body, "error.type").String() != "rate_limit_error" {
 		t.Fatalf("over the limit: %d %v %s", r.status, r.header, r.body)

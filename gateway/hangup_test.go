@@ -204,7 +204,7 @@ func TestNonStreamedCallsUnaffectedByHangUpWatch(t *testing.T) {
 		req := rawCall("slow", short)
 		for i := 0; i < len(req); i += 16 { // 16 bytes every 10 ms: the client's pace
 			send(t, conn, req[i:min(i+16, len(req))])
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // pacing the deliberately slow client, not a wait
 		}
 		answer(t, br, "slowly sent request")
 		clean(t, "slow", 1)

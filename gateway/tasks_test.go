@@ -39,7 +39,7 @@ func waitFor(t *testing.T, what string, f func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polling interval: f is the condition
 	}
 }
 

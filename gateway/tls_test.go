@@ -62,12 +62,13 @@ func TestTLSListener(t *testing.T) {
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}
 	var res *http.Response
 	var err error
-	for range 50 { // Serve runs in a goroutine: wait for the listener
+	// Serve runs in a goroutine: retry until its listener answers.
+	for deadline := time.Now().Add(15 * time.Second); ; {
 		res, err = client.Post("https://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-		if err == nil {
+		if err == nil || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polling interval of this wait on the listener
 	}
 	if err != nil {
 		t.Fatal(err)
