@@ -297,6 +297,6 @@ func TestBatcherWritesAtBatchBytes(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of 3 rows written: the batch was not written at BatchBytes", sink.rows.Load())
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling interval of this wait on the sink's row count
 	}
 }

@@ -19,8 +19,11 @@ func TestRetryNowEndsBackoff(t *testing.T) {
 	}
 	// The direct write failed and the batch was spooled; wait until the
 	// replayer has failed once too (it is then in its hour of backoff).
-	for s.Stats().ReplayErrors == 0 {
-		time.Sleep(time.Millisecond)
+	for deadline := time.Now().Add(20 * time.Second); s.Stats().ReplayErrors == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replayer never tried the sink: stats = %+v", s.Stats())
+		}
+		time.Sleep(time.Millisecond) // polling interval of this wait on ReplayErrors
 	}
 	sink.setDown(false)
 	s.RetryNow()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rollgate/rollgate/export"
 )
@@ -125,6 +126,24 @@ func drain(t *testing.T, s *Spool) {
 	defer cancel()
 	if err := s.Drain(ctx); err != nil {
 		t.Fatalf("Drain: %v (stats %+v)", err, s.Stats())
+	}
+}
+
+// waitBlocked waits until the spool has found itself full n times, the last
+// time by the Write whose result done carries: that Write now waits for
+// space. It fails the test if that Write returns first.
+func waitBlocked(t *testing.T, s *Spool, n float64, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(s.m.full) < n {
+		select {
+		case err := <-done:
+			t.Fatalf("Write returned %v before waiting for space", err)
+		case <-time.After(time.Millisecond): // polling interval of this wait on rollgate_spool_full_total
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Write found the spool full after 10 s (full count %v, want %v)", testutil.ToFloat64(s.m.full), n)
+		}
 	}
 }
 
@@ -260,7 +279,7 @@ func TestRestartAfterPartialReplay(t *testing.T) {
 	sink.mu.Lock()
 	sink.down, sink.okLeft = false, 12
 	sink.mu.Unlock()
-	for deadline := time.Now().Add(20 * time.Second); s.Stats().ReplayedRows < 24; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); s.Stats().ReplayedRows < 24; time.Sleep(time.Millisecond) { // polling interval of this wait on ReplayedRows
 		if time.Now().After(deadline) {
 			t.Fatalf("replay stalled: stats = %+v", s.Stats())
 		}
@@ -420,10 +439,11 @@ func TestFullPolicyBlock(t *testing.T) {
 	// A patient caller waits until the replayer frees space.
 	done := make(chan error, 1)
 	go func() { done <- s.Write(context.Background(), batch(2)) }()
+	waitBlocked(t, s, 2, done)
 	select {
 	case err := <-done:
 		t.Fatalf("Write returned %v while the spool was full", err)
-	case <-time.After(30 * time.Millisecond):
+	default:
 	}
 	sink.setDown(false)
 	if err := <-done; err != nil {
@@ -473,7 +493,7 @@ func TestCloseWakesBlockedWriter(t *testing.T) {
 	write(t, s, 0, 1)
 	done := make(chan error, 1)
 	go func() { done <- s.Write(context.Background(), batch(1)) }()
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked(t, s, 1, done)
 	closeSpool(t, s)
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("blocked Write after Close = %v", err)
