@@ -36,8 +36,8 @@ type TensorStats struct {
 // key layout below.
 const TensorFormat = "1"
 
-// Tensors pads samples into verl's DataProto tensors (TRAINERS.md "verl
-// batch"): prompts left-padded, responses right-padded, o.PadID on padding.
+// Tensors pads samples into verl's DataProto tensors (docs/verl.md "Keys"):
+// prompts left-padded, responses right-padded, o.PadID on padding.
 // Ids and masks are int64, the rest float32; B counts padding rows.
 //
 //	prompts [B,P], responses [B,R], input_ids [B,P+R] = prompts ++ responses

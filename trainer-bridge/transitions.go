@@ -1,7 +1,7 @@
 // Package bridge is the trainer's side of rollgate: it reads captured calls
 // and rewards from a store and turns them into training samples.
 //
-// This first piece builds LightningRL-style transitions (TRAINERS.md "Units"):
+// This first piece builds LightningRL-style transitions (docs/trainers.md "Samples"):
 // one sample per (call, choice) with the engine's exact token ids and the
 // rollout's final reward. Calls that errored or whose token ids were not
 // verified are excluded and counted, never trained on silently.

@@ -9,7 +9,7 @@ import (
 )
 
 // Flavor selects which engine's OpenAI-compatible server the mock imitates, following
-// /work/shared/design/BACKENDS.md. Text, token ids, usage and the knobs are the same in
+// docs/engines.md. Text, token ids, usage and the knobs are the same in
 // every flavour; only the wire shapes and the routes differ.
 type Flavor string
 
@@ -181,4 +181,4 @@ func (s *Server) writeHealth(ctx *fasthttp.RequestCtx) {
 
 // flavorFlagHelp is the help of the -flavor flag.
 var flavorFlagHelp = "engine to imitate: " + strings.Join([]string{string(FlavorVLLM), string(FlavorSGLang), string(FlavorLlamaCpp)}, ", ") +
-	" (wire shapes and routes per /work/shared/design/BACKENDS.md)"
+	" (wire shapes and routes: docs/engines.md)"

@@ -1,10 +1,10 @@
 // Package mock is a faithful, deterministic and fast stand-in for a vLLM (>= 0.10.2)
 // OpenAI-compatible server, built on fasthttp. It is the only backend allowed in tests and
-// the baseline of benchmarks; it follows /work/shared/design/BACKENDS.md and the wire
-// shapes of notes/wire.md byte for byte.
+// the baseline of benchmarks; it follows the engines' wire shapes
+// described in docs/engines.md byte for byte.
 //
 // Config.Flavor (flag -flavor) makes it imitate another engine instead, each following
-// BACKENDS.md (see Flavor and sglang.go, llamacpp.go for the exact shapes):
+// docs/engines.md (see Flavor and sglang.go, llamacpp.go for the exact shapes):
 //
 //	vllm      the default, as above
 //	sglang    ids per choice (choices[].prompt_token_ids, choices[].token_ids) on chat and

@@ -18,7 +18,7 @@ import (
 
 // formulasCheck is run by Debian's python3 with the rollgate package: it
 // loads the bridge's batch and report and recomputes GRPO from
-// ../shared/design/TRAINERS.md over each group as sampled (the report's
+// docs/verl.md §3 over each group as sampled (the report's
 // attempt scores, attempts without samples included), independently of the
 // Go estimator, and checks the imperfect cases the test set up.
 const formulasCheck = `
@@ -36,7 +36,7 @@ for a in attempts:
     assert abs(a["score"] - want[a["rollout_id"]]) < 1e-9, (a["rollout_id"], a["score"], want[a["rollout_id"]])
 assert set(a["rollout_id"] for a in attempts) == set(want), "selected attempts"
 
-# GRPO over every selected attempt of a group (TRAINERS.md): A = (s - mean) / (std + 1e-6), unbiased std.
+# GRPO over every selected attempt of a group (docs/verl.md §3): A = (s - mean) / (std + 1e-6), unbiased std.
 groups = {}
 for a in attempts:
     groups.setdefault(a["group"], []).append(a["score"])
@@ -84,7 +84,7 @@ print("formulas ok:", len(nt["rollout_id"]), "rows,", len(groups), "groups")
 // gateway and task queue over two training steps of one task — a rollout
 // without a reward, a failed one, an over-long answer, a second agent whose
 // call carries no logprobs, a rollout left without any sample — then rollgate bridge, then Python recomputing
-// the advantages from TRAINERS.md's formula with the rollgate package.
+// the advantages from docs/verl.md's formula with the rollgate package.
 func TestBridgeImperfectRolloutsAgainstFormulas(t *testing.T) {
 	py := "/usr/bin/python3"
 	if out, err := exec.Command(py, "-c", "import numpy").CombinedOutput(); err != nil {

@@ -3,7 +3,7 @@ package rewrite
 import "bytes"
 
 // Stripping restores what the engine would have sent had the gateway not
-// injected anything (see notes/wire.md, vLLM >= 0.10.2):
+// injected anything (see docs/engines.md, vLLM >= 0.10.2):
 //   - non-streaming bodies and completions stream chunks: injected keys are set
 //     to null (prompt_token_ids, choices[].token_ids, choices[].prompt_token_ids,
 //     choices[].logprobs), because the engine serialises every field;

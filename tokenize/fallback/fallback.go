@@ -28,7 +28,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Backend kinds (as configured or detected, see BACKENDS.md).
+// Backend kinds (as configured or detected, see docs/engines.md).
 const (
 	KindVLLM     = "vllm"
 	KindSGLang   = "sglang"

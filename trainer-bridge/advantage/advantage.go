@@ -1,4 +1,4 @@
-// Package advantage holds the outcome advantage estimators of TRAINERS.md as
+// Package advantage holds the outcome advantage estimators of docs/verl.md §3 as
 // pure functions over per-sample scores grouped by a key (the task id).
 //
 // Conventions follow verl (trainer/ppo/core_algos.py):

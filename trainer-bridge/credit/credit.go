@@ -1,5 +1,5 @@
-// Package credit spreads a rollout's rewards over its calls (TRAINERS.md
-// "Credit assignment"). The calls of one rollout are given in order
+// Package credit spreads a rollout's rewards over its calls (docs/trainers.md
+// "Credit over the calls of a rollout"). The calls of one rollout are given in order
 // (sequence id); the episode reward R sits on the last call and each call t
 // may carry a process reward p_t (per-call rewards from the rewards API,
 // sequence_id > 0, plus automatic intermediate rewards). The per-step reward
