@@ -1,4 +1,4 @@
-// Package export holds the stored tables of CONTRACT.md §3 (their row types),
+// Package export holds the stored tables of docs/contract.md §3 (their row types),
 // the Sink and Store interfaces every backend store implements, and the
 // stores themselves in sub-packages (clickhouse, sqlite).
 //
@@ -8,7 +8,7 @@ package export
 
 import "context"
 
-// Token sources recorded in Call.TokenSource (CONTRACT §3).
+// Token sources recorded in Call.TokenSource (docs/contract.md §3).
 const (
 	TokenSourceEngine      = "engine"      // ids returned by the engine and verified against usage
 	TokenSourceTokenize    = "tokenize"    // ids obtained from the backend's /tokenize
@@ -87,7 +87,7 @@ type Rollout struct {
 	RolloutID string
 	AttemptID string
 	TaskID    string
-	// GroupID is the training group, the trainer's uid (CONTRACT §3): one per
+	// GroupID is the training group, the trainer's uid (docs/contract.md §3): one per
 	// task per enqueue call of POST /api/v1/tasks (a training step), or given
 	// to POST /api/v1/rollouts; '' when the rollout has none (rows written
 	// before the column existed read back as ''). Every row of a rollout,

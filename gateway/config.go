@@ -1,6 +1,6 @@
 // Package gateway is rollgate's OpenAI-compatible HTTP front: routes,
 // attribution to rollouts, sequence ids, request rewriting for capture,
-// backend pools, and the /api/v1 surface of CONTRACT.md §2.
+// backend pools, and the /api/v1 surface of docs/contract.md §2.
 package gateway
 
 import (

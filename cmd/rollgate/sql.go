@@ -18,7 +18,7 @@ const sqlSummary = `rollgate sql — run a SQL query on the configured store and
   rollgate sql "SELECT rollout_id, sequence_id, finish_reason, token_source FROM llm_calls"
   rollgate sql --clickhouse clickhouse://127.0.0.1:9000/rollgate "SELECT count() FROM llm_calls"
 
-Tables: llm_calls, rewards, rollouts (columns in CONTRACT.md §3). The embedded store is
+Tables: llm_calls, rewards, rollouts (columns in docs/contract.md §3). The embedded store is
 SQLite (arrays are JSON text); ClickHouse uses its own SQL dialect.`
 
 func runSQL(args []string, stdout, stderr io.Writer) int {

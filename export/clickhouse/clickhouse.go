@@ -1,4 +1,4 @@
-// Package clickhouse is the production store: the tables of CONTRACT.md §3 in
+// Package clickhouse is the production store: the tables of docs/contract.md §3 in
 // ClickHouse, written with native-protocol batch inserts
 // (github.com/ClickHouse/clickhouse-go/v2) and read back for the gateway API
 // and `rollgate sql`.

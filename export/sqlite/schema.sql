@@ -1,4 +1,4 @@
--- The tables of CONTRACT.md §3 in SQLite: same table and column names as
+-- The tables of docs/contract.md §3 in SQLite: same table and column names as
 -- ClickHouse. Token-id and logprob arrays are JSON text ([1,2,3]) so that
 -- json_each() and json_array_length() work on them.
 CREATE TABLE IF NOT EXISTS llm_calls (

@@ -1,4 +1,4 @@
-// Package sqlite is the embedded default store: the tables of CONTRACT.md §3
+// Package sqlite is the embedded default store: the tables of docs/contract.md §3
 // in one SQLite file (pure Go, modernc.org/sqlite), with the same table and
 // column names as ClickHouse, so `rollgate serve` needs no server.
 //
