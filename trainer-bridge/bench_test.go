@@ -83,7 +83,7 @@ func benchBuild(b *testing.B, s export.Store, rollouts int, stream bool) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond): // the memory sampler's period, not a wait
 			}
 			runtime.ReadMemStats(&ms)
 			if ms.HeapInuse > peak.Load() {

@@ -13,7 +13,7 @@ import (
 // waitUntil polls cond until it holds or 15 s pass.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) { // the sleep is the polling interval
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}

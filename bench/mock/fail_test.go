@@ -152,7 +152,7 @@ func TestClientGoneStopsStream(t *testing.T) {
 	}
 	r.Body.Close()
 	// The server notices the closed connection at its next write and stops the stream.
-	for deadline := time.Now().Add(30 * time.Second); s.ActiveStreams() != 0; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); s.ActiveStreams() != 0; time.Sleep(10 * time.Millisecond) { // polling interval of this wait on ActiveStreams
 		if time.Now().After(deadline) {
 			t.Fatalf("stream still running after the client left")
 		}

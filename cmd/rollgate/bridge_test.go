@@ -202,10 +202,10 @@ func TestBridgeServe(t *testing.T) {
 		done <- run([]string{"bridge", "--db", db, "--serve", addr, "--lease-ttl", "200ms", "--estimator", "none"}, &stdout, stderr)
 	}()
 	lease := func(n int) (string, []map[string]any) {
-		for range 200 {
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
 			r, err := http.Post("http://"+addr+"/lease", "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, n)))
 			if err != nil {
-				time.Sleep(20 * time.Millisecond) // not listening yet
+				time.Sleep(20 * time.Millisecond) // not listening yet: polling interval of this wait on the listener
 				continue
 			}
 			defer r.Body.Close()
@@ -253,7 +253,7 @@ func TestBridgeServe(t *testing.T) {
 		}
 		id, s := lease(8)
 		if id == "" {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // polling interval of this wait on the lease's expiry (the served samples are the condition)
 			continue
 		}
 		r, err := http.Post("http://"+addr+"/ack", "application/json", strings.NewReader(`{"lease_id":"`+id+`"}`))

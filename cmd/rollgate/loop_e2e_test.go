@@ -72,7 +72,7 @@ func waitUntil(t *testing.T, what string, limit time.Duration, f func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", limit, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling interval: f is the condition
 	}
 }
 

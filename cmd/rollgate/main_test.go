@@ -69,7 +69,7 @@ func start(t *testing.T, addr, path string, args ...string) (*exec.Cmd, *syncBuf
 		if time.Now().After(deadline) {
 			t.Fatalf("%v did not come up on %s: %v\n%s", args, addr, err, logs.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling interval of this wait on GET path
 	}
 }
 

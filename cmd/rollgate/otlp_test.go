@@ -56,7 +56,7 @@ func TestServeExportsOTLP(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no span reached the OTLP receiver")
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling interval of this wait on the receiver's spans
 	}
 }
 
@@ -93,7 +93,7 @@ func TestServeGatewayTracing(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no gateway span reached the OTLP receiver")
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling interval of this wait on the receiver's spans
 	}
 
 	for _, tc := range []struct {

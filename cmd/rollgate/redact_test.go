@@ -48,7 +48,7 @@ func TestRedactionRules(t *testing.T) {
 		if strings.Contains(out, "(1 row)") || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling interval of this wait on the stored row
 	}
 	if !strings.Contains(out, "[REDACTED_KEY]") || !strings.Contains(out, "[EMAIL]") || strings.Contains(out, secret) || strings.Contains(out, "ann@example.org") {
 		t.Fatalf("stored request body not redacted:\n%s", out)

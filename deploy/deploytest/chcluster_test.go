@@ -87,7 +87,7 @@ func (p *process) waitUntil(t testing.TB, timeout time.Duration, ready func() er
 		if time.Now().After(deadline) {
 			t.Fatalf("%s not ready after %s: %v\n%s%s", p.name, timeout, err, p.log, logs())
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling interval: ready is the condition
 	}
 }
 

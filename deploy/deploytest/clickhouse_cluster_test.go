@@ -458,6 +458,6 @@ func waitCond(t testing.TB, what string, timeout time.Duration, cond func() erro
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not after %s: %v", what, timeout, err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // polling interval: cond is the condition
 	}
 }

@@ -482,7 +482,7 @@ func startLoadedGateway(t *testing.T) string {
 			send("/v1/chat/completions", chat("dead", false))
 			select {
 			case <-ctx.Done():
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(50 * time.Millisecond): // the load's pace between rounds, not a wait
 			}
 		}
 	}()
@@ -591,7 +591,7 @@ func startPrometheus(t *testing.T, bin, target, rulesDir string) *prometheus {
 		if time.Now().After(deadline) {
 			t.Fatalf("prometheus not ready after 30s\n%s", p.log)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling interval of this wait on /-/ready
 	}
 }
 
@@ -610,7 +610,7 @@ func (p *prometheus) waitFor(t *testing.T, what string, cond func() (bool, strin
 			t.Errorf("%s: %s", what, why)
 			return
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond) // polling interval: cond is the condition
 	}
 }
 

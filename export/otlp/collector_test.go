@@ -49,7 +49,7 @@ func collected(t *testing.T, c *testenv.Collector, done func([]gotSpan) bool) []
 		if time.Now().After(deadline) {
 			t.Fatalf("collector file has %d spans after 15s, not the expected ones; collector log:\n%s", len(got), c.Log())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling interval of this wait on the collector's file
 	}
 }
 

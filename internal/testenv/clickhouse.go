@@ -279,7 +279,7 @@ func waitReady(addr string, exited <-chan error) error {
 		if last == nil {
 			return nil
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling interval of this wait on a ping
 	}
 	return fmt.Errorf("no answer within %s: %w", StartTimeout, last)
 }

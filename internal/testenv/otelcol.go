@@ -144,7 +144,7 @@ func startCollector(bin string) (*Collector, error) {
 			log := c.Log()
 			c.Stop()
 			return nil, fmt.Errorf("otelcol exited before listening: %v\n%s", err, log)
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(50 * time.Millisecond): // polling interval of this wait on the listener
 		}
 		if time.Now().After(deadline) {
 			log := c.Log()

@@ -119,7 +119,7 @@ func StartPostgres() (dsn string, stop func(), err error) {
 			exited <- err
 			stop()
 			return "", nil, fmt.Errorf("postgres test server exited: %v\n%s", err, log)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond): // polling interval of this wait on a connection
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
