@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -46,6 +47,7 @@ type loadGen struct {
 	mu        sync.Mutex
 	ok        []answered
 	truncated []string // responses that started but did not complete
+	inFlight  atomic.Int64
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
@@ -69,13 +71,16 @@ func startLoad(addr string, workers int) *loadGen {
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("x-mock-itl-ms", drillITL)
 				req.Header.Set("x-mock-tokens", "20")
+				g.inFlight.Add(1)
 				resp, err := client.Do(req)
 				if err != nil {
-					time.Sleep(20 * time.Millisecond) // gateway down or restarting
+					g.inFlight.Add(-1)
+					time.Sleep(20 * time.Millisecond) // the agent's retry pace while the gateway is down or restarting, not a wait
 					continue
 				}
 				b, rerr := io.ReadAll(resp.Body)
 				resp.Body.Close()
+				g.inFlight.Add(-1)
 				span := resp.Header.Get("x-request-id")
 				complete := rerr == nil && resp.StatusCode == 200 &&
 					((stream && strings.Contains(string(b), "data: [DONE]")) || (!stream && strings.Contains(string(b), `"choices"`)))
@@ -90,6 +95,18 @@ func startLoad(addr string, workers int) *loadGen {
 		}(w)
 	}
 	return g
+}
+
+// underWay waits until the workers have had n calls answered and have calls
+// in flight: the moment to signal, kill or take down what they call.
+func (g *loadGen) underWay(t *testing.T, n int) {
+	t.Helper()
+	waitUntil(t, fmt.Sprintf("%d answered calls and more in flight", n), 60*time.Second, func() bool {
+		g.mu.Lock()
+		ok := len(g.ok)
+		g.mu.Unlock()
+		return ok >= n && g.inFlight.Load() > 0
+	})
 }
 
 func (g *loadGen) halt() ([]answered, []string) {
@@ -144,7 +161,7 @@ func TestGatewayRestartLosesNothingAcknowledged(t *testing.T) {
 	// 1. SIGTERM under load.
 	g1, logs1 := start(t, addr, "/readyz", args...)
 	load := startLoad(addr, 12)
-	time.Sleep(1500 * time.Millisecond)
+	load.underWay(t, 180) // what 1.5 s of this load answers on an idle machine
 	if err := g1.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -160,14 +177,18 @@ func TestGatewayRestartLosesNothingAcknowledged(t *testing.T) {
 	g2, _ := start(t, addr, "/readyz", args...)
 	srv.Stop()
 	load = startLoad(addr, 12)
-	time.Sleep(1500 * time.Millisecond)
+	load.underWay(t, 180)
 	phase2, _ := load.halt()
 	waitUntil(t, "the answered calls to be spooled", 20*time.Second, func() bool {
 		_, b := readyzBody(t, addr)
 		return b.Get("spool_records").Int() > 0 && (noWAL || b.Get("wal_pending").Int() == 0)
 	})
-	if noWAL {
-		time.Sleep(time.Second) // no WAL to ask: longer than the capture flush interval (200 ms)
+	if noWAL { // no WAL to ask: wait until every captured row (llm_calls is the only table exported) is written to the spool
+		waitUntil(t, "the captured rows to be written to the spool", 20*time.Second, func() bool {
+			captured := metricSum(t, addr, "rollgate_captured_rows_total")
+			return captured >= float64(len(phase2)) && metricSum(t, addr, "rollgate_capture_queue_depth") == 0 &&
+				metricSum(t, addr, "rollgate_export_rows_total") >= captured
+		})
 	}
 	_ = g2.Process.Kill()
 	_ = waitExit(g2)
@@ -178,7 +199,7 @@ func TestGatewayRestartLosesNothingAcknowledged(t *testing.T) {
 		g, _ := start(t, addr, "/readyz", args...)
 		agents, _ := strconv.Atoi(drillAgents)
 		load := startLoad(addr, agents)
-		time.Sleep(3 * time.Second)
+		load.underWay(t, 30*agents) // what 3 s of this load answers on an idle machine
 		_ = g.Process.Kill()
 		killed := time.Now()
 		_ = waitExit(g)
