@@ -40,30 +40,34 @@ func freeLoopbackPort(t testing.TB) int {
 
 // process is a server started by a test; stop ends it (SIGTERM, then SIGKILL).
 type process struct {
-	name   string
-	cmd    *exec.Cmd
-	log    *bytes.Buffer
-	exited chan error
+	name string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	done chan struct{} // closed when the process has exited; then err is its Wait error
+	err  error
 }
 
 // startProcess runs cmd with its output kept for failure messages, killed by
 // the kernel if the test binary dies, and stopped when the test ends.
 func startProcess(t testing.TB, name string, cmd *exec.Cmd) *process {
 	t.Helper()
-	p := &process{name: name, cmd: cmd, log: new(bytes.Buffer), exited: make(chan error, 1)}
+	p := &process{name: name, cmd: cmd, log: new(bytes.Buffer), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// A process group of its own, so the stop reaches any child it forks;
+	// and Wait returns even if such a child still holds the output pipe.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}
-	go func() { p.exited <- cmd.Wait() }()
+	go func() { p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 		select {
-		case <-p.exited:
+		case <-p.done:
 		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-p.exited
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
 		}
 	})
 	return p
@@ -80,8 +84,8 @@ func (p *process) waitUntil(t testing.TB, timeout time.Duration, ready func() er
 			return
 		}
 		select {
-		case e := <-p.exited:
-			t.Fatalf("%s exited before it was ready: %v\n%s%s", p.name, e, p.log, logs())
+		case <-p.done:
+			t.Fatalf("%s exited before it was ready: %v\n%s%s", p.name, p.err, p.log, logs())
 		default:
 		}
 		if time.Now().After(deadline) {
