@@ -37,7 +37,8 @@ Selects rollout attempts (latest succeeded by default), excludes and counts call
 errored or lack verified token ids (with --retokenize, calls captured without ids get ids
 from the model's chat template and tokenizer instead, marked token_source retokenized),
 adds automatic intermediate rewards (AIR) from rules over the captured calls, spreads
-rewards over calls (credit), computes advantages grouped by task id and writes one sample
+rewards over calls (credit), computes advantages per group (the rollouts' group_id: one
+task's rollouts of one enqueue; --group-by) and writes one sample
 per line (JSONL), one per row (Parquet) or a padded batch with verl's tensor names
 (safetensors), chosen by --format or the file extension.
 With --serve, online trainers pull the samples instead: POST /lease {"n": N} hands out

@@ -7,7 +7,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Wire examples after notes/wire.md (vLLM >= 0.10.2): what the engine sends
+// Wire examples after docs/engines.md (vLLM >= 0.10.2): what the engine sends
 // with the injected fields ("with") and without them ("without").
 
 const hdrChunk = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",`

@@ -228,7 +228,7 @@ class PadRowsTest(unittest.TestCase):
 
 
 def grpo(scores, uids):
-    """TRAINERS.md: A = (s - mean_g) / (std_g + 1e-6), unbiased std; a group of one: mean 0, std 1."""
+    """GRPO as docs/verl.md states it: A = (s - mean_g) / (std_g + 1e-6), unbiased std; a group of one: mean 0, std 1."""
     groups = {}
     for s, u in zip(scores, uids):
         groups.setdefault(u, []).append(s)

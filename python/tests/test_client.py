@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import rollgate  # noqa: E402
 from rollgate import Gateway, GatewayError, Lease  # noqa: E402
-from test_batch import grpo  # noqa: E402  (the reference estimator, TRAINERS.md)
+from test_batch import grpo  # noqa: E402  (the reference estimator, docs/verl.md)
 
 REQUIRE = os.environ.get("ROLLGATE_TEST_REQUIRE") == "1"
 
