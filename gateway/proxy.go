@@ -393,7 +393,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, c *call) bool {
 		s.log.Warn("refusing a call: no sequence id", "err", err)
 		ctx.Response.Header.Set("Retry-After", "1")
 		s.reject(ctx, c, rejectSequenceStore, fasthttp.StatusServiceUnavailable, errServer,
-			"the gateway could not reserve a sequence id for this call (its database, --queue or --db, is down or slow); nothing was sent to the model: retry: "+err.Error())
+			"the gateway could not reserve a sequence id for this call (its database, --queue or --db, is down or slow; the gateway's log has the cause); nothing was sent to the model: retry")
 		return false
 	}
 	p.Meta.RolloutID, p.Meta.AttemptID = e.rollout, e.attempt
