@@ -70,6 +70,45 @@ type Call struct {
 	ParentSpanID string
 }
 
+// CallTable is llm_calls' column table, in table order; the spool carries
+// ParentSpanID too (before api_key_name).
+var CallTable = NewTable("llm_calls",
+	Col("span_id", func(c *Call) any { return &c.SpanID }, Codec("ZSTD(1)")),
+	Col("trace_id", func(c *Call) any { return &c.TraceID }, Codec("ZSTD(1)")),
+	Col("rollout_id", func(c *Call) any { return &c.RolloutID }),
+	Col("attempt_id", func(c *Call) any { return &c.AttemptID }),
+	Col("task_id", func(c *Call) any { return &c.TaskID }),
+	Col("agent_name", func(c *Call) any { return &c.AgentName }, LowCard),
+	Col("sequence_id", func(c *Call) any { return &c.SequenceID }),
+	Col("choice_index", func(c *Call) any { return &c.ChoiceIndex }),
+	Col("start_time_unix_nano", func(c *Call) any { return &c.StartTimeUnixNano }, Codec("DoubleDelta, ZSTD(1)")),
+	Col("end_time_unix_nano", func(c *Call) any { return &c.EndTimeUnixNano }, Codec("DoubleDelta, ZSTD(1)")),
+	Col("ttft_nano", func(c *Call) any { return &c.TTFTNano }, Codec("ZSTD(1)")),
+	Col("endpoint", func(c *Call) any { return &c.Endpoint }, LowCard),
+	Col("model", func(c *Call) any { return &c.Model }, LowCard),
+	Col("backend", func(c *Call) any { return &c.Backend }, LowCard),
+	Col("policy_version", func(c *Call) any { return &c.PolicyVersion }, LowCard),
+	Col("stream", func(c *Call) any { return &c.Stream }),
+	Col("http_status", func(c *Call) any { return &c.HTTPStatus }),
+	Col("error", func(c *Call) any { return &c.Error }, Codec("ZSTD(3)")),
+	Col("request_body", func(c *Call) any { return &c.RequestBody }, Codec("ZSTD(3)")),
+	Col("response_body", func(c *Call) any { return &c.ResponseBody }, Codec("ZSTD(3)")),
+	Col("response_message", func(c *Call) any { return &c.ResponseMessage }, Codec("ZSTD(3)")),
+	Col("prompt_token_ids", func(c *Call) any { return &c.PromptTokenIDs }, Codec("ZSTD(1)")),
+	Col("response_token_ids", func(c *Call) any { return &c.ResponseTokenIDs }, Codec("ZSTD(1)")),
+	Col("response_logprobs", func(c *Call) any { return &c.ResponseLogprobs }, Codec("ZSTD(1)")),
+	Col("token_source", func(c *Call) any { return &c.TokenSource }, LowCard),
+	Col("token_check", func(c *Call) any { return &c.TokenCheck }, LowCard),
+	Col("finish_reason", func(c *Call) any { return &c.FinishReason }, LowCard),
+	Col("prompt_tokens", func(c *Call) any { return &c.PromptTokens }),
+	Col("completion_tokens", func(c *Call) any { return &c.CompletionTokens }),
+	Col("turn_kind", func(c *Call) any { return &c.TurnKind }, LowCard),
+	Col("turn_prefix_len", func(c *Call) any { return &c.TurnPrefixLen }),
+	Col("turn_prev_sequence_id", func(c *Call) any { return &c.TurnPrevSequenceID }),
+	Col("parent_span_id", func(c *Call) any { return &c.ParentSpanID }, SpoolOnly),
+	Col("api_key_name", func(c *Call) any { return &c.APIKeyName }, LowCard),
+)
+
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.
 type Reward struct {
 	RolloutID    string
@@ -80,6 +119,17 @@ type Reward struct {
 	Source       string
 	TimeUnixNano uint64
 }
+
+// RewardTable is the rewards table's column table.
+var RewardTable = NewTable("rewards",
+	Col("rollout_id", func(r *Reward) any { return &r.RolloutID }),
+	Col("attempt_id", func(r *Reward) any { return &r.AttemptID }),
+	Col("sequence_id", func(r *Reward) any { return &r.SequenceID }),
+	Col("name", func(r *Reward) any { return &r.Name }, LowCard),
+	Col("value", func(r *Reward) any { return &r.Value }),
+	Col("source", func(r *Reward) any { return &r.Source }, LowCard),
+	Col("time_unix_nano", func(r *Reward) any { return &r.TimeUnixNano }, Codec("DoubleDelta, ZSTD(1)")),
+)
 
 // Rollout is one row of the rollouts table; the latest row (by UpdatedUnixNano)
 // per rollout wins.
@@ -98,6 +148,18 @@ type Rollout struct {
 	CreatedUnixNano uint64
 	UpdatedUnixNano uint64
 }
+
+// RolloutTable is the rollouts table's column table.
+var RolloutTable = NewTable("rollouts",
+	Col("rollout_id", func(r *Rollout) any { return &r.RolloutID }),
+	Col("attempt_id", func(r *Rollout) any { return &r.AttemptID }),
+	Col("task_id", func(r *Rollout) any { return &r.TaskID }),
+	Col("group_id", func(r *Rollout) any { return &r.GroupID }, Since(2)),
+	Col("status", func(r *Rollout) any { return &r.Status }, LowCard),
+	Col("metadata", func(r *Rollout) any { return &r.Metadata }, Codec("ZSTD(3)")),
+	Col("created_unix_nano", func(r *Rollout) any { return &r.CreatedUnixNano }),
+	Col("updated_unix_nano", func(r *Rollout) any { return &r.UpdatedUnixNano }),
+)
 
 // Span is one agent span received over OTLP (POST /v1/traces), a row of the
 // agent_spans table: what the agent itself reported, for example a tool call
@@ -120,6 +182,26 @@ type Span struct {
 	Attributes        string // span attributes as a JSON object
 	ReceivedUnixNano  uint64
 }
+
+// SpanTable is the agent_spans table's column table.
+var SpanTable = NewTable("agent_spans",
+	Col("rollout_id", func(s *Span) any { return &s.RolloutID }),
+	Col("attempt_id", func(s *Span) any { return &s.AttemptID }),
+	Col("trace_id", func(s *Span) any { return &s.TraceID }),
+	Col("span_id", func(s *Span) any { return &s.SpanID }),
+	Col("parent_span_id", func(s *Span) any { return &s.ParentSpanID }),
+	Col("name", func(s *Span) any { return &s.Name }, LowCard),
+	Col("kind", func(s *Span) any { return &s.Kind }, LowCard),
+	Col("service_name", func(s *Span) any { return &s.ServiceName }, LowCard),
+	Col("tool_name", func(s *Span) any { return &s.ToolName }, LowCard),
+	Col("tool_call_id", func(s *Span) any { return &s.ToolCallID }),
+	Col("status_code", func(s *Span) any { return &s.StatusCode }, LowCard),
+	Col("status_message", func(s *Span) any { return &s.StatusMessage }),
+	Col("start_time_unix_nano", func(s *Span) any { return &s.StartTimeUnixNano }, Codec("DoubleDelta, ZSTD(1)")),
+	Col("end_time_unix_nano", func(s *Span) any { return &s.EndTimeUnixNano }, Codec("DoubleDelta, ZSTD(1)")),
+	Col("attributes", func(s *Span) any { return &s.Attributes }, Codec("ZSTD(3)"), SQLiteDefault("'{}'")),
+	Col("received_unix_nano", func(s *Span) any { return &s.ReceivedUnixNano }),
+)
 
 // Batch is what a sink writes at once. Any of its slices may be empty.
 type Batch struct {
