@@ -20,16 +20,19 @@ func BenchmarkEncodeCalls(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		defs := make([]func(*ext.Table) error, len(callCols))
-		for i, c := range callCols {
-			defs[i] = ext.Column(c.name, column.Type(c.typ))
+		cols := export.CallTable.Info()
+		defs := make([]func(*ext.Table) error, len(cols))
+		for i, c := range cols {
+			defs[i] = ext.Column(c.Name, column.Type(c.ClickHouseType()))
 		}
 		tbl, err := ext.NewTable(externalTable, defs...)
 		if err != nil {
 			b.Fatal(err)
 		}
+		var vals []any
 		for i := range calls {
-			if err := tbl.Append(callValues(&calls[i])...); err != nil {
+			vals = appendValues(vals[:0], export.CallTable.Columns, &calls[i])
+			if err := tbl.Append(vals...); err != nil {
 				b.Fatal(err)
 			}
 		}

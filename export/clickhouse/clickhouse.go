@@ -119,11 +119,8 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("clickhouse: create table %s.%s: %w", db, tableOrder[i], err)
 		}
 	}
-	for _, t := range []struct {
-		name string
-		cols []colDef
-	}{{"llm_calls", callCols}, {"rollouts", rolloutCols}} {
-		if err := addMissingColumns(ctx, bootConn, db, t.name, t.cols); err != nil {
+	for _, t := range export.Tables() {
+		if err := addMissingColumns(ctx, bootConn, db, t.Name, t.Columns); err != nil {
 			return nil, err
 		}
 	}
@@ -161,7 +158,7 @@ func (s *Store) probeBatch(ctx context.Context) (bool, error) {
 	}
 	n := len(b.Columns())
 	_ = b.Abort()
-	return n == len(rolloutCols), nil
+	return n == len(export.RolloutTable.Columns), nil
 }
 
 // Name returns "clickhouse".
@@ -204,33 +201,33 @@ func redact(dsn string) string {
 // when another process added the column first, the ALTER fails and a second
 // look at the columns finds it. A Distributed table (deploy/clickhouse/cluster.sql)
 // is not altered: its _local tables need the column first, on every server.
-func addMissingColumns(ctx context.Context, conn driver.Conn, db, table string, cols []colDef) error {
+func addMissingColumns(ctx context.Context, conn driver.Conn, db, table string, cols []export.ColumnInfo) error {
 	have, engine, err := tableColumns(ctx, conn, db, table)
 	if err != nil {
 		return err
 	}
 	prev := ""
 	for _, c := range cols {
-		if have[c.name] {
-			prev = c.name
+		if have[c.Name] {
+			prev = c.Name
 			continue
 		}
 		if engine == "Distributed" {
 			return fmt.Errorf("clickhouse: the Distributed table %s.%s has no column %s (created by an older rollgate): "+
 				"add it to %s_local on the cluster first, then to %s on every server: ALTER TABLE %s.%s_local ON CLUSTER '{cluster}' ADD COLUMN %s %s%s; "+
 				"then on each server ALTER TABLE %s.%s ADD COLUMN %s %s%s (see deploy/clickhouse/cluster.sql)",
-				db, table, c.name, table, table, db, table, c.name, c.typ, afterClause(prev), db, table, c.name, c.typ, afterClause(prev))
+				db, table, c.Name, table, table, db, table, c.Name, c.ClickHouseType(), afterClause(prev), db, table, c.Name, c.ClickHouseType(), afterClause(prev))
 		}
-		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.name) + " " + c.typ
+		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.Name) + " " + c.ClickHouseType()
 		if prev != "" {
 			stmt += " AFTER " + quoteIdent(prev)
 		}
 		if err := conn.Exec(ctx, stmt); err != nil {
-			if again, _, rerr := tableColumns(ctx, conn, db, table); rerr != nil || !again[c.name] {
-				return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.name, db, table, err)
+			if again, _, rerr := tableColumns(ctx, conn, db, table); rerr != nil || !again[c.Name] {
+				return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.Name, db, table, err)
 			}
 		}
-		have[c.name], prev = true, c.name
+		have[c.Name], prev = true, c.Name
 	}
 	return nil
 }

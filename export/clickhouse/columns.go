@@ -1,107 +1,23 @@
 package clickhouse
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/export/arrays"
 )
 
-// colDef is one column as sent in an insert: its name and its plain
-// ClickHouse type (LowCardinality columns are sent as String).
-type colDef struct {
-	name, typ string
-}
-
-// Column order of every insert and select; callValues and callDest follow it.
-var (
-	callCols = []colDef{
-		{"span_id", "String"},
-		{"trace_id", "String"},
-		{"rollout_id", "String"},
-		{"attempt_id", "String"},
-		{"task_id", "String"},
-		{"agent_name", "String"},
-		{"sequence_id", "UInt64"},
-		{"choice_index", "UInt32"},
-		{"start_time_unix_nano", "UInt64"},
-		{"end_time_unix_nano", "UInt64"},
-		{"ttft_nano", "UInt64"},
-		{"endpoint", "String"},
-		{"model", "String"},
-		{"backend", "String"},
-		{"policy_version", "String"},
-		{"stream", "UInt8"},
-		{"http_status", "UInt16"},
-		{"error", "String"},
-		{"request_body", "String"},
-		{"response_body", "String"},
-		{"response_message", "String"},
-		{"prompt_token_ids", "Array(UInt32)"},
-		{"response_token_ids", "Array(UInt32)"},
-		{"response_logprobs", "Array(Float32)"},
-		{"token_source", "String"},
-		{"token_check", "String"},
-		{"finish_reason", "String"},
-		{"prompt_tokens", "UInt32"},
-		{"completion_tokens", "UInt32"},
-		{"turn_kind", "String"},
-		{"turn_prefix_len", "UInt32"},
-		{"turn_prev_sequence_id", "UInt64"},
-		{"api_key_name", "String"},
-	}
-	rewardCols = []colDef{
-		{"rollout_id", "String"},
-		{"attempt_id", "String"},
-		{"sequence_id", "UInt64"},
-		{"name", "String"},
-		{"value", "Float64"},
-		{"source", "String"},
-		{"time_unix_nano", "UInt64"},
-	}
-	rolloutCols = []colDef{
-		{"rollout_id", "String"},
-		{"attempt_id", "String"},
-		{"task_id", "String"},
-		{"group_id", "String"},
-		{"status", "String"},
-		{"metadata", "String"},
-		{"created_unix_nano", "UInt64"},
-		{"updated_unix_nano", "UInt64"},
-	}
-	spanCols = []colDef{
-		{"rollout_id", "String"},
-		{"attempt_id", "String"},
-		{"trace_id", "String"},
-		{"span_id", "String"},
-		{"parent_span_id", "String"},
-		{"name", "String"},
-		{"kind", "String"},
-		{"service_name", "String"},
-		{"tool_name", "String"},
-		{"tool_call_id", "String"},
-		{"status_code", "String"},
-		{"status_message", "String"},
-		{"start_time_unix_nano", "UInt64"},
-		{"end_time_unix_nano", "UInt64"},
-		{"attributes", "String"},
-		{"received_unix_nano", "UInt64"},
-	}
-)
+// The columns of every insert and select come from export's column table
+// (export.CallTable and the others), in table order.
 
 // names joins the column names with ", ".
-func names(cols []colDef) string {
+func names(cols []export.ColumnInfo) string {
 	s := make([]string, len(cols))
 	for i, c := range cols {
-		s[i] = c.name
+		s[i] = c.Name
 	}
 	return strings.Join(s, ", ")
-}
-
-func b2u8(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // nonNil returns s, or an empty slice when s is nil (the driver wants a slice).
@@ -112,48 +28,102 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-func callValues(c *export.Call) []any {
-	return []any{
-		c.SpanID, c.TraceID, c.RolloutID, c.AttemptID, c.TaskID, c.AgentName,
-		c.SequenceID, c.ChoiceIndex, c.StartTimeUnixNano, c.EndTimeUnixNano, c.TTFTNano,
-		c.Endpoint, c.Model, c.Backend, c.PolicyVersion, b2u8(c.Stream), c.HTTPStatus,
-		c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage,
-		nonNil(c.PromptTokenIDs), nonNil(c.ResponseTokenIDs), nonNil(c.ResponseLogprobs),
-		c.TokenSource, c.TokenCheck, c.FinishReason, c.PromptTokens, c.CompletionTokens,
-		c.TurnKind, c.TurnPrefixLen, c.TurnPrevSequenceID, c.APIKeyName,
+// appendValues appends r's values for an insert, in column order, to dst:
+// bools as UInt8, nil arrays as empty ones.
+func appendValues[R any](dst []any, cols []export.Column[R], r *R) []any {
+	for _, c := range cols {
+		p := c.Field(r)
+		switch c.Type {
+		case export.TypeString:
+			dst = append(dst, *p.(*string))
+		case export.TypeUint64:
+			dst = append(dst, *p.(*uint64))
+		case export.TypeUint32:
+			dst = append(dst, *p.(*uint32))
+		case export.TypeUint16:
+			dst = append(dst, *p.(*uint16))
+		case export.TypeBool:
+			var u uint8
+			if *p.(*bool) {
+				u = 1
+			}
+			dst = append(dst, u)
+		case export.TypeFloat64:
+			dst = append(dst, *p.(*float64))
+		case export.TypeUint32s:
+			dst = append(dst, nonNil(*p.(*[]uint32)))
+		case export.TypeFloat32s:
+			dst = append(dst, nonNil(*p.(*[]float32)))
+		default:
+			panic(fmt.Sprintf("clickhouse: column %s: unknown type %d", c.Name, c.Type))
+		}
 	}
+	return dst
 }
 
-func callDest(c *export.Call, stream *uint8) []any {
-	return []any{
-		&c.SpanID, &c.TraceID, &c.RolloutID, &c.AttemptID, &c.TaskID, &c.AgentName,
-		&c.SequenceID, &c.ChoiceIndex, &c.StartTimeUnixNano, &c.EndTimeUnixNano, &c.TTFTNano,
-		&c.Endpoint, &c.Model, &c.Backend, &c.PolicyVersion, stream, &c.HTTPStatus,
-		&c.Error, &c.RequestBody, &c.ResponseBody, &c.ResponseMessage,
-		&c.PromptTokenIDs, &c.ResponseTokenIDs, &c.ResponseLogprobs,
-		&c.TokenSource, &c.TokenCheck, &c.FinishReason, &c.PromptTokens, &c.CompletionTokens,
-		&c.TurnKind, &c.TurnPrefixLen, &c.TurnPrevSequenceID, &c.APIKeyName,
+// scanner scans rows of a table into row: scalar columns straight into its
+// fields, bools through a UInt8, arrays as the text toString gives them
+// (selectList), which package arrays reads several times faster than the
+// driver scans an array through reflection, element by element.
+type scanner[R any] struct {
+	cols  []export.Column[R]
+	row   R
+	dest  []any
+	bools []uint8
+	texts []string
+}
+
+func newScanner[R any](cols []export.Column[R]) *scanner[R] {
+	s := &scanner[R]{cols: cols, dest: make([]any, len(cols)), bools: make([]uint8, len(cols)), texts: make([]string, len(cols))}
+	for i, c := range cols {
+		switch c.Type {
+		case export.TypeBool:
+			s.dest[i] = &s.bools[i]
+		case export.TypeUint32s, export.TypeFloat32s:
+			s.dest[i] = &s.texts[i]
+		default:
+			s.dest[i] = c.Field(&s.row)
+		}
 	}
+	return s
 }
 
-func rewardValues(r *export.Reward) []any {
-	return []any{r.RolloutID, r.AttemptID, r.SequenceID, r.Name, r.Value, r.Source, r.TimeUnixNano}
+// selectList is the select list of cols for a scanner: arrays as text
+// (toString; floats in their shortest round-trip form), the columns omit
+// names as empty strings.
+func selectList[R any](cols []export.Column[R], omit func(string) bool) string {
+	var b strings.Builder
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		switch {
+		case omit != nil && omit(c.Name):
+			b.WriteString("'' AS " + c.Name)
+		case c.Type == export.TypeUint32s || c.Type == export.TypeFloat32s:
+			b.WriteString("toString(" + c.Name + ") AS " + c.Name)
+		default:
+			b.WriteString(c.Name)
+		}
+	}
+	return b.String()
 }
 
-func rewardDest(r *export.Reward) []any {
-	return []any{&r.RolloutID, &r.AttemptID, &r.SequenceID, &r.Name, &r.Value, &r.Source, &r.TimeUnixNano}
-}
-
-func rolloutValues(r *export.Rollout) []any {
-	return []any{r.RolloutID, r.AttemptID, r.TaskID, r.GroupID, r.Status, r.Metadata, r.CreatedUnixNano, r.UpdatedUnixNano}
-}
-
-func rolloutDest(r *export.Rollout) []any {
-	return []any{&r.RolloutID, &r.AttemptID, &r.TaskID, &r.GroupID, &r.Status, &r.Metadata, &r.CreatedUnixNano, &r.UpdatedUnixNano}
-}
-
-func spanValues(s *export.Span) []any {
-	return []any{s.RolloutID, s.AttemptID, s.TraceID, s.SpanID, s.ParentSpanID, s.Name, s.Kind, s.ServiceName,
-		s.ToolName, s.ToolCallID, s.StatusCode, s.StatusMessage, s.StartTimeUnixNano, s.EndTimeUnixNano,
-		s.Attributes, s.ReceivedUnixNano}
+// finish completes s.row after a Scan into s.dest; id names the row in errors.
+func (s *scanner[R]) finish(id func(*R) string) error {
+	for i, c := range s.cols {
+		var err error
+		switch c.Type {
+		case export.TypeBool:
+			*c.Field(&s.row).(*bool) = s.bools[i] != 0
+		case export.TypeUint32s:
+			*c.Field(&s.row).(*[]uint32), err = arrays.ParseUint32s(s.texts[i])
+		case export.TypeFloat32s:
+			*c.Field(&s.row).(*[]float32), err = arrays.ParseFloat32s(s.texts[i])
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", id(&s.row), c.Name, err)
+		}
+	}
+	return nil
 }

@@ -3,7 +3,6 @@ package clickhouse
 import (
 	"context"
 	"fmt"
-	"github.com/rollgate/rollgate/export/arrays"
 	"reflect"
 	"sort"
 	"strconv"
@@ -136,22 +135,10 @@ func (r renderer) render(b *strings.Builder, v reflect.Value, nested bool) {
 // Calls reads llm_calls rows matching f, ordered by rollout, attempt,
 // sequence id and choice.
 func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, error) {
-	var (
-		where []string
-		args  []any
-	)
-	if f.RolloutID != "" {
-		where, args = append(where, "rollout_id = ?"), append(args, f.RolloutID)
-	}
-	if f.AttemptID != "" {
-		where, args = append(where, "attempt_id = ?"), append(args, f.AttemptID)
-	}
-	if f.SpanID != "" {
-		where, args = append(where, "span_id = ?"), append(args, f.SpanID)
-	}
+	where, args := f.Conditions()
 	q := "FROM llm_calls"
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
+	if where != "" {
+		q += " WHERE " + where
 	}
 	q += " ORDER BY rollout_id, attempt_id, sequence_id, choice_index, span_id"
 	if f.Limit > 0 {
@@ -162,69 +149,28 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	return out, err
 }
 
-// callSelect is the select list of llm_calls for readCalls: the arrays as
-// text (toString; floats in their shortest round-trip form), which package
-// arrays reads several times faster than the driver scans an array through
-// reflection, element by element; the bodies opt leaves out as empty
-// strings.
-func callSelect(opt export.ReadOptions) string {
-	var b strings.Builder
-	for i, c := range callCols {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		switch {
-		case c.name == "request_body" && opt.NoRequestBody, c.name == "response_body" && opt.NoResponseBody:
-			b.WriteString("'' AS " + c.name)
-		case strings.HasPrefix(c.typ, "Array("):
-			b.WriteString("toString(" + c.name + ") AS " + c.name)
-		default:
-			b.WriteString(c.name)
-		}
-	}
-	return b.String()
-}
+func spanOf(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }
 
 // readCalls runs query (which selects FROM llm_calls and may end in WHERE
-// and ORDER BY clauses) with callSelect(opt) and calls f with each row; f
-// may keep the call (not the pointer).
+// and ORDER BY clauses) with the select list of every column but those opt
+// omits (read as empty strings) and calls f with each row; f may keep the
+// call (not the pointer).
 func (s *Store) readCalls(ctx context.Context, query string, opt export.ReadOptions, args []any, f func(*export.Call)) error {
-	rows, err := s.conn.Query(ctx, "SELECT "+callSelect(opt)+" "+query, args...)
+	cols := export.CallTable.Columns
+	rows, err := s.conn.Query(ctx, "SELECT "+selectList(cols, opt.Omits)+" "+query, args...)
 	if err != nil {
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 	}
 	defer rows.Close()
+	sc := newScanner(cols)
 	for rows.Next() {
-		var (
-			c                      export.Call
-			stream                 uint8
-			prompt, resp, logprobs string
-		)
-		dest := callDest(&c, &stream)
-		for i, col := range callCols {
-			switch col.name {
-			case "prompt_token_ids":
-				dest[i] = &prompt
-			case "response_token_ids":
-				dest[i] = &resp
-			case "response_logprobs":
-				dest[i] = &logprobs
-			}
-		}
-		if err := rows.Scan(dest...); err != nil {
+		if err := rows.Scan(sc.dest...); err != nil {
 			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 		}
-		c.Stream = stream != 0
-		if c.PromptTokenIDs, err = arrays.ParseUint32s(prompt); err != nil {
-			return fmt.Errorf("clickhouse: read llm_calls: span %q prompt_token_ids: %w", c.SpanID, err)
+		if err := sc.finish(spanOf); err != nil {
+			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 		}
-		if c.ResponseTokenIDs, err = arrays.ParseUint32s(resp); err != nil {
-			return fmt.Errorf("clickhouse: read llm_calls: span %q response_token_ids: %w", c.SpanID, err)
-		}
-		if c.ResponseLogprobs, err = arrays.ParseFloat32s(logprobs); err != nil {
-			return fmt.Errorf("clickhouse: read llm_calls: span %q response_logprobs: %w", c.SpanID, err)
-		}
-		f(&c)
+		f(&sc.row)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
@@ -261,19 +207,20 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		set[i] = id
 	}
 	in := clickhouse.GroupSet{Value: set} // binds as ('a', 'b', ...)
-	rows, err := s.conn.Query(ctx, "SELECT "+names(rolloutCols)+
+	rolloutCols := export.RolloutTable.Columns
+	rows, err := s.conn.Query(ctx, "SELECT "+selectList(rolloutCols, nil)+
 		" FROM rollouts WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, updated_unix_nano DESC LIMIT 1 BY rollout_id, attempt_id", in)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 	}
+	sc := newScanner(rolloutCols)
 	for rows.Next() {
-		var r export.Rollout
-		if err := rows.Scan(rolloutDest(&r)...); err != nil {
+		if err := rows.Scan(sc.dest...); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 		}
-		if d := out[r.RolloutID]; d != nil {
-			d.Attempts = append(d.Attempts, r)
+		if d := out[sc.row.RolloutID]; d != nil {
+			d.Attempts = append(d.Attempts, sc.row)
 		}
 	}
 	rows.Close()
@@ -291,19 +238,20 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		return nil, err
 	}
 
-	rows, err = s.conn.Query(ctx, "SELECT "+names(rewardCols)+
+	rewardCols := export.RewardTable.Columns
+	rows, err = s.conn.Query(ctx, "SELECT "+selectList(rewardCols, nil)+
 		" FROM rewards WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, sequence_id, time_unix_nano, name", in)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 	}
 	defer rows.Close()
+	rsc := newScanner(rewardCols)
 	for rows.Next() {
-		var r export.Reward
-		if err := rows.Scan(rewardDest(&r)...); err != nil {
+		if err := rows.Scan(rsc.dest...); err != nil {
 			return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 		}
-		if d := out[r.RolloutID]; d != nil {
-			d.Rewards = append(d.Rewards, r)
+		if d := out[rsc.row.RolloutID]; d != nil {
+			d.Rewards = append(d.Rewards, rsc.row)
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"text/template"
+
+	"github.com/rollgate/rollgate/export"
 )
 
 //go:embed sql/*.sql
@@ -66,6 +68,8 @@ func (p ddlParams) Table(name string) string {
 
 // RenderDDL renders the CREATE TABLE IF NOT EXISTS statements for every table
 // (llm_calls, rewards, rollouts, agent_spans) in database db, using only the features in f.
+// The templates in sql/ give each table's engine, partitioning, order and
+// TTL; {{columns "table"}} lists its columns from export's column table.
 // ttlDays > 0 adds a TTL clause when f.TTL; 0 means keep rows forever.
 func RenderDDL(f Features, db string, ttlDays int) ([]string, error) {
 	if err := checkIdent(db); err != nil {
@@ -86,6 +90,17 @@ func RenderDDL(f Features, db string, ttlDays int) ([]string, error) {
 				return " CODEC(" + c + ")"
 			}
 			return ""
+		},
+		"columns": func(table string) (string, error) {
+			t, ok := export.TableByName(table)
+			if !ok {
+				return "", fmt.Errorf("no table %q in export's column table", table)
+			}
+			lines := make([]string, len(t.Columns))
+			for i, c := range t.Columns {
+				lines[i] = "    " + c.Name + " " + c.ClickHouseDecl(f.LowCardinality, f.Codecs)
+			}
+			return strings.Join(lines, ",\n"), nil
 		},
 	}
 	p := ddlParams{Database: db, TTLDays: ttlDays, TTL: f.TTL && ttlDays > 0}

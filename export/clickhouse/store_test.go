@@ -85,14 +85,15 @@ func TestSchemaMatchesServer(t *testing.T) {
 	lowCard := map[string]bool{"agent_name": true, "endpoint": true, "model": true, "backend": true, "policy_version": true,
 		"token_source": true, "token_check": true, "finish_reason": true, "name": true, "source": true, "status": true,
 		"kind": true, "service_name": true, "tool_name": true, "status_code": true}
-	for table, cols := range map[string][]colDef{"llm_calls": callCols, "rewards": rewardCols, "rollouts": rolloutCols, "agent_spans": spanCols} {
+	for _, tbl := range export.Tables() {
+		table := tbl.Name
 		var want []string
-		for _, c := range cols {
-			typ := c.typ
-			if lowCard[c.name] {
+		for _, c := range tbl.Columns {
+			typ := c.ClickHouseType()
+			if lowCard[c.Name] {
 				typ = lc
 			}
-			want = append(want, c.name+" "+typ)
+			want = append(want, c.Name+" "+typ)
 		}
 		if strings.Join(got[table], ", ") != strings.Join(want, ", ") {
 			t.Errorf("%s columns:\n got %s\nwant %s", table, strings.Join(got[table], ", "), strings.Join(want, ", "))

@@ -63,9 +63,9 @@ func TestUpgradeAddsGroupID(t *testing.T) {
 		t.Fatal("writing group_id to a table without it: no error")
 	}
 	// Write the old row as the previous release did: without the column.
-	var oldCols []colDef
-	for _, c := range rolloutCols {
-		if c.name != "group_id" {
+	var oldCols []export.ColumnInfo
+	for _, c := range export.RolloutTable.Info() {
+		if c.Name != "group_id" {
 			oldCols = append(oldCols, c)
 		}
 	}
@@ -82,7 +82,7 @@ func TestUpgradeAddsGroupID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got, want := rolloutColumnNames(t, s), strings.Split(names(rolloutCols), ", "); !slices.Equal(got, want) {
+	if got, want := rolloutColumnNames(t, s), strings.Split(names(export.RolloutTable.Info()), ", "); !slices.Equal(got, want) {
 		t.Fatalf("upgraded rollouts columns %v, a new table has %v", got, want)
 	}
 	storetest.CheckUpgradedRollouts(t, s)

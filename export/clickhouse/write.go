@@ -22,65 +22,40 @@ func (s *Store) Write(ctx context.Context, b *export.Batch) error {
 	if b == nil {
 		return nil
 	}
-	if len(b.Calls) > 0 {
-		rows := func(yield func([]any) error) error {
-			for i := range b.Calls {
-				if err := yield(callValues(&b.Calls[i])); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		if err := s.insert(ctx, "llm_calls", callCols, rows); err != nil {
-			return err
-		}
+	if err := writeRows(ctx, s, export.CallTable, b.Calls); err != nil {
+		return err
 	}
-	if len(b.Rewards) > 0 {
-		rows := func(yield func([]any) error) error {
-			for i := range b.Rewards {
-				if err := yield(rewardValues(&b.Rewards[i])); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		if err := s.insert(ctx, "rewards", rewardCols, rows); err != nil {
-			return err
-		}
+	if err := writeRows(ctx, s, export.RewardTable, b.Rewards); err != nil {
+		return err
 	}
-	if len(b.Rollouts) > 0 {
-		rows := func(yield func([]any) error) error {
-			for i := range b.Rollouts {
-				if err := yield(rolloutValues(&b.Rollouts[i])); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		if err := s.insert(ctx, "rollouts", rolloutCols, rows); err != nil {
-			return err
-		}
+	if err := writeRows(ctx, s, export.RolloutTable, b.Rollouts); err != nil {
+		return err
 	}
-	if len(b.Spans) > 0 {
-		rows := func(yield func([]any) error) error {
-			for i := range b.Spans {
-				if err := yield(spanValues(&b.Spans[i])); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		if err := s.insert(ctx, "agent_spans", spanCols, rows); err != nil {
-			return err
-		}
+	return writeRows(ctx, s, export.SpanTable, b.Spans)
+}
+
+// writeRows inserts rows into tbl; no rows, no insert.
+func writeRows[R any](ctx context.Context, s *Store, tbl *export.Table[R], rows []R) error {
+	if len(rows) == 0 {
+		return nil
 	}
-	return nil
+	var vals []any
+	src := func(yield func([]any) error) error {
+		for i := range rows {
+			vals = appendValues(vals[:0], tbl.Columns, &rows[i])
+			if err := yield(vals); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return s.insert(ctx, tbl.Name, tbl.Info(), src)
 }
 
 // rowSource feeds rows, one value slice per row in column order, to yield.
 type rowSource func(yield func([]any) error) error
 
-func (s *Store) insert(ctx context.Context, table string, cols []colDef, rows rowSource) error {
+func (s *Store) insert(ctx context.Context, table string, cols []export.ColumnInfo, rows rowSource) error {
 	var err error
 	if s.mode == InsertExternal {
 		err = s.insertExternal(ctx, table, cols, rows)
@@ -94,7 +69,7 @@ func (s *Store) insert(ctx context.Context, table string, cols []colDef, rows ro
 }
 
 // insertBatch is PrepareBatch → Append → Send.
-func (s *Store) insertBatch(ctx context.Context, table string, cols []colDef, rows rowSource) error {
+func (s *Store) insertBatch(ctx context.Context, table string, cols []export.ColumnInfo, rows rowSource) error {
 	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+quoteIdent(table)+" ("+names(cols)+")")
 	if err != nil {
 		return fmt.Errorf("prepare batch: %w", err)
@@ -111,10 +86,10 @@ func (s *Store) insertBatch(ctx context.Context, table string, cols []colDef, ro
 
 // insertExternal sends the rows as the Native external table rollgate_rows
 // and copies them with INSERT ... SELECT.
-func (s *Store) insertExternal(ctx context.Context, table string, cols []colDef, rows rowSource) error {
+func (s *Store) insertExternal(ctx context.Context, table string, cols []export.ColumnInfo, rows rowSource) error {
 	defs := make([]func(*ext.Table) error, len(cols))
 	for i, c := range cols {
-		defs[i] = ext.Column(c.name, column.Type(c.typ))
+		defs[i] = ext.Column(c.Name, column.Type(c.ClickHouseType()))
 	}
 	tbl, err := ext.NewTable(externalTable, defs...)
 	if err != nil {

@@ -1,11 +1,5 @@
 CREATE TABLE IF NOT EXISTS {{.Table "rewards"}} (
-    rollout_id String,
-    attempt_id String,
-    sequence_id UInt64,
-    name {{lowCardinality}},
-    value Float64,
-    source {{lowCardinality}},
-    time_unix_nano UInt64{{codec "DoubleDelta, ZSTD(1)"}}
+{{columns "rewards"}}
 )
 ENGINE = MergeTree()
 PARTITION BY toYYYYMM(toDateTime(intDiv(time_unix_nano, 1000000000)))

@@ -1,12 +1,5 @@
 CREATE TABLE IF NOT EXISTS {{.Table "rollouts"}} (
-    rollout_id String,
-    attempt_id String,
-    task_id String,
-    group_id String,
-    status {{lowCardinality}},
-    metadata String{{codec "ZSTD(3)"}},
-    created_unix_nano UInt64,
-    updated_unix_nano UInt64
+{{columns "rollouts"}}
 )
 ENGINE = ReplacingMergeTree(updated_unix_nano)
 ORDER BY (rollout_id, attempt_id)
