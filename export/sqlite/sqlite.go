@@ -15,9 +15,11 @@ import (
 	"github.com/rollgate/rollgate/export/arrays"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"text/template"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -69,15 +71,12 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
-	if _, err := db.Exec(schemaSQL); err != nil {
+	if _, err := db.Exec(schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("sqlite: create tables in %s: %w", path, err)
 	}
-	for _, t := range []struct {
-		name string
-		cols [][2]string
-	}{{"llm_calls", addedCallColumns}, {"rollouts", addedRolloutColumns}} {
-		if err := addMissingColumns(db, t.name, t.cols); err != nil {
+	for _, t := range export.Tables() {
+		if err := addMissingColumns(db, t.Name, t.Columns); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
 		}
@@ -108,41 +107,64 @@ func (s *Store) Close() error {
 	return nil
 }
 
-var (
-	callColumns = []string{
-		"span_id", "trace_id", "rollout_id", "attempt_id", "task_id", "agent_name",
-		"sequence_id", "choice_index", "start_time_unix_nano", "end_time_unix_nano", "ttft_nano",
-		"endpoint", "model", "backend", "policy_version", "stream", "http_status",
-		"error", "request_body", "response_body", "response_message",
-		"prompt_token_ids", "response_token_ids", "response_logprobs",
-		"token_source", "token_check", "finish_reason", "prompt_tokens", "completion_tokens",
-		"turn_kind", "turn_prefix_len", "turn_prev_sequence_id", "api_key_name",
-	}
-	rewardColumns  = []string{"rollout_id", "attempt_id", "sequence_id", "name", "value", "source", "time_unix_nano"}
-	rolloutColumns = []string{"rollout_id", "attempt_id", "task_id", "group_id", "status", "metadata", "created_unix_nano", "updated_unix_nano"}
+// schema is schema.sql with the tables' columns filled in.
+var schema = renderSchema()
 
-	insertCall   = insertSQL("llm_calls", callColumns)
-	insertReward = insertSQL("rewards", rewardColumns)
-	spanColumns  = []string{"rollout_id", "attempt_id", "trace_id", "span_id", "parent_span_id", "name", "kind",
-		"service_name", "tool_name", "tool_call_id", "status_code", "status_message", "start_time_unix_nano",
-		"end_time_unix_nano", "attributes", "received_unix_nano"}
-	insertSpan = insertSQL("agent_spans", spanColumns)
+func renderSchema() string {
+	tmpl := template.Must(template.New("schema.sql").Funcs(template.FuncMap{
+		"columns": func(table string) (string, error) {
+			t, ok := export.TableByName(table)
+			if !ok {
+				return "", fmt.Errorf("no table %q in export's column table", table)
+			}
+			lines := make([]string, len(t.Columns))
+			for i, c := range t.Columns {
+				lines[i] = fmt.Sprintf("    %-20s %s", c.Name, c.SQLiteDecl())
+			}
+			return strings.Join(lines, ",\n"), nil
+		},
+	}).Parse(schemaSQL))
+	var b strings.Builder
+	if err := tmpl.Execute(&b, nil); err != nil {
+		panic("sqlite: schema.sql: " + err.Error())
+	}
+	return b.String()
+}
+
+var (
+	insertCall   = insertSQL(export.CallTable.Name, export.CallTable.Info())
+	insertReward = insertSQL(export.RewardTable.Name, export.RewardTable.Info())
+	insertSpan   = insertSQL(export.SpanTable.Name, export.SpanTable.Info())
 	// The latest row per (rollout, attempt) wins; equal times: the later write.
-	insertRollout = insertSQL("rollouts", rolloutColumns) +
-		" ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET" +
-		" task_id = excluded.task_id, group_id = excluded.group_id, status = excluded.status, metadata = excluded.metadata," +
-		" created_unix_nano = excluded.created_unix_nano, updated_unix_nano = excluded.updated_unix_nano" +
+	insertRollout = insertSQL(export.RolloutTable.Name, export.RolloutTable.Info()) +
+		" ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET " + updateSet(export.RolloutTable.Info(), "rollout_id", "attempt_id") +
 		" WHERE excluded.updated_unix_nano >= rollouts.updated_unix_nano"
 )
 
-func insertSQL(table string, cols []string) string {
-	return "INSERT INTO " + table + " (" + strings.Join(cols, ", ") + ") VALUES (" +
+func insertSQL(table string, cols []export.ColumnInfo) string {
+	return "INSERT INTO " + table + " (" + names(cols) + ") VALUES (" +
 		strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
 }
 
-// i64 stores a uint64 in an INTEGER column; the bits round-trip through u64.
-func i64(v uint64) int64 { return int64(v) }
-func u64(v int64) uint64 { return uint64(v) }
+// names joins the column names with ", ".
+func names(cols []export.ColumnInfo) string {
+	s := make([]string, len(cols))
+	for i, c := range cols {
+		s[i] = c.Name
+	}
+	return strings.Join(s, ", ")
+}
+
+// updateSet is "col = excluded.col, ..." for every column but the keys.
+func updateSet(cols []export.ColumnInfo, keys ...string) string {
+	var s []string
+	for _, c := range cols {
+		if !slices.Contains(keys, c.Name) {
+			s = append(s, c.Name+" = excluded."+c.Name)
+		}
+	}
+	return strings.Join(s, ", ")
+}
 
 // Write stores the batch in one transaction: all of it or none.
 func (s *Store) Write(ctx context.Context, b *export.Batch) error {
@@ -166,74 +188,127 @@ func (s *Store) Write(ctx context.Context, b *export.Batch) error {
 }
 
 func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
-	if len(b.Calls) > 0 {
-		stmt, err := tx.PrepareContext(ctx, insertCall)
-		if err != nil {
-			return fmt.Errorf("sqlite: insert into llm_calls: %w", err)
-		}
-		defer stmt.Close()
-		var buf []byte
-		for i := range b.Calls {
-			c := &b.Calls[i]
-			buf = arrays.AppendUint32s(buf[:0], c.PromptTokenIDs)
-			prompt := string(buf)
-			buf = arrays.AppendUint32s(buf[:0], c.ResponseTokenIDs)
-			resp := string(buf)
-			buf = arrays.AppendFloat32s(buf[:0], c.ResponseLogprobs)
-			logprobs := string(buf)
-			stream := 0
-			if c.Stream {
-				stream = 1
+	if err := insertRows(ctx, tx, insertCall, export.CallTable, b.Calls, func(c *export.Call) string { return fmt.Sprintf(" (span %q)", c.SpanID) }); err != nil {
+		return err
+	}
+	if err := insertRows(ctx, tx, insertReward, export.RewardTable, b.Rewards, nil); err != nil {
+		return err
+	}
+	if err := insertRows(ctx, tx, insertSpan, export.SpanTable, b.Spans, func(s *export.Span) string { return fmt.Sprintf(" (span %q)", s.SpanID) }); err != nil {
+		return err
+	}
+	return insertRows(ctx, tx, insertRollout, export.RolloutTable, b.Rollouts, nil)
+}
+
+// insertRows runs the insert statement query once per row; which, when not
+// nil, names the failed row in the error.
+func insertRows[R any](ctx context.Context, tx *sql.Tx, query string, tbl *export.Table[R], rows []R, which func(*R) string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	stmt, err := tx.PrepareContext(ctx, query)
+	if err != nil {
+		return fmt.Errorf("sqlite: insert into %s: %w", tbl.Name, err)
+	}
+	defer stmt.Close()
+	var (
+		args []any
+		buf  []byte
+	)
+	for i := range rows {
+		args, buf = appendArgs(args[:0], buf, tbl.Columns, &rows[i])
+		if _, err := stmt.ExecContext(ctx, args...); err != nil {
+			row := ""
+			if which != nil {
+				row = which(&rows[i])
 			}
-			if _, err := stmt.ExecContext(ctx,
-				c.SpanID, c.TraceID, c.RolloutID, c.AttemptID, c.TaskID, c.AgentName,
-				i64(c.SequenceID), int64(c.ChoiceIndex), i64(c.StartTimeUnixNano), i64(c.EndTimeUnixNano), i64(c.TTFTNano),
-				c.Endpoint, c.Model, c.Backend, c.PolicyVersion, stream, int64(c.HTTPStatus),
-				c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage,
-				prompt, resp, logprobs,
-				c.TokenSource, c.TokenCheck, c.FinishReason, int64(c.PromptTokens), int64(c.CompletionTokens),
-				c.TurnKind, int64(c.TurnPrefixLen), i64(c.TurnPrevSequenceID), c.APIKeyName,
-			); err != nil {
-				return fmt.Errorf("sqlite: insert into llm_calls (span %q): %w", c.SpanID, err)
-			}
+			return fmt.Errorf("sqlite: insert into %s%s: %w", tbl.Name, row, err)
 		}
 	}
-	if len(b.Rewards) > 0 {
-		stmt, err := tx.PrepareContext(ctx, insertReward)
-		if err != nil {
-			return fmt.Errorf("sqlite: insert into rewards: %w", err)
-		}
-		defer stmt.Close()
-		for _, r := range b.Rewards {
-			if _, err := stmt.ExecContext(ctx, r.RolloutID, r.AttemptID, i64(r.SequenceID), r.Name, r.Value, r.Source, i64(r.TimeUnixNano)); err != nil {
-				return fmt.Errorf("sqlite: insert into rewards: %w", err)
+	return nil
+}
+
+// appendArgs appends r's values as SQLite keeps them, in column order, to
+// dst: integers as int64 (uint64 bits unchanged), bools as 0/1, arrays as
+// JSON text (built in buf, which it returns for reuse).
+func appendArgs[R any](dst []any, buf []byte, cols []export.Column[R], r *R) ([]any, []byte) {
+	for _, c := range cols {
+		p := c.Field(r)
+		switch c.Type {
+		case export.TypeString:
+			dst = append(dst, *p.(*string))
+		case export.TypeUint64:
+			dst = append(dst, int64(*p.(*uint64)))
+		case export.TypeUint32:
+			dst = append(dst, int64(*p.(*uint32)))
+		case export.TypeUint16:
+			dst = append(dst, int64(*p.(*uint16)))
+		case export.TypeBool:
+			var v int64
+			if *p.(*bool) {
+				v = 1
 			}
+			dst = append(dst, v)
+		case export.TypeFloat64:
+			dst = append(dst, *p.(*float64))
+		case export.TypeUint32s:
+			buf = arrays.AppendUint32s(buf[:0], *p.(*[]uint32))
+			dst = append(dst, string(buf))
+		case export.TypeFloat32s:
+			buf = arrays.AppendFloat32s(buf[:0], *p.(*[]float32))
+			dst = append(dst, string(buf))
+		default:
+			panic(fmt.Sprintf("sqlite: column %s: unknown type %d", c.Name, c.Type))
 		}
 	}
-	if len(b.Spans) > 0 {
-		stmt, err := tx.PrepareContext(ctx, insertSpan)
-		if err != nil {
-			return fmt.Errorf("sqlite: insert into agent_spans: %w", err)
-		}
-		defer stmt.Close()
-		for _, sp := range b.Spans {
-			if _, err := stmt.ExecContext(ctx, sp.RolloutID, sp.AttemptID, sp.TraceID, sp.SpanID, sp.ParentSpanID,
-				sp.Name, sp.Kind, sp.ServiceName, sp.ToolName, sp.ToolCallID, sp.StatusCode, sp.StatusMessage,
-				i64(sp.StartTimeUnixNano), i64(sp.EndTimeUnixNano), sp.Attributes, i64(sp.ReceivedUnixNano)); err != nil {
-				return fmt.Errorf("sqlite: insert into agent_spans (span %q): %w", sp.SpanID, err)
-			}
+	return dst, buf
+}
+
+// scanner scans rows of a table into row: text and REAL columns straight
+// into its fields, integers through an int64, arrays through their JSON text.
+type scanner[R any] struct {
+	cols  []export.Column[R]
+	row   R
+	dest  []any
+	ints  []int64
+	texts []string
+}
+
+func newScanner[R any](cols []export.Column[R]) *scanner[R] {
+	s := &scanner[R]{cols: cols, dest: make([]any, len(cols)), ints: make([]int64, len(cols)), texts: make([]string, len(cols))}
+	for i, c := range cols {
+		switch c.Type {
+		case export.TypeString, export.TypeFloat64:
+			s.dest[i] = c.Field(&s.row)
+		case export.TypeUint32s, export.TypeFloat32s:
+			s.dest[i] = &s.texts[i]
+		default:
+			s.dest[i] = &s.ints[i]
 		}
 	}
-	if len(b.Rollouts) > 0 {
-		stmt, err := tx.PrepareContext(ctx, insertRollout)
-		if err != nil {
-			return fmt.Errorf("sqlite: insert into rollouts: %w", err)
+	return s
+}
+
+// finish completes s.row after a Scan into s.dest; id names the row in errors.
+func (s *scanner[R]) finish(id func(*R) string) error {
+	for i, c := range s.cols {
+		var err error
+		switch p := c.Field(&s.row); c.Type {
+		case export.TypeUint64:
+			*p.(*uint64) = uint64(s.ints[i])
+		case export.TypeUint32:
+			*p.(*uint32) = uint32(s.ints[i])
+		case export.TypeUint16:
+			*p.(*uint16) = uint16(s.ints[i])
+		case export.TypeBool:
+			*p.(*bool) = s.ints[i] != 0
+		case export.TypeUint32s:
+			*p.(*[]uint32), err = arrays.ParseUint32s(s.texts[i])
+		case export.TypeFloat32s:
+			*p.(*[]float32), err = arrays.ParseFloat32s(s.texts[i])
 		}
-		defer stmt.Close()
-		for _, r := range b.Rollouts {
-			if _, err := stmt.ExecContext(ctx, r.RolloutID, r.AttemptID, r.TaskID, r.GroupID, r.Status, r.Metadata, i64(r.CreatedUnixNano), i64(r.UpdatedUnixNano)); err != nil {
-				return fmt.Errorf("sqlite: insert into rollouts: %w", err)
-			}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", id(&s.row), c.Name, err)
 		}
 	}
 	return nil
@@ -298,22 +373,10 @@ func renderValue(v any) string {
 // Calls reads llm_calls rows matching f, ordered by rollout, attempt,
 // sequence id and choice.
 func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, error) {
-	var (
-		where []string
-		args  []any
-	)
-	if f.RolloutID != "" {
-		where, args = append(where, "rollout_id = ?"), append(args, f.RolloutID)
-	}
-	if f.AttemptID != "" {
-		where, args = append(where, "attempt_id = ?"), append(args, f.AttemptID)
-	}
-	if f.SpanID != "" {
-		where, args = append(where, "span_id = ?"), append(args, f.SpanID)
-	}
-	q := "SELECT " + strings.Join(callColumns, ", ") + " FROM llm_calls"
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
+	where, args := f.Conditions()
+	q := "SELECT " + export.CallTable.Names() + " FROM llm_calls"
+	if where != "" {
+		q += " WHERE " + where
 	}
 	q += " ORDER BY rollout_id, attempt_id, sequence_id, choice_index, span_id"
 	if f.Limit > 0 {
@@ -325,39 +388,15 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	}
 	defer rows.Close()
 	var out []export.Call
+	sc := newScanner(export.CallTable.Columns)
 	for rows.Next() {
-		var (
-			c                                   export.Call
-			seq, start, end, ttft               int64
-			choice, status, promptTok, complTok int64
-			turnPrefix, turnPrev                int64
-			stream                              int64
-			promptIDs, respIDs, logprobs        string
-		)
-		if err := rows.Scan(&c.SpanID, &c.TraceID, &c.RolloutID, &c.AttemptID, &c.TaskID, &c.AgentName,
-			&seq, &choice, &start, &end, &ttft,
-			&c.Endpoint, &c.Model, &c.Backend, &c.PolicyVersion, &stream, &status,
-			&c.Error, &c.RequestBody, &c.ResponseBody, &c.ResponseMessage,
-			&promptIDs, &respIDs, &logprobs,
-			&c.TokenSource, &c.TokenCheck, &c.FinishReason, &promptTok, &complTok,
-			&c.TurnKind, &turnPrefix, &turnPrev, &c.APIKeyName); err != nil {
+		if err := rows.Scan(sc.dest...); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 		}
-		c.SequenceID, c.ChoiceIndex = u64(seq), uint32(choice)
-		c.StartTimeUnixNano, c.EndTimeUnixNano, c.TTFTNano = u64(start), u64(end), u64(ttft)
-		c.Stream, c.HTTPStatus = stream != 0, uint16(status)
-		c.PromptTokens, c.CompletionTokens = uint32(promptTok), uint32(complTok)
-		c.TurnPrefixLen, c.TurnPrevSequenceID = uint32(turnPrefix), u64(turnPrev)
-		if c.PromptTokenIDs, err = arrays.ParseUint32s(promptIDs); err != nil {
-			return nil, fmt.Errorf("sqlite: read llm_calls: span %q prompt_token_ids: %w", c.SpanID, err)
+		if err := sc.finish(func(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }); err != nil {
+			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 		}
-		if c.ResponseTokenIDs, err = arrays.ParseUint32s(respIDs); err != nil {
-			return nil, fmt.Errorf("sqlite: read llm_calls: span %q response_token_ids: %w", c.SpanID, err)
-		}
-		if c.ResponseLogprobs, err = arrays.ParseFloat32s(logprobs); err != nil {
-			return nil, fmt.Errorf("sqlite: read llm_calls: span %q response_logprobs: %w", c.SpanID, err)
-		}
-		out = append(out, c)
+		out = append(out, sc.row)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
@@ -369,22 +408,19 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 // calls and its rewards. An unknown rollout gives an empty detail, not an error.
 func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutDetail, error) {
 	d := &export.RolloutDetail{}
-	rows, err := s.db.QueryContext(ctx, "SELECT "+strings.Join(rolloutColumns, ", ")+
+	rows, err := s.db.QueryContext(ctx, "SELECT "+export.RolloutTable.Names()+
 		" FROM rollouts WHERE rollout_id = ? ORDER BY attempt_id", rolloutID)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 	}
+	rsc := newScanner(export.RolloutTable.Columns)
 	for rows.Next() {
-		var (
-			r                export.Rollout
-			created, updated int64
-		)
-		if err := rows.Scan(&r.RolloutID, &r.AttemptID, &r.TaskID, &r.GroupID, &r.Status, &r.Metadata, &created, &updated); err != nil {
+		if err := rows.Scan(rsc.dest...); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 		}
-		r.CreatedUnixNano, r.UpdatedUnixNano = u64(created), u64(updated)
-		d.Attempts = append(d.Attempts, r)
+		_ = rsc.finish(nil) // no arrays: cannot fail
+		d.Attempts = append(d.Attempts, rsc.row)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -395,22 +431,19 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 		return nil, err
 	}
 
-	rows, err = s.db.QueryContext(ctx, "SELECT "+strings.Join(rewardColumns, ", ")+
+	rows, err = s.db.QueryContext(ctx, "SELECT "+export.RewardTable.Names()+
 		" FROM rewards WHERE rollout_id = ? ORDER BY attempt_id, sequence_id, time_unix_nano, name", rolloutID)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read rewards: %w", err)
 	}
 	defer rows.Close()
+	wsc := newScanner(export.RewardTable.Columns)
 	for rows.Next() {
-		var (
-			r         export.Reward
-			seq, tnow int64
-		)
-		if err := rows.Scan(&r.RolloutID, &r.AttemptID, &seq, &r.Name, &r.Value, &r.Source, &tnow); err != nil {
+		if err := rows.Scan(wsc.dest...); err != nil {
 			return nil, fmt.Errorf("sqlite: read rewards: %w", err)
 		}
-		r.SequenceID, r.TimeUnixNano = u64(seq), u64(tnow)
-		d.Rewards = append(d.Rewards, r)
+		_ = wsc.finish(nil) // no arrays: cannot fail
+		d.Rewards = append(d.Rewards, wsc.row)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqlite: read rewards: %w", err)
@@ -418,23 +451,11 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 	return d, nil
 }
 
-// addedCallColumns are the llm_calls columns added after the first schema,
-// with their declarations, in the order they were added.
-var addedCallColumns = [][2]string{
-	{"turn_kind", "TEXT NOT NULL DEFAULT ''"},
-	{"turn_prefix_len", "INTEGER NOT NULL DEFAULT 0"},
-	{"turn_prev_sequence_id", "INTEGER NOT NULL DEFAULT 0"},
-	{"api_key_name", "TEXT NOT NULL DEFAULT ''"},
-}
-
-// addedRolloutColumns are the rollouts columns added after the first schema,
-// as addedCallColumns. An upgraded table has them last (SQLite appends).
-var addedRolloutColumns = [][2]string{
-	{"group_id", "TEXT NOT NULL DEFAULT ''"},
-}
-
-// addMissingColumns brings a table created by an older rollgate up to date.
-func addMissingColumns(db *sql.DB, table string, cols [][2]string) error {
+// addMissingColumns brings a table created by an older rollgate up to date:
+// it adds the columns it lacks (SQLite appends them; inserts and selects
+// name their columns, so the order does not matter), their defaults filling
+// the old rows.
+func addMissingColumns(db *sql.DB, table string, cols []export.ColumnInfo) error {
 	rows, err := db.Query("SELECT name FROM pragma_table_info(?)", table)
 	if err != nil {
 		return fmt.Errorf("reading the columns of %s: %w", table, err)
@@ -450,11 +471,11 @@ func addMissingColumns(db *sql.DB, table string, cols [][2]string) error {
 	}
 	rows.Close()
 	for _, c := range cols {
-		if have[c[0]] {
+		if have[c.Name] {
 			continue
 		}
-		if _, err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c[0] + " " + c[1]); err != nil {
-			return fmt.Errorf("adding column %s to %s: %w", c[0], table, err)
+		if _, err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c.Name + " " + c.SQLiteDecl()); err != nil {
+			return fmt.Errorf("adding column %s to %s: %w", c.Name, table, err)
 		}
 	}
 	return nil
