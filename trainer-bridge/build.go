@@ -295,7 +295,7 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		}
 		defer sp.close()
 	}
-	var units []unit
+	units := &unitTable{groupIx: map[string]int32{}, keepSamples: sp == nil, keepDec: o.Report}
 	reports := make([]*AttemptReport, len(refs))
 	prog := &Progress{Phase: PhaseRead, TotalAttempts: len(refs)}
 	err = eachAttempt(ctx, store, refs, o, &res.Stats, prog, func(i int, a attemptOut) error {
@@ -320,7 +320,7 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 				}
 				u.spilled, u.samples = len(u.samples), nil
 			}
-			units = append(units, u)
+			units.add(u)
 		}
 		return nil
 	})
@@ -331,7 +331,8 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	// all left out, so no exclusion moves a sibling's baseline.
 	size := map[string]int{}
 	unrewarded := map[string]bool{}
-	for _, u := range units {
+	for i := range units.meta {
+		u := units.get(i)
 		size[u.group]++
 		if u.missing {
 			unrewarded[u.group] = true
@@ -342,9 +343,10 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			res.Stats.SmallGroups++
 		}
 	}
-	in := advantage.Input{Scores: make([]float64, len(units)), Groups: make([]string, len(units)), Tokens: make([]int, len(units))}
-	for i, u := range units {
-		in.Scores[i], in.Groups[i], in.Tokens[i] = u.score, u.group, u.tokens
+	n := len(units.meta)
+	in := advantage.Input{Scores: make([]float64, n), GroupIndex: make([]int32, n), Tokens: make([]int, n)}
+	for i, m := range units.meta {
+		in.Scores[i], in.GroupIndex[i], in.Tokens[i] = m.score, m.group, int(m.tokens)
 	}
 	adv, err := advantage.Compute(o.Estimator, in, advantage.Options{DropZeroVariance: o.DropZeroVariance})
 	if err != nil {
@@ -373,7 +375,7 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			if why != "" && o.Level == LevelRollout {
 				rep.Reason = why
 			}
-			for _, d := range units[i].dec { // pass 1's (pass 2 builds no report)
+			for _, d := range u.dec {
 				rep.Items[d].Included, rep.Items[d].Reason, rep.Items[d].Advantage = why == "", why, adv.Advantages[i]
 			}
 		}
@@ -399,8 +401,8 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		return nil
 	}
 	if o.Emit == nil {
-		for i, u := range units {
-			_ = keep(i, u, func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
+		for i := range units.meta {
+			_ = keep(i, units.get(i), func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
 		}
 	} else {
 		// Hand the spilled samples out one by one, in the order they were built.
@@ -410,8 +412,8 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		emit := o.Emit
 		if o.Progress != nil {
 			prog.Phase = PhaseWrite
-			for i, u := range units {
-				if reason(i, u) == "" {
+			for i := range units.meta {
+				if u := units.get(i); reason(i, u) == "" {
 					prog.TotalSamples += u.spilled
 				}
 			}
@@ -425,7 +427,8 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 				return nil
 			}
 		}
-		for i, u := range units {
+		for i := range units.meta {
+			u := units.get(i)
 			u.samples = make([]*Sample, u.spilled)
 			for k := range u.samples {
 				if u.samples[k], err = sp.read(); err != nil {
@@ -463,6 +466,60 @@ type unit struct {
 	ref     int   // index of the attempt in the selection
 	dec     []int // indices in the attempt's report items of the unit's samples
 	spilled int   // samples written to the spill (streamed Build) instead of kept in samples
+}
+
+// unitTable holds a Build's units compactly: once the samples are spilled
+// (Options.Emit), this bookkeeping is what grows with the size of an export,
+// about 40 bytes per unit here and in the advantage step, where a []unit
+// held over 100. Samples and report indices are kept only when needed.
+type unitTable struct {
+	meta        []unitMeta
+	samples     [][]*Sample // per unit, unless the samples are spilled
+	dec         [][]int     // per unit, with Options.Report
+	groups      []string    // group keys by index
+	groupIx     map[string]int32
+	keepSamples bool
+	keepDec     bool
+}
+
+// unitMeta is a unit without its samples and report indices.
+type unitMeta struct {
+	score   float64
+	tokens  int32
+	group   int32 // index in unitTable.groups
+	ref     int32
+	spilled int32
+	missing bool
+}
+
+// add appends u.
+func (t *unitTable) add(u unit) {
+	g, ok := t.groupIx[u.group]
+	if !ok {
+		g = int32(len(t.groups))
+		t.groupIx[u.group] = g
+		t.groups = append(t.groups, u.group)
+	}
+	t.meta = append(t.meta, unitMeta{score: u.score, tokens: int32(u.tokens), group: g, ref: int32(u.ref), spilled: int32(u.spilled), missing: u.missing})
+	if t.keepSamples {
+		t.samples = append(t.samples, u.samples)
+	}
+	if t.keepDec {
+		t.dec = append(t.dec, u.dec)
+	}
+}
+
+// get returns unit i as it was added (without spilled samples).
+func (t *unitTable) get(i int) unit {
+	m := t.meta[i]
+	u := unit{score: m.score, tokens: int(m.tokens), group: t.groups[m.group], ref: int(m.ref), spilled: int(m.spilled), missing: m.missing}
+	if t.keepSamples {
+		u.samples = t.samples[i]
+	}
+	if t.keepDec {
+		u.dec = t.dec[i]
+	}
+	return u
 }
 
 // attemptOut is what buildAttempt made of one attempt.
