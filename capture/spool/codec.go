@@ -18,20 +18,24 @@ const (
 	// MaxRecordBytes bounds one record's payload; a header claiming more is
 	// treated as corrupt.
 	MaxRecordBytes = 1 << 30
-	// payloadVersion is the first byte of every payload written. Version 2
-	// added the rollouts rows' group_id; version 1 payloads (written by
-	// earlier releases, still in spools and logs after an upgrade) decode
-	// with GroupID "".
-	payloadVersion = 2
 	// payloadVersionNoGroup is the version before rollouts rows carried group_id.
 	payloadVersionNoGroup = 1
-
-	// Smallest encodings of one row: one byte per field, eight for a float64.
-	minCallBytes    = 29
-	minRewardBytes  = 6 + 8
-	minRolloutBytes = 8 // 7 in version 1
-	minSpanBytes    = 16
 )
+
+// payloadVersion is the first byte of every payload written: the highest
+// Since of export's column table (export.SpoolVersion). Version 2 added the
+// rollouts rows' group_id; version 1 payloads (written by earlier releases,
+// still in spools and logs after an upgrade) decode with GroupID "".
+//
+// The rule that keeps old payloads readable: a row's fields are encoded in
+// the order of its table's Spool columns, and a payload of version v holds
+// exactly the columns whose Since is at most v. A column added to a table
+// gets Since one more than the current payloadVersion, wherever it sits in
+// the table; payloadVersion follows, and payloads of every earlier version
+// still decode, the new field left zero. Never change an existing column's
+// Since, type or position relative to the columns of the same or older
+// versions.
+var payloadVersion = export.SpoolVersion()
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -104,89 +108,81 @@ func DecodeRecord(buf []byte) (*export.Batch, int, error) {
 // order (integers as varints, strings and arrays length-prefixed).
 func AppendBatch(dst []byte, b *export.Batch) []byte {
 	dst = append(dst, payloadVersion)
-	dst = binary.AppendUvarint(dst, uint64(len(b.Calls)))
-	for i := range b.Calls {
-		dst = appendCall(dst, &b.Calls[i])
-	}
-	dst = binary.AppendUvarint(dst, uint64(len(b.Rewards)))
-	for i := range b.Rewards {
-		r := &b.Rewards[i]
-		dst = appendString(dst, r.RolloutID)
-		dst = appendString(dst, r.AttemptID)
-		dst = binary.AppendUvarint(dst, r.SequenceID)
-		dst = appendString(dst, r.Name)
-		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(r.Value))
-		dst = appendString(dst, r.Source)
-		dst = binary.AppendUvarint(dst, r.TimeUnixNano)
-	}
-	dst = binary.AppendUvarint(dst, uint64(len(b.Rollouts)))
-	for i := range b.Rollouts {
-		r := &b.Rollouts[i]
-		dst = appendString(dst, r.RolloutID)
-		dst = appendString(dst, r.AttemptID)
-		dst = appendString(dst, r.TaskID)
-		dst = appendString(dst, r.GroupID)
-		dst = appendString(dst, r.Status)
-		dst = appendString(dst, r.Metadata)
-		dst = binary.AppendUvarint(dst, r.CreatedUnixNano)
-		dst = binary.AppendUvarint(dst, r.UpdatedUnixNano)
-	}
+	dst = appendRows(dst, callFields, b.Calls)
+	dst = appendRows(dst, rewardFields, b.Rewards)
+	dst = appendRows(dst, rolloutFields, b.Rollouts)
 	// Agent spans came later: an optional trailing section, so records
 	// written before it existed decode unchanged.
 	if len(b.Spans) > 0 {
-		dst = binary.AppendUvarint(dst, uint64(len(b.Spans)))
-		for i := range b.Spans {
-			sp := &b.Spans[i]
-			for _, v := range []string{sp.RolloutID, sp.AttemptID, sp.TraceID, sp.SpanID, sp.ParentSpanID, sp.Name,
-				sp.Kind, sp.ServiceName, sp.ToolName, sp.ToolCallID, sp.StatusCode, sp.StatusMessage} {
-				dst = appendString(dst, v)
-			}
-			dst = binary.AppendUvarint(dst, sp.StartTimeUnixNano)
-			dst = binary.AppendUvarint(dst, sp.EndTimeUnixNano)
-			dst = appendString(dst, sp.Attributes)
-			dst = binary.AppendUvarint(dst, sp.ReceivedUnixNano)
-		}
+		dst = appendRows(dst, spanFields, b.Spans)
 	}
 	return dst
 }
 
-func appendCall(dst []byte, c *export.Call) []byte {
-	for _, s := range [...]string{c.SpanID, c.TraceID, c.RolloutID, c.AttemptID, c.TaskID, c.AgentName} {
-		dst = appendString(dst, s)
+// field is one column of a table's spool order, as the codec needs it.
+type field[R any] struct {
+	get   func(*R) any
+	typ   export.ColumnType
+	since byte
+}
+
+// fieldsOf is tbl's spool order in a compact slice the codec walks per row.
+func fieldsOf[R any](tbl *export.Table[R]) []field[R] {
+	out := make([]field[R], len(tbl.Spool))
+	for i, c := range tbl.Spool {
+		out[i] = field[R]{get: c.Field, typ: c.Type, since: c.Since}
 	}
-	dst = binary.AppendUvarint(dst, c.SequenceID)
-	dst = binary.AppendUvarint(dst, uint64(c.ChoiceIndex))
-	dst = binary.AppendUvarint(dst, c.StartTimeUnixNano)
-	dst = binary.AppendUvarint(dst, c.EndTimeUnixNano)
-	dst = binary.AppendUvarint(dst, c.TTFTNano)
-	for _, s := range [...]string{c.Endpoint, c.Model, c.Backend, c.PolicyVersion} {
-		dst = appendString(dst, s)
+	return out
+}
+
+var (
+	callFields    = fieldsOf(export.CallTable)
+	rewardFields  = fieldsOf(export.RewardTable)
+	rolloutFields = fieldsOf(export.RolloutTable)
+	spanFields    = fieldsOf(export.SpanTable)
+)
+
+// appendRows appends the count of rows and each row's fields in the
+// table's spool order: strings length-prefixed, integers as varints, bools
+// as a byte, float64 as 8 bytes, token ids as a count and varints, logprobs
+// as a count and 4 bytes each.
+func appendRows[R any](dst []byte, fields []field[R], rows []R) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(rows)))
+	for i := range rows {
+		r := &rows[i]
+		for j := range fields {
+			f := &fields[j]
+			p := f.get(r)
+			switch f.typ {
+			case export.TypeString:
+				dst = appendString(dst, *p.(*string))
+			case export.TypeUint64:
+				dst = binary.AppendUvarint(dst, *p.(*uint64))
+			case export.TypeUint32:
+				dst = binary.AppendUvarint(dst, uint64(*p.(*uint32)))
+			case export.TypeUint16:
+				dst = binary.AppendUvarint(dst, uint64(*p.(*uint16)))
+			case export.TypeBool:
+				if *p.(*bool) {
+					dst = append(dst, 1)
+				} else {
+					dst = append(dst, 0)
+				}
+			case export.TypeFloat64:
+				dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(*p.(*float64)))
+			case export.TypeUint32s:
+				dst = appendUint32s(dst, *p.(*[]uint32))
+			case export.TypeFloat32s:
+				v := *p.(*[]float32)
+				dst = binary.AppendUvarint(dst, uint64(len(v)))
+				for _, x := range v {
+					dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
+				}
+			default:
+				panic(fmt.Sprintf("spool: column type %d", f.typ))
+			}
+		}
 	}
-	if c.Stream {
-		dst = append(dst, 1)
-	} else {
-		dst = append(dst, 0)
-	}
-	dst = binary.AppendUvarint(dst, uint64(c.HTTPStatus))
-	for _, s := range [...]string{c.Error, c.RequestBody, c.ResponseBody, c.ResponseMessage} {
-		dst = appendString(dst, s)
-	}
-	dst = appendUint32s(dst, c.PromptTokenIDs)
-	dst = appendUint32s(dst, c.ResponseTokenIDs)
-	dst = binary.AppendUvarint(dst, uint64(len(c.ResponseLogprobs)))
-	for _, v := range c.ResponseLogprobs {
-		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
-	}
-	for _, s := range [...]string{c.TokenSource, c.TokenCheck, c.FinishReason} {
-		dst = appendString(dst, s)
-	}
-	dst = binary.AppendUvarint(dst, uint64(c.PromptTokens))
-	dst = binary.AppendUvarint(dst, uint64(c.CompletionTokens))
-	dst = appendString(dst, c.TurnKind)
-	dst = binary.AppendUvarint(dst, uint64(c.TurnPrefixLen))
-	dst = binary.AppendUvarint(dst, c.TurnPrevSequenceID)
-	dst = appendString(dst, c.ParentSpanID)
-	dst = appendString(dst, c.APIKeyName)
 	return dst
 }
 
@@ -212,67 +208,16 @@ func DecodeBatch(p []byte) (*export.Batch, error) {
 	if d.err != nil {
 		return nil, d.err
 	}
-	if version != payloadVersion && version != payloadVersionNoGroup {
-		return nil, fmt.Errorf("%w: payload version %d, want %d or %d (a newer rollgate wrote it? run that release to drain it)",
+	if version < payloadVersionNoGroup || version > payloadVersion {
+		return nil, fmt.Errorf("%w: payload version %d, want %d to %d (a newer rollgate wrote it? run that release to drain it)",
 			ErrCorruptRecord, version, payloadVersionNoGroup, payloadVersion)
 	}
 	b := &export.Batch{}
-	// Every field takes at least one byte, so a count larger than the
-	// remaining bytes allow is corrupt; this also bounds the allocations.
-	if n := d.count(minCallBytes); n > 0 {
-		b.Calls = make([]export.Call, n)
-		for i := range b.Calls {
-			d.call(&b.Calls[i])
-		}
-	}
-	if n := d.count(minRewardBytes); n > 0 {
-		b.Rewards = make([]export.Reward, n)
-		for i := range b.Rewards {
-			r := &b.Rewards[i]
-			r.RolloutID = d.string()
-			r.AttemptID = d.string()
-			r.SequenceID = d.uvarint()
-			r.Name = d.string()
-			r.Value = math.Float64frombits(d.uint64())
-			r.Source = d.string()
-			r.TimeUnixNano = d.uvarint()
-		}
-	}
-	minRollout := minRolloutBytes
-	if version == payloadVersionNoGroup {
-		minRollout--
-	}
-	if n := d.count(minRollout); n > 0 {
-		b.Rollouts = make([]export.Rollout, n)
-		for i := range b.Rollouts {
-			r := &b.Rollouts[i]
-			r.RolloutID = d.string()
-			r.AttemptID = d.string()
-			r.TaskID = d.string()
-			if version != payloadVersionNoGroup {
-				r.GroupID = d.string()
-			}
-			r.Status = d.string()
-			r.Metadata = d.string()
-			r.CreatedUnixNano = d.uvarint()
-			r.UpdatedUnixNano = d.uvarint()
-		}
-	}
+	b.Calls = decodeRows(&d, callFields, version)
+	b.Rewards = decodeRows(&d, rewardFields, version)
+	b.Rollouts = decodeRows(&d, rolloutFields, version)
 	if d.err == nil && len(d.buf) != 0 {
-		if n := d.count(minSpanBytes); n > 0 {
-			b.Spans = make([]export.Span, n)
-			for i := range b.Spans {
-				sp := &b.Spans[i]
-				for _, f := range []*string{&sp.RolloutID, &sp.AttemptID, &sp.TraceID, &sp.SpanID, &sp.ParentSpanID,
-					&sp.Name, &sp.Kind, &sp.ServiceName, &sp.ToolName, &sp.ToolCallID, &sp.StatusCode, &sp.StatusMessage} {
-					*f = d.string()
-				}
-				sp.StartTimeUnixNano = d.uvarint()
-				sp.EndTimeUnixNano = d.uvarint()
-				sp.Attributes = d.string()
-				sp.ReceivedUnixNano = d.uvarint()
-			}
-		} else if d.err == nil {
+		if b.Spans = decodeRows(&d, spanFields, version); b.Spans == nil && d.err == nil {
 			d.err = fmt.Errorf("%w: empty span section", ErrCorruptRecord)
 		}
 	}
@@ -374,59 +319,86 @@ func (d *decoder) uint32s() []uint32 {
 	return v
 }
 
-func (d *decoder) call(c *export.Call) {
-	c.SpanID = d.string()
-	c.TraceID = d.string()
-	c.RolloutID = d.string()
-	c.AttemptID = d.string()
-	c.TaskID = d.string()
-	c.AgentName = d.string()
-	c.SequenceID = d.uvarint()
-	c.ChoiceIndex = d.uint32v()
-	c.StartTimeUnixNano = d.uvarint()
-	c.EndTimeUnixNano = d.uvarint()
-	c.TTFTNano = d.uvarint()
-	c.Endpoint = d.string()
-	c.Model = d.string()
-	c.Backend = d.string()
-	c.PolicyVersion = d.string()
-	switch d.byte() {
-	case 0:
-	case 1:
-		c.Stream = true
-	default:
-		d.fail("bool")
-	}
-	if st := d.uvarint(); st <= math.MaxUint16 {
-		c.HTTPStatus = uint16(st)
-	} else {
-		d.fail("uint16")
-	}
-	c.Error = d.string()
-	c.RequestBody = d.string()
-	c.ResponseBody = d.string()
-	c.ResponseMessage = d.string()
-	c.PromptTokenIDs = d.uint32s()
-	c.ResponseTokenIDs = d.uint32s()
-	if n := d.count(4); n > 0 {
-		c.ResponseLogprobs = make([]float32, n)
-		for i := range c.ResponseLogprobs {
-			if len(d.buf) < 4 {
-				d.fail("float32")
-				break
-			}
-			c.ResponseLogprobs[i] = math.Float32frombits(binary.LittleEndian.Uint32(d.buf))
-			d.buf = d.buf[4:]
+// minRowBytes is the smallest encoding of one row of a version's payload:
+// one byte per field, eight for a float64.
+func minRowBytes[R any](fields []field[R], version byte) int {
+	n := 0
+	for _, f := range fields {
+		switch {
+		case f.since > version:
+		case f.typ == export.TypeFloat64:
+			n += 8
+		default:
+			n++
 		}
 	}
-	c.TokenSource = d.string()
-	c.TokenCheck = d.string()
-	c.FinishReason = d.string()
-	c.PromptTokens = d.uint32v()
-	c.CompletionTokens = d.uint32v()
-	c.TurnKind = d.string()
-	c.TurnPrefixLen = d.uint32v()
-	c.TurnPrevSequenceID = d.uvarint()
-	c.ParentSpanID = d.string()
-	c.APIKeyName = d.string()
+	return n
+}
+
+// decodeRows reads what appendRows wrote for a payload of version: the
+// fields of the columns whose Since is at most version. Every field takes at
+// least one byte, so a count larger than the remaining bytes allow is
+// corrupt; this also bounds the allocations.
+func decodeRows[R any](d *decoder, fields []field[R], version byte) []R {
+	n := d.count(minRowBytes(fields, version))
+	if n == 0 {
+		return nil
+	}
+	rows := make([]R, n)
+	for i := range rows {
+		r := &rows[i]
+		for j := range fields {
+			f := &fields[j]
+			if f.since > version {
+				continue
+			}
+			p := f.get(r)
+			switch f.typ {
+			case export.TypeString:
+				*p.(*string) = d.string()
+			case export.TypeUint64:
+				*p.(*uint64) = d.uvarint()
+			case export.TypeUint32:
+				*p.(*uint32) = d.uint32v()
+			case export.TypeUint16:
+				if v := d.uvarint(); v <= math.MaxUint16 {
+					*p.(*uint16) = uint16(v)
+				} else {
+					d.fail("uint16")
+				}
+			case export.TypeBool:
+				switch d.byte() {
+				case 0:
+				case 1:
+					*p.(*bool) = true
+				default:
+					d.fail("bool")
+				}
+			case export.TypeFloat64:
+				*p.(*float64) = math.Float64frombits(d.uint64())
+			case export.TypeUint32s:
+				*p.(*[]uint32) = d.uint32s()
+			case export.TypeFloat32s:
+				*p.(*[]float32) = d.float32s()
+			}
+		}
+	}
+	return rows
+}
+
+func (d *decoder) float32s() []float32 {
+	n := d.count(4)
+	if n == 0 {
+		return nil
+	}
+	v := make([]float32, n)
+	for i := range v {
+		if len(d.buf) < 4 {
+			d.fail("float32")
+			break
+		}
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(d.buf))
+		d.buf = d.buf[4:]
+	}
+	return v
 }
