@@ -51,9 +51,6 @@ func TestColumnTables(t *testing.T) {
 	if len(CallTable.Columns) != len(CallTable.Spool)-1 {
 		t.Errorf("llm_calls: %d stored columns of %d spool fields, want only parent_span_id spool-only", len(CallTable.Columns), len(CallTable.Spool))
 	}
-	if got := SpoolVersion(); got != 2 {
-		t.Errorf("SpoolVersion() = %d, want 2 (group_id)", got)
-	}
 }
 
 func TestColumnDecls(t *testing.T) {
