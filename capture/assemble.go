@@ -2,7 +2,6 @@ package capture
 
 import (
 	"bytes"
-	"github.com/rollgate/rollgate/export/arrays"
 	"math"
 	"slices"
 	"strconv"
@@ -10,60 +9,10 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/export/arrays"
+	"github.com/rollgate/rollgate/internal/openai"
 )
-
-// Endpoint is the OpenAI-compatible route a captured call went to; it tells
-// the Assembler how to read the response.
-type Endpoint uint8
-
-// Endpoints the Assembler understands.
-const (
-	// EndpointUnknown: the Assembler guesses from the "object" field of the
-	// response ("chat.completion[.chunk]", "text_completion", "response").
-	EndpointUnknown         Endpoint = iota
-	EndpointChatCompletions          // POST /v1/chat/completions
-	EndpointCompletions              // POST /v1/completions
-	EndpointResponses                // POST /v1/responses
-	EndpointEmbeddings               // POST /v1/embeddings (usage only)
-)
-
-// String returns the canonical route ("/v1/chat/completions", ...), the value
-// of the endpoint column; "" for EndpointUnknown.
-func (e Endpoint) String() string {
-	switch e {
-	case EndpointChatCompletions:
-		return "/v1/chat/completions"
-	case EndpointCompletions:
-		return "/v1/completions"
-	case EndpointResponses:
-		return "/v1/responses"
-	case EndpointEmbeddings:
-		return "/v1/embeddings"
-	}
-	return ""
-}
-
-// EndpointOf maps a request path to its Endpoint by its suffix, so that any
-// prefix works ("/v1/chat/completions",
-// "/rollout/r1/attempt/a1/v1/chat/completions", "/chat/completions").
-// A query string and a trailing slash are ignored.
-func EndpointOf(path string) Endpoint {
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
-	}
-	path = strings.TrimSuffix(path, "/")
-	switch {
-	case strings.HasSuffix(path, "/chat/completions"):
-		return EndpointChatCompletions
-	case strings.HasSuffix(path, "/completions"):
-		return EndpointCompletions
-	case strings.HasSuffix(path, "/responses"):
-		return EndpointResponses
-	case strings.HasSuffix(path, "/embeddings"):
-		return EndpointEmbeddings
-	}
-	return EndpointUnknown
-}
 
 // Limits that bound the memory an Assembler spends on one response beyond the
 // size of the response itself.
@@ -215,8 +164,8 @@ func (c *choiceState) reset(index uint32) {
 // An Assembler is reusable (pool it): after Reset its buffers are kept, so a
 // warm Assembler allocates little. It is not safe for concurrent use.
 type Assembler struct {
-	endpoint Endpoint // as given to Reset
-	kind     Endpoint // endpoint, or guessed from "object"
+	endpoint openai.Endpoint // as given to Reset
+	kind     openai.Endpoint // endpoint, or guessed from "object"
 	stream   bool
 	built    bool
 
@@ -253,7 +202,7 @@ type Assembler struct {
 
 // Reset prepares the Assembler for a new response to endpoint, keeping its
 // buffers (except very large ones).
-func (a *Assembler) Reset(endpoint Endpoint) {
+func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.endpoint, a.kind = endpoint, endpoint
 	a.stream, a.built = false, false
 	a.body = trimBuf(a.body)
@@ -323,7 +272,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	// The rest must open a member: the head ends with a comma, so "{" and a
 	// rest of "}" would be valid where the chunk is not.
 	sameHead := len(a.head) > 0 && !a.noHead && len(data) > len(a.head) && bytes.Equal(data[:len(a.head)], a.head) &&
-		(a.kind == EndpointChatCompletions || a.kind == EndpointCompletions)
+		(a.kind == openai.ChatCompletions || a.kind == openai.Completions)
 	if sameHead {
 		i := skipWS(b2s(data), len(a.head))
 		sameHead = i < len(data) && data[i] == '"'
@@ -343,7 +292,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		return true
 	}
 	mayLogprobs = bytes.Contains(data, escapeU)
-	if a.kind == EndpointResponses {
+	if a.kind == openai.Responses {
 		a.responsesEvent(top)
 		return mayLogprobs || bytes.Contains(data, choicesKey)
 	}
@@ -393,11 +342,11 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 			a.errorValue(v)
 		case "type":
 			// A Responses API event while the endpoint was unknown.
-			if a.kind != EndpointUnknown {
+			if a.kind != openai.Unknown {
 				break
 			}
 			if t := decodeStr(v); strings.HasPrefix(t, "response.") {
-				a.kind = EndpointResponses
+				a.kind = openai.Responses
 				a.responsesEvent(top)
 				return false
 			} else if t == "error" {
@@ -410,7 +359,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		// Older vLLM and SGLang: {"object":"error","message":...,"type":...}
 		a.errorValue(top)
 	}
-	if a.kind == EndpointResponses {
+	if a.kind == openai.Responses {
 		return mayLogprobs || bytes.Contains(data, choicesKey)
 	}
 	// gjson reads the first "choices" and iterates an object's members too.
@@ -420,7 +369,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	if !sameHead {
 		a.head = a.head[:0]
 		if headKeys && headEnd > 1 && !flatErr && choices.IsArray() &&
-			(a.kind == EndpointChatCompletions || a.kind == EndpointCompletions) {
+			(a.kind == openai.ChatCompletions || a.kind == openai.Completions) {
 			a.head = append(a.head, top.Raw[:headEnd]...)
 		}
 	}
@@ -454,7 +403,7 @@ func (a *Assembler) Result() *Assembled {
 	if a.hasPmt {
 		r.PromptTokenIDs = a.prompt
 	}
-	if a.stream && a.kind == EndpointResponses {
+	if a.stream && a.kind == openai.Responses {
 		if len(a.respBody) == 0 {
 			a.setErr("stream ended before response.completed")
 		} else {
@@ -462,14 +411,14 @@ func (a *Assembler) Result() *Assembled {
 		}
 	}
 	a.sortChoices()
-	if a.stream && a.kind != EndpointResponses {
+	if a.stream && a.kind != openai.Responses {
 		for i := range a.n {
 			a.buildMessage(&a.choices[i])
 		}
 		a.buildBody()
 	}
 	switch {
-	case a.stream && a.kind == EndpointResponses:
+	case a.stream && a.kind == openai.Responses:
 		r.ResponseBody = a.respBody
 	default:
 		r.ResponseBody = a.body
@@ -554,18 +503,18 @@ func (a *Assembler) errorValue(v gjson.Result) {
 
 // guessKind sets the kind from an "object" value when Reset got no endpoint.
 func (a *Assembler) guessKind(v gjson.Result) {
-	if a.kind != EndpointUnknown || v.Type != gjson.String {
+	if a.kind != openai.Unknown || v.Type != gjson.String {
 		return
 	}
 	switch decodeStr(v) {
 	case "chat.completion", "chat.completion.chunk":
-		a.kind = EndpointChatCompletions
+		a.kind = openai.ChatCompletions
 	case "text_completion":
-		a.kind = EndpointCompletions
+		a.kind = openai.Completions
 	case "response":
-		a.kind = EndpointResponses
+		a.kind = openai.Responses
 	case "list":
-		a.kind = EndpointEmbeddings
+		a.kind = openai.Embeddings
 	}
 }
 
@@ -918,13 +867,13 @@ func (a *Assembler) parseBody(body []byte) {
 		}
 		return true
 	})
-	if a.kind == EndpointUnknown && output.Exists() {
-		a.kind = EndpointResponses
+	if a.kind == openai.Unknown && output.Exists() {
+		a.kind = openai.Responses
 	}
 	switch a.kind {
-	case EndpointEmbeddings:
+	case openai.Embeddings:
 		return
-	case EndpointResponses:
+	case openai.Responses:
 		if !output.Exists() && !status.Exists() {
 			return
 		}
@@ -997,7 +946,7 @@ func cmpChoice(x, y choiceState) int {
 // buildMessage writes the message of a streamed choice into c.message.
 func (a *Assembler) buildMessage(c *choiceState) {
 	m := c.message[:0]
-	if a.kind == EndpointCompletions {
+	if a.kind == openai.Completions {
 		m = append(m, `{"text":"`...)
 		m = append(m, c.content...)
 		m = append(m, `"}`...)
@@ -1053,7 +1002,7 @@ func (a *Assembler) buildMessage(c *choiceState) {
 // buildBody writes the non-streaming equivalent of a chat or completions
 // stream into a.body, in vLLM's shape.
 func (a *Assembler) buildBody() {
-	chat := a.kind != EndpointCompletions
+	chat := a.kind != openai.Completions
 	b := a.body[:0]
 	b = append(b, `{"id":`...)
 	b = appendRawOr(b, a.id, `""`)

@@ -9,16 +9,18 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // assembleStream runs the payloads of an SSE stream (its "data: " lines)
 // through a fresh Assembler.
-func assembleStream(ep Endpoint, stream string) *Assembled {
+func assembleStream(ep openai.Endpoint, stream string) *Assembled {
 	var a Assembler
 	return assembleStreamWith(&a, ep, stream)
 }
 
-func assembleStreamWith(a *Assembler, ep Endpoint, stream string) *Assembled {
+func assembleStreamWith(a *Assembler, ep openai.Endpoint, stream string) *Assembled {
 	a.Reset(ep)
 	var s SSEScanner
 	s.Feed([]byte(stream))
@@ -35,7 +37,7 @@ func assembleStreamWith(a *Assembler, ep Endpoint, stream string) *Assembled {
 	return a.Result()
 }
 
-func assembleBody(ep Endpoint, body string) *Assembled {
+func assembleBody(ep openai.Endpoint, body string) *Assembled {
 	var a Assembler
 	a.Reset(ep)
 	a.SetBody([]byte(body))
@@ -136,7 +138,7 @@ func TestAssembleChatStreamN3(t *testing.T) {
 		h+`"choices":[],"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8}}`,
 		`[DONE]`,
 	)
-	r := assembleStream(EndpointChatCompletions, stream)
+	r := assembleStream(openai.ChatCompletions, stream)
 	if r.Error != "" {
 		t.Fatalf("error %q", r.Error)
 	}
@@ -189,7 +191,7 @@ func TestAssembleChatStreamToolCalls(t *testing.T) {
 		h+`"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":[]}]}`,
 		`[DONE]`,
 	)
-	r := assembleStream(EndpointChatCompletions, stream)
+	r := assembleStream(openai.ChatCompletions, stream)
 	checkUsage(t, r, false, 0, 0)
 	checkChoices(t, r, []wantChoice{{
 		index: 0,
@@ -210,7 +212,7 @@ func TestAssembleChatStreamToolCalls(t *testing.T) {
 // Reasoning models stream reasoning_content before content.
 func TestAssembleChatStreamReasoning(t *testing.T) {
 	h := chunkHead
-	r := assembleStream(EndpointChatCompletions, sse(
+	r := assembleStream(openai.ChatCompletions, sse(
 		h+`"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
 		h+`"choices":[{"index":0,"delta":{"reasoning_content":"Think"},"finish_reason":null}]}`,
 		h+`"choices":[{"index":0,"delta":{"reasoning_content":"ing."},"finish_reason":null}]}`,
@@ -224,7 +226,7 @@ func TestAssembleChatStreamReasoning(t *testing.T) {
 // Chat logprobs: logprobs.content[].logprob, kept whole in the body.
 func TestAssembleChatStreamLogprobs(t *testing.T) {
 	h := chunkHead
-	r := assembleStream(EndpointChatCompletions, sse(
+	r := assembleStream(openai.ChatCompletions, sse(
 		h+`"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
 		h+`"choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-0.25,"bytes":[72,105],"top_logprobs":[{"token":"Hi","logprob":-0.25,"bytes":[72,105]}]}]},"finish_reason":null,"token_ids":[13048]}]}`,
 		h+`"choices":[{"index":0,"delta":{"content":" there"},"logprobs":{"content":[{"token":" the","logprob":-9999.0,"bytes":[32],"top_logprobs":[]},{"token":"re","logprob":-1.5,"bytes":[32],"top_logprobs":[]}]},"finish_reason":"stop","token_ids":[279,265]}]}`,
@@ -251,7 +253,7 @@ func TestAssembleCompletionsStreamListPrompts(t *testing.T) {
 		h+`"choices":[],"usage":{"prompt_tokens":4,"total_tokens":9,"completion_tokens":5}}`,
 		`[DONE]`,
 	)
-	r := assembleStream(EndpointCompletions, stream)
+	r := assembleStream(openai.Completions, stream)
 	if r.Error != "" {
 		t.Fatal(r.Error)
 	}
@@ -284,7 +286,7 @@ func TestAssembleCompletionsStreamListPrompts(t *testing.T) {
 // Without return_token_ids the ids are absent or null: HasTokenIDs is false.
 func TestAssembleStreamNulls(t *testing.T) {
 	h := chunkHead
-	r := assembleStream(EndpointChatCompletions, sse(
+	r := assembleStream(openai.ChatCompletions, sse(
 		h+`"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"usage":null}`,
 		h+`"choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`,
 		h+`"choices":[{"index":0,"delta":{"content":null},"logprobs":{"content":null},"finish_reason":null,"stop_reason":null}]}`,
@@ -302,7 +304,7 @@ func TestAssembleStreamError(t *testing.T) {
 	h := chunkHead
 	f := func(name, errChunk, wantErr string) {
 		t.Helper()
-		r := assembleStream(EndpointChatCompletions, sse(
+		r := assembleStream(openai.ChatCompletions, sse(
 			h+`"choices":[{"index":0,"delta":{"role":"assistant","content":"par"},"finish_reason":null,"token_ids":[1]}]}`,
 			errChunk,
 			h+`"choices":[{"index":0,"delta":{"content":"tial"},"finish_reason":null,"token_ids":[2]}]}`,
@@ -330,7 +332,7 @@ func TestAssembleResponsesStream(t *testing.T) {
 	stream := "event: response.created\ndata: " + `{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","model":"m","output":[],"status":"in_progress","usage":null}}` + "\n\n" +
 		"event: response.output_text.delta\ndata: " + `{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi!"}` + "\n\n" +
 		"event: response.completed\ndata: " + `{"type":"response.completed","sequence_number":2,"response":` + respCompleted + `}` + "\n\n"
-	for _, ep := range []Endpoint{EndpointResponses, EndpointUnknown} {
+	for _, ep := range []openai.Endpoint{openai.Responses, openai.Unknown} {
 		r := assembleStream(ep, stream)
 		if r.Error != "" {
 			t.Fatal(r.Error)
@@ -345,11 +347,11 @@ func TestAssembleResponsesStream(t *testing.T) {
 		}
 	}
 	// A stream cut before response.completed, and an error event.
-	r := assembleStream(EndpointResponses, sse(`{"type":"response.created","response":{"id":"resp_2"}}`))
+	r := assembleStream(openai.Responses, sse(`{"type":"response.created","response":{"id":"resp_2"}}`))
 	if r.Error != "stream ended before response.completed" || len(r.Choices) != 0 {
 		t.Fatalf("cut stream: %q %d", r.Error, len(r.Choices))
 	}
-	for _, ep := range []Endpoint{EndpointResponses, EndpointUnknown} {
+	for _, ep := range []openai.Endpoint{openai.Responses, openai.Unknown} {
 		r = assembleStream(ep, sse(`{"type":"error","code":"server_error","message":"overloaded","sequence_number":1}`))
 		if r.Error != "overloaded" {
 			t.Fatalf("error event (endpoint %v): %q", ep, r.Error)
@@ -360,7 +362,7 @@ func TestAssembleResponsesStream(t *testing.T) {
 func TestAssembleBody(t *testing.T) {
 	type tc struct {
 		name     string
-		ep       Endpoint
+		ep       openai.Endpoint
 		body     string
 		err      string
 		usage    [2]uint32 // prompt, completion; usage present when non-zero
@@ -389,50 +391,50 @@ func TestAssembleBody(t *testing.T) {
 			}
 		})
 	}
-	f(tc{name: "chat with ids", ep: EndpointChatCompletions,
+	f(tc{name: "chat with ids", ep: openai.ChatCompletions,
 		body:   `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[9906,0]}],"usage":{"prompt_tokens":71,"completion_tokens":2,"total_tokens":73},"prompt_logprobs":null,"prompt_token_ids":[200006,17360]}`,
 		usage:  [2]uint32{71, 2},
 		prompt: []uint32{200006, 17360}, model: "m",
 		choices: []wantChoice{{index: 0, message: `{"role":"assistant","content":"Hello!","tool_calls":[]}`,
 			tokenIDs: []uint32{9906, 0}, hasIDs: true, finish: "stop"}}})
-	f(tc{name: "chat nulls and logprobs n=2", ep: EndpointChatCompletions,
+	f(tc{name: "chat nulls and logprobs n=2", ep: openai.ChatCompletions,
 		body:  `{"id":"chatcmpl-2","object":"chat.completion","created":1,"model":"m","choices":[{"index":1,"message":{"role":"assistant","content":"b","tool_calls":[]},"logprobs":{"content":[{"token":"b","logprob":-2.0,"bytes":[98],"top_logprobs":[]}]},"finish_reason":"length","stop_reason":null,"token_ids":null},{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":"{}"}}]},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null}],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2},"prompt_logprobs":null,"prompt_token_ids":null}`,
 		usage: [2]uint32{5, 2}, model: "m",
 		choices: []wantChoice{
 			{index: 0, message: `{"role":"assistant","content":null,"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":"{}"}}]}`, finish: "tool_calls"},
 			{index: 1, message: `{"role":"assistant","content":"b","tool_calls":[]}`, logprobs: []float32{-2}, finish: "length"},
 		}})
-	f(tc{name: "completions sglang per-choice ids", ep: EndpointCompletions,
+	f(tc{name: "completions sglang per-choice ids", ep: openai.Completions,
 		body:  `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" a\nb","logprobs":{"tokens":["a"],"token_logprobs":[-0.5],"text_offset":[0],"top_logprobs":null},"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":[1,2,3],"token_ids":[4,5]}],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}`,
 		usage: [2]uint32{3, 2}, model: "m",
 		choices: []wantChoice{{index: 0, message: `{"text":" a\nb"}`, tokenIDs: []uint32{4, 5}, hasIDs: true,
 			prompt: []uint32{1, 2, 3}, logprobs: []float32{-0.5}, finish: "stop"}}})
-	f(tc{name: "error object", ep: EndpointChatCompletions,
+	f(tc{name: "error object", ep: openai.ChatCompletions,
 		body: `{"error":{"message":"model not found","type":"NotFoundError","param":null,"code":404}}`,
 		err:  "NotFoundError: model not found"})
-	f(tc{name: "flat error", ep: EndpointChatCompletions,
+	f(tc{name: "flat error", ep: openai.ChatCompletions,
 		body: `{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}`,
 		err:  "BadRequestError: too long"})
-	f(tc{name: "error null", ep: EndpointChatCompletions,
+	f(tc{name: "error null", ep: openai.ChatCompletions,
 		body: `{"id":"x","error":null,"choices":null,"usage":null}`})
-	f(tc{name: "invalid JSON", ep: EndpointChatCompletions, body: `{"id":`, err: "invalid JSON in response body"})
-	f(tc{name: "not an object", ep: EndpointChatCompletions, body: `"hi"`, err: "response body is not a JSON object"})
-	f(tc{name: "empty", ep: EndpointChatCompletions, body: ``, err: "invalid JSON in response body"})
-	f(tc{name: "embeddings", ep: EndpointEmbeddings,
+	f(tc{name: "invalid JSON", ep: openai.ChatCompletions, body: `{"id":`, err: "invalid JSON in response body"})
+	f(tc{name: "not an object", ep: openai.ChatCompletions, body: `"hi"`, err: "response body is not a JSON object"})
+	f(tc{name: "empty", ep: openai.ChatCompletions, body: ``, err: "invalid JSON in response body"})
+	f(tc{name: "embeddings", ep: openai.Embeddings,
 		body:  `{"id":"embd-1","object":"list","created":1,"model":"e","data":[{"index":0,"object":"embedding","embedding":[0.1,0.2]}],"usage":{"prompt_tokens":4,"total_tokens":4,"completion_tokens":0}}`,
 		usage: [2]uint32{4, 0}, model: "e"})
-	f(tc{name: "responses", ep: EndpointResponses, body: respCompleted, usage: [2]uint32{12, 3}, model: "m",
+	f(tc{name: "responses", ep: openai.Responses, body: respCompleted, usage: [2]uint32{12, 3}, model: "m",
 		choices: []wantChoice{{index: 0, message: gjson.Get(respCompleted, "output").Raw, finish: "completed"}}})
-	f(tc{name: "responses incomplete", ep: EndpointUnknown,
+	f(tc{name: "responses incomplete", ep: openai.Unknown,
 		body:  `{"id":"resp_3","object":"response","model":"m","output":[],"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":1,"output_tokens":9}}`,
 		usage: [2]uint32{1, 9}, model: "m",
 		choices: []wantChoice{{index: 0, message: `[]`, finish: "max_output_tokens"}}})
-	f(tc{name: "unknown endpoint guessed chat", ep: EndpointUnknown,
+	f(tc{name: "unknown endpoint guessed chat", ep: openai.Unknown,
 		body:  `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop","token_ids":[]}]}`,
 		model: "m",
 		choices: []wantChoice{{index: 0, message: `{"role":"assistant","content":"x"}`, tokenIDs: []uint32{}, hasIDs: true,
 			finish: "stop"}}})
-	f(tc{name: "odd ids and usage", ep: EndpointChatCompletions,
+	f(tc{name: "odd ids and usage", ep: openai.ChatCompletions,
 		body:  `{"model":"m\u00e9","choices":[{"index":-1,"message":{},"token_ids":[1, 2.7,-3,"x",null,99999999999],"finish_reason":"\u0073top"}],"usage":{"prompt_tokens":1e12,"completion_tokens":-4}}`,
 		usage: [2]uint32{math.MaxUint32, 0}, model: "mé", // completion clamped to 0: usage present
 		choices: []wantChoice{{index: 0, message: `{}`, tokenIDs: []uint32{1, 2, 0, math.MaxUint32}, hasIDs: true, finish: "stop"}}})
@@ -440,12 +442,12 @@ func TestAssembleBody(t *testing.T) {
 
 // A whole non-streaming object sent as a single SSE event (best_of, beam search).
 func TestAssembleStreamWholeObject(t *testing.T) {
-	r := assembleStream(EndpointCompletions, sse(
+	r := assembleStream(openai.Completions, sse(
 		`{"id":"cmpl-b","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"best","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":[1],"token_ids":[2,3]}],"usage":{"prompt_tokens":1,"total_tokens":3,"completion_tokens":2}}`,
 		`[DONE]`))
 	checkChoices(t, r, []wantChoice{{index: 0, message: `{"text":"best"}`, tokenIDs: []uint32{2, 3}, hasIDs: true, prompt: []uint32{1}, finish: "length"}})
 	checkUsage(t, r, true, 1, 2)
-	r = assembleStream(EndpointChatCompletions, sse(
+	r = assembleStream(openai.ChatCompletions, sse(
 		`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"whole","tool_calls":[]},"finish_reason":"stop"}]}`))
 	checkChoices(t, r, []wantChoice{{index: 0, message: `{"role":"assistant","content":"whole","tool_calls":[]}`, finish: "stop"}})
 }
@@ -461,7 +463,7 @@ func TestAssembleChoiceLimit(t *testing.T) {
 	}
 	b.WriteString(`]}`)
 	var a Assembler
-	a.Reset(EndpointChatCompletions)
+	a.Reset(openai.ChatCompletions)
 	a.AddChunk([]byte(b.String()))
 	a.AddChunk([]byte(b.String())) // again: merges into the same choices
 	r := a.Result()
@@ -487,7 +489,7 @@ func TestAssembleChoiceLimit(t *testing.T) {
 		fmt.Fprintf(&b, `{"index":%d,"function":{"name":"f","arguments":"{}"}}`, i)
 	}
 	b.WriteString(`]}}]}`)
-	a.Reset(EndpointChatCompletions)
+	a.Reset(openai.ChatCompletions)
 	a.AddChunk([]byte(b.String()))
 	r = a.Result()
 	if r.Error != "too many tool calls: 1 dropped over the limit of 128 per choice" {
@@ -507,9 +509,9 @@ func TestAssembleReuse(t *testing.T) {
 	var a Assembler
 	for range 3 {
 		for _, c := range []struct {
-			ep Endpoint
+			ep openai.Endpoint
 			s  string
-		}{{EndpointChatCompletions, streamA}, {EndpointCompletions, streamB}} {
+		}{{openai.ChatCompletions, streamA}, {openai.Completions, streamB}} {
 			got := assembleStreamWith(&a, c.ep, c.s)
 			want := assembleStream(c.ep, c.s)
 			if fmt.Sprintf("%+v", *got) != fmt.Sprintf("%+v", *want) {
@@ -519,37 +521,10 @@ func TestAssembleReuse(t *testing.T) {
 				t.Fatal("second Result differs")
 			}
 		}
-		a.Reset(EndpointChatCompletions)
+		a.Reset(openai.ChatCompletions)
 		a.SetBody([]byte(`{"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"q"},"finish_reason":"stop"}]}`))
 		if r := a.Result(); string(r.Choices[0].Message) != `{"role":"assistant","content":"q"}` || r.Model != "m" {
 			t.Fatalf("body after streams: %+v", r)
-		}
-	}
-}
-
-func TestEndpointOf(t *testing.T) {
-	f := func(path string, want Endpoint) {
-		t.Helper()
-		if got := EndpointOf(path); got != want {
-			t.Fatalf("EndpointOf(%q) = %v, want %v", path, got, want)
-		}
-	}
-	f("/v1/chat/completions", EndpointChatCompletions)
-	f("/rollout/r1/attempt/a1/v1/chat/completions", EndpointChatCompletions)
-	f("/v1/chat/completions/", EndpointChatCompletions)
-	f("/v1/completions?x=1", EndpointCompletions)
-	f("/completions", EndpointCompletions)
-	f("/v1/responses", EndpointResponses)
-	f("/v1/embeddings", EndpointEmbeddings)
-	f("/v1/models", EndpointUnknown)
-	f("/v1/chatcompletions", EndpointUnknown)
-	f("", EndpointUnknown)
-	if EndpointChatCompletions.String() != "/v1/chat/completions" || EndpointUnknown.String() != "" {
-		t.Fatal("String")
-	}
-	for e := EndpointChatCompletions; e <= EndpointEmbeddings; e++ {
-		if EndpointOf(e.String()) != e {
-			t.Fatalf("round trip %v", e)
 		}
 	}
 }
@@ -560,7 +535,7 @@ func TestAssembleAllocs(t *testing.T) {
 	payloads := streamPayloads(benchChatStream(256))
 	var a Assembler
 	run := func() {
-		a.Reset(EndpointChatCompletions)
+		a.Reset(openai.ChatCompletions)
 		for _, p := range payloads {
 			a.AddChunk(p)
 		}
@@ -586,7 +561,7 @@ func FuzzAssembler(f *testing.F) {
 	f.Add([]byte(respCompleted), uint8(3))
 	f.Add([]byte(""), uint8(0)) // regression: no chunk at all is not a stream
 	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
-		endpoint := Endpoint(ep % 5)
+		endpoint := openai.Endpoint(ep % 5)
 		var a Assembler
 		// As a stream: each line is a payload.
 		a.Reset(endpoint)
@@ -594,7 +569,7 @@ func FuzzAssembler(f *testing.F) {
 			a.AddChunk(bytes.TrimPrefix(line, []byte("data: ")))
 		}
 		r := a.Result()
-		if a.stream && a.kind != EndpointResponses && !gjson.ValidBytes(r.ResponseBody) {
+		if a.stream && a.kind != openai.Responses && !gjson.ValidBytes(r.ResponseBody) {
 			t.Fatalf("invalid assembled body %s", r.ResponseBody)
 		}
 		for i, c := range r.Choices {
@@ -639,7 +614,7 @@ func BenchmarkAssembleChatStream256(b *testing.B) {
 	var a Assembler
 	b.ReportAllocs()
 	for b.Loop() {
-		a.Reset(EndpointChatCompletions)
+		a.Reset(openai.ChatCompletions)
 		for _, p := range payloads {
 			a.AddChunk(p)
 		}
@@ -651,13 +626,13 @@ func BenchmarkAssembleChatStream256(b *testing.B) {
 }
 
 func BenchmarkAssembleChatBody(b *testing.B) {
-	r := assembleStream(EndpointChatCompletions, benchChatStream(256))
+	r := assembleStream(openai.ChatCompletions, benchChatStream(256))
 	body := bytes.Clone(r.ResponseBody)
 	var a Assembler
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		a.Reset(EndpointChatCompletions)
+		a.Reset(openai.ChatCompletions)
 		a.SetBody(body)
 		if r := a.Result(); len(r.Choices[0].TokenIDs) != 256 {
 			b.Fatal("ids")

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
@@ -16,7 +17,7 @@ import (
 // assembled streams before), and fails unless both give the same result and
 // the payloads Pending keeps give the token-id fallback the same ids as all
 // of them.
-func checkPendingStream(t *testing.T, endpoint Endpoint, payloads [][]byte) {
+func checkPendingStream(t *testing.T, endpoint openai.Endpoint, payloads [][]byte) {
 	t.Helper()
 	p := AcquirePending()
 	defer releasePending(p)
@@ -94,7 +95,7 @@ func linePayloads(in []byte) [][]byte {
 }
 
 func TestPendingKeepsOnlyLogprobPayloads(t *testing.T) {
-	f := func(name string, endpoint Endpoint, stream string, wantKept int) {
+	f := func(name string, endpoint openai.Endpoint, stream string, wantKept int) {
 		t.Helper()
 		payloads := streamPayloads(stream)
 		checkPendingStream(t, endpoint, payloads)
@@ -108,26 +109,26 @@ func TestPendingKeepsOnlyLogprobPayloads(t *testing.T) {
 			t.Errorf("%s: %d of %d payloads kept, want %d", name, len(p.eventEnds), len(payloads), wantKept)
 		}
 	}
-	f("plain chat stream", EndpointChatCompletions, benchChatStream(16), 0)
-	f("chat with logprobs", EndpointChatCompletions, sse(
+	f("plain chat stream", openai.ChatCompletions, benchChatStream(16), 0)
+	f("chat with logprobs", openai.ChatCompletions, sse(
 		`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]}}]}`,
 		`{"choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":"stop"}]}`,
 		`[DONE]`), 1)
-	f("escaped key", EndpointChatCompletions, sse(
+	f("escaped key", openai.ChatCompletions, sse(
 		`{"choices":[{"index":0,"delta":{"content":"a"},"logprob\u0073":{"content":[{"token":"token_id:5"}]}}]}`), 1)
-	f("duplicate choices", EndpointChatCompletions, sse(
+	f("duplicate choices", openai.ChatCompletions, sse(
 		`{"choices":[{"index":0,"logprobs":{"content":[{"token":"token_id:5"}]}}],"choices":[]}`), 1)
-	f("choices object", EndpointChatCompletions, sse(
+	f("choices object", openai.ChatCompletions, sse(
 		`{"choices":{"a":{"index":0,"logprobs":{"content":[{"token":"token_id:5"}]}}}}`), 1)
-	f("responses stream", EndpointResponses, sse(
+	f("responses stream", openai.Responses, sse(
 		`{"type":"response.output_text.delta","delta":"x"}`,
 		`{"type":"response.completed","response":`+respCompleted+`}`), 0)
-	f("not an object", EndpointChatCompletions, sse(`[1]`, `"x"`), 2)
+	f("not an object", openai.ChatCompletions, sse(`[1]`, `"x"`), 2)
 }
 
 func TestPendingResetForgetsStream(t *testing.T) {
 	p := AcquirePending()
-	p.Endpoint = EndpointChatCompletions
+	p.Endpoint = openai.ChatCompletions
 	for _, d := range streamPayloads(benchChatStream(4)) {
 		p.AddEvent(d)
 	}
@@ -140,7 +141,7 @@ func TestPendingResetForgetsStream(t *testing.T) {
 	// A non-streamed call on the recycled Pending is read from its body.
 	q := p
 	q.Meta = export.Call{SpanID: "s", SequenceID: 1, HTTPStatus: 200, Endpoint: "/v1/chat/completions"}
-	q.Endpoint = EndpointChatCompletions
+	q.Endpoint = openai.ChatCompletions
 	q.Body = append(q.Body[:0], pending(1).Body...)
 	var a Assembler
 	rows := Rows(q, &a)
@@ -178,7 +179,7 @@ func FuzzPendingEvents(f *testing.F) {
 		`{"object":"error","model":"m","choices":[],"message":"boom","type":"BadRequest"}`,
 		`{"object":"error","model":"m","choices":[],"message":"again"}`)), uint8(0))
 	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
-		checkPendingStream(t, Endpoint(ep%5), linePayloads(in))
+		checkPendingStream(t, openai.Endpoint(ep%5), linePayloads(in))
 	})
 }
 
@@ -191,7 +192,7 @@ func BenchmarkPendingStream256(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		p := AcquirePending()
-		p.Endpoint = EndpointChatCompletions
+		p.Endpoint = openai.ChatCompletions
 		p.Meta.HTTPStatus = 200
 		p.Request = append(p.Request[:0], req...)
 		for _, d := range payloads {

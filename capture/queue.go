@@ -12,6 +12,7 @@ import (
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
 	"github.com/rollgate/rollgate/tokenize/fallback"
 )
@@ -24,7 +25,7 @@ type Pending struct {
 	// attribution, sequence id, timings, endpoint, model, backend, status, error.
 	Meta export.Call
 	// Endpoint tells the assembler how to read the response.
-	Endpoint Endpoint
+	Endpoint openai.Endpoint
 	// Request is the request body as the client sent it.
 	Request []byte
 	// Body is the upstream response body of a non-streamed call (before any

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // gateSink blocks every write until release is closed, then records rows.
@@ -38,7 +39,7 @@ func (g *gateSink) Write(ctx context.Context, b *export.Batch) error {
 func pending(seq uint64) *Pending {
 	p := AcquirePending()
 	p.Meta = export.Call{SpanID: "s", SequenceID: seq, HTTPStatus: 200, Endpoint: "/v1/chat/completions"}
-	p.Endpoint = EndpointChatCompletions
+	p.Endpoint = openai.ChatCompletions
 	p.Body = append(p.Body[:0], `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop","token_ids":[5,6]}],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4},"prompt_token_ids":[1,2]}`...)
 	return p
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // BenchmarkWALCommit is the hot-path cost of the WAL per call: encoding
@@ -13,7 +15,7 @@ func BenchmarkWALCommit(b *testing.B) {
 	stream := func() *Pending {
 		p := AcquirePending()
 		p.keepRaw = true
-		p.Endpoint = EndpointChatCompletions
+		p.Endpoint = openai.ChatCompletions
 		p.Request = append(p.Request[:0], `{"model":"m","stream":true,"messages":[{"role":"user","content":"`+strings.Repeat("x", 2000)+`"}]}`...)
 		for i := range 256 {
 			p.AddEvent(fmt.Appendf(nil, `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok%d "},"logprobs":{"content":[{"token":"tok","logprob":-0.5,"bytes":[116]}]},"token_ids":[%d],"finish_reason":null}]}`, i, i))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // streamPending is a finished streamed chat call whose payloads are kept for
@@ -24,7 +25,7 @@ import (
 func streamPending(seq uint64) *Pending {
 	p := AcquirePending()
 	p.keepRaw = true
-	p.Endpoint = EndpointChatCompletions
+	p.Endpoint = openai.ChatCompletions
 	p.Meta = export.Call{RolloutID: "r", AttemptID: "a", SequenceID: seq, HTTPStatus: 200, Endpoint: "/v1/chat/completions",
 		Model: "m", Backend: "b", Stream: true, StartTimeUnixNano: 10, EndTimeUnixNano: 20, TTFTNano: 5}
 	copy(p.IDs.Span[:], fmt.Sprintf("%016x", seq))

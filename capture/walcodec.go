@@ -7,6 +7,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // A WAL record's payload is the smallest faithful raw form of a finished
@@ -192,7 +193,7 @@ func decodeWALRecord(payload []byte, p *Pending) error {
 		return fmt.Errorf("%w: meta holds %d rows, want one call", errWALRecord, b.Len())
 	}
 	p.Meta = b.Calls[0]
-	p.Endpoint = Endpoint(ep)
+	p.Endpoint = openai.Endpoint(ep)
 	p.NoBodies = flags&walFlagNoBodies != 0
 	p.N = int(n)
 	p.Request = append(p.Request[:0], req...)

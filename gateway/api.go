@@ -12,7 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -183,7 +183,7 @@ func (s *Server) getBackends(ctx *fasthttp.RequestCtx) {
 		for _, r := range p.replicas {
 			rv := replicaView{Replica: r.spec, Outstanding: r.outstanding.Load(), Healthy: r.healthy()}
 			if r.kindOK.Load() {
-				rv.ResolvedKind = rewrite.Kind(r.kind.Load()).String()
+				rv.ResolvedKind = openai.Kind(r.kind.Load()).String()
 			}
 			v.Replicas = append(v.Replicas, rv)
 		}

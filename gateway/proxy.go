@@ -14,13 +14,13 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // call is the state of one proxied request.
 type call struct {
 	start    time.Time
-	endpoint capture.Endpoint
-	rwEP     rewrite.Endpoint
+	endpoint openai.Endpoint
 	pend     *capture.Pending
 	attr     attribution // validated; views into the request
 	model    string
@@ -51,14 +51,14 @@ func lowerASCII(dst, b []byte) []byte {
 
 // proxy handles an OpenAI route: attribution, rewriting, forwarding,
 // streaming back, and capture.
-func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.Endpoint, path []byte) {
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.Endpoint, path []byte) {
 	s.m.InFlight.Inc()
 	defer s.m.InFlight.Dec()
 	name, ok := s.admissible(ctx, attr)
 	if !ok {
 		return
 	}
-	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), attr: attr}
+	c := call{start: time.Now(), endpoint: ep, attr: attr}
 	p := s.capture.AcquirePending()
 	c.pend = p
 	p.Endpoint = ep
@@ -70,7 +70,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	body := ctx.PostBody()
 	p.Request = append(p.Request[:0], body...)
 	p.Meta.APIKeyName = name
-	p.NoBodies = ep == capture.EndpointEmbeddings && !s.cfg.CaptureEmbeddingBodies
+	p.NoBodies = ep == openai.Embeddings && !s.cfg.CaptureEmbeddingBodies
 	// One validation of the body for the whole call (Rewrite is told).
 	modelRaw, isObject := rewrite.Inspect(body)
 	if !isObject {
@@ -136,7 +136,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 			r = s.pick(pl, c.attr.rolloutID, nil)
 		}
 		kind := r.resolveKind()
-		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.rwEP, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind), Validated: true})
+		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.endpoint, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind), Validated: true})
 		if err != nil {
 			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 			return
@@ -236,7 +236,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep capture.En
 	}
 	if inj != 0 && status < 300 {
 		sb := s.bufs.get()
-		stripped := rewrite.StripBody((*sb)[:0], p.Body, c.rwEP, inj)
+		stripped := rewrite.StripBody((*sb)[:0], p.Body, c.endpoint, inj)
 		ctx.Response.SetBody(stripped)
 		// StripBody returns p.Body itself when it changes nothing (or cannot
 		// parse it): that array belongs to capture and must not enter the pool.
@@ -572,7 +572,7 @@ func replaceModel(body []byte, model string) []byte {
 }
 
 // endpointName is the endpoint column: the route without the rollout prefix.
-func endpointName(ep capture.Endpoint, path []byte) string {
+func endpointName(ep openai.Endpoint, path []byte) string {
 	if n := ep.String(); n != "" {
 		return n
 	}
@@ -580,33 +580,19 @@ func endpointName(ep capture.Endpoint, path []byte) string {
 }
 
 // routeOf maps a path (without rollout prefix) to the LLM endpoint it
-// names exactly, or EndpointUnknown.
-func routeOf(path []byte) capture.Endpoint {
+// names exactly, or openai.Unknown.
+func routeOf(path []byte) openai.Endpoint {
 	switch string(path) {
 	case "/v1/chat/completions":
-		return capture.EndpointChatCompletions
+		return openai.ChatCompletions
 	case "/v1/completions":
-		return capture.EndpointCompletions
+		return openai.Completions
 	case "/v1/responses":
-		return capture.EndpointResponses
+		return openai.Responses
 	case "/v1/embeddings":
-		return capture.EndpointEmbeddings
+		return openai.Embeddings
 	}
-	return capture.EndpointUnknown
-}
-
-func rewriteEndpoint(ep capture.Endpoint) rewrite.Endpoint {
-	switch ep {
-	case capture.EndpointChatCompletions:
-		return rewrite.Chat
-	case capture.EndpointCompletions:
-		return rewrite.Completions
-	case capture.EndpointResponses:
-		return rewrite.Responses
-	case capture.EndpointEmbeddings:
-		return rewrite.Embeddings
-	}
-	return rewrite.Other
+	return openai.Unknown
 }
 
 // sameStart reports whether a and b are non-empty and start at the same

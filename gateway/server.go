@@ -20,8 +20,8 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/hf"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
@@ -154,7 +154,7 @@ func (s *Server) DetokFor(backend string) capture.Detokenizer {
 	case "engine":
 		for _, p := range s.table.Load().allPools() {
 			for _, r := range p.replicas {
-				if r.name == backend && r.kindOK.Load() && rewrite.Kind(r.kind.Load()) == rewrite.KindVLLM {
+				if r.name == backend && r.kindOK.Load() && openai.Kind(r.kind.Load()) == openai.KindVLLM {
 					return capture.Detokenizer{Decode: r.filler.Detokenize}
 				}
 			}
@@ -181,10 +181,10 @@ func (s *Server) FallbackFor(backend string) capture.IDFiller {
 			if r.name != backend || !r.kindOK.Load() {
 				continue
 			}
-			switch rewrite.Kind(r.kind.Load()) {
-			case rewrite.KindVLLM:
+			switch openai.Kind(r.kind.Load()) {
+			case openai.KindVLLM:
 				return r.filler
-			case rewrite.KindLlamaCpp:
+			case openai.KindLlamaCpp:
 				return r.llamaFiller
 			}
 		}
@@ -242,7 +242,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}()
 	attr, path := attributionOf(ctx)
 
-	if ep := routeOf(path); ep != capture.EndpointUnknown {
+	if ep := routeOf(path); ep != openai.Unknown {
 		if !ctx.IsPost() {
 			s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use POST")
 			return
@@ -323,7 +323,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	s.log.Debug("cannot read request", "status", status, "reason", msg, "remote", ctx.RemoteAddr().String())
 	attr, path := attributionOf(ctx)
 	ep := routeOf(path)
-	if ep == capture.EndpointUnknown || status != fasthttp.StatusRequestEntityTooLarge {
+	if ep == openai.Unknown || status != fasthttp.StatusRequestEntityTooLarge {
 		s.plainError(ctx, status, typ, msg)
 		return
 	}
@@ -333,7 +333,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	if !ok {
 		return
 	}
-	c := call{start: time.Now(), endpoint: ep, rwEP: rewriteEndpoint(ep), attr: attr, pend: capture.AcquirePending()}
+	c := call{start: time.Now(), endpoint: ep, attr: attr, pend: capture.AcquirePending()}
 	c.pend.Endpoint = ep
 	c.pend.Meta.APIKeyName = name
 	s.beginCall(ctx, c.pend, path, c.start)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // streamBody is the client's copy of a streamed (SSE) backend response, as an
@@ -158,7 +159,7 @@ func (b *streamBody) fill() {
 					b.done = true
 				case bytes.HasPrefix(ev.Data, []byte(`{"error"`)):
 					b.errEvent = true
-				case b.c.endpoint == capture.EndpointResponses && isResponseEnd(ev.Data):
+				case b.c.endpoint == openai.Responses && isResponseEnd(ev.Data):
 					b.respEnd = true
 				}
 			}
@@ -166,7 +167,7 @@ func (b *streamBody) fill() {
 				b.out = append(b.out, ev.Raw...)
 				continue
 			}
-			o, drop := rewrite.StripEvent(b.scratch[:0], ev.Data, b.c.rwEP, b.inj)
+			o, drop := rewrite.StripEvent(b.scratch[:0], ev.Data, b.c.endpoint, b.inj)
 			if !sameStart(o, ev.Data) { // ev.Data is the scanner's buffer: never adopt it
 				b.scratch = o
 			}
@@ -213,7 +214,7 @@ func (b *streamBody) fill() {
 	// was cut short by the backend (crash, proxy timeout): say so to the
 	// client, as for a dropped connection, and in the captured row.
 	if !b.done && !b.errEvent && b.sawData &&
-		(b.c.endpoint == capture.EndpointChatCompletions || b.c.endpoint == capture.EndpointCompletions) {
+		(b.c.endpoint == openai.ChatCompletions || b.c.endpoint == openai.Completions) {
 		msg := fmt.Sprintf("backend %s stream ended without [DONE] (cut short)", pend.Meta.Backend)
 		pend.Meta.Error = msg
 		b.out = append(b.out, "\n\ndata: "...)

@@ -15,7 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
-	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
@@ -55,8 +55,8 @@ type replica struct {
 
 // idsFromLogprobs reports whether token ids must be asked of this replica
 // through logprobs (vLLM before 0.10.2 ignores return_token_ids).
-func (r *replica) idsFromLogprobs(kind rewrite.Kind) bool {
-	if kind != rewrite.KindVLLM {
+func (r *replica) idsFromLogprobs(kind openai.Kind) bool {
+	if kind != openai.KindVLLM {
 		return false
 	}
 	switch r.spec.TokenIDs {
@@ -313,9 +313,9 @@ func buildTable(spec []Backend, old *table, cc *clientCache, keys *upstreamKeys)
 				}
 				r.auth = auth
 			}
-			r.filler = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindVLLM}
-			r.llamaFiller = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: fallback.KindLlamaCpp}
-			if k, err := rewrite.ParseKind(rs.Kind); err == nil {
+			r.filler = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: openai.KindVLLM}
+			r.llamaFiller = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: openai.KindLlamaCpp}
+			if k, err := openai.ParseKind(rs.Kind); err == nil {
 				r.kind.Store(uint32(k))
 				r.kindOK.Store(true)
 			} else {
@@ -349,13 +349,13 @@ func (t *table) allPools() []*pool {
 // owned_by names the engine. Until a probe succeeds the replica is treated
 // as an OpenAI-compatible server (nothing injected), and probes are retried
 // at most every 5 seconds.
-func (r *replica) resolveKind() rewrite.Kind {
+func (r *replica) resolveKind() openai.Kind {
 	if r.kindOK.Load() {
-		return rewrite.Kind(r.kind.Load())
+		return openai.Kind(r.kind.Load())
 	}
 	now := time.Now().UnixNano()
 	if now < r.nextProbeAt.Load() || !r.kindMu.TryLock() {
-		return rewrite.KindOpenAI
+		return openai.KindOpenAI
 	}
 	defer r.kindMu.Unlock()
 	r.nextProbeAt.Store(now + int64(5*time.Second))
@@ -387,26 +387,26 @@ func (r *replica) get(path string) (int, []byte) {
 	return status, body
 }
 
-func (r *replica) probe() (rewrite.Kind, bool) {
+func (r *replica) probe() (openai.Kind, bool) {
 	get := r.get
 	if st, body := get("/version"); st == 200 && gjson.GetBytes(body, "version").Exists() {
 		r.oldVLLM.Store(versionBefore(gjson.GetBytes(body, "version").String(), 0, 10, 2))
 		r.verOK.Store(true)
-		return rewrite.KindVLLM, true
+		return openai.KindVLLM, true
 	}
 	st, body := get(r.basePath + "/models")
 	if st != 200 {
-		return rewrite.KindOpenAI, false
+		return openai.KindOpenAI, false
 	}
 	switch strings.ToLower(gjson.GetBytes(body, "data.0.owned_by").String()) {
 	case "vllm":
-		return rewrite.KindVLLM, true
+		return openai.KindVLLM, true
 	case "sglang":
-		return rewrite.KindSGLang, true
+		return openai.KindSGLang, true
 	case "llamacpp":
-		return rewrite.KindLlamaCpp, true
+		return openai.KindLlamaCpp, true
 	}
-	return rewrite.KindOpenAI, true
+	return openai.KindOpenAI, true
 }
 
 // markFailure records a failed call or check; after failThreshold

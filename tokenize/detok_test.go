@@ -13,6 +13,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
 )
 
@@ -136,7 +137,7 @@ func TestCheckDetokenizationMock(t *testing.T) {
 			resp.Body.Close()
 			p := capture.AcquirePending()
 			p.Meta = export.Call{Endpoint: "/v1/chat/completions", HTTPStatus: 200}
-			p.Endpoint = capture.EndpointChatCompletions
+			p.Endpoint = openai.ChatCompletions
 			p.Request = []byte(req)
 			if tc.stream {
 				for _, line := range bytes.Split(body, []byte("\n")) {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // Options tune what Rewrite injects. The zero value injects only what token
@@ -185,7 +187,7 @@ const (
 // needs (info) and appends to dst the body to send upstream, with the fields
 // listed in inj injected.
 //
-// For Chat and Completions towards vLLM or SGLang it adds
+// For chat completions and completions towards vLLM or SGLang it adds
 // "return_token_ids":true (not for SGLang streaming chat, which rejects it),
 // for streams "stream_options":{"include_usage":true} (merged into an existing
 // stream_options object), and with opt.Logprobs the logprobs of the sampled
@@ -196,7 +198,7 @@ const (
 // An invalid body, a body that is not a JSON object, or a "model", "stream"
 // or "n" of the wrong type yields a *RequestError (errors.Is ErrInvalidBody);
 // out is then dst unchanged.
-func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out []byte, info Request, inj Injected, err error) {
+func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options) (out []byte, info Request, inj Injected, err error) {
 	info.N = 1
 	if !opt.Validated && !gjson.ValidBytes(body) {
 		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
@@ -270,7 +272,7 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 	info.ReturnTokenIDs = ids.ok && string(body[ids.start:ids.end]) == "true"
 	if !lp.null(body) {
 		v := body[lp.start:lp.end]
-		if endpoint == Completions {
+		if endpoint == openai.Completions {
 			info.Logprobs = v[0] == '-' || (v[0] >= '0' && v[0] <= '9')
 		} else {
 			info.Logprobs = string(v) == "true"
@@ -299,7 +301,7 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 		info.IncludeUsage = usage.ok && string(body[usage.start:usage.end]) == "true"
 	}
 
-	if kind == KindOpenAI || (endpoint != Chat && endpoint != Completions) {
+	if kind == openai.KindOpenAI || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
 		return append(dst, body...), info, 0, nil
 	}
 
@@ -319,13 +321,13 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 		ne++
 	}
 
-	fromLogprobs := opt.IDsFromLogprobs && kind == KindVLLM && lp.null(body) && tlp.null(body) && asIDs.null(body)
+	fromLogprobs := opt.IDsFromLogprobs && kind == openai.KindVLLM && lp.null(body) && tlp.null(body) && asIDs.null(body)
 	// llama.cpp returns output ids only as the "id" of chat logprobs entries.
-	llamaLogprobs := kind == KindLlamaCpp && endpoint == Chat && lp.null(body) && tlp.null(body)
-	if (kind == KindVLLM || kind == KindSGLang) && ids.null(body) && !opt.IDsFromLogprobs &&
-		!(kind == KindSGLang && endpoint == Chat && info.Stream) {
+	llamaLogprobs := kind == openai.KindLlamaCpp && endpoint == openai.ChatCompletions && lp.null(body) && tlp.null(body)
+	if (kind == openai.KindVLLM || kind == openai.KindSGLang) && ids.null(body) && !opt.IDsFromLogprobs &&
+		!(kind == openai.KindSGLang && endpoint == openai.ChatCompletions && info.Stream) {
 		inj |= ReturnTokenIDs
-		if kind == KindSGLang {
+		if kind == openai.KindSGLang {
 			inj |= OmitIDs
 		}
 		if ids.ok {
@@ -360,14 +362,14 @@ func Rewrite(dst, body []byte, endpoint Endpoint, kind Kind, opt Options) (out [
 
 	// logprobs: chat refuses top_logprobs without logprobs:true; injecting
 	// would turn that error into a success, so leave such requests alone.
-	if (opt.Logprobs && (kind != KindLlamaCpp || endpoint == Chat) || fromLogprobs || llamaLogprobs) &&
-		lp.null(body) && (endpoint != Chat || tlp.null(body)) {
+	if (opt.Logprobs && (kind != openai.KindLlamaCpp || endpoint == openai.ChatCompletions) || fromLogprobs || llamaLogprobs) &&
+		lp.null(body) && (endpoint != openai.ChatCompletions || tlp.null(body)) {
 		inj |= Logprobs
-		if kind == KindLlamaCpp {
+		if kind == openai.KindLlamaCpp {
 			inj |= OmitLogprobs
 		}
 		text, val := textLogprobsChat, "true"
-		if endpoint == Completions {
+		if endpoint == openai.Completions {
 			text, val = textLogprobsCmpl, "0"
 		}
 		if lp.ok {

@@ -7,49 +7,12 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
-func TestParseKind(t *testing.T) {
-	f := func(s string, want Kind) {
-		t.Helper()
-		k, err := ParseKind(s)
-		if err != nil {
-			t.Fatalf("ParseKind(%q): %v", s, err)
-		}
-		if k != want || k.String() != strings.ToLower(strings.TrimSpace(s)) {
-			t.Fatalf("ParseKind(%q) = %v, want %v", s, k, want)
-		}
-	}
-	f("vllm", KindVLLM)
-	f("sglang", KindSGLang)
-	f("openai", KindOpenAI)
-	f("VLLM", KindVLLM)
-	f("llamacpp", KindLlamaCpp)
-	if k, err := ParseKind("llama.cpp"); err != nil || k != KindLlamaCpp {
-		t.Fatalf("ParseKind(llama.cpp) = %v, %v", k, err)
-	}
-	if _, err := ParseKind("tgi"); err == nil || !strings.Contains(err.Error(), "llamacpp") {
-		t.Fatalf("ParseKind(tgi) error = %v, want one naming the kinds", err)
-	}
-}
-
-func TestEndpointOf(t *testing.T) {
-	f := func(path string, want Endpoint) {
-		t.Helper()
-		if got := EndpointOf(path); got != want {
-			t.Fatalf("EndpointOf(%q) = %v, want %v", path, got, want)
-		}
-	}
-	f("/v1/chat/completions", Chat)
-	f("/rollout/r/attempt/a/v1/chat/completions", Chat)
-	f("/v1/completions", Completions)
-	f("/v1/responses", Responses)
-	f("/v1/embeddings", Embeddings)
-	f("/v1/models", Other)
-}
-
 func TestRewrite(t *testing.T) {
-	f := func(body string, ep Endpoint, kind Kind, opt Options, want string, wantInj Injected) {
+	f := func(body string, ep openai.Endpoint, kind openai.Kind, opt Options, want string, wantInj Injected) {
 		t.Helper()
 		prefix := []byte("PREFIX")
 		out, _, inj, err := Rewrite(prefix, []byte(body), ep, kind, opt)
@@ -74,99 +37,99 @@ func TestRewrite(t *testing.T) {
 	lp := Options{Logprobs: true}
 
 	// vLLM: ids always, usage on streams.
-	f(`{"model":"m","messages":[]}`, Chat, KindVLLM, none,
+	f(`{"model":"m","messages":[]}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"model":"m","messages":[],"return_token_ids":true}`, ReturnTokenIDs)
-	f(`{"model":"m","stream":true}`, Chat, KindVLLM, none,
+	f(`{"model":"m","stream":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
-	f(`{"model":"m","prompt":"x","stream":true}`, Completions, KindVLLM, none,
+	f(`{"model":"m","prompt":"x","stream":true}`, openai.Completions, openai.KindVLLM, none,
 		`{"model":"m","prompt":"x","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage)
 	// vLLM before 0.10.2: ids through logprobs named by id, not return_token_ids.
 	old := Options{IDsFromLogprobs: true}
-	f(`{"model":"m","messages":[]}`, Chat, KindVLLM, old,
+	f(`{"model":"m","messages":[]}`, openai.ChatCompletions, openai.KindVLLM, old,
 		`{"model":"m","messages":[],"logprobs":true,"return_tokens_as_token_ids":true}`, Logprobs|TokensAsIDs)
-	f(`{"model":"m","prompt":"x","stream":true}`, Completions, KindVLLM, old,
+	f(`{"model":"m","prompt":"x","stream":true}`, openai.Completions, openai.KindVLLM, old,
 		`{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true},"logprobs":0,"return_tokens_as_token_ids":true}`, IncludeUsage|Logprobs|TokensAsIDs)
 	// ... but never when the client asked for logprobs (its token strings would change).
-	f(`{"model":"m","messages":[],"logprobs":true}`, Chat, KindVLLM, old,
+	f(`{"model":"m","messages":[],"logprobs":true}`, openai.ChatCompletions, openai.KindVLLM, old,
 		`{"model":"m","messages":[],"logprobs":true}`, 0)
-	f(`{"model":"m","messages":[],"return_tokens_as_token_ids":false}`, Chat, KindVLLM, old,
+	f(`{"model":"m","messages":[],"return_tokens_as_token_ids":false}`, openai.ChatCompletions, openai.KindVLLM, old,
 		`{"model":"m","messages":[],"return_tokens_as_token_ids":false}`, 0)
 	// SGLang: no ids on streaming chat (400 there), ids elsewhere.
-	f(`{"model":"m","stream":true}`, Chat, KindSGLang, none,
+	f(`{"model":"m","stream":true}`, openai.ChatCompletions, openai.KindSGLang, none,
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, IncludeUsage)
-	f(`{"model":"m"}`, Chat, KindSGLang, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs|OmitIDs)
-	f(`{"model":"m","stream":true}`, Completions, KindSGLang, none,
+	f(`{"model":"m"}`, openai.ChatCompletions, openai.KindSGLang, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs|OmitIDs)
+	f(`{"model":"m","stream":true}`, openai.Completions, openai.KindSGLang, none,
 		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, ReturnTokenIDs|IncludeUsage|OmitIDs)
 	// SGLang leaves unasked id keys out: stripping must delete them.
-	f(`{"model":"m","prompt":"x"}`, Completions, KindSGLang, none,
+	f(`{"model":"m","prompt":"x"}`, openai.Completions, openai.KindSGLang, none,
 		`{"model":"m","prompt":"x","return_token_ids":true}`, ReturnTokenIDs|OmitIDs)
 	// llama.cpp: output ids only through chat logprobs (their "id"); nothing
 	// else is asked for, and not when the client set logprobs or top_logprobs.
-	f(`{"model":"m","messages":[]}`, Chat, KindLlamaCpp, none,
+	f(`{"model":"m","messages":[]}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
 		`{"model":"m","messages":[],"logprobs":true}`, Logprobs|OmitLogprobs)
-	f(`{"model":"m","messages":[],"stream":true}`, Chat, KindLlamaCpp, none,
+	f(`{"model":"m","messages":[],"stream":true}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
 		`{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"logprobs":true}`, IncludeUsage|Logprobs|OmitLogprobs)
-	f(`{"model":"m","messages":[],"logprobs":false}`, Chat, KindLlamaCpp, none, `{"model":"m","messages":[],"logprobs":false}`, 0)
-	f(`{"model":"m","messages":[],"top_logprobs":2}`, Chat, KindLlamaCpp, none, `{"model":"m","messages":[],"top_logprobs":2}`, 0)
-	f(`{"model":"m","prompt":"x"}`, Completions, KindLlamaCpp, lp, `{"model":"m","prompt":"x"}`, 0)
+	f(`{"model":"m","messages":[],"logprobs":false}`, openai.ChatCompletions, openai.KindLlamaCpp, none, `{"model":"m","messages":[],"logprobs":false}`, 0)
+	f(`{"model":"m","messages":[],"top_logprobs":2}`, openai.ChatCompletions, openai.KindLlamaCpp, none, `{"model":"m","messages":[],"top_logprobs":2}`, 0)
+	f(`{"model":"m","prompt":"x"}`, openai.Completions, openai.KindLlamaCpp, lp, `{"model":"m","prompt":"x"}`, 0)
 	// OpenAI upstream and other endpoints: never touched.
-	f(`{"model":"m","stream":true}`, Chat, KindOpenAI, lp, `{"model":"m","stream":true}`, 0)
-	f(`{"model":"m","input":"x","stream":true}`, Responses, KindVLLM, lp, `{"model":"m","input":"x","stream":true}`, 0)
-	f(`{"model":"m","input":"x"}`, Embeddings, KindVLLM, lp, `{"model":"m","input":"x"}`, 0)
-	f(`{"model":"m"}`, Other, KindVLLM, lp, `{"model":"m"}`, 0)
+	f(`{"model":"m","stream":true}`, openai.ChatCompletions, openai.KindOpenAI, lp, `{"model":"m","stream":true}`, 0)
+	f(`{"model":"m","input":"x","stream":true}`, openai.Responses, openai.KindVLLM, lp, `{"model":"m","input":"x","stream":true}`, 0)
+	f(`{"model":"m","input":"x"}`, openai.Embeddings, openai.KindVLLM, lp, `{"model":"m","input":"x"}`, 0)
+	f(`{"model":"m"}`, openai.Unknown, openai.KindVLLM, lp, `{"model":"m"}`, 0)
 	// Client set the field itself: untouched (even to false).
-	f(`{"model":"m","return_token_ids":true}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":true}`, 0)
-	f(`{"model":"m","return_token_ids":false}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":false}`, 0)
-	f(`{"model":"m","return_token_ids":null}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none, `{"model":"m","return_token_ids":true}`, 0)
+	f(`{"model":"m","return_token_ids":false}`, openai.ChatCompletions, openai.KindVLLM, none, `{"model":"m","return_token_ids":false}`, 0)
+	f(`{"model":"m","return_token_ids":null}`, openai.ChatCompletions, openai.KindVLLM, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
 	// stream_options: merge, respect, replace null.
-	f(`{"stream":true,"stream_options":{},"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{},"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, IncludeUsage)
-	f(`{"stream":true,"stream_options":{ },"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{ },"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"include_usage":true },"return_token_ids":true}`, IncludeUsage)
-	f(`{"stream":true,"stream_options":{"continuous_usage_stats":false},"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":false},"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"continuous_usage_stats":false,"include_usage":true},"return_token_ids":true}`, IncludeUsage)
-	f(`{"stream":true,"stream_options":{"continuous_usage_stats":true},"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":true},"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"continuous_usage_stats":true},"return_token_ids":true}`, 0)
-	f(`{"stream":true,"stream_options":{"include_usage":false},"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{"include_usage":false},"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"include_usage":false},"return_token_ids":true}`, 0)
-	f(`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, 0)
-	f(`{"stream":true,"stream_options":{"include_usage":null},"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":{"include_usage":null},"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, IncludeUsage)
-	f(`{"stream":true,"stream_options":null,"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":null,"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, IncludeUsage)
-	f(`{"stream":true,"stream_options":"x","return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":true,"stream_options":"x","return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":true,"stream_options":"x","return_token_ids":true}`, 0)
 	// Not a stream: no stream_options, even when stream is null or false.
-	f(`{"stream":false,"return_token_ids":true}`, Chat, KindVLLM, none, `{"stream":false,"return_token_ids":true}`, 0)
-	f(`{"stream":null,"return_token_ids":true}`, Chat, KindVLLM, none, `{"stream":null,"return_token_ids":true}`, 0)
+	f(`{"stream":false,"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none, `{"stream":false,"return_token_ids":true}`, 0)
+	f(`{"stream":null,"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none, `{"stream":null,"return_token_ids":true}`, 0)
 	// Duplicate keys: the last one wins, as in the engines' decoders.
-	f(`{"stream":false,"stream":true,"return_token_ids":true}`, Chat, KindVLLM, none,
+	f(`{"stream":false,"stream":true,"return_token_ids":true}`, openai.ChatCompletions, openai.KindVLLM, none,
 		`{"stream":false,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`, IncludeUsage)
 	// Whitespace and pretty-printed bodies.
-	f("{\n  \"model\": \"m\",\n  \"stream\": true\n}\n", Chat, KindVLLM, none,
+	f("{\n  \"model\": \"m\",\n  \"stream\": true\n}\n", openai.ChatCompletions, openai.KindVLLM, none,
 		"{\n  \"model\": \"m\",\n  \"stream\": true,\"return_token_ids\":true,\"stream_options\":{\"include_usage\":true}\n}\n", ReturnTokenIDs|IncludeUsage)
-	f("  {\"stream\" : true , \"stream_options\" : { \"continuous_usage_stats\" : false } }  ", Chat, KindSGLang, none,
+	f("  {\"stream\" : true , \"stream_options\" : { \"continuous_usage_stats\" : false } }  ", openai.ChatCompletions, openai.KindSGLang, none,
 		"  {\"stream\" : true , \"stream_options\" : { \"continuous_usage_stats\" : false,\"include_usage\":true } }  ", IncludeUsage)
-	f(`{}`, Chat, KindVLLM, none, `{"return_token_ids":true}`, ReturnTokenIDs)
-	f(`{ }`, Chat, KindVLLM, none, `{"return_token_ids":true }`, ReturnTokenIDs)
-	f(`{}`, Chat, KindVLLM, lp, `{"return_token_ids":true,"logprobs":true}`, ReturnTokenIDs|Logprobs)
+	f(`{}`, openai.ChatCompletions, openai.KindVLLM, none, `{"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{ }`, openai.ChatCompletions, openai.KindVLLM, none, `{"return_token_ids":true }`, ReturnTokenIDs)
+	f(`{}`, openai.ChatCompletions, openai.KindVLLM, lp, `{"return_token_ids":true,"logprobs":true}`, ReturnTokenIDs|Logprobs)
 	// Logprobs (opt-in).
-	f(`{"model":"m"}`, Chat, KindVLLM, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
-	f(`{"model":"m"}`, Chat, KindVLLM, lp, `{"model":"m","return_token_ids":true,"logprobs":true}`, ReturnTokenIDs|Logprobs)
-	f(`{"model":"m"}`, Completions, KindVLLM, lp, `{"model":"m","return_token_ids":true,"logprobs":0}`, ReturnTokenIDs|Logprobs)
-	f(`{"model":"m","logprobs":null}`, Chat, KindVLLM, lp, `{"model":"m","logprobs":true,"return_token_ids":true}`, ReturnTokenIDs|Logprobs)
-	f(`{"model":"m","logprobs":false}`, Chat, KindVLLM, lp, `{"model":"m","logprobs":false,"return_token_ids":true}`, ReturnTokenIDs)
-	f(`{"model":"m","logprobs":2}`, Completions, KindVLLM, lp, `{"model":"m","logprobs":2,"return_token_ids":true}`, ReturnTokenIDs)
-	f(`{"model":"m","top_logprobs":3}`, Chat, KindVLLM, lp, `{"model":"m","top_logprobs":3,"return_token_ids":true}`, ReturnTokenIDs)
-	f(`{"model":"m","stream":true,"return_token_ids":null,"stream_options":null,"logprobs":null}`, Chat, KindVLLM, lp,
+	f(`{"model":"m"}`, openai.ChatCompletions, openai.KindVLLM, none, `{"model":"m","return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m"}`, openai.ChatCompletions, openai.KindVLLM, lp, `{"model":"m","return_token_ids":true,"logprobs":true}`, ReturnTokenIDs|Logprobs)
+	f(`{"model":"m"}`, openai.Completions, openai.KindVLLM, lp, `{"model":"m","return_token_ids":true,"logprobs":0}`, ReturnTokenIDs|Logprobs)
+	f(`{"model":"m","logprobs":null}`, openai.ChatCompletions, openai.KindVLLM, lp, `{"model":"m","logprobs":true,"return_token_ids":true}`, ReturnTokenIDs|Logprobs)
+	f(`{"model":"m","logprobs":false}`, openai.ChatCompletions, openai.KindVLLM, lp, `{"model":"m","logprobs":false,"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","logprobs":2}`, openai.Completions, openai.KindVLLM, lp, `{"model":"m","logprobs":2,"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","top_logprobs":3}`, openai.ChatCompletions, openai.KindVLLM, lp, `{"model":"m","top_logprobs":3,"return_token_ids":true}`, ReturnTokenIDs)
+	f(`{"model":"m","stream":true,"return_token_ids":null,"stream_options":null,"logprobs":null}`, openai.ChatCompletions, openai.KindVLLM, lp,
 		`{"model":"m","stream":true,"return_token_ids":true,"stream_options":{"include_usage":true},"logprobs":true}`, ReturnTokenIDs|IncludeUsage|Logprobs)
 }
 
 func TestRewriteInfo(t *testing.T) {
-	f := func(body string, ep Endpoint, want Request) {
+	f := func(body string, ep openai.Endpoint, want Request) {
 		t.Helper()
-		_, info, _, err := Rewrite(nil, []byte(body), ep, KindVLLM, Options{})
+		_, info, _, err := Rewrite(nil, []byte(body), ep, openai.KindVLLM, Options{})
 		if err != nil {
 			t.Fatalf("Rewrite(%s): %v", body, err)
 		}
@@ -175,20 +138,20 @@ func TestRewriteInfo(t *testing.T) {
 			t.Fatalf("Rewrite(%s) info = %+v (model %q), want %+v (model %q)", body, info, info.Model, want, want.Model)
 		}
 	}
-	f(`{}`, Chat, Request{N: 1})
-	f(`{"model":"qwen/Qwen3-8B","stream":true,"n":4}`, Chat, Request{Model: []byte("qwen/Qwen3-8B"), Stream: true, N: 4})
-	f(`{"model":"qwen\/Qwen3\u002d8B"}`, Chat, Request{Model: []byte("qwen/Qwen3-8B"), N: 1})
-	f(`{"model":null,"stream":null,"n":null}`, Chat, Request{N: 1})
-	f(`{"n":2.0}`, Chat, Request{N: 2})
-	f(`{"return_token_ids":true,"logprobs":true,"stream":true,"stream_options":{"include_usage":true}}`, Chat,
+	f(`{}`, openai.ChatCompletions, Request{N: 1})
+	f(`{"model":"qwen/Qwen3-8B","stream":true,"n":4}`, openai.ChatCompletions, Request{Model: []byte("qwen/Qwen3-8B"), Stream: true, N: 4})
+	f(`{"model":"qwen\/Qwen3\u002d8B"}`, openai.ChatCompletions, Request{Model: []byte("qwen/Qwen3-8B"), N: 1})
+	f(`{"model":null,"stream":null,"n":null}`, openai.ChatCompletions, Request{N: 1})
+	f(`{"n":2.0}`, openai.ChatCompletions, Request{N: 2})
+	f(`{"return_token_ids":true,"logprobs":true,"stream":true,"stream_options":{"include_usage":true}}`, openai.ChatCompletions,
 		Request{ReturnTokenIDs: true, Logprobs: true, IncludeUsage: true, Stream: true, N: 1})
-	f(`{"logprobs":0}`, Completions, Request{Logprobs: true, N: 1})
-	f(`{"logprobs":false}`, Chat, Request{N: 1})
+	f(`{"logprobs":0}`, openai.Completions, Request{Logprobs: true, N: 1})
+	f(`{"logprobs":false}`, openai.ChatCompletions, Request{N: 1})
 }
 
 func TestRewriteModelAliasesBody(t *testing.T) {
 	body := []byte(`{"model":"m1"}`)
-	_, info, _, err := Rewrite(nil, body, Chat, KindVLLM, Options{})
+	_, info, _, err := Rewrite(nil, body, openai.ChatCompletions, openai.KindVLLM, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +165,7 @@ func TestRewriteErrors(t *testing.T) {
 	f := func(body, field, msg string) {
 		t.Helper()
 		dst := []byte("keep")
-		out, _, inj, err := Rewrite(dst, []byte(body), Chat, KindVLLM, Options{})
+		out, _, inj, err := Rewrite(dst, []byte(body), openai.ChatCompletions, openai.KindVLLM, Options{})
 		if err == nil {
 			t.Fatalf("Rewrite(%q): no error", body)
 		}
@@ -251,8 +214,8 @@ func FuzzRewrite(f *testing.F) {
 		f.Add([]byte(s), uint8(0), uint8(0), true)
 	}
 	f.Fuzz(func(t *testing.T, body []byte, ep, kind uint8, logprobs bool) {
-		endpoint := Endpoint(ep % 5)
-		k := Kind(kind % 4)
+		endpoint := openai.Endpoint(ep % 5)
+		k := openai.Kind(kind % 4)
 		out, info, inj, err := Rewrite(nil, body, endpoint, k, Options{Logprobs: logprobs})
 		if err != nil {
 			if !errors.Is(err, ErrInvalidBody) {
@@ -269,7 +232,7 @@ func FuzzRewrite(f *testing.F) {
 		if inj == 0 && string(out) != string(body) {
 			t.Fatalf("nothing injected but body changed: %q -> %q", body, out)
 		}
-		if inj != 0 && (k == KindOpenAI || (endpoint != Chat && endpoint != Completions)) {
+		if inj != 0 && (k == openai.KindOpenAI || (endpoint != openai.ChatCompletions && endpoint != openai.Completions)) {
 			t.Fatalf("injected %v towards %v %v", inj, k, endpoint)
 		}
 		// Injected fields carry the injected value, as the engine will read it
@@ -317,7 +280,7 @@ func BenchmarkRewrite(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(chatBody2K)))
 	for b.Loop() {
-		out, _, _, err := Rewrite(dst[:0], chatBody2K, Chat, KindVLLM, Options{})
+		out, _, _, err := Rewrite(dst[:0], chatBody2K, openai.ChatCompletions, openai.KindVLLM, Options{})
 		if err != nil || len(out) == 0 {
 			b.Fatal(err)
 		}
@@ -329,7 +292,7 @@ func TestRewriteAllocs(t *testing.T) {
 	var inj Injected
 	allocs := testing.AllocsPerRun(100, func() {
 		var err error
-		_, _, inj, err = Rewrite(dst[:0], chatBody2K, Chat, KindVLLM, Options{Logprobs: true})
+		_, _, inj, err = Rewrite(dst[:0], chatBody2K, openai.ChatCompletions, openai.KindVLLM, Options{Logprobs: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +349,7 @@ func FuzzInspect(f *testing.F) {
 		if !object {
 			return
 		}
-		endpoint, k := Endpoint(ep%5), Kind(kind%4)
+		endpoint, k := openai.Endpoint(ep%5), openai.Kind(kind%4)
 		out1, info1, inj1, err1 := Rewrite(nil, body, endpoint, k, Options{})
 		out2, info2, inj2, err2 := Rewrite(nil, body, endpoint, k, Options{Validated: true})
 		if string(out1) != string(out2) || inj1 != inj2 || (err1 == nil) != (err2 == nil) ||

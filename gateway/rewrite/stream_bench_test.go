@@ -7,6 +7,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // vllmStream is a vLLM chat stream of n tokens as the gateway receives it
@@ -44,7 +45,7 @@ func BenchmarkSSEStream256(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		p := capture.AcquirePending()
-		p.Endpoint = capture.EndpointChatCompletions
+		p.Endpoint = openai.ChatCompletions
 		p.Meta.HTTPStatus = 200
 		p.Request = append(p.Request[:0], req...)
 		sc.Reset()
@@ -57,7 +58,7 @@ func BenchmarkSSEStream256(b *testing.B) {
 					break
 				}
 				p.AddEvent(ev.Data)
-				o, drop := rewrite.StripEvent(scratch[:0], ev.Data, rewrite.Chat, inj)
+				o, drop := rewrite.StripEvent(scratch[:0], ev.Data, openai.ChatCompletions, inj)
 				switch {
 				case drop:
 				case string(o) == string(ev.Data):

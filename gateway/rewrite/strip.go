@@ -1,6 +1,10 @@
 package rewrite
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/rollgate/rollgate/internal/openai"
+)
 
 // Stripping restores what the engine would have sent had the gateway not
 // injected anything (see docs/engines.md, vLLM >= 0.10.2):
@@ -26,8 +30,8 @@ import "bytes"
 // When nothing changes (nothing injected, another endpoint, an input it cannot
 // walk, or no injected field present) it returns body itself; otherwise it
 // returns dst with the stripped body appended.
-func StripBody(dst, body []byte, endpoint Endpoint, inj Injected) []byte {
-	if inj&(ReturnTokenIDs|Logprobs) == 0 || (endpoint != Chat && endpoint != Completions) {
+func StripBody(dst, body []byte, endpoint openai.Endpoint, inj Injected) []byte {
+	if inj&(ReturnTokenIDs|Logprobs) == 0 || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
 		return body
 	}
 	out, _ := strip(dst, body, endpoint, inj, false)
@@ -39,8 +43,8 @@ func StripBody(dst, body []byte, endpoint Endpoint, inj Injected) []byte {
 // the whole event must not reach the client. When nothing changes it returns
 // data itself; otherwise dst with the stripped payload appended. Non-JSON
 // payloads such as [DONE] and error events are returned unchanged.
-func StripEvent(dst, data []byte, endpoint Endpoint, inj Injected) (out []byte, drop bool) {
-	if inj == 0 || (endpoint != Chat && endpoint != Completions) {
+func StripEvent(dst, data []byte, endpoint openai.Endpoint, inj Injected) (out []byte, drop bool) {
+	if inj == 0 || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
 		return data, false
 	}
 	if inj&(ReturnTokenIDs|Logprobs) == 0 && !bytes.Contains(data, usageKey) {
@@ -117,7 +121,7 @@ func (o *objEd) end(w *writer) {
 	}
 }
 
-func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byte, bool) {
+func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool) ([]byte, bool) {
 	open := skipWS(data, 0)
 	if open >= len(data) || data[open] != '{' {
 		return data, false
@@ -125,7 +129,7 @@ func strip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byt
 	w := writer{src: data, dst: dst}
 	ids := inj&ReturnTokenIDs != 0
 	lps := inj&Logprobs != 0
-	deleteMode := event && endpoint == Chat
+	deleteMode := event && endpoint == openai.ChatCompletions
 	omitIDs, omitLps := inj&OmitIDs != 0, inj&OmitLogprobs != 0
 
 	choicesSeen, usageSet := false, false

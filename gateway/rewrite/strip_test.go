@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // Wire examples after docs/engines.md (vLLM >= 0.10.2): what the engine sends
@@ -16,7 +18,7 @@ const hdrCmpl = `{"id":"cmpl-1","object":"text_completion","created":1,"model":"
 // roundTrip pairs an engine output with injection and the same output without.
 type roundTrip struct {
 	name    string
-	ep      Endpoint
+	ep      openai.Endpoint
 	inj     Injected
 	with    string
 	without string // "" = the event is dropped
@@ -24,23 +26,23 @@ type roundTrip struct {
 
 var chatBodyTrips = []roundTrip{
 	{
-		name: "chat ids", ep: Chat, inj: ReturnTokenIDs,
+		name: "chat ids", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[9906,0]}],"usage":{"prompt_tokens":2,"total_tokens":4,"completion_tokens":2},"prompt_logprobs":null,"prompt_token_ids":[200006,17360]}`,
 		without: `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}],"usage":{"prompt_tokens":2,"total_tokens":4,"completion_tokens":2},"prompt_logprobs":null,"prompt_token_ids":null}`,
 	},
 	{
-		name: "chat ids and logprobs n=2 tool call", ep: Chat, inj: ReturnTokenIDs | Logprobs,
+		name: "chat ids and logprobs n=2 tool call", ep: openai.ChatCompletions, inj: ReturnTokenIDs | Logprobs,
 		with:    `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":"{\"a\":\"]}\"}"}}]},"logprobs":{"content":[{"token":"w","logprob":-0.1,"bytes":[119],"top_logprobs":[]}]},"finish_reason":"tool_calls","stop_reason":null,"token_ids":[17]},{"index":1,"message":{"role":"assistant","content":"x","tool_calls":[]},"logprobs":{"content":[{"token":"x","logprob":-9999.0,"bytes":[120],"top_logprobs":[]}]},"finish_reason":"length","stop_reason":null,"token_ids":[18]}],"usage":{"prompt_tokens":2,"total_tokens":4,"completion_tokens":2},"prompt_logprobs":null,"prompt_token_ids":[1,2]}`,
 		without: `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":"{\"a\":\"]}\"}"}}]},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null},{"index":1,"message":{"role":"assistant","content":"x","tool_calls":[]},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}],"usage":{"prompt_tokens":2,"total_tokens":4,"completion_tokens":2},"prompt_logprobs":null,"prompt_token_ids":null}`,
 	},
 	{
-		name: "completions ids and logprobs", ep: Completions, inj: ReturnTokenIDs | Logprobs,
+		name: "completions ids and logprobs", ep: openai.Completions, inj: ReturnTokenIDs | Logprobs,
 		with:    `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"hi","logprobs":{"tokens":["hi"],"token_logprobs":[-0.5],"text_offset":[0],"top_logprobs":[{"hi":-0.5}]},"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":[1,2],"token_ids":[3]},{"index":1,"text":"yo","logprobs":{"tokens":["yo"],"token_logprobs":[-0.7],"text_offset":[0],"top_logprobs":[{"yo":-0.7}]},"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":[1,2],"token_ids":[4]}],"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2}}`,
 		without: `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":null,"token_ids":null},{"index":1,"text":"yo","logprobs":null,"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2}}`,
 	},
 	{
 		// SGLang puts prompt ids per choice.
-		name: "per-choice prompt ids", ep: Chat, inj: ReturnTokenIDs,
+		name: "per-choice prompt ids", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"a"},"logprobs":null,"finish_reason":"stop","prompt_token_ids":[1,2],"token_ids":[3]}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}`,
 		without: `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"a"},"logprobs":null,"finish_reason":"stop","prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}`,
 	},
@@ -48,63 +50,63 @@ var chatBodyTrips = []roundTrip{
 
 var chatStreamTrips = []roundTrip{
 	{
-		name: "chat first chunk", ep: Chat, inj: ReturnTokenIDs | IncludeUsage,
+		name: "chat first chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[200006,17360,12]}`,
 		without: hdrChunk + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
 	},
 	{
-		name: "chat content chunk", ep: Chat, inj: ReturnTokenIDs | IncludeUsage,
+		name: "chat content chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":null,"finish_reason":null,"token_ids":[17]}]}`,
 		without: hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":null,"finish_reason":null}]}`,
 	},
 	{
-		name: "chat content chunk with logprobs", ep: Chat, inj: ReturnTokenIDs | Logprobs,
+		name: "chat content chunk with logprobs", ep: openai.ChatCompletions, inj: ReturnTokenIDs | Logprobs,
 		with:    hdrChunk + `"choices":[{"index":1,"delta":{"content":"w"},"logprobs":{"content":[{"token":"w","logprob":-0.25,"bytes":[119],"top_logprobs":[]}]},"finish_reason":null,"token_ids":[17]}]}`,
 		without: hdrChunk + `"choices":[{"index":1,"delta":{"content":"w"},"logprobs":null,"finish_reason":null}]}`,
 	},
 	{
-		name: "chat tool call chunk", ep: Chat, inj: ReturnTokenIDs,
+		name: "chat tool call chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null,"token_ids":[5,6,7]}]}`,
 		without: hdrChunk + `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null}]}`,
 	},
 	{
-		name: "chat last chunk", ep: Chat, inj: ReturnTokenIDs | IncludeUsage | Logprobs,
+		name: "chat last chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage | Logprobs,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[]}]}`,
 		without: hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
 	},
 	{
-		name: "chat filler chunk only sent for ids", ep: Chat, inj: ReturnTokenIDs,
+		name: "chat filler chunk only sent for ids", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":null,"token_ids":[151657]}]}`,
 		without: "",
 	},
 	{
-		name: "chat usage chunk", ep: Chat, inj: ReturnTokenIDs | IncludeUsage,
+		name: "chat usage chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrChunk + `"choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}`,
 		without: "",
 	},
 	{
-		name: "completions first chunk", ep: Completions, inj: ReturnTokenIDs | IncludeUsage,
+		name: "completions first chunk", ep: openai.Completions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrCmpl + `"choices":[{"index":0,"text":"w","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[1,2],"token_ids":[17]}],"usage":null}`,
 		without: hdrCmpl + `"choices":[{"index":0,"text":"w","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`,
 	},
 	{
-		name: "completions later chunk with logprobs", ep: Completions, inj: ReturnTokenIDs | IncludeUsage | Logprobs,
+		name: "completions later chunk with logprobs", ep: openai.Completions, inj: ReturnTokenIDs | IncludeUsage | Logprobs,
 		with:    hdrCmpl + `"choices":[{"index":3,"text":"x","logprobs":{"tokens":["x"],"token_logprobs":[-1.5],"text_offset":[4],"top_logprobs":[{"x":-1.5}]},"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":[18]}],"usage":null}`,
 		without: hdrCmpl + `"choices":[{"index":3,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`,
 	},
 	{
-		name: "completions usage chunk", ep: Completions, inj: ReturnTokenIDs | IncludeUsage,
+		name: "completions usage chunk", ep: openai.Completions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrCmpl + `"choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}`,
 		without: "",
 	},
 	{
 		// vLLM sends the whole non-streaming object as one event with best_of != n.
-		name: "completion object as one event", ep: Completions, inj: ReturnTokenIDs | IncludeUsage,
+		name: "completion object as one event", ep: openai.Completions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    chatBodyTrips[2].with,
 		without: strings.NewReplacer(`"prompt_token_ids":[1,2],"token_ids":[3]`, `"prompt_token_ids":null,"token_ids":null`, `"prompt_token_ids":[1,2],"token_ids":[4]`, `"prompt_token_ids":null,"token_ids":null`).Replace(chatBodyTrips[2].with),
 	},
 	{
-		name: "chat.completion object as one event", ep: Chat, inj: ReturnTokenIDs,
+		name: "chat.completion object as one event", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    chatBodyTrips[0].with,
 		without: chatBodyTrips[0].without,
 	},
@@ -159,44 +161,44 @@ func TestStripClientAsked(t *testing.T) {
 	}
 	// Only usage injected: ids the client asked for stay.
 	ev := chatStreamTrips[1].with
-	if out, drop := StripEvent(nil, []byte(ev), Chat, IncludeUsage); drop || string(out) != ev {
+	if out, drop := StripEvent(nil, []byte(ev), openai.ChatCompletions, IncludeUsage); drop || string(out) != ev {
 		t.Fatalf("ids stripped although only include_usage was injected: %s", out)
 	}
 	// Only ids injected: the usage chunk the client asked for stays.
 	ev = chatStreamTrips[6].with
-	if out, drop := StripEvent(nil, []byte(ev), Chat, ReturnTokenIDs); drop || string(out) != ev {
+	if out, drop := StripEvent(nil, []byte(ev), openai.ChatCompletions, ReturnTokenIDs); drop || string(out) != ev {
 		t.Fatalf("usage chunk dropped although include_usage was the client's: %s", out)
 	}
 	// Only logprobs injected: ids stay, logprobs go.
 	ev = hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":{"content":[]},"finish_reason":null,"token_ids":[17]}]}`
 	want := hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":null,"finish_reason":null,"token_ids":[17]}]}`
-	if out, _ := StripEvent(nil, []byte(ev), Chat, Logprobs); string(out) != want {
+	if out, _ := StripEvent(nil, []byte(ev), openai.ChatCompletions, Logprobs); string(out) != want {
 		t.Fatalf("logprobs only:\n got %s\nwant %s", out, want)
 	}
 	// A filler chunk is the client's when it asked for ids itself.
 	ev = chatStreamTrips[5].with
-	if out, drop := StripEvent(nil, []byte(ev), Chat, IncludeUsage|Logprobs); drop || string(out) != ev {
+	if out, drop := StripEvent(nil, []byte(ev), openai.ChatCompletions, IncludeUsage|Logprobs); drop || string(out) != ev {
 		t.Fatalf("filler chunk touched although ids were the client's: %s", out)
 	}
 }
 
 func TestStripEventOtherPayloads(t *testing.T) {
-	f := func(ep Endpoint, data string) {
+	f := func(ep openai.Endpoint, data string) {
 		t.Helper()
 		out, drop := StripEvent(nil, []byte(data), ep, ReturnTokenIDs|IncludeUsage|Logprobs)
 		if drop || string(out) != data {
 			t.Fatalf("StripEvent(%q) = %q, drop %v; want it untouched", data, out, drop)
 		}
 	}
-	f(Chat, `[DONE]`)
-	f(Chat, `{"error":{"message":"boom","type":"BadRequestError","code":400}}`)
-	f(Chat, `{"object":"error","message":"flat"}`)
-	f(Chat, `{"choices":[{"token_ids":[1]`) // truncated: left alone
-	f(Chat, `{"choices":[1,{"token_ids":[1]},`)
-	f(Chat, ``)
-	f(Responses, hdrChunk+`"choices":[],"usage":{"prompt_tokens":1}}`)
-	f(Embeddings, `{"prompt_token_ids":[1]}`)
-	f(Completions, hdrCmpl+`"choices":[],"usage":null}`) // no usage: not the usage chunk
+	f(openai.ChatCompletions, `[DONE]`)
+	f(openai.ChatCompletions, `{"error":{"message":"boom","type":"BadRequestError","code":400}}`)
+	f(openai.ChatCompletions, `{"object":"error","message":"flat"}`)
+	f(openai.ChatCompletions, `{"choices":[{"token_ids":[1]`) // truncated: left alone
+	f(openai.ChatCompletions, `{"choices":[1,{"token_ids":[1]},`)
+	f(openai.ChatCompletions, ``)
+	f(openai.Responses, hdrChunk+`"choices":[],"usage":{"prompt_tokens":1}}`)
+	f(openai.Embeddings, `{"prompt_token_ids":[1]}`)
+	f(openai.Completions, hdrCmpl+`"choices":[],"usage":null}`) // no usage: not the usage chunk
 }
 
 // TestStripDeleteShapes pins the comma handling of deletions wherever the
@@ -204,7 +206,7 @@ func TestStripEventOtherPayloads(t *testing.T) {
 func TestStripDeleteShapes(t *testing.T) {
 	f := func(in, want string) {
 		t.Helper()
-		out, drop := StripEvent(nil, []byte(in), Chat, ReturnTokenIDs)
+		out, drop := StripEvent(nil, []byte(in), openai.ChatCompletions, ReturnTokenIDs)
 		if drop {
 			t.Fatalf("StripEvent(%s) dropped", in)
 		}
@@ -233,7 +235,7 @@ func TestStripDeleteShapes(t *testing.T) {
 // token ids, llama.cpp's logprobs) get the injected keys deleted, in bodies
 // and in every kind of stream event, while other keys stay as they are.
 func TestStripOmittingEngines(t *testing.T) {
-	f := func(ep Endpoint, inj Injected, event bool, in, want string) {
+	f := func(ep openai.Endpoint, inj Injected, event bool, in, want string) {
 		t.Helper()
 		var out []byte
 		if event {
@@ -249,26 +251,26 @@ func TestStripOmittingEngines(t *testing.T) {
 		}
 	}
 	sg := ReturnTokenIDs | OmitIDs
-	f(Chat, sg, false, `{"choices":[{"index":0,"logprobs":null,"finish_reason":"stop","matched_stop":null,"prompt_token_ids":[1,2],"token_ids":[3]}],"usage":{}}`,
+	f(openai.ChatCompletions, sg, false, `{"choices":[{"index":0,"logprobs":null,"finish_reason":"stop","matched_stop":null,"prompt_token_ids":[1,2],"token_ids":[3]}],"usage":{}}`,
 		`{"choices":[{"index":0,"logprobs":null,"finish_reason":"stop","matched_stop":null}],"usage":{}}`)
-	f(Completions, sg, false, `{"choices":[{"index":0,"text":"a","token_ids":[3],"prompt_token_ids":[1]},{"index":1,"text":"b","token_ids":[4],"prompt_token_ids":[1]}]}`,
+	f(openai.Completions, sg, false, `{"choices":[{"index":0,"text":"a","token_ids":[3],"prompt_token_ids":[1]},{"index":1,"text":"b","token_ids":[4],"prompt_token_ids":[1]}]}`,
 		`{"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}`)
-	f(Completions, sg, true, `{"object":"text_completion","choices":[{"index":0,"text":" we","finish_reason":null,"token_ids":[328],"prompt_token_ids":[293]}],"usage":null}`,
+	f(openai.Completions, sg, true, `{"object":"text_completion","choices":[{"index":0,"text":" we","finish_reason":null,"token_ids":[328],"prompt_token_ids":[293]}],"usage":null}`,
 		`{"object":"text_completion","choices":[{"index":0,"text":" we","finish_reason":null}],"usage":null}`)
 	lc := Logprobs | OmitLogprobs
-	f(Chat, lc, false, `{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"x"},"logprobs":{"content":[{"id":5,"token":"x","logprob":-1}]}}],"object":"chat.completion"}`,
+	f(openai.ChatCompletions, lc, false, `{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"x"},"logprobs":{"content":[{"id":5,"token":"x","logprob":-1}]}}],"object":"chat.completion"}`,
 		`{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"x"}}],"object":"chat.completion"}`)
-	f(Chat, lc, true, `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"id":5,"token":"x","logprob":-1}]}}],"object":"chat.completion.chunk"}`,
+	f(openai.ChatCompletions, lc, true, `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"id":5,"token":"x","logprob":-1}]}}],"object":"chat.completion.chunk"}`,
 		`{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"x"}}],"object":"chat.completion.chunk"}`)
 	// Without the Omit flags the same injections are set to null (vLLM).
-	f(Chat, Logprobs, false, `{"choices":[{"index":0,"logprobs":{"content":[]}}]}`, `{"choices":[{"index":0,"logprobs":null}]}`)
-	f(Completions, ReturnTokenIDs, false, `{"choices":[{"index":0,"token_ids":[3]}]}`, `{"choices":[{"index":0,"token_ids":null}]}`)
+	f(openai.ChatCompletions, Logprobs, false, `{"choices":[{"index":0,"logprobs":{"content":[]}}]}`, `{"choices":[{"index":0,"logprobs":null}]}`)
+	f(openai.Completions, ReturnTokenIDs, false, `{"choices":[{"index":0,"token_ids":[3]}]}`, `{"choices":[{"index":0,"token_ids":null}]}`)
 }
 
 func TestStripBodyPretty(t *testing.T) {
 	in := "{\n  \"object\": \"chat.completion\",\n  \"choices\": [\n    {\"token_ids\": [1, 2], \"logprobs\": {\"content\": []}}\n  ],\n  \"prompt_token_ids\": [3]\n}"
 	want := "{\n  \"object\": \"chat.completion\",\n  \"choices\": [\n    {\"token_ids\": null, \"logprobs\": null}\n  ],\n  \"prompt_token_ids\": null\n}"
-	if got := StripBody(nil, []byte(in), Chat, ReturnTokenIDs|Logprobs); string(got) != want {
+	if got := StripBody(nil, []byte(in), openai.ChatCompletions, ReturnTokenIDs|Logprobs); string(got) != want {
 		t.Fatalf("got %s\nwant %s", got, want)
 	}
 }
@@ -280,9 +282,9 @@ func FuzzStripEvent(f *testing.F) {
 	for _, rt := range chatBodyTrips {
 		f.Add([]byte(rt.with), uint8(rt.ep), uint8(rt.inj), false)
 	}
-	f.Add([]byte(`{"choices":[{"token_ids":[1],"x":{"token_ids":"]"}}]}`), uint8(Chat), uint8(7), true)
+	f.Add([]byte(`{"choices":[{"token_ids":[1],"x":{"token_ids":"]"}}]}`), uint8(openai.ChatCompletions), uint8(7), true)
 	f.Fuzz(func(t *testing.T, data []byte, ep, inj uint8, event bool) {
-		endpoint, flags := Endpoint(ep%5), Injected(inj&0x3f) // with OmitIDs and OmitLogprobs
+		endpoint, flags := openai.Endpoint(ep%5), Injected(inj&0x3f) // with OmitIDs and OmitLogprobs
 		var out []byte
 		drop := false
 		if event {
@@ -322,7 +324,7 @@ func BenchmarkStripEvent(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(ev)))
 	for b.Loop() {
-		out, drop := StripEvent(dst[:0], ev, Chat, ReturnTokenIDs|IncludeUsage|Logprobs)
+		out, drop := StripEvent(dst[:0], ev, openai.ChatCompletions, ReturnTokenIDs|IncludeUsage|Logprobs)
 		if drop || len(out) == 0 {
 			b.Fatal("unexpected drop")
 		}
@@ -335,7 +337,7 @@ func BenchmarkStripBody(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if out := StripBody(dst[:0], body, Chat, ReturnTokenIDs|Logprobs); len(out) == 0 {
+		if out := StripBody(dst[:0], body, openai.ChatCompletions, ReturnTokenIDs|Logprobs); len(out) == 0 {
 			b.Fatal("empty")
 		}
 	}
@@ -346,11 +348,11 @@ func TestStripAllocs(t *testing.T) {
 	body := []byte(chatBodyTrips[1].with)
 	dst := make([]byte, 0, len(body))
 	allocs := testing.AllocsPerRun(100, func() {
-		out, drop := StripEvent(dst[:0], ev, Chat, ReturnTokenIDs|IncludeUsage|Logprobs)
+		out, drop := StripEvent(dst[:0], ev, openai.ChatCompletions, ReturnTokenIDs|IncludeUsage|Logprobs)
 		if drop || string(out) != chatStreamTrips[2].without {
 			t.Fatalf("StripEvent = %s", out)
 		}
-		if out := StripBody(dst[:0], body, Chat, ReturnTokenIDs|Logprobs); string(out) != chatBodyTrips[1].without {
+		if out := StripBody(dst[:0], body, openai.ChatCompletions, ReturnTokenIDs|Logprobs); string(out) != chatBodyTrips[1].without {
 			t.Fatalf("StripBody = %s", out)
 		}
 	})
@@ -381,7 +383,7 @@ func BenchmarkStripEventKinds(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(ev)))
 			for b.Loop() {
-				if _, drop := StripEvent(dst[:0], ev, Chat, tc.inj); drop != tc.drop {
+				if _, drop := StripEvent(dst[:0], ev, openai.ChatCompletions, tc.inj); drop != tc.drop {
 					b.Fatal("drop")
 				}
 			}

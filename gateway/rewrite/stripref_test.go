@@ -3,6 +3,8 @@ package rewrite
 import (
 	"bytes"
 	"testing"
+
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // The stripper as it was before the walk was made cheaper (commit "rewrite:
@@ -163,7 +165,7 @@ func (it *refArrIter) next() (start, end int, ok bool) {
 	return start, end, true
 }
 
-func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]byte, bool) {
+func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool) ([]byte, bool) {
 	open := skipWS(data, 0)
 	if open >= len(data) || data[open] != '{' {
 		return data, false
@@ -171,7 +173,7 @@ func refStrip(dst, data []byte, endpoint Endpoint, inj Injected, event bool) ([]
 	w := writer{src: data, dst: dst}
 	ids := inj&ReturnTokenIDs != 0
 	lps := inj&Logprobs != 0
-	deleteMode := event && endpoint == Chat
+	deleteMode := event && endpoint == openai.ChatCompletions
 	omitIDs, omitLps := inj&OmitIDs != 0, inj&OmitLogprobs != 0
 
 	choicesSeen, usageSet := false, false
@@ -304,15 +306,15 @@ func FuzzStripMatchesReference(f *testing.F) {
 	for _, rt := range chatBodyTrips {
 		f.Add([]byte(rt.with), uint8(rt.ep), uint8(rt.inj), false)
 	}
-	f.Add([]byte(`{"choices":[{"token_ids":[1],"x":{"token_ids":"]"}}]}`), uint8(Chat), uint8(7), true)
-	f.Add([]byte(`{"choices":[{"a" 1},{"token_ids":[1]}],"usage":{}}`), uint8(Chat), uint8(3), true)
-	f.Add([]byte(`{"choices":[{"delta":{"content":"\\\"]}"}},1,"x\""],"prompt_token_ids":[1]}`), uint8(Chat), uint8(1), true)
-	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":1}}`), uint8(Completions), uint8(2), true)
+	f.Add([]byte(`{"choices":[{"token_ids":[1],"x":{"token_ids":"]"}}]}`), uint8(openai.ChatCompletions), uint8(7), true)
+	f.Add([]byte(`{"choices":[{"a" 1},{"token_ids":[1]}],"usage":{}}`), uint8(openai.ChatCompletions), uint8(3), true)
+	f.Add([]byte(`{"choices":[{"delta":{"content":"\\\"]}"}},1,"x\""],"prompt_token_ids":[1]}`), uint8(openai.ChatCompletions), uint8(1), true)
+	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":1}}`), uint8(openai.Completions), uint8(2), true)
 	f.Fuzz(func(t *testing.T, data []byte, ep, inj uint8, event bool) {
-		endpoint, flags := Endpoint(ep%5), Injected(inj&63)
+		endpoint, flags := openai.Endpoint(ep%5), Injected(inj&63)
 		var got, want []byte
 		var gotDrop, wantDrop bool
-		rewritten := endpoint == Chat || endpoint == Completions
+		rewritten := endpoint == openai.ChatCompletions || endpoint == openai.Completions
 		if event {
 			got, gotDrop = StripEvent(nil, data, endpoint, flags)
 			want = data

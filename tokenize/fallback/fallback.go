@@ -26,13 +26,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
-)
 
-// Backend kinds (as configured or detected, see docs/engines.md).
-const (
-	KindVLLM     = "vllm"
-	KindSGLang   = "sglang"
-	KindLlamaCpp = "llamacpp"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // ErrUnsupported is returned when the backend kind has no tokenizer endpoint
@@ -47,8 +42,8 @@ type Client struct {
 	// BaseURL is the backend's URL, with or without the OpenAI "/v1" suffix
 	// (tokenizer endpoints have no /v1 prefix, which is stripped).
 	BaseURL string
-	// Kind is one of the Kind* constants ("" is read as vLLM).
-	Kind string
+	// Kind is the backend's engine; the zero value is vLLM.
+	Kind openai.Kind
 	// HTTP is the client used (default: one with a 30s timeout).
 	HTTP *http.Client
 }
@@ -92,7 +87,7 @@ func (c *Client) chatIDs(ctx context.Context, req gjson.Result) ([]uint32, error
 		return nil, errors.New("fallback: chat request has no messages array")
 	}
 	switch c.Kind {
-	case "", KindVLLM:
+	case openai.KindVLLM:
 		// vLLM's chat form; every template-relevant field of the request is
 		// forwarded as it is, so /tokenize renders the same prompt.
 		var b bytes.Buffer
@@ -115,7 +110,7 @@ func (c *Client) chatIDs(ctx context.Context, req gjson.Result) ([]uint32, error
 			return nil, err
 		}
 		return idList(res.Get("tokens"), "tokens")
-	case KindLlamaCpp:
+	case openai.KindLlamaCpp:
 		// llama.cpp renders with /apply-template, then tokenizes the text the
 		// way its chat route does (special tokens added and parsed).
 		body, err := json.Marshal(map[string]json.RawMessage{"messages": json.RawMessage(msgs.Raw)})
@@ -173,9 +168,9 @@ func (c *Client) completionIDs(ctx context.Context, req gjson.Result) ([][]uint3
 			ids, err = idList(pr, "prompt")
 		case pr.Type != gjson.String:
 			err = fmt.Errorf("fallback: prompt %d is neither text nor ids", i)
-		case c.Kind == KindLlamaCpp:
+		case c.Kind == openai.KindLlamaCpp:
 			ids, err = c.llamaTokenize(ctx, pr.Str)
-		case c.Kind == "" || c.Kind == KindVLLM || c.Kind == KindSGLang:
+		case c.Kind == openai.KindVLLM || c.Kind == openai.KindSGLang:
 			body := map[string]any{"prompt": pr.Str, "add_special_tokens": true}
 			if m := req.Get("model"); m.Type == gjson.String {
 				body["model"] = m.Str

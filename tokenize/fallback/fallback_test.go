@@ -16,6 +16,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
 	"github.com/rollgate/rollgate/tokenize/fallback"
 )
@@ -88,7 +89,7 @@ func call(t *testing.T, base, path, request string) *captured {
 	body := post(t, base+path, request)
 	p := capture.AcquirePending()
 	p.Meta = export.Call{RolloutID: "r", AttemptID: "a", SequenceID: 1, Endpoint: path, HTTPStatus: 200}
-	p.Endpoint = capture.EndpointOf(path)
+	p.Endpoint = openai.EndpointOf(path)
 	p.Request = []byte(request)
 	c := &captured{request: []byte(request)}
 	if gjson.Get(request, "stream").Bool() {
@@ -127,7 +128,7 @@ func TestPromptIDsVLLMChatEqualsEngine(t *testing.T) {
 	_, base := startMock(t, mock.Config{})
 	req := chatRequest(false, "")
 	want := gjson.GetBytes(post(t, base+chatPath, req), "prompt_token_ids")
-	c := &fallback.Client{BaseURL: base, Kind: fallback.KindVLLM}
+	c := &fallback.Client{BaseURL: base, Kind: openai.KindVLLM}
 	got, err := c.PromptIDs(context.Background(), "/v1/chat/completions", []byte(req))
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +194,7 @@ func TestPromptIDsErrors(t *testing.T) {
 			t.Errorf("%s: err = %v, want %q", tc.req, err, tc.want)
 		}
 	}
-	sg := &fallback.Client{BaseURL: base, Kind: fallback.KindSGLang}
+	sg := &fallback.Client{BaseURL: base, Kind: openai.KindSGLang}
 	if _, err := sg.PromptIDs(ctx, chatPath, []byte(`{"messages":[]}`)); err != fallback.ErrUnsupported {
 		t.Fatalf("sglang chat: %v", err)
 	}
@@ -250,7 +251,7 @@ func TestFill(t *testing.T) {
 				t.Fatalf("before Fill: token_source %s (%s)", got, c.rows[0].TokenCheck)
 			}
 			before := srv.RequestsTo(mock.PathTokenize)
-			cl := &fallback.Client{BaseURL: base, Kind: fallback.KindVLLM}
+			cl := &fallback.Client{BaseURL: base, Kind: openai.KindVLLM}
 			out, err := cl.Fill(context.Background(), c.rows, c.request, c.each)
 			if err != nil {
 				t.Fatal(err)
@@ -373,7 +374,7 @@ func fakeLlamaCpp(t *testing.T) *httptest.Server {
 
 func TestLlamaCpp(t *testing.T) {
 	s := fakeLlamaCpp(t)
-	c := &fallback.Client{BaseURL: s.URL + "/v1/", Kind: fallback.KindLlamaCpp}
+	c := &fallback.Client{BaseURL: s.URL + "/v1/", Kind: openai.KindLlamaCpp}
 	ctx := context.Background()
 	got, err := c.PromptIDs(ctx, chatPath, []byte(`{"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
@@ -395,7 +396,7 @@ func TestLlamaCpp(t *testing.T) {
 	req := `{"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true}`
 	p := capture.AcquirePending()
 	p.Meta = export.Call{Endpoint: "/v1/chat/completions", HTTPStatus: 200}
-	p.Endpoint = capture.EndpointChatCompletions
+	p.Endpoint = openai.ChatCompletions
 	p.Request, p.Body = []byte(req), []byte(resp)
 	var a capture.Assembler
 	rows := capture.Rows(p, &a)
