@@ -19,11 +19,7 @@ func TestUpgradeAddsNewColumns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := schema
-	for _, c := range []string{"turn_kind", "turn_prefix_len", "turn_prev_sequence_id", "api_key_name"} { // added after the first schema
-		old = strings.Replace(old, ",\n    "+c+" ", "\n    -- "+c+" ", 1)
-	}
-	old = strings.Replace(old, "completion_tokens    INTEGER NOT NULL DEFAULT 0\n", "completion_tokens    INTEGER NOT NULL DEFAULT 0\n", 1)
+	old := withoutColumns(t, schema, "turn_kind", "turn_prefix_len", "turn_prev_sequence_id", "api_key_name") // added after the first schema
 	if _, err := db.Exec(old); err != nil {
 		t.Fatalf("old schema: %v\n%s", err, old)
 	}
@@ -60,16 +56,7 @@ func TestUpgradeAddsGroupID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := schema
-	for _, c := range []string{"group_id"} { // added after the first schema
-		line := "\n    " + c + " "
-		i := strings.Index(old, line)
-		if i < 0 {
-			t.Fatalf("schema.sql has no column %s", c)
-		}
-		end := strings.Index(old[i+1:], "\n")
-		old = old[:i] + old[i+1+end:]
-	}
+	old := withoutColumns(t, schema, "group_id") // added after the first schema
 	if _, err := db.Exec(old); err != nil {
 		t.Fatalf("old schema: %v\n%s", err, old)
 	}
@@ -89,4 +76,20 @@ func TestUpgradeAddsGroupID(t *testing.T) {
 	}
 	defer s.Close()
 	storetest.CheckUpgradedRollouts(t, s)
+}
+
+// withoutColumns is the schema without the lines of cols (a file of an
+// older release), wherever they are in their tables.
+func withoutColumns(t *testing.T, schema string, cols ...string) string {
+	t.Helper()
+	for _, c := range cols {
+		line := "\n    " + c + " "
+		i := strings.Index(schema, line)
+		if i < 0 {
+			t.Fatalf("schema.sql has no column %s", c)
+		}
+		end := strings.Index(schema[i+1:], "\n")
+		schema = schema[:i] + schema[i+1+end:]
+	}
+	return strings.ReplaceAll(schema, ",\n)", "\n)") // a table's last column has no comma
 }
