@@ -43,9 +43,12 @@
 // # Files
 //
 // queue.go holds Pending, Config and the Pipeline (queue, workers, batcher,
-// Sync); walpipe.go connects the Pipeline to the WAL. assemble.go holds the
-// Assembler; rows.go, redact.go and sse.go hold Rows, the Redactor and the
-// SSEScanner.
+// Sync); walpipe.go connects the Pipeline to the WAL. The Assembler spans
+// assemble.go (its state, Reset, SetBody, AddChunk and Result),
+// assemble_choice.go (per-choice state, streamed chunks merged into it),
+// assemble_build.go (non-streamed bodies; messages and the assembled body)
+// and jsonwalk.go (the raw JSON walkers and value readers). rows.go,
+// redact.go and sse.go hold Rows, the Redactor and the SSEScanner.
 //
 // On the gateway's hot path run only Pending.AddEvent (the Assembler, one
 // event at a time), the SSEScanner and the WAL write; the rest runs in the
