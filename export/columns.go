@@ -242,6 +242,21 @@ func TableByName(name string) (TableInfo, bool) {
 	return TableInfo{}, false
 }
 
+// ColumnDefs returns the column definitions of table for a CREATE TABLE
+// statement: one line per column, line(c) indented by four spaces, joined
+// with ",\n". The stores' DDL templates call it as {{columns "table"}}.
+func ColumnDefs(table string, line func(ColumnInfo) string) (string, error) {
+	t, ok := TableByName(table)
+	if !ok {
+		return "", fmt.Errorf("no table %q in export's column table", table)
+	}
+	lines := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		lines[i] = "    " + line(c)
+	}
+	return strings.Join(lines, ",\n"), nil
+}
+
 // SpoolVersion is the spool payload version that carries every field: the
 // highest Since of all tables.
 func SpoolVersion() byte {

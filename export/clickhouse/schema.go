@@ -92,15 +92,9 @@ func RenderDDL(f Features, db string, ttlDays int) ([]string, error) {
 			return ""
 		},
 		"columns": func(table string) (string, error) {
-			t, ok := export.TableByName(table)
-			if !ok {
-				return "", fmt.Errorf("no table %q in export's column table", table)
-			}
-			lines := make([]string, len(t.Columns))
-			for i, c := range t.Columns {
-				lines[i] = "    " + c.Name + " " + c.ClickHouseDecl(f.LowCardinality, f.Codecs)
-			}
-			return strings.Join(lines, ",\n"), nil
+			return export.ColumnDefs(table, func(c export.ColumnInfo) string {
+				return c.Name + " " + c.ClickHouseDecl(f.LowCardinality, f.Codecs)
+			})
 		},
 	}
 	p := ddlParams{Database: db, TTLDays: ttlDays, TTL: f.TTL && ttlDays > 0}

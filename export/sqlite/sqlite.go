@@ -113,15 +113,7 @@ var schema = renderSchema()
 func renderSchema() string {
 	tmpl := template.Must(template.New("schema.sql").Funcs(template.FuncMap{
 		"columns": func(table string) (string, error) {
-			t, ok := export.TableByName(table)
-			if !ok {
-				return "", fmt.Errorf("no table %q in export's column table", table)
-			}
-			lines := make([]string, len(t.Columns))
-			for i, c := range t.Columns {
-				lines[i] = fmt.Sprintf("    %-20s %s", c.Name, c.SQLiteDecl())
-			}
-			return strings.Join(lines, ",\n"), nil
+			return export.ColumnDefs(table, func(c export.ColumnInfo) string { return fmt.Sprintf("%-20s %s", c.Name, c.SQLiteDecl()) })
 		},
 	}).Parse(schemaSQL))
 	var b strings.Builder
