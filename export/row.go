@@ -1,6 +1,8 @@
-// Package export holds the stored tables of docs/contract.md §3 (their row types),
-// the Sink and Store interfaces every backend store implements, and the
-// stores themselves in sub-packages (clickhouse, sqlite).
+// Package export holds the stored tables of docs/contract.md §3 (their row
+// types and, next to each, its column table: CallTable, RewardTable,
+// RolloutTable, SpanTable; see columns.go), the Sink and Store interfaces
+// every backend store implements, and the stores themselves in sub-packages
+// (clickhouse, sqlite).
 //
 // Imports point downstream: gateway → capture → export. The trainer bridge
 // reads captured data through the Store interface defined here.
