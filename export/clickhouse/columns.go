@@ -31,7 +31,8 @@ func nonNil[T any](s []T) []T {
 // appendValues appends r's values for an insert, in column order, to dst:
 // bools as UInt8, nil arrays as empty ones.
 func appendValues[R any](dst []any, cols []export.Column[R], r *R) []any {
-	for _, c := range cols {
+	for i := range cols {
+		c := &cols[i]
 		p := c.Field(r)
 		switch c.Type {
 		case export.TypeString:
@@ -109,9 +110,13 @@ func selectList[R any](cols []export.Column[R], omit func(string) bool) string {
 	return b.String()
 }
 
-// finish completes s.row after a Scan into s.dest; id names the row in errors.
-func (s *scanner[R]) finish(id func(*R) string) error {
-	for i, c := range s.cols {
+// scan reads the current row of rows into s.row; id names the row in errors.
+func (s *scanner[R]) scan(rows interface{ Scan(...any) error }, id func(*R) string) error {
+	if err := rows.Scan(s.dest...); err != nil {
+		return err
+	}
+	for i := range s.cols {
+		c := &s.cols[i]
 		var err error
 		switch c.Type {
 		case export.TypeBool:

@@ -18,31 +18,52 @@ import (
 // text: numbers in their shortest exact form, arrays as [1,2,3] (strings
 // inside arrays JSON-quoted), NULL as "NULL", DateTime as 2006-01-02 15:04:05.
 func (s *Store) Query(ctx context.Context, query string) (*export.Result, error) {
+	res := &export.Result{}
+	err := s.queryEach(ctx, query, func(cols []string) { res.Columns = cols }, func(row []string) error {
+		res.Rows = append(res.Rows, row)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// QueryEach is Query handing out one row at a time (export.RowStreamer).
+func (s *Store) QueryEach(ctx context.Context, query string, f func(row []string) error) error {
+	return s.queryEach(ctx, query, func([]string) {}, f)
+}
+
+// queryEach runs query, tells columns its column names, then calls f with
+// each row, freshly allocated.
+func (s *Store) queryEach(ctx context.Context, query string, columns func([]string), f func(row []string) error) error {
 	rows, err := s.conn.Query(ctx, query)
 	if err != nil {
-		return nil, fmt.Errorf("clickhouse: query: %w", err)
+		return fmt.Errorf("clickhouse: query: %w", err)
 	}
 	defer rows.Close()
 	types := rows.ColumnTypes()
-	res := &export.Result{Columns: rows.Columns()}
+	columns(rows.Columns())
 	dest := make([]any, len(types))
 	for rows.Next() {
 		for i, t := range types {
 			dest[i] = reflect.New(t.ScanType()).Interface()
 		}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("clickhouse: query: scan: %w", err)
+			return fmt.Errorf("clickhouse: query: scan: %w", err)
 		}
 		row := make([]string, len(dest))
 		for i, d := range dest {
 			row[i] = renderValue(reflect.ValueOf(d).Elem().Interface(), isDateType(types[i].DatabaseTypeName()))
 		}
-		res.Rows = append(res.Rows, row)
+		if err := f(row); err != nil {
+			return err
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("clickhouse: query: %w", err)
+		return fmt.Errorf("clickhouse: query: %w", err)
 	}
-	return res, nil
+	return nil
 }
 
 // isDateType reports whether a column type holds dates without a time of day
@@ -164,10 +185,7 @@ func (s *Store) readCalls(ctx context.Context, query string, opt export.ReadOpti
 	defer rows.Close()
 	sc := newScanner(cols)
 	for rows.Next() {
-		if err := rows.Scan(sc.dest...); err != nil {
-			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
-		}
-		if err := sc.finish(spanOf); err != nil {
+		if err := sc.scan(rows, spanOf); err != nil {
 			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 		}
 		f(&sc.row)
@@ -215,7 +233,7 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 	}
 	sc := newScanner(rolloutCols)
 	for rows.Next() {
-		if err := rows.Scan(sc.dest...); err != nil {
+		if err := sc.scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 		}
@@ -247,7 +265,7 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 	defer rows.Close()
 	rsc := newScanner(rewardCols)
 	for rows.Next() {
-		if err := rows.Scan(rsc.dest...); err != nil {
+		if err := rsc.scan(rows, func(r *export.Reward) string { return fmt.Sprintf("reward %q", r.Name) }); err != nil {
 			return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 		}
 		if d := out[rsc.row.RolloutID]; d != nil {

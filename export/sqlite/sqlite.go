@@ -224,7 +224,8 @@ func insertRows[R any](ctx context.Context, tx *sql.Tx, query string, tbl *expor
 // dst: integers as int64 (uint64 bits unchanged), bools as 0/1, arrays as
 // JSON text (built in buf, which it returns for reuse).
 func appendArgs[R any](dst []any, buf []byte, cols []export.Column[R], r *R) ([]any, []byte) {
-	for _, c := range cols {
+	for i := range cols {
+		c := &cols[i]
 		p := c.Field(r)
 		switch c.Type {
 		case export.TypeString:
@@ -281,9 +282,13 @@ func newScanner[R any](cols []export.Column[R]) *scanner[R] {
 	return s
 }
 
-// finish completes s.row after a Scan into s.dest; id names the row in errors.
-func (s *scanner[R]) finish(id func(*R) string) error {
-	for i, c := range s.cols {
+// scan reads the current row of rows into s.row; id names the row in errors.
+func (s *scanner[R]) scan(rows *sql.Rows, id func(*R) string) error {
+	if err := rows.Scan(s.dest...); err != nil {
+		return err
+	}
+	for i := range s.cols {
+		c := &s.cols[i]
 		var err error
 		switch p := c.Field(&s.row); c.Type {
 		case export.TypeUint64:
@@ -382,10 +387,7 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	var out []export.Call
 	sc := newScanner(export.CallTable.Columns)
 	for rows.Next() {
-		if err := rows.Scan(sc.dest...); err != nil {
-			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
-		}
-		if err := sc.finish(func(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }); err != nil {
+		if err := sc.scan(rows, func(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 		}
 		out = append(out, sc.row)
@@ -407,11 +409,10 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 	}
 	rsc := newScanner(export.RolloutTable.Columns)
 	for rows.Next() {
-		if err := rows.Scan(rsc.dest...); err != nil {
+		if err := rsc.scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 		}
-		_ = rsc.finish(nil) // no arrays: cannot fail
 		d.Attempts = append(d.Attempts, rsc.row)
 	}
 	rows.Close()
@@ -431,10 +432,9 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 	defer rows.Close()
 	wsc := newScanner(export.RewardTable.Columns)
 	for rows.Next() {
-		if err := rows.Scan(wsc.dest...); err != nil {
+		if err := wsc.scan(rows, func(r *export.Reward) string { return fmt.Sprintf("reward %q", r.Name) }); err != nil {
 			return nil, fmt.Errorf("sqlite: read rewards: %w", err)
 		}
-		_ = wsc.finish(nil) // no arrays: cannot fail
 		d.Rewards = append(d.Rewards, wsc.row)
 	}
 	if err := rows.Err(); err != nil {
