@@ -274,6 +274,14 @@ type BulkRolloutReader interface {
 	Rollouts(ctx context.Context, ids []string, opt ReadOptions) (map[string]*RolloutDetail, error)
 }
 
+// RowStreamer is implemented by stores that hand out the rows of ad-hoc SQL
+// one at a time, rendered as Store.Query renders them, so a reader of many
+// rows (the trainer bridge's selection) does not hold them all; f may keep
+// the strings but not the slice.
+type RowStreamer interface {
+	QueryEach(ctx context.Context, query string, f func(row []string) error) error
+}
+
 // ReadOptions leave out of a bulk read the columns its reader does not need.
 type ReadOptions struct {
 	// NoResponseBody leaves Call.ResponseBody empty: the engine's raw

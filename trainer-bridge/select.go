@@ -97,17 +97,10 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 	groups := map[string]string{} // rollout -> group_id from any of its rows
 	// Metadata only where group_id is empty: rows of older releases kept the
 	// group there alone (and metadata can be large).
-	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
-		" CASE WHEN group_id = '' THEN metadata ELSE '' END FROM rollouts")
-	if err != nil {
-		if strings.Contains(err.Error(), "group_id") {
-			return nil, fmt.Errorf("bridge: listing rollouts: the rollouts table has no group_id (made by an older rollgate; opening it with this one adds the column, on a cluster see deploy/clickhouse/cluster.sql): %w", err)
-		}
-		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
-	}
-	for _, row := range res.Rows {
+	err := queryEach(ctx, store, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
+		" CASE WHEN group_id = '' THEN metadata ELSE '' END FROM rollouts", func(row []string) error {
 		if len(row) < 7 {
-			return nil, fmt.Errorf("bridge: listing rollouts: row with %d columns", len(row))
+			return fmt.Errorf("row with %d columns", len(row))
 		}
 		if g := row[5]; g != "" {
 			groups[row[0]] = g
@@ -116,7 +109,7 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		}
 		upd, err := strconv.ParseUint(row[4], 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("bridge: listing rollouts: updated_unix_nano %q: %w", row[4], err)
+			return fmt.Errorf("updated_unix_nano %q: %w", row[4], err)
 		}
 		k := key{row[0], row[1]}
 		in := m[k]
@@ -130,21 +123,24 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 				in.TaskID = row[2]
 			}
 		}
-	}
-	res, err = store.Query(ctx, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls GROUP BY rollout_id, attempt_id")
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
+		if strings.Contains(err.Error(), "group_id") {
+			return nil, fmt.Errorf("bridge: listing rollouts: the rollouts table has no group_id (made by an older rollgate; opening it with this one adds the column, on a cluster see deploy/clickhouse/cluster.sql): %w", err)
+		}
+		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
 	}
-	for _, row := range res.Rows {
+	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls GROUP BY rollout_id, attempt_id", func(row []string) error {
 		if len(row) < 4 {
-			return nil, fmt.Errorf("bridge: listing attempts: row with %d columns", len(row))
+			return fmt.Errorf("row with %d columns", len(row))
 		}
 		first, err := strconv.ParseUint(row[3], 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("bridge: listing attempts: start time %q: %w", row[3], err)
+			return fmt.Errorf("start time %q: %w", row[3], err)
 		}
 		if row[0] == "" {
-			continue // calls not attributed to any rollout
+			return nil // calls not attributed to any rollout
 		}
 		k := key{row[0], row[1]}
 		in := m[k]
@@ -156,6 +152,10 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		if in.TaskID == "" {
 			in.TaskID = row[2]
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
 	}
 	tasks := set(sel.TaskIDs)
 	rollouts := set(sel.RolloutIDs)
@@ -210,6 +210,25 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		return a.AttemptID < b.AttemptID
 	})
 	return out, nil
+}
+
+// queryEach hands the rows of query to f one at a time when the store can
+// (export.RowStreamer: the selection then never holds every row of the
+// rollouts table as text), else from Store.Query's result.
+func queryEach(ctx context.Context, store export.Store, query string, f func(row []string) error) error {
+	if rs, ok := store.(export.RowStreamer); ok {
+		return rs.QueryEach(ctx, query, f)
+	}
+	res, err := store.Query(ctx, query)
+	if err != nil {
+		return err
+	}
+	for _, row := range res.Rows {
+		if err := f(row); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // later orders attempts by last status update, then first call, then id.

@@ -214,6 +214,15 @@ func (b *Background) Query(ctx context.Context, query string) (*export.Result, e
 	return s.Query(ctx, query)
 }
 
+// QueryEach implements export.RowStreamer.
+func (b *Background) QueryEach(ctx context.Context, query string, f func(row []string) error) error {
+	s, err := b.get()
+	if err != nil {
+		return err
+	}
+	return s.QueryEach(ctx, query, f)
+}
+
 // Calls implements export.Store.
 func (b *Background) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, error) {
 	s, err := b.get()

@@ -331,6 +331,15 @@ func testQuery(t *testing.T, s export.Store) {
 		if len(res.Rows) != len(wantRows) || (len(wantRows) > 0 && !reflect.DeepEqual(res.Rows, wantRows)) {
 			t.Fatalf("Query(%s) rows = %q, want %q", query, res.Rows, wantRows)
 		}
+		if rs, ok := s.(export.RowStreamer); ok {
+			var rows [][]string
+			if err := rs.QueryEach(ctx, query, func(row []string) error { rows = append(rows, append([]string(nil), row...)); return nil }); err != nil {
+				t.Fatalf("QueryEach(%s): %v", query, err)
+			}
+			if len(rows) != len(wantRows) || (len(wantRows) > 0 && !reflect.DeepEqual(rows, wantRows)) {
+				t.Fatalf("QueryEach(%s) rows = %q, want %q", query, rows, wantRows)
+			}
+		}
 	}
 	f("SELECT sequence_id, model, prompt_token_ids, response_token_ids, response_logprobs, prompt_tokens FROM llm_calls WHERE rollout_id = 'rq' ORDER BY sequence_id",
 		[]string{"sequence_id", "model", "prompt_token_ids", "response_token_ids", "response_logprobs", "prompt_tokens"},
