@@ -104,8 +104,9 @@ func DecodeRecord(buf []byte) (*export.Batch, int, error) {
 }
 
 // AppendBatch appends the compact binary encoding of b to dst: a version
-// byte, then each table as a count and its rows, every field in declaration
-// order (integers as varints, strings and arrays length-prefixed).
+// byte, then each table as a count and its rows, every field in the order
+// of its table's Spool columns (export.CallTable and the others; integers
+// as varints, strings and arrays length-prefixed).
 func AppendBatch(dst []byte, b *export.Batch) []byte {
 	dst = append(dst, payloadVersion)
 	dst = appendRows(dst, callFields, b.Calls)
