@@ -14,7 +14,6 @@ import (
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
-	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
 // Pending is the raw material of one call, handed over by the gateway's hot
@@ -173,9 +172,12 @@ func (p *Pending) eachEvent(f func(data []byte)) {
 }
 
 // IDFiller completes missing or miscounted token ids of one call's rows
-// after the fact (tokenize/fallback.Client: the backend's /tokenize, ids in logprobs).
+// after the fact (tokenize/fallback.Client: the backend's /tokenize, ids in
+// logprobs). payloads calls its argument with the non-streamed response body,
+// or with every kept SSE data payload in order. The pipeline counts a call
+// as filled unless Fill returns an error or an outcome with Skipped set.
 type IDFiller interface {
-	Fill(ctx context.Context, rows []export.Call, request []byte, payloads func(func(data []byte))) (fallback.Outcome, error)
+	Fill(ctx context.Context, rows []export.Call, request []byte, payloads func(func(data []byte))) (tokenize.FillOutcome, error)
 }
 
 // NamedSink is a sink with the name used in metrics and logs.

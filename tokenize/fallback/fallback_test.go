@@ -219,6 +219,10 @@ func reference(t *testing.T, path, req string) []export.Call {
 	return c.rows
 }
 
+// A Client is the capture pipeline's id filler; neither package imports the
+// other outside tests.
+var _ capture.IDFiller = (*fallback.Client)(nil)
+
 func TestFill(t *testing.T) {
 	const lp = `,"logprobs":true,"return_tokens_as_token_ids":true`
 	const cmplLP = `,"logprobs":1,"return_tokens_as_token_ids":true`

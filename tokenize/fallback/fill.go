@@ -12,19 +12,6 @@ import (
 	"github.com/rollgate/rollgate/tokenize"
 )
 
-// Outcome tells what Fill did to a call's rows.
-type Outcome struct {
-	// Prompt and Output are true when prompt ids (from the tokenizer
-	// endpoint) or output ids (from logprobs) were written into the rows.
-	Prompt, Output bool
-	// Skipped is true when the rows needed nothing (engine ids verified, or a
-	// failed call).
-	Skipped bool
-	// Failed lists the tokenize.Check* names that still fail with the
-	// fallback ids; the rows are then left as they were.
-	Failed []string
-}
-
 // Fill completes the token ids of one captured call. rows are the call's
 // llm_calls rows as capture.Rows built them (one per choice, token_source and
 // token_check already set by tokenize.Verify); request is the request body
@@ -40,10 +27,10 @@ type Outcome struct {
 // token_source "tokenize" and token_check kept as the engine's failed checks
 // (empty when the engine sent no ids), so the reason stays visible. On any
 // failure the rows are unchanged and the error says why.
-func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, payloads func(func(data []byte))) (Outcome, error) {
+func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, payloads func(func(data []byte))) (tokenize.FillOutcome, error) {
 	if len(rows) == 0 || rows[0].TokenSource == export.TokenSourceEngine ||
 		rows[0].Error != "" || rows[0].HTTPStatus >= 400 {
-		return Outcome{Skipped: true}, nil
+		return tokenize.FillOutcome{Skipped: true}, nil
 	}
 	check := rows[0].TokenCheck
 	none := rows[0].TokenSource == export.TokenSourceNone || rows[0].TokenSource == ""
@@ -51,7 +38,7 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 	needOutput := none || hasCheck(check, tokenize.CheckCompletionMissing, tokenize.CheckCompletionCount, tokenize.CheckLogprobsCount)
 	if !needPrompt && !needOutput {
 		// Only usage_missing: the engine's ids cannot be improved upon.
-		return Outcome{Skipped: true}, nil
+		return tokenize.FillOutcome{Skipped: true}, nil
 	}
 	n := 1
 	if v := gjson.GetBytes(request, "n"); v.Type == gjson.Number && v.Int() > 1 {
@@ -63,7 +50,7 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 	for i := range rows {
 		prompts[i], outputs[i] = rows[i].PromptTokenIDs, rows[i].ResponseTokenIDs
 	}
-	var out Outcome
+	var out tokenize.FillOutcome
 	if needPrompt {
 		ids, err := c.PromptIDs(ctx, rows[0].Endpoint, request)
 		if err != nil {
@@ -87,7 +74,7 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 		for i := range rows {
 			ids, ok := lp.IDs(rows[i].ChoiceIndex)
 			if !ok {
-				return Outcome{}, fmt.Errorf("fallback: choice %d: no logprobs with token ids "+
+				return tokenize.FillOutcome{}, fmt.Errorf("fallback: choice %d: no logprobs with token ids "+
 					"(request return_tokens_as_token_ids on vLLM, logprobs on llama.cpp)", rows[i].ChoiceIndex)
 			}
 			outputs[i] = ids
@@ -119,7 +106,7 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 	v := tokenize.Verify(&tc)
 	failed := slices.DeleteFunc(slices.Clone(v.Failed), func(s string) bool { return s == tokenize.CheckUsageMissing })
 	if len(failed) > 0 {
-		return Outcome{Failed: v.Failed}, fmt.Errorf("fallback: ids still fail %s", strings.Join(v.Failed, ","))
+		return tokenize.FillOutcome{Failed: v.Failed}, fmt.Errorf("fallback: ids still fail %s", strings.Join(v.Failed, ","))
 	}
 	if none {
 		check = ""
