@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/export/arrays"
 )
 
 // The columns of every insert and select come from export's column table
@@ -62,34 +61,7 @@ func appendValues[R any](dst []any, cols []export.Column[R], r *R) []any {
 	return dst
 }
 
-// scanner scans rows of a table into row: scalar columns straight into its
-// fields, bools through a UInt8, arrays as the text toString gives them
-// (selectList), which package arrays reads several times faster than the
-// driver scans an array through reflection, element by element.
-type scanner[R any] struct {
-	cols  []export.Column[R]
-	row   R
-	dest  []any
-	bools []uint8
-	texts []string
-}
-
-func newScanner[R any](cols []export.Column[R]) *scanner[R] {
-	s := &scanner[R]{cols: cols, dest: make([]any, len(cols)), bools: make([]uint8, len(cols)), texts: make([]string, len(cols))}
-	for i, c := range cols {
-		switch c.Type {
-		case export.TypeBool:
-			s.dest[i] = &s.bools[i]
-		case export.TypeUint32s, export.TypeFloat32s:
-			s.dest[i] = &s.texts[i]
-		default:
-			s.dest[i] = c.Field(&s.row)
-		}
-	}
-	return s
-}
-
-// selectList is the select list of cols for a scanner: arrays as text
+// selectList is the select list of cols for an export.Scanner: arrays as text
 // (toString; floats in their shortest round-trip form), the columns omit
 // names as empty strings.
 func selectList[R any](cols []export.Column[R], omit func(string) bool) string {
@@ -108,27 +80,4 @@ func selectList[R any](cols []export.Column[R], omit func(string) bool) string {
 		}
 	}
 	return b.String()
-}
-
-// scan reads the current row of rows into s.row; id names the row in errors.
-func (s *scanner[R]) scan(rows interface{ Scan(...any) error }, id func(*R) string) error {
-	if err := rows.Scan(s.dest...); err != nil {
-		return err
-	}
-	for i := range s.cols {
-		c := &s.cols[i]
-		var err error
-		switch c.Type {
-		case export.TypeBool:
-			*c.Field(&s.row).(*bool) = s.bools[i] != 0
-		case export.TypeUint32s:
-			*c.Field(&s.row).(*[]uint32), err = arrays.ParseUint32s(s.texts[i])
-		case export.TypeFloat32s:
-			*c.Field(&s.row).(*[]float32), err = arrays.ParseFloat32s(s.texts[i])
-		}
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", id(&s.row), c.Name, err)
-		}
-	}
-	return nil
 }

@@ -183,12 +183,12 @@ func (s *Store) readCalls(ctx context.Context, query string, opt export.ReadOpti
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 	}
 	defer rows.Close()
-	sc := newScanner(cols)
+	sc := export.NewScanner(cols, export.IntsNative)
 	for rows.Next() {
-		if err := sc.scan(rows, spanOf); err != nil {
+		if err := sc.Scan(rows, spanOf); err != nil {
 			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 		}
-		f(&sc.row)
+		f(&sc.Row)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
@@ -231,14 +231,14 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 	}
-	sc := newScanner(rolloutCols)
+	sc := export.NewScanner(rolloutCols, export.IntsNative)
 	for rows.Next() {
-		if err := sc.scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
+		if err := sc.Scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 		}
-		if d := out[sc.row.RolloutID]; d != nil {
-			d.Attempts = append(d.Attempts, sc.row)
+		if d := out[sc.Row.RolloutID]; d != nil {
+			d.Attempts = append(d.Attempts, sc.Row)
 		}
 	}
 	rows.Close()
@@ -263,13 +263,13 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 	}
 	defer rows.Close()
-	rsc := newScanner(rewardCols)
+	rsc := export.NewScanner(rewardCols, export.IntsNative)
 	for rows.Next() {
-		if err := rsc.scan(rows, func(r *export.Reward) string { return fmt.Sprintf("reward %q", r.Name) }); err != nil {
+		if err := rsc.Scan(rows, func(r *export.Reward) string { return fmt.Sprintf("reward %q", r.Name) }); err != nil {
 			return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 		}
-		if d := out[rsc.row.RolloutID]; d != nil {
-			d.Rewards = append(d.Rewards, rsc.row)
+		if d := out[rsc.Row.RolloutID]; d != nil {
+			d.Rewards = append(d.Rewards, rsc.Row)
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -257,60 +257,6 @@ func appendArgs[R any](dst []any, buf []byte, cols []export.Column[R], r *R) ([]
 	return dst, buf
 }
 
-// scanner scans rows of a table into row: text and REAL columns straight
-// into its fields, integers through an int64, arrays through their JSON text.
-type scanner[R any] struct {
-	cols  []export.Column[R]
-	row   R
-	dest  []any
-	ints  []int64
-	texts []string
-}
-
-func newScanner[R any](cols []export.Column[R]) *scanner[R] {
-	s := &scanner[R]{cols: cols, dest: make([]any, len(cols)), ints: make([]int64, len(cols)), texts: make([]string, len(cols))}
-	for i, c := range cols {
-		switch c.Type {
-		case export.TypeString, export.TypeFloat64:
-			s.dest[i] = c.Field(&s.row)
-		case export.TypeUint32s, export.TypeFloat32s:
-			s.dest[i] = &s.texts[i]
-		default:
-			s.dest[i] = &s.ints[i]
-		}
-	}
-	return s
-}
-
-// scan reads the current row of rows into s.row; id names the row in errors.
-func (s *scanner[R]) scan(rows *sql.Rows, id func(*R) string) error {
-	if err := rows.Scan(s.dest...); err != nil {
-		return err
-	}
-	for i := range s.cols {
-		c := &s.cols[i]
-		var err error
-		switch p := c.Field(&s.row); c.Type {
-		case export.TypeUint64:
-			*p.(*uint64) = uint64(s.ints[i])
-		case export.TypeUint32:
-			*p.(*uint32) = uint32(s.ints[i])
-		case export.TypeUint16:
-			*p.(*uint16) = uint16(s.ints[i])
-		case export.TypeBool:
-			*p.(*bool) = s.ints[i] != 0
-		case export.TypeUint32s:
-			*p.(*[]uint32), err = arrays.ParseUint32s(s.texts[i])
-		case export.TypeFloat32s:
-			*p.(*[]float32), err = arrays.ParseFloat32s(s.texts[i])
-		}
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", id(&s.row), c.Name, err)
-		}
-	}
-	return nil
-}
-
 // Query runs ad-hoc SQL and renders every value as text: integers and
 // floats in their shortest exact form, NULL as "NULL", arrays as the JSON
 // text they are stored as ([1,2,3]).
@@ -385,12 +331,12 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	}
 	defer rows.Close()
 	var out []export.Call
-	sc := newScanner(export.CallTable.Columns)
+	sc := export.NewScanner(export.CallTable.Columns, export.IntsAsInt64)
 	for rows.Next() {
-		if err := sc.scan(rows, func(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }); err != nil {
+		if err := sc.Scan(rows, func(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }); err != nil {
 			return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 		}
-		out = append(out, sc.row)
+		out = append(out, sc.Row)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
@@ -407,13 +353,13 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 	}
-	rsc := newScanner(export.RolloutTable.Columns)
+	rsc := export.NewScanner(export.RolloutTable.Columns, export.IntsAsInt64)
 	for rows.Next() {
-		if err := rsc.scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
+		if err := rsc.Scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 		}
-		d.Attempts = append(d.Attempts, rsc.row)
+		d.Attempts = append(d.Attempts, rsc.Row)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -430,12 +376,12 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 		return nil, fmt.Errorf("sqlite: read rewards: %w", err)
 	}
 	defer rows.Close()
-	wsc := newScanner(export.RewardTable.Columns)
+	wsc := export.NewScanner(export.RewardTable.Columns, export.IntsAsInt64)
 	for rows.Next() {
-		if err := wsc.scan(rows, func(r *export.Reward) string { return fmt.Sprintf("reward %q", r.Name) }); err != nil {
+		if err := wsc.Scan(rows, func(r *export.Reward) string { return fmt.Sprintf("reward %q", r.Name) }); err != nil {
 			return nil, fmt.Errorf("sqlite: read rewards: %w", err)
 		}
-		d.Rewards = append(d.Rewards, wsc.row)
+		d.Rewards = append(d.Rewards, wsc.Row)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqlite: read rewards: %w", err)
