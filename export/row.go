@@ -282,6 +282,21 @@ type RowStreamer interface {
 	QueryEach(ctx context.Context, query string, f func(row []string) error) error
 }
 
+// CollectRows gathers what a row-by-row query hands out into a Result: each
+// runs the query, telling columns its column names and row each row (a
+// fresh slice). Stores build Query on their QueryEach with it.
+func CollectRows(each func(columns func([]string), row func([]string) error) error) (*Result, error) {
+	res := &Result{}
+	err := each(func(cols []string) { res.Columns = cols }, func(row []string) error {
+		res.Rows = append(res.Rows, row)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
 // ReadOptions leave out of a bulk read the columns its reader does not need.
 type ReadOptions struct {
 	// NoResponseBody leaves Call.ResponseBody empty: the engine's raw

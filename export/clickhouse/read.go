@@ -18,15 +18,9 @@ import (
 // text: numbers in their shortest exact form, arrays as [1,2,3] (strings
 // inside arrays JSON-quoted), NULL as "NULL", DateTime as 2006-01-02 15:04:05.
 func (s *Store) Query(ctx context.Context, query string) (*export.Result, error) {
-	res := &export.Result{}
-	err := s.queryEach(ctx, query, func(cols []string) { res.Columns = cols }, func(row []string) error {
-		res.Rows = append(res.Rows, row)
-		return nil
+	return export.CollectRows(func(columns func([]string), row func([]string) error) error {
+		return s.queryEach(ctx, query, columns, row)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
 }
 
 // QueryEach is Query handing out one row at a time (export.RowStreamer).

@@ -261,16 +261,29 @@ func appendArgs[R any](dst []any, buf []byte, cols []export.Column[R], r *R) ([]
 // floats in their shortest exact form, NULL as "NULL", arrays as the JSON
 // text they are stored as ([1,2,3]).
 func (s *Store) Query(ctx context.Context, query string) (*export.Result, error) {
+	return export.CollectRows(func(columns func([]string), row func([]string) error) error {
+		return s.queryEach(ctx, query, columns, row)
+	})
+}
+
+// QueryEach is Query handing out one row at a time (export.RowStreamer).
+func (s *Store) QueryEach(ctx context.Context, query string, f func(row []string) error) error {
+	return s.queryEach(ctx, query, func([]string) {}, f)
+}
+
+// queryEach runs query, tells columns its column names, then calls f with
+// each row, freshly allocated.
+func (s *Store) queryEach(ctx context.Context, query string, columns func([]string), f func(row []string) error) error {
 	rows, err := s.db.QueryContext(ctx, query)
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: query: %w", err)
+		return fmt.Errorf("sqlite: query: %w", err)
 	}
 	defer rows.Close()
 	cols, err := rows.Columns()
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: query: %w", err)
+		return fmt.Errorf("sqlite: query: %w", err)
 	}
-	res := &export.Result{Columns: cols}
+	columns(cols)
 	vals := make([]any, len(cols))
 	ptrs := make([]any, len(cols))
 	for i := range vals {
@@ -278,18 +291,20 @@ func (s *Store) Query(ctx context.Context, query string) (*export.Result, error)
 	}
 	for rows.Next() {
 		if err := rows.Scan(ptrs...); err != nil {
-			return nil, fmt.Errorf("sqlite: query: scan: %w", err)
+			return fmt.Errorf("sqlite: query: scan: %w", err)
 		}
 		row := make([]string, len(cols))
 		for i, v := range vals {
 			row[i] = renderValue(v)
 		}
-		res.Rows = append(res.Rows, row)
+		if err := f(row); err != nil {
+			return err
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sqlite: query: %w", err)
+		return fmt.Errorf("sqlite: query: %w", err)
 	}
-	return res, nil
+	return nil
 }
 
 func renderValue(v any) string {
