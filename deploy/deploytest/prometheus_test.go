@@ -156,13 +156,14 @@ func TestPrometheusEvaluatesDeployQueries(t *testing.T) {
 	// Every alert expression parses and evaluates; the load (a dead, a hung
 	// and an id-less backend, a failing sink and a failing spooled sink)
 	// makes these return data (not RollgateDown, RollgateCaptureDropping,
-	// RollgateCaptureQueueFilling, RollgateExportLag, RollgateSpoolCorruptRecords).
+	// RollgateCaptureQueueFilling, RollgateExportLag, RollgateSpoolCorruptRecords,
+	// RollgateSequenceStoreUnavailable: the promtool tests make those fire).
 	t.Run("alert expressions", func(t *testing.T) {
 		withData := []string{"RollgateBackendDown", "RollgateBackendStalled", "RollgateHighErrorRate",
 			"RollgateExportErrors", "RollgateExportDroppingRows", "RollgateCallsWithoutTokenIDs",
 			"RollgateTokenIDsNotFromEngine", "RollgateSpoolFilling", "RollgateSpoolDroppingRows", "RollgateExportBacklog"}
-		if len(alerts) != 15 {
-			t.Fatalf("%d alert rules, want 15", len(alerts))
+		if len(alerts) != 16 {
+			t.Fatalf("%d alert rules, want 16", len(alerts))
 		}
 		for _, a := range alerts {
 			if _, err := prom.instant(a.expr); err != nil {
@@ -480,6 +481,7 @@ func startLoadedGateway(t *testing.T) string {
 			send("/v1/embeddings", `{"model":"m","input":"embed me"}`)
 			send("/v1/chat/completions", chat("noids", true))
 			send("/v1/chat/completions", chat("dead", false))
+			send("/rollout/bad%20id/attempt/a-1/v1/chat/completions", chat("m", false)) // refused: invalid_id
 			select {
 			case <-ctx.Done():
 			case <-time.After(50 * time.Millisecond): // the load's pace between rounds, not a wait
