@@ -129,9 +129,9 @@ func docRoutes(doc string) map[string]bool {
 }
 
 // codeRoutes reads the routes out of the router's source: the model routes
-// (routeOf), the fixed routes of Handle, the /api/v1 switch (api), the
-// bridge's routes and the lease API's mux patterns, mounted under
-// /api/v1/bridge. Parameters are written {}.
+// (routeOf), the fixed routes of Handle, the control plane's /api/v1
+// switch (ServeAPI), the bridge's routes and the lease API's mux patterns,
+// mounted under /api/v1/bridge. Parameters are written {}.
 func codeRoutes(t *testing.T) []route {
 	var out []route
 	for _, p := range caseStrings(t, "../gateway/proxy.go", "routeOf") {
@@ -140,8 +140,8 @@ func codeRoutes(t *testing.T) []route {
 	for _, p := range caseStrings(t, "../gateway/server.go", "Handle") {
 		out = append(out, route{"", p})
 	}
-	out = append(out, comparedRoutes(t, "../gateway/api.go", "api", "/api/v1", false)...)
-	out = append(out, comparedRoutes(t, "../gateway/bridge.go", "bridgeRoutes", "/api/v1/bridge", true)...)
+	out = append(out, comparedRoutes(t, "../controlplane/api.go", "ServeAPI", "/api/v1", false)...)
+	out = append(out, comparedRoutes(t, "../controlplane/bridge.go", "bridgeRoutes", "/api/v1/bridge", true)...)
 	for _, pat := range callStrings(t, "../trainer-bridge/lease/lease.go", "Handler", "HandleFunc") {
 		m, p, _ := strings.Cut(pat, " ")
 		out = append(out, route{m, "/api/v1/bridge" + p})

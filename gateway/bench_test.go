@@ -38,7 +38,7 @@ func benchTarget(b *testing.B, tracing *gateway.Tracing) (mockAddr, gwAddr strin
 	m := metrics.New()
 	pipe := capture.NewPipeline(capture.Config{}, []capture.NamedSink{{Name: "discard", Sink: discard{}}}, m, nil)
 	gw, err := gateway.New(gateway.Config{Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}},
-		Tracing: tracing}, nil, pipe, m, nil)
+		Tracing: tracing}, pipe, m, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -33,6 +33,12 @@ func appendError(dst []byte, status int, typ, msg string) []byte {
 	return dst
 }
 
+// AppendError appends the OpenAI-style error body every rollgate route
+// answers with (the control plane's routes included).
+func AppendError(dst []byte, status int, typ, msg string) []byte {
+	return appendError(dst, status, typ, msg)
+}
+
 // upstreamStatus maps an error from a backend call to the status returned to
 // the client: 504 on timeout, 502 otherwise (refused, reset, closed early).
 func upstreamStatus(err error) (int, string) {

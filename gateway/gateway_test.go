@@ -13,13 +13,12 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 )
 
-const chatBody = `{"model":"mock-model","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello to the world"}],"max_tokens":12}`
+const chatBody = gatewaytest.ChatBody
 
-func withStream(body string, extra string) string {
-	return strings.TrimSuffix(body, "}") + "," + extra + "}"
-}
+func withStream(body string, extra string) string { return gatewaytest.WithStream(body, extra) }
 
 func uint32s(r gjson.Result) []uint32 {
 	var out []uint32

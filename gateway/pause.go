@@ -1,11 +1,7 @@
 package gateway
 
 import (
-	"crypto/subtle"
-	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +23,19 @@ func (p *pauser) state() (bool, time.Time, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.paused, p.since, p.resumed
+}
+
+// Pause holds new calls until Resume (or PauseMaxHold); calls already sent
+// upstream finish normally.
+func (s *Server) Pause() {
+	s.pause.pause()
+	s.log.Info("paused: holding new calls", "in_flight", s.PauseState().InFlight)
+}
+
+// Resume releases the held calls.
+func (s *Server) Resume() {
+	s.pause.resume()
+	s.log.Info("resumed: releasing held calls")
 }
 
 func (p *pauser) pause() {
@@ -70,8 +79,9 @@ func (s *Server) waitIfPaused(ctx *fasthttp.RequestCtx, c *call) bool {
 
 const retryAfterSeconds = 5
 
-// pauseView is the drain state reported by pause/resume and GET backends.
-type pauseView struct {
+// PauseView is the drain state reported by POST /api/v1/pause and /resume
+// and GET /api/v1/backends.
+type PauseView struct {
 	Paused      bool   `json:"paused"`
 	PausedSince int64  `json:"paused_since_unix_nano,omitempty"`
 	HeldCalls   int64  `json:"held_calls"`
@@ -80,7 +90,9 @@ type pauseView struct {
 	State       string `json:"state"`
 }
 
-func (s *Server) pauseState() pauseView {
+// PauseState returns the drain state: whether new calls are held, how many
+// are held and how many are still in flight upstream.
+func (s *Server) PauseState() PauseView {
 	paused, since, _ := s.pause.state()
 	var inflight int64
 	t := s.table.Load()
@@ -89,7 +101,7 @@ func (s *Server) pauseState() pauseView {
 			inflight += r.outstanding.Load()
 		}
 	}
-	v := pauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running"}
+	v := PauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running"}
 	if paused {
 		v.PausedSince = since.UnixNano()
 		v.State = "draining"
@@ -98,128 +110,4 @@ func (s *Server) pauseState() pauseView {
 		}
 	}
 	return v
-}
-
-func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
-	s.pause.pause()
-	s.log.Info("paused: holding new calls", "in_flight", s.pauseState().InFlight)
-	writeJSON(ctx, fasthttp.StatusOK, s.pauseState())
-}
-
-func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
-	s.pause.resume()
-	s.log.Info("resumed: releasing held calls")
-	writeJSON(ctx, fasthttp.StatusOK, s.pauseState())
-}
-
-// authorizedAdmin checks the admin token (constant-time) on every /api/v1
-// route, reads included, when one is set. The scheme is matched without
-// regard to case (RFC 9110 §11.1).
-func (s *Server) authorizedAdmin(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.AdminToken == "" {
-		return true
-	}
-	got := ctx.Request.Header.Peek("Authorization")
-	if len(got) > 7 && strings.EqualFold(string(got[:7]), "bearer ") {
-		got = got[7:]
-	} else {
-		got = nil
-	}
-	if got != nil && subtle.ConstantTimeCompare(got, []byte(s.cfg.AdminToken)) == 1 {
-		return true
-	}
-	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate admin"`)
-	s.plainError(ctx, fasthttp.StatusUnauthorized, "authentication_error", "this /api/v1 route needs the admin token: Authorization: Bearer $ROLLGATE_ADMIN_TOKEN")
-	return false
-}
-
-// healthLoop checks every replica actively until stop closes.
-func (s *Server) healthLoop(stop <-chan struct{}) {
-	if s.cfg.HealthInterval < 0 {
-		return
-	}
-	t := time.NewTicker(s.cfg.HealthInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		for _, p := range s.table.Load().allPools() {
-			for _, r := range p.replicas {
-				if r.checkHealth(2 * time.Second) {
-					r.markSuccess()
-				} else {
-					r.markFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
-				}
-			}
-		}
-	}
-}
-
-// acquireSlot takes a concurrency slot (MaxConcurrency), waiting up to
-// QueueTimeout; when none frees up it answers 429 with Retry-After.
-func (s *Server) acquireSlot(ctx *fasthttp.RequestCtx, c *call) bool {
-	if s.slots == nil {
-		return true
-	}
-	select {
-	case s.slots <- struct{}{}:
-		return true
-	default:
-	}
-	t := time.NewTimer(s.cfg.QueueTimeout)
-	defer t.Stop()
-	select {
-	case s.slots <- struct{}{}:
-		return true
-	case <-t.C:
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds))
-		s.reject(ctx, c, rejectConcurrency, fasthttp.StatusTooManyRequests, "rate_limit_error",
-			fmt.Sprintf("the gateway is at its concurrency limit (%d calls in progress, max_concurrency) and no slot freed up within %s; retry later",
-				cap(s.slots), s.cfg.QueueTimeout))
-		return false
-	}
-}
-
-func (s *Server) releaseSlot() {
-	if s.slots != nil {
-		<-s.slots
-	}
-}
-
-// resolveClientKeys fills Key from KeyEnv and checks every key is usable.
-func resolveClientKeys(keys []ClientKey) ([]ClientKey, error) {
-	out := make([]ClientKey, 0, len(keys))
-	for i, k := range keys {
-		if k.Key == "" && k.KeyEnv != "" {
-			k.Key = os.Getenv(k.KeyEnv)
-		}
-		if k.Name == "" || k.Key == "" {
-			return nil, fmt.Errorf("client_keys[%d]: needs a name and a key (key_env %q is empty or unset)", i, k.KeyEnv)
-		}
-		out = append(out, k)
-	}
-	return out, nil
-}
-
-// clientKeyName checks the agent's API key (constant-time against every
-// configured key) and returns its name; ok is true when keys are off.
-func (s *Server) clientKeyName(ctx *fasthttp.RequestCtx) (name string, ok bool) {
-	if len(s.clientKeys) == 0 {
-		return "", true
-	}
-	got := ctx.Request.Header.Peek("Authorization")
-	if len(got) > 7 && strings.EqualFold(string(got[:7]), "bearer ") {
-		got = got[7:]
-	} else if k := ctx.Request.Header.Peek("api-key"); len(k) > 0 {
-		got = k
-	}
-	for _, k := range s.clientKeys {
-		if subtle.ConstantTimeCompare(got, []byte(k.Key)) == 1 {
-			name, ok = k.Name, true // keep comparing: constant time over the list
-		}
-	}
-	return name, ok
 }

@@ -425,7 +425,7 @@ func (s *Server) registeredTask(e *seqEntry) string {
 		return ""
 	}
 	if ri, ok := s.rollouts.Load(e.rollout); ok {
-		t := ri.(*rolloutInfo).taskID
+		t := ri.(string)
 		e.task.Store(&t)
 		return t
 	}

@@ -19,19 +19,15 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/rollgate/rollgate/capture"
-	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/hf"
-	"github.com/rollgate/rollgate/trainer-bridge/lease"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
-// Server is the gateway: an OpenAI-compatible proxy with capture and the
-// /api/v1 surface.
+// Server is the gateway: an OpenAI-compatible proxy with capture. The
+// /api/v1 surface and OTLP ingest are served by a ControlPlane it mounts.
 type Server struct {
 	cfg      Config
-	store    export.Store
 	capture  *capture.Pipeline
 	m        *metrics.Metrics
 	log      *slog.Logger
@@ -44,22 +40,17 @@ type Server struct {
 	seq          sequences
 	texts        interner // task and agent names
 	modelNames   interner // model names sent to a wildcard route
-	rollouts     sync.Map // rollout_id → *rolloutInfo
+	rollouts     sync.Map // rollout_id → registered task id (string)
 	draining     atomic.Bool
 	pause        pauser
 	slots        chan struct{} // MaxConcurrency tokens; nil = no limit
 	clientKeys   []ClientKey
 	held         atomic.Int64 // calls waiting while paused
 	stop         chan struct{}
-	queue        atomic.Pointer[tasks.Queue] // nil: no training-loop routes
-	localTok     *hf.Tokenizer               // DetokCheck's tokenizer.json, when a path
-	tracing      *Tracing                    // the gateway's own spans; nil = off
-	storeStatus  func() StoreStatus          // /readyz's store fields; nil = none
-
-	// The trainer pull API (/api/v1/bridge/*), made on first use.
-	leaseOnce sync.Once
-	leases    *lease.Queue
-	leaseHTTP fasthttp.RequestHandler
+	localTok     *hf.Tokenizer      // DetokCheck's tokenizer.json, when a path
+	tracing      *Tracing           // the gateway's own spans; nil = off
+	storeStatus  func() StoreStatus // /readyz's store fields; nil = none
+	control      ControlPlane       // /api/v1 and /v1/traces; nil = 404
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -68,24 +59,14 @@ type Server struct {
 	metricsHandler fasthttp.RequestHandler
 }
 
-// rolloutInfo is what the gateway remembers of a registered rollout.
-type rolloutInfo struct {
-	taskID    string
-	groupID   string // the rollouts table's group_id, carried onto status rows
-	createdNs uint64
-	metadata  string
-}
-
-// New builds a gateway. store serves the /api/v1 reads and writes; pipe
-// receives every completed call.
-func New(cfg Config, store export.Store, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logger) (*Server, error) {
+// New builds a gateway; pipe receives every completed call.
+func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logger) (*Server, error) {
 	cfg.SetDefaults()
 	if log == nil {
 		log = slog.Default()
 	}
 	s := &Server{
 		cfg:      cfg,
-		store:    store,
 		capture:  pipe,
 		m:        m,
 		log:      log,
@@ -262,7 +243,10 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, msg)
 			return
 		}
-		s.traces(ctx, attr)
+		if s.control == nil {
+			break
+		}
+		s.control.ServeTraces(ctx, string(attr.rolloutID), string(attr.attemptID))
 		return
 	case "/healthz", "/readyz":
 		if !ctx.IsGet() && !ctx.IsHead() {
@@ -278,8 +262,8 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	}
-	if len(path) >= 8 && string(path[:8]) == "/api/v1/" {
-		s.api(ctx, string(path[7:]))
+	if len(path) >= 8 && string(path[:8]) == "/api/v1/" && s.control != nil {
+		s.control.ServeAPI(ctx, string(path[7:]))
 		return
 	}
 	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))

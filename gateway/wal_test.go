@@ -65,7 +65,7 @@ func TestWALLogsCallsBeforeTheirAnswerEnds(t *testing.T) {
 	}
 	cfg := gateway.Config{Listen: ln.Addr().String(), UpstreamTimeout: 20 * time.Second, InjectLogprobs: true,
 		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "mock-1", URL: base, Kind: "vllm"}}}}}
-	gw, err := gateway.New(cfg, nil, pipe, m, nil)
+	gw, err := gateway.New(cfg, pipe, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

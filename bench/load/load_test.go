@@ -70,7 +70,7 @@ func newStack(t *testing.T, store export.Store) *stack {
 		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{
 			{Name: "mock-1", URL: base, Kind: "vllm"},
 		}}},
-	}, store, pipe, m, nil)
+	}, pipe, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
+	"github.com/rollgate/rollgate/controlplane"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/otlp"
@@ -438,12 +439,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	defer seqs.Close() // after the gateway's shutdown: the last calls may reserve
 	cfg.SequenceStore = seqs
 	seqFlags.apply(set, &cfg)
-	srv, err := gateway.New(cfg, store, pipe, m, log)
+	srv, err := gateway.New(cfg, pipe, m, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
 		return 2
 	}
 	srv.SetStoreStatus(sc.status)
+	cp := controlplane.New(controlplane.ConfigOf(cfg), srv, store, pipe, m, log)
+	srv.SetControlPlane(cp)
 	pipe.SetFallback(srv.FallbackFor)
 	pipe.SetDetok(srv.DetokFor)
 	go func() {
@@ -457,7 +460,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer tq.Close()
-	srv.SetTaskQueue(tq, time.Second)
+	cp.SetTaskQueue(tq, time.Second)
 	where := "embedded store " + fc.DB
 	if fc.ClickHouse != "" {
 		where = "ClickHouse " + redactDSN(fc.ClickHouse)
@@ -487,6 +490,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	cp.Close() // ends long polls and the lease sweep before the drain
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Error("shutdown", "err", err)
 	}

@@ -433,7 +433,7 @@ func startLoadedGateway(t *testing.T) string {
 			{Model: "dead", Replicas: []gateway.Replica{{Name: "dead-1", URL: deadURL, Kind: "vllm"}}},
 			{Model: "hung", Replicas: []gateway.Replica{{Name: "hung-1", URL: "http://" + hung.Addr().String() + "/v1", Kind: "vllm"}}},
 		},
-	}, store, pipe, m, quiet)
+	}, pipe, m, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -391,7 +391,7 @@ func startGateway(t *testing.T, sink export.Sink, mutate func(*gateway.Config)) 
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	gw, err := gateway.New(cfg, store, pipe, m, nil)
+	gw, err := gateway.New(cfg, pipe, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package gateway_test
+package controlplane_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
@@ -43,8 +44,8 @@ func spansOf(t *testing.T, store export.Store, where string) []map[string]string
 // attributes, and a hand-written OTLP/JSON body with hex ids; every span
 // lands in agent_spans, attributed, in both stores.
 func TestOTLPIngest(t *testing.T) {
-	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
-		e := newEnv(t, open(t), nil)
+	gatewaytest.StoreKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := gatewaytest.NewEnv(t, open(t), nil)
 		ctx := context.Background()
 		send := func(endpoint string, res *resource.Resource, f func(tr trace.Tracer)) {
 			t.Helper()
@@ -59,7 +60,7 @@ func TestOTLPIngest(t *testing.T) {
 			}
 		}
 		var rootSC, toolSC trace.SpanContext
-		send(e.url+"/rollout/ro-path/attempt/at-1/v1/traces",
+		send(e.URL+"/rollout/ro-path/attempt/at-1/v1/traces",
 			resource.NewSchemaless(attribute.String("service.name", "my-agent")),
 			func(tr trace.Tracer) {
 				c, root := tr.Start(ctx, "agent.run")
@@ -71,14 +72,14 @@ func TestOTLPIngest(t *testing.T) {
 				root.End()
 				rootSC, toolSC = root.SpanContext(), tool.SpanContext()
 			})
-		send(e.url+"/v1/traces",
+		send(e.URL+"/v1/traces",
 			resource.NewSchemaless(attribute.String("service.name", "other"), attribute.String("rollout_id", "ro-res"), attribute.String("attempt_id", "at-9")),
 			func(tr trace.Tracer) {
 				_, s := tr.Start(ctx, "step")
 				s.SetStatus(codes.Ok, "")
 				s.End()
 			})
-		got := spansOf(t, e.store, "rollout_id = 'ro-path' AND attempt_id = 'at-1'")
+		got := spansOf(t, e.Store, "rollout_id = 'ro-path' AND attempt_id = 'at-1'")
 		if len(got) != 2 {
 			t.Fatalf("spans of ro-path: %+v", got)
 		}
@@ -94,7 +95,7 @@ func TestOTLPIngest(t *testing.T) {
 			tool["service_name"] != "my-agent" || tool["kind"] != "internal" || gjson.Get(tool["attributes"], "retries").Int() != 2 {
 			t.Fatalf("tool span: %+v", tool)
 		}
-		if res := spansOf(t, e.store, "rollout_id = 'ro-res'"); len(res) != 1 || res[0]["attempt_id"] != "at-9" || res[0]["status_code"] != "ok" || res[0]["service_name"] != "other" {
+		if res := spansOf(t, e.Store, "rollout_id = 'ro-res'"); len(res) != 1 || res[0]["attempt_id"] != "at-9" || res[0]["status_code"] != "ok" || res[0]["service_name"] != "other" {
 			t.Fatalf("span attributed by resource: %+v", res)
 		}
 
@@ -108,11 +109,11 @@ func TestOTLPIngest(t *testing.T) {
 			   {"key":"tool.name","value":{"stringValue":"calculator"}},{"key":"ok","value":{"boolValue":false}}],
 			 "status":{"code":2,"message":"division by zero"}},
 			{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"01","name":"broken"}]}]}]}`
-		r := do(t, "POST", e.url+"/v1/traces", body)
-		if r.status != 200 || gjson.GetBytes(r.body, "partialSuccess.rejectedSpans").String() != "1" || !strings.Contains(r.header.Get("Content-Type"), "json") {
-			t.Fatalf("JSON export: %d %s", r.status, r.body)
+		r := gatewaytest.Do(t, "POST", e.URL+"/v1/traces", body)
+		if r.Status != 200 || gjson.GetBytes(r.Body, "partialSuccess.rejectedSpans").String() != "1" || !strings.Contains(r.Header.Get("Content-Type"), "json") {
+			t.Fatalf("JSON export: %d %s", r.Status, r.Body)
 		}
-		js := spansOf(t, e.store, "rollout_id = 'ro-json'")
+		js := spansOf(t, e.Store, "rollout_id = 'ro-json'")
 		if len(js) != 1 || js[0]["trace_id"] != "5b8efff798038103d269b633813fc60c" || js[0]["span_id"] != "eee19b7ec3c1b174" ||
 			js[0]["parent_span_id"] != "eee19b7ec3c1b173" || js[0]["kind"] != "client" || js[0]["tool_name"] != "calculator" ||
 			js[0]["status_code"] != "error" || js[0]["attempt_id"] != "at-2" || js[0]["service_name"] != "js-agent" {
@@ -124,47 +125,37 @@ func TestOTLPIngest(t *testing.T) {
 			{"application/x-protobuf", "\xff\xff\xff"},
 			{"text/plain", "hello"},
 		} {
-			r := do(t, "POST", e.url+"/v1/traces", bad.body, "Content-Type", bad.ct)
-			if r.status != 400 && r.status != 415 {
-				t.Errorf("%s %q: %d %s", bad.ct, bad.body, r.status, r.body)
+			r := gatewaytest.Do(t, "POST", e.URL+"/v1/traces", bad.body, "Content-Type", bad.ct)
+			if r.Status != 400 && r.Status != 415 {
+				t.Errorf("%s %q: %d %s", bad.ct, bad.body, r.Status, r.Body)
 			}
 		}
-		if r := do(t, "GET", e.url+"/v1/traces", ""); r.status != 405 {
-			t.Errorf("GET /v1/traces: %d", r.status)
+		if r := gatewaytest.Do(t, "GET", e.URL+"/v1/traces", ""); r.Status != 405 {
+			t.Errorf("GET /v1/traces: %d", r.Status)
 		}
-		m := do(t, "GET", e.url+"/metrics", "")
-		if !strings.Contains(string(m.body), `rollgate_agent_spans_total{attributed="true",result="stored"} 4`) ||
-			!strings.Contains(string(m.body), `rollgate_agent_spans_total{attributed="false",result="rejected"} 1`) {
-			t.Fatalf("agent span metrics:\n%s", grepLines(string(m.body), "rollgate_agent_spans_total"))
+		m := gatewaytest.Do(t, "GET", e.URL+"/metrics", "")
+		if !strings.Contains(string(m.Body), `rollgate_agent_spans_total{attributed="true",result="stored"} 4`) ||
+			!strings.Contains(string(m.Body), `rollgate_agent_spans_total{attributed="false",result="rejected"} 1`) {
+			t.Fatalf("agent span metrics:\n%s", gatewaytest.GrepLines(string(m.Body), "rollgate_agent_spans_total"))
 		}
 	})
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // TestToolSpanErrorBecomesAIR: an agent calls the model through its rollout
 // URL, gets a tool call, runs the tool, and reports the failed tool as an
 // OTLP span; the bridge turns it into an air_tool_span reward on that call.
 func TestToolSpanErrorBecomesAIR(t *testing.T) {
-	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
-		e := newEnv(t, open(t), nil)
+	gatewaytest.StoreKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := gatewaytest.NewEnv(t, open(t), nil)
 		ctx := context.Background()
-		base := e.url + "/rollout/ro-air/attempt/at-1"
-		c := do(t, "POST", base+"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"weather?"}],`+
+		base := e.URL + "/rollout/ro-air/attempt/at-1"
+		c := gatewaytest.Do(t, "POST", base+"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"weather?"}],`+
 			`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`)
-		callID := gjson.GetBytes(c.body, "choices.0.message.tool_calls.0.id").String()
-		if c.status != 200 || callID == "" {
-			t.Fatalf("no tool call from the mock: %d %s", c.status, c.body)
+		callID := gjson.GetBytes(c.Body, "choices.0.message.tool_calls.0.id").String()
+		if c.Status != 200 || callID == "" {
+			t.Fatalf("no tool call from the mock: %d %s", c.Status, c.Body)
 		}
-		e.waitCalls(c.header.Get("x-request-id"), 1)
+		e.WaitCalls(c.Header.Get("x-request-id"), 1)
 		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(base+"/v1/traces"))
 		if err != nil {
 			t.Fatal(err)
@@ -177,14 +168,14 @@ func TestToolSpanErrorBecomesAIR(t *testing.T) {
 		if err := tp.Shutdown(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if r := do(t, "POST", e.url+"/api/v1/rollouts/ro-air/rewards", `{"value":1,"attempt_id":"at-1"}`); r.status != 200 {
-			t.Fatalf("reward: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts/ro-air/rewards", `{"value":1,"attempt_id":"at-1"}`); r.Status != 200 {
+			t.Fatalf("reward: %d %s", r.Status, r.Body)
 		}
 		eng, err := air.New(air.DefaultConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := bridge.Build(ctx, e.store, bridge.Options{Selection: bridge.Selection{RolloutIDs: []string{"ro-air"}},
+		res, err := bridge.Build(ctx, e.Store, bridge.Options{Selection: bridge.Selection{RolloutIDs: []string{"ro-air"}},
 			AIR: eng, WriteAIR: true})
 		if err != nil {
 			t.Fatal(err)
@@ -192,7 +183,7 @@ func TestToolSpanErrorBecomesAIR(t *testing.T) {
 		if res.Stats.AIRHits[air.RuleToolSpan] != 1 {
 			t.Fatalf("AIR hits: %+v", res.Stats.AIRHits)
 		}
-		d, err := e.store.Rollout(ctx, "ro-air")
+		d, err := e.Store.Rollout(ctx, "ro-air")
 		if err != nil {
 			t.Fatal(err)
 		}

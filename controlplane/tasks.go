@@ -1,4 +1,4 @@
-package gateway
+package controlplane
 
 import (
 	"context"
@@ -7,21 +7,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/google/uuid"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // SetTaskQueue mounts the training-loop routes (tasks, heartbeats, completed
 // rollouts, resources) on q and starts sweeping expired leases every sweep.
-// Call it before Serve. Without a queue those routes answer 503.
+// Call it before the gateway serves. Without a queue those routes answer 503.
 func (s *Server) SetTaskQueue(q *tasks.Queue, sweep time.Duration) {
 	s.queue.Store(q)
 	if sweep <= 0 {
@@ -84,7 +85,7 @@ func (s *Server) mirror(c context.Context, changes []tasks.Change) {
 		}
 		if st.Status == tasks.StatusRunning {
 			s.rollouts.Store(st.RolloutID, &rolloutInfo{taskID: st.TaskID, groupID: group, createdNs: uint64(st.CreatedNano), metadata: string(st.Metadata)})
-			s.noteRegistered(st.RolloutID, st.TaskID)
+			s.gw.RegisterRollout(st.RolloutID, st.TaskID)
 		}
 		rows = append(rows, export.Rollout{RolloutID: st.RolloutID, AttemptID: a.AttemptID, TaskID: st.TaskID, GroupID: group,
 			Status: status, Metadata: queueMetadata(&st, &a), CreatedUnixNano: uint64(st.CreatedNano),
@@ -174,7 +175,7 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 			}
 			t.GroupID = minted[t.TaskID]
 		}
-		if !ValidName([]byte(t.GroupID)) {
+		if !gateway.ValidName([]byte(t.GroupID)) {
 			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("task %d: group_id must be at most 256 bytes of UTF-8 without control characters", i))
 			return
 		}
@@ -579,7 +580,7 @@ func (s *Server) postCalls(ctx *fasthttp.RequestCtx, rolloutID string) {
 	// Sequence ids are taken only once the whole body is valid.
 	for i := range b.Calls {
 		cl := &b.Calls[i]
-		seq, err := s.seq.next(rolloutID, cl.AttemptID)
+		seq, err := s.gw.NextSequenceID(rolloutID, cl.AttemptID)
 		if err != nil {
 			s.m.CallsRejected.WithLabelValues(rejectSequenceStore).Inc()
 			s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reserving sequence ids (nothing stored; retry): "+err.Error())

@@ -1,4 +1,4 @@
-package gateway
+package controlplane
 
 import (
 	"context"

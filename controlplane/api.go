@@ -1,7 +1,8 @@
-package gateway
+package controlplane
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,76 +13,19 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/internal/openai"
+	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
-// models answers GET /v1/models in OpenAI list format: the routed model names,
-// plus, for a wildcard route, the models its first replica lists.
-func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "use GET /v1/models")
-		return
-	}
-	if _, ok := s.clientKeyName(ctx); !ok {
-		s.plainError(ctx, fasthttp.StatusUnauthorized, "invalid_request_error", "Incorrect API key provided")
-		return
-	}
-	t := s.table.Load()
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	seen := map[string]bool{}
-	for _, name := range t.models() {
-		seen[name] = true
-		out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: "rollgate"})
-	}
-	if t.wildcard != nil {
-		r := t.wildcard.replicas[0]
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		req.SetRequestURI(r.origin + r.basePath + "/models")
-		req.Header.SetMethod(fasthttp.MethodGet)
-		if r.auth != "" {
-			req.Header.Set("Authorization", r.auth)
-		} else if a := ctx.Request.Header.Peek("Authorization"); len(a) > 0 && s.cfg.ForwardClientAuthorization {
-			req.Header.SetBytesV("Authorization", a)
-		}
-		if err := r.client.DoTimeout(req, resp, 10*time.Second); err == nil && resp.StatusCode() == 200 {
-			body, _ := readAll(resp, 8<<20)
-			var up struct {
-				Data []model `json:"data"`
-			}
-			if json.Unmarshal(body, &up) == nil {
-				for _, m := range up.Data {
-					if !seen[m.ID] {
-						seen[m.ID] = true
-						out.Data = append(out.Data, m)
-					}
-				}
-			}
-		}
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
-	}
-	writeJSON(ctx, fasthttp.StatusOK, out)
-}
-
-// api serves the /api/v1 routes; sub is the path after "/api/v1".
-func (s *Server) api(ctx *fasthttp.RequestCtx, sub string) {
+// ServeAPI serves the /api/v1 routes; sub is the path after "/api/v1".
+func (s *Server) ServeAPI(ctx *fasthttp.RequestCtx, sub string) {
 	method := string(ctx.Method())
 	parts := strings.Split(strings.Trim(sub, "/"), "/")
 	if !s.authorizedAdmin(ctx) {
 		return
 	}
-	if len(parts) >= 2 && parts[0] == "rollouts" && !ValidID([]byte(parts[1])) {
-		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid rollout id in the path: use "+IDCharset)
+	if len(parts) >= 2 && parts[0] == "rollouts" && !gateway.ValidID([]byte(parts[1])) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid rollout id in the path: use "+gateway.IDCharset)
 		return
 	}
 	switch {
@@ -127,7 +71,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	if err != nil {
 		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 		ctx.SetContentType("application/json")
-		ctx.SetBody(appendError(nil, 500, errServer, "encoding response: "+err.Error()))
+		ctx.SetBody(gateway.AppendError(nil, 500, errServer, "encoding response: "+err.Error()))
 		return
 	}
 	ctx.SetStatusCode(status)
@@ -150,67 +94,56 @@ func (s *Server) storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 30*time.Second)
 }
 
-type backendsDoc struct {
-	Backends []backendView `json:"backends"`
-	Drain    pauseView     `json:"drain"`
-}
-
-type backendView struct {
-	Model    string        `json:"model"`
-	Replicas []replicaView `json:"replicas"`
-	// Routing and LoadFactor are the pool's effective policy (defaults resolved).
-	Routing    string  `json:"routing"`
-	LoadFactor float64 `json:"load_factor,omitempty"`
-}
-
-type replicaView struct {
-	Replica
-	ResolvedKind string `json:"resolved_kind,omitempty"`
-	Outstanding  int64  `json:"outstanding"`
-	Healthy      bool   `json:"healthy"`
-}
-
 func (s *Server) getBackends(ctx *fasthttp.RequestCtx) {
-	t := s.table.Load()
-	doc := backendsDoc{Backends: []backendView{}, Drain: s.pauseState()}
-	for _, b := range t.spec {
-		p := t.lookup(b.Model)
-		if b.Model == "*" {
-			p = t.wildcard
-		}
-		v := backendView{Model: b.Model}
-		v.Routing, v.LoadFactor = routingOf(p.sel)
-		for _, r := range p.replicas {
-			rv := replicaView{Replica: r.spec, Outstanding: r.outstanding.Load(), Healthy: r.healthy()}
-			if r.kindOK.Load() {
-				rv.ResolvedKind = openai.Kind(r.kind.Load()).String()
-			}
-			v.Replicas = append(v.Replicas, rv)
-		}
-		doc.Backends = append(doc.Backends, v)
-	}
-	writeJSON(ctx, fasthttp.StatusOK, doc)
+	writeJSON(ctx, fasthttp.StatusOK, s.gw.Backends())
 }
 
 // putBackends swaps the routing table. In-flight calls keep the replica they
 // were sent to; new calls use the new table.
 func (s *Server) putBackends(ctx *fasthttp.RequestCtx) {
 	var doc struct {
-		Backends []Backend `json:"backends"`
+		Backends []gateway.Backend `json:"backends"`
 	}
 	if !s.decode(ctx, &doc) {
 		return
 	}
-	s.tableMu.Lock()
-	defer s.tableMu.Unlock()
-	t, err := buildTable(doc.Backends, s.table.Load(), &s.clients, s.upstreamKeys)
+	v, err := s.gw.ReplaceBackends(doc.Backends)
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 		return
 	}
-	s.table.Store(t)
-	s.log.Info("routing table replaced", "models", len(doc.Backends))
-	s.getBackends(ctx)
+	writeJSON(ctx, fasthttp.StatusOK, v)
+}
+
+func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
+	s.gw.Pause()
+	writeJSON(ctx, fasthttp.StatusOK, s.gw.PauseState())
+}
+
+func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
+	s.gw.Resume()
+	writeJSON(ctx, fasthttp.StatusOK, s.gw.PauseState())
+}
+
+// authorizedAdmin checks the admin token (constant-time) on every /api/v1
+// route, reads included, when one is set. The scheme is matched without
+// regard to case (RFC 9110 §11.1).
+func (s *Server) authorizedAdmin(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.AdminToken == "" {
+		return true
+	}
+	got := ctx.Request.Header.Peek("Authorization")
+	if len(got) > 7 && strings.EqualFold(string(got[:7]), "bearer ") {
+		got = got[7:]
+	} else {
+		got = nil
+	}
+	if got != nil && subtle.ConstantTimeCompare(got, []byte(s.cfg.AdminToken)) == 1 {
+		return true
+	}
+	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate admin"`)
+	s.plainError(ctx, fasthttp.StatusUnauthorized, "authentication_error", "this /api/v1 route needs the admin token: Authorization: Bearer $ROLLGATE_ADMIN_TOKEN")
+	return false
 }
 
 func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
@@ -225,7 +158,7 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if in.GroupID != "" {
-		if !ValidName([]byte(in.GroupID)) {
+		if !gateway.ValidName([]byte(in.GroupID)) {
 			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "group_id must be at most 256 bytes of UTF-8 without control characters")
 			return
 		}
@@ -242,11 +175,11 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 	if in.AttemptID == "" {
 		in.AttemptID = "at-" + uuid.NewString()[:8]
 	}
-	if !ValidID([]byte(in.RolloutID)) || !ValidID([]byte(in.AttemptID)) {
-		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "rollout_id and attempt_id must each be "+IDCharset)
+	if !gateway.ValidID([]byte(in.RolloutID)) || !gateway.ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "rollout_id and attempt_id must each be "+gateway.IDCharset)
 		return
 	}
-	if !ValidName([]byte(in.TaskID)) {
+	if !gateway.ValidName([]byte(in.TaskID)) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "task_id must be at most 256 bytes of UTF-8 without control characters")
 		return
 	}
@@ -271,7 +204,7 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.rollouts.Store(in.RolloutID, &rolloutInfo{taskID: in.TaskID, groupID: in.GroupID, createdNs: now, metadata: meta})
-	s.noteRegistered(in.RolloutID, in.TaskID)
+	s.gw.RegisterRollout(in.RolloutID, in.TaskID)
 	writeJSON(ctx, fasthttp.StatusOK, map[string]string{
 		"rollout_id": in.RolloutID,
 		"attempt_id": in.AttemptID,
@@ -290,8 +223,8 @@ func (s *Server) postReward(ctx *fasthttp.RequestCtx, rolloutID string) {
 	if !s.decode(ctx, &in) {
 		return
 	}
-	if in.AttemptID != "" && !ValidID([]byte(in.AttemptID)) {
-		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+IDCharset)
+	if in.AttemptID != "" && !gateway.ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+gateway.IDCharset)
 		return
 	}
 	if in.Value == nil {
@@ -321,8 +254,8 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	if !s.decode(ctx, &in) {
 		return
 	}
-	if in.AttemptID != "" && !ValidID([]byte(in.AttemptID)) {
-		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+IDCharset)
+	if in.AttemptID != "" && !gateway.ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+gateway.IDCharset)
 		return
 	}
 	switch in.Status {

@@ -1,4 +1,4 @@
-package gateway_test
+package controlplane_test
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 	"github.com/rollgate/rollgate/internal/testenv"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // withQueue mounts a task queue (a fresh SQLite file unless dsn is given) on
 // the env's gateway, sweeping expired leases every 50 ms.
-func withQueue(t *testing.T, e *env, dsn string) *tasks.Queue {
+func withQueue(t *testing.T, e *gatewaytest.Env, dsn string) *tasks.Queue {
 	t.Helper()
 	if dsn == "" {
 		dsn = filepath.Join(t.TempDir(), "queue.db")
@@ -27,20 +28,8 @@ func withQueue(t *testing.T, e *env, dsn string) *tasks.Queue {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { q.Close() })
-	e.gw.SetTaskQueue(q, 50*time.Millisecond)
+	e.CP.SetTaskQueue(q, 50*time.Millisecond)
 	return q
-}
-
-// waitFor polls f until it is true or 15 s pass.
-func waitFor(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval: f is the condition
-	}
 }
 
 // TestTrainingLoopAPI runs the loop over real HTTP: enqueue, publish
@@ -49,102 +38,102 @@ func waitFor(t *testing.T, what string, f func() bool) {
 // retried as a new attempt; completed rollouts page by cursor with rewards
 // and call summaries; the rollouts table mirrors every state.
 func TestTrainingLoopAPI(t *testing.T) {
-	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
-		e := newEnv(t, open(t), nil)
+	gatewaytest.StoreKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := gatewaytest.NewEnv(t, open(t), nil)
 		withQueue(t, e, "")
-		api := e.url + "/api/v1"
-		if r := do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"w0"}`); r.status != 204 {
-			t.Fatalf("empty queue: %d %s", r.status, r.body)
+		api := e.URL + "/api/v1"
+		if r := gatewaytest.Do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"w0"}`); r.Status != 204 {
+			t.Fatalf("empty queue: %d %s", r.Status, r.Body)
 		}
-		if r := do(t, "GET", api+"/resources/latest", ""); r.status != 404 {
-			t.Fatalf("no resources yet: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "GET", api+"/resources/latest", ""); r.Status != 404 {
+			t.Fatalf("no resources yet: %d %s", r.Status, r.Body)
 		}
-		r := do(t, "POST", api+"/resources", `{"resources":{"llm":{"model":"mock-model"},"prompt":"Solve: {q}"}}`)
-		if r.status != 200 || gjson.GetBytes(r.body, "version").Int() != 1 {
-			t.Fatalf("publish resources: %d %s", r.status, r.body)
+		r := gatewaytest.Do(t, "POST", api+"/resources", `{"resources":{"llm":{"model":"mock-model"},"prompt":"Solve: {q}"}}`)
+		if r.Status != 200 || gjson.GetBytes(r.Body, "version").Int() != 1 {
+			t.Fatalf("publish resources: %d %s", r.Status, r.Body)
 		}
-		r = do(t, "POST", api+"/tasks", `[{"task_id":"math-1","input":{"q":"2+2"},"metadata":{"split":"a"}},
+		r = gatewaytest.Do(t, "POST", api+"/tasks", `[{"task_id":"math-1","input":{"q":"2+2"},"metadata":{"split":"a"}},
 			{"task_id":"math-2","input":{"q":"3+3"},"max_attempts":2,"lease_s":0.5}]`)
-		if r.status != 200 || gjson.GetBytes(r.body, "rollout_ids.#").Int() != 2 {
-			t.Fatalf("enqueue: %d %s", r.status, r.body)
+		if r.Status != 200 || gjson.GetBytes(r.Body, "rollout_ids.#").Int() != 2 {
+			t.Fatalf("enqueue: %d %s", r.Status, r.Body)
 		}
-		ro1, ro2 := gjson.GetBytes(r.body, "rollout_ids.0").String(), gjson.GetBytes(r.body, "rollout_ids.1").String()
+		ro1, ro2 := gjson.GetBytes(r.Body, "rollout_ids.0").String(), gjson.GetBytes(r.Body, "rollout_ids.1").String()
 
 		// Runner A: the first task, one call, a reward, success.
-		a := do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-a"}`)
-		la := gjson.ParseBytes(a.body)
-		if a.status != 200 || la.Get("rollout_id").String() != ro1 || la.Get("task_id").String() != "math-1" ||
+		a := gatewaytest.Do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-a"}`)
+		la := gjson.ParseBytes(a.Body)
+		if a.Status != 200 || la.Get("rollout_id").String() != ro1 || la.Get("task_id").String() != "math-1" ||
 			la.Get("input.q").String() != "2+2" || la.Get("resources_version").Int() != 1 || la.Get("attempt_no").Int() != 1 ||
-			la.Get("base_url").String() != fmt.Sprintf("%s/rollout/%s/attempt/%s/v1", e.url, ro1, la.Get("attempt_id").String()) ||
+			la.Get("base_url").String() != fmt.Sprintf("%s/rollout/%s/attempt/%s/v1", e.URL, ro1, la.Get("attempt_id").String()) ||
 			la.Get("lease_expires_unix_nano").Int() <= time.Now().UnixNano() {
-			t.Fatalf("lease A: %d %s", a.status, a.body)
+			t.Fatalf("lease A: %d %s", a.Status, a.Body)
 		}
-		c := do(t, "POST", la.Get("base_url").String()+"/chat/completions", chatBody)
-		if c.status != 200 {
-			t.Fatalf("call: %d %s", c.status, c.body)
+		c := gatewaytest.Do(t, "POST", la.Get("base_url").String()+"/chat/completions", gatewaytest.ChatBody)
+		if c.Status != 200 {
+			t.Fatalf("call: %d %s", c.Status, c.Body)
 		}
-		row := e.waitCalls(c.header.Get("x-request-id"), 1)[0]
+		row := e.WaitCalls(c.Header.Get("x-request-id"), 1)[0]
 		if row.TaskID != "math-1" || row.RolloutID != ro1 || row.AttemptID != la.Get("attempt_id").String() || row.SequenceID != 1 {
 			t.Fatalf("captured call not attributed to the lease: %+v", row)
 		}
-		if r := do(t, "POST", api+"/rollouts/"+ro1+"/heartbeat", `{"attempt_id":"`+la.Get("attempt_id").String()+`","worker_id":"runner-a"}`); r.status != 200 {
-			t.Fatalf("heartbeat: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro1+"/heartbeat", `{"attempt_id":"`+la.Get("attempt_id").String()+`","worker_id":"runner-a"}`); r.Status != 200 {
+			t.Fatalf("heartbeat: %d %s", r.Status, r.Body)
 		}
-		if r := do(t, "POST", api+"/rollouts/"+ro1+"/rewards", `{"value":1}`); r.status != 200 {
-			t.Fatalf("reward: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro1+"/rewards", `{"value":1}`); r.Status != 200 {
+			t.Fatalf("reward: %d %s", r.Status, r.Body)
 		}
-		if r := do(t, "POST", api+"/rollouts/"+ro1+"/status", `{"status":"succeeded","attempt_id":"`+la.Get("attempt_id").String()+`"}`); r.status != 200 ||
-			gjson.GetBytes(r.body, "completion_seq").Int() != 1 {
-			t.Fatalf("complete A: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro1+"/status", `{"status":"succeeded","attempt_id":"`+la.Get("attempt_id").String()+`"}`); r.Status != 200 ||
+			gjson.GetBytes(r.Body, "completion_seq").Int() != 1 {
+			t.Fatalf("complete A: %d %s", r.Status, r.Body)
 		}
 
 		// Runner B takes the second task and hangs: its lease expires.
-		b := gjson.ParseBytes(do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-b"}`).body)
+		b := gjson.ParseBytes(gatewaytest.Do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-b"}`).Body)
 		if b.Get("rollout_id").String() != ro2 {
 			t.Fatalf("lease B: %s", b.Raw)
 		}
-		waitFor(t, "the hung runner's lease to expire", func() bool {
-			g := gjson.ParseBytes(do(t, "GET", api+"/rollouts/"+ro2, "").body)
+		gatewaytest.WaitFor(t, "the hung runner's lease to expire", func() bool {
+			g := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/rollouts/"+ro2, "").Body)
 			return g.Get("queue.status").String() == "queued" && g.Get("queue.attempts.0.status").String() == "expired"
 		})
-		if r := do(t, "POST", api+"/rollouts/"+ro2+"/heartbeat", `{"attempt_id":"`+b.Get("attempt_id").String()+`"}`); r.status != 409 {
-			t.Fatalf("heartbeat of an expired lease: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/heartbeat", `{"attempt_id":"`+b.Get("attempt_id").String()+`"}`); r.Status != 409 {
+			t.Fatalf("heartbeat of an expired lease: %d %s", r.Status, r.Body)
 		}
-		cl := gjson.ParseBytes(do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-c"}`).body)
+		cl := gjson.ParseBytes(gatewaytest.Do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-c"}`).Body)
 		if cl.Get("rollout_id").String() != ro2 || cl.Get("attempt_no").Int() != 2 || cl.Get("attempt_id").String() == b.Get("attempt_id").String() {
 			t.Fatalf("retry lease: %s (first %s)", cl.Raw, b.Raw)
 		}
-		if r := do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"succeeded","attempt_id":"`+b.Get("attempt_id").String()+`"}`); r.status != 409 {
-			t.Fatalf("the expired attempt completed the rollout: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"succeeded","attempt_id":"`+b.Get("attempt_id").String()+`"}`); r.Status != 409 {
+			t.Fatalf("the expired attempt completed the rollout: %d %s", r.Status, r.Body)
 		}
-		if r := do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"failed","reason":"tool crashed","attempt_id":"`+cl.Get("attempt_id").String()+`"}`); r.status != 200 ||
-			gjson.GetBytes(r.body, "status").String() != "failed" {
-			t.Fatalf("fail the last attempt: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"failed","reason":"tool crashed","attempt_id":"`+cl.Get("attempt_id").String()+`"}`); r.Status != 200 ||
+			gjson.GetBytes(r.Body, "status").String() != "failed" {
+			t.Fatalf("fail the last attempt: %d %s", r.Status, r.Body)
 		}
-		if r := do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"w"}`); r.status != 204 {
-			t.Fatalf("queue should be empty: %d %s", r.status, r.body)
+		if r := gatewaytest.Do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"w"}`); r.Status != 204 {
+			t.Fatalf("queue should be empty: %d %s", r.Status, r.Body)
 		}
 
 		// Completed rollouts, in completion order, with rewards and call summaries.
-		l := gjson.ParseBytes(do(t, "GET", api+"/rollouts?after=0&limit=10", "").body)
+		l := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/rollouts?after=0&limit=10", "").Body)
 		if l.Get("rollouts.#").Int() != 2 || l.Get("rollouts.0.rollout_id").String() != ro1 || l.Get("rollouts.0.status").String() != "succeeded" ||
 			l.Get("rollouts.0.calls.calls").Int() != 1 || l.Get("rollouts.0.rewards.0.value").Float() != 1 ||
 			l.Get("rollouts.1.rollout_id").String() != ro2 || l.Get("rollouts.1.last_error").String() != "tool crashed" ||
 			l.Get("next_after").Int() != 2 {
 			t.Fatalf("completed rollouts: %s", l.Raw)
 		}
-		if l := gjson.ParseBytes(do(t, "GET", api+"/rollouts?after=1&limit=10", "").body); l.Get("rollouts.#").Int() != 1 || l.Get("rollouts.0.rollout_id").String() != ro2 {
+		if l := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/rollouts?after=1&limit=10", "").Body); l.Get("rollouts.#").Int() != 1 || l.Get("rollouts.0.rollout_id").String() != ro2 {
 			t.Fatalf("page after cursor 1: %s", l.Raw)
 		}
-		if l := gjson.ParseBytes(do(t, "GET", api+"/rollouts?after=2&wait_s=1", "").body); l.Get("rollouts.#").Int() != 0 || l.Get("next_after").Int() != 2 {
+		if l := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/rollouts?after=2&wait_s=1", "").Body); l.Get("rollouts.#").Int() != 0 || l.Get("next_after").Int() != 2 {
 			t.Fatalf("nothing after the last cursor: %s", l.Raw)
 		}
-		if r := do(t, "GET", api+"/rollouts?status=bogus", ""); r.status != 400 {
-			t.Fatalf("bad status filter: %d", r.status)
+		if r := gatewaytest.Do(t, "GET", api+"/rollouts?status=bogus", ""); r.Status != 400 {
+			t.Fatalf("bad status filter: %d", r.Status)
 		}
 
 		// The rollouts table shows each attempt's outcome; the latest row wins.
-		res, err := e.store.Query(context.Background(), "SELECT rollout_id, attempt_id, status FROM rollouts WHERE rollout_id IN ('"+ro1+"','"+ro2+"') ORDER BY updated_unix_nano")
+		res, err := e.Store.Query(context.Background(), "SELECT rollout_id, attempt_id, status FROM rollouts WHERE rollout_id IN ('"+ro1+"','"+ro2+"') ORDER BY updated_unix_nano")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +147,7 @@ func TestTrainingLoopAPI(t *testing.T) {
 		if latest[ro1] != "succeeded" || latest[ro2] != "failed" || perAttempt[b.Get("attempt_id").String()] != "failed" {
 			t.Fatalf("rollouts table: %v", res.Rows)
 		}
-		v1 := gjson.ParseBytes(do(t, "GET", api+"/resources/1", "").body)
+		v1 := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/resources/1", "").Body)
 		if v1.Get("resources.prompt").String() != "Solve: {q}" {
 			t.Fatalf("resources v1: %s", v1.Raw)
 		}
@@ -170,8 +159,8 @@ func TestTrainingLoopAPI(t *testing.T) {
 			{"POST", "/resources", `[1,2]`},
 			{"GET", "/resources/zero", ``},
 		} {
-			if r := do(t, bad.method, api+bad.path, bad.body); r.status != 400 || gjson.GetBytes(r.body, "error.message").String() == "" {
-				t.Errorf("%s %s %s: %d %s", bad.method, bad.path, bad.body, r.status, r.body)
+			if r := gatewaytest.Do(t, bad.method, api+bad.path, bad.body); r.Status != 400 || gjson.GetBytes(r.Body, "error.message").String() == "" {
+				t.Errorf("%s %s %s: %d %s", bad.method, bad.path, bad.body, r.Status, r.Body)
 			}
 		}
 	})
@@ -180,26 +169,26 @@ func TestTrainingLoopAPI(t *testing.T) {
 // TestSelfReportedCalls stores triplets from an agent that cannot be proxied,
 // with sequence ids continuing the proxied calls of the same attempt.
 func TestSelfReportedCalls(t *testing.T) {
-	storeKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
-		e := newEnv(t, open(t), nil)
+	gatewaytest.StoreKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := gatewaytest.NewEnv(t, open(t), nil)
 		withQueue(t, e, "")
-		reg := gjson.ParseBytes(do(t, "POST", e.url+"/api/v1/rollouts", `{"task_id":"t-self"}`).body)
+		reg := gjson.ParseBytes(gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts", `{"task_id":"t-self"}`).Body)
 		ro, at := reg.Get("rollout_id").String(), reg.Get("attempt_id").String()
-		c := do(t, "POST", reg.Get("base_url").String()+"/chat/completions", chatBody)
-		e.waitCalls(c.header.Get("x-request-id"), 1)
-		r := do(t, "POST", e.url+"/api/v1/rollouts/"+ro+"/calls", `{"calls":[
+		c := gatewaytest.Do(t, "POST", reg.Get("base_url").String()+"/chat/completions", gatewaytest.ChatBody)
+		e.WaitCalls(c.Header.Get("x-request-id"), 1)
+		r := gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts/"+ro+"/calls", `{"calls":[
 			{"messages":[{"role":"user","content":"hi"}],"response":"hello","model":"in-process",
 			 "prompt_token_ids":[1,2,3],"response_token_ids":[7,8],"response_logprobs":[-0.5,-0.25],"token_source":"engine","reward":0.5},
 			{"prompt":"2+2=","response":{"role":"assistant","content":"4"}}]}`)
-		if r.status != 200 {
-			t.Fatalf("report: %d %s", r.status, r.body)
+		if r.Status != 200 {
+			t.Fatalf("report: %d %s", r.Status, r.Body)
 		}
-		j := gjson.ParseBytes(r.body)
+		j := gjson.ParseBytes(r.Body)
 		if j.Get("calls.0.sequence_id").Int() != 2 || j.Get("calls.1.sequence_id").Int() != 3 || j.Get("calls.0.attempt_id").String() != at ||
 			j.Get("calls.1.token_source").String() != "none" {
-			t.Fatalf("report answer: %s", r.body)
+			t.Fatalf("report answer: %s", r.Body)
 		}
-		rows := e.waitCalls(j.Get("calls.0.span_id").String(), 1)
+		rows := e.WaitCalls(j.Get("calls.0.span_id").String(), 1)
 		got := rows[0]
 		if got.RolloutID != ro || got.AttemptID != at || got.TaskID != "t-self" || got.TokenSource != "engine" ||
 			fmt.Sprint(got.PromptTokenIDs) != "[1 2 3]" || fmt.Sprint(got.ResponseTokenIDs) != "[7 8]" ||
@@ -207,11 +196,11 @@ func TestSelfReportedCalls(t *testing.T) {
 			gjson.Get(got.ResponseMessage, "content").String() != "hello" || gjson.Get(got.RequestBody, "messages.0.content").String() != "hi" {
 			t.Fatalf("stored reported call: %+v", got)
 		}
-		second := e.waitCalls(j.Get("calls.1.span_id").String(), 1)[0]
+		second := e.WaitCalls(j.Get("calls.1.span_id").String(), 1)[0]
 		if second.Endpoint != "/v1/completions" || second.TokenSource != "none" || gjson.Get(second.RequestBody, "prompt").String() != "2+2=" {
 			t.Fatalf("second reported call: %+v", second)
 		}
-		d, err := e.store.Rollout(context.Background(), ro)
+		d, err := e.Store.Rollout(context.Background(), ro)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,14 +220,14 @@ func TestSelfReportedCalls(t *testing.T) {
 			`{"messages":[],"response":"x","response_token_ids":[1,2],"response_logprobs":[-1]}`,
 			`{"messages":[],"response":"x"`,
 		} {
-			if r := do(t, "POST", e.url+"/api/v1/rollouts/"+ro+"/calls", bad); r.status != 400 {
-				t.Errorf("bad report %s: %d %s", bad, r.status, r.body)
+			if r := gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts/"+ro+"/calls", bad); r.Status != 400 {
+				t.Errorf("bad report %s: %d %s", bad, r.Status, r.Body)
 			}
 		}
 		// Refused bodies took no sequence ids.
-		r = do(t, "POST", e.url+"/api/v1/rollouts/"+ro+"/calls", `{"messages":[],"response":"late"}`)
-		if gjson.GetBytes(r.body, "calls.0.sequence_id").Int() != 4 {
-			t.Fatalf("sequence after refused reports: %s", r.body)
+		r = gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts/"+ro+"/calls", `{"messages":[],"response":"late"}`)
+		if gjson.GetBytes(r.Body, "calls.0.sequence_id").Int() != 4 {
+			t.Fatalf("sequence after refused reports: %s", r.Body)
 		}
 	})
 }
@@ -252,8 +241,8 @@ func TestTwoGatewaysShareOnePostgresQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	store, _ := openSQLite(t)
-	e1, e2 := newEnv(t, store, nil), newEnv(t, store, nil)
+	store, _ := gatewaytest.OpenSQLite(t)
+	e1, e2 := gatewaytest.NewEnv(t, store, nil), gatewaytest.NewEnv(t, store, nil)
 	withQueue(t, e1, dsn)
 	withQueue(t, e2, dsn)
 	const n = 40
@@ -264,8 +253,8 @@ func TestTwoGatewaysShareOnePostgresQueue(t *testing.T) {
 		}
 		body += fmt.Sprintf(`{"task_id":"t%d","input":%d}`, i%4, i)
 	}
-	if r := do(t, "POST", e1.url+"/api/v1/tasks", body+"]"); r.status != 200 {
-		t.Fatalf("enqueue: %d %s", r.status, r.body)
+	if r := gatewaytest.Do(t, "POST", e1.URL+"/api/v1/tasks", body+"]"); r.Status != 200 {
+		t.Fatalf("enqueue: %d %s", r.Status, r.Body)
 	}
 	var mu sync.Mutex
 	seen := map[string]string{}
@@ -274,15 +263,15 @@ func TestTwoGatewaysShareOnePostgresQueue(t *testing.T) {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			gw := []*env{e1, e2}[w%2]
+			gw := []*gatewaytest.Env{e1, e2}[w%2]
 			for {
-				r := do(t, "POST", gw.url+"/api/v1/tasks/dequeue", fmt.Sprintf(`{"worker_id":"w%d"}`, w))
-				if r.status == 204 {
+				r := gatewaytest.Do(t, "POST", gw.URL+"/api/v1/tasks/dequeue", fmt.Sprintf(`{"worker_id":"w%d"}`, w))
+				if r.Status == 204 {
 					return
 				}
-				l := gjson.ParseBytes(r.body)
-				if r.status != 200 {
-					t.Errorf("dequeue: %d %s", r.status, r.body)
+				l := gjson.ParseBytes(r.Body)
+				if r.Status != 200 {
+					t.Errorf("dequeue: %d %s", r.Status, r.Body)
 					return
 				}
 				mu.Lock()
@@ -291,10 +280,10 @@ func TestTwoGatewaysShareOnePostgresQueue(t *testing.T) {
 				}
 				seen[l.Get("rollout_id").String()] = fmt.Sprint("w", w)
 				mu.Unlock()
-				other := []*env{e2, e1}[w%2] // complete through the other gateway
-				if r := do(t, "POST", other.url+"/api/v1/rollouts/"+l.Get("rollout_id").String()+"/status",
-					`{"status":"succeeded","attempt_id":"`+l.Get("attempt_id").String()+`"}`); r.status != 200 {
-					t.Errorf("complete: %d %s", r.status, r.body)
+				other := []*gatewaytest.Env{e2, e1}[w%2] // complete through the other gateway
+				if r := gatewaytest.Do(t, "POST", other.URL+"/api/v1/rollouts/"+l.Get("rollout_id").String()+"/status",
+					`{"status":"succeeded","attempt_id":"`+l.Get("attempt_id").String()+`"}`); r.Status != 200 {
+					t.Errorf("complete: %d %s", r.Status, r.Body)
 				}
 			}
 		}(w)
@@ -303,7 +292,7 @@ func TestTwoGatewaysShareOnePostgresQueue(t *testing.T) {
 	if len(seen) != n {
 		t.Fatalf("%d of %d tasks handed out", len(seen), n)
 	}
-	l := gjson.ParseBytes(do(t, "GET", e2.url+"/api/v1/rollouts?after=0&limit=1000&summary=0", "").body)
+	l := gjson.ParseBytes(gatewaytest.Do(t, "GET", e2.URL+"/api/v1/rollouts?after=0&limit=1000&summary=0", "").Body)
 	if l.Get("rollouts.#").Int() != n || l.Get("next_after").Int() != n {
 		t.Fatalf("completed through both gateways: %d rollouts, next_after %d", l.Get("rollouts.#").Int(), l.Get("next_after").Int())
 	}

@@ -1,4 +1,4 @@
-package gateway
+package controlplane
 
 import (
 	"bytes"
@@ -31,17 +31,18 @@ var (
 	toolCallKeys = []string{"gen_ai.tool.call.id", "tool_call_id", "tool.call.id"}
 )
 
-// traces is the OTLP/HTTP trace receiver (POST /v1/traces, also under the
-// per-rollout prefix): protobuf or JSON, optionally gzipped. Spans are stored
+// ServeTraces is the OTLP/HTTP trace receiver (POST /v1/traces, also under
+// the per-rollout prefix, which attributes the spans to rolloutID and
+// attemptID): protobuf or JSON, optionally gzipped. Spans are stored
 // in agent_spans before the answer, so a 200 means stored; a store failure
 // answers 503, which OTLP exporters retry.
-func (s *Server) traces(ctx *fasthttp.RequestCtx, attr attribution) {
+func (s *Server) ServeTraces(ctx *fasthttp.RequestCtx, rolloutID, attemptID string) {
 	isJSON := bytes.HasPrefix(ctx.Request.Header.ContentType(), []byte("application/json"))
 	if !ctx.IsPost() {
 		s.otlpError(ctx, isJSON, fasthttp.StatusMethodNotAllowed, "use POST /v1/traces")
 		return
 	}
-	if _, ok := s.clientKeyName(ctx); !ok {
+	if !s.gw.ClientAuthorized(ctx) {
 		s.otlpError(ctx, isJSON, fasthttp.StatusUnauthorized, "Incorrect API key provided")
 		return
 	}
@@ -76,7 +77,7 @@ func (s *Server) traces(ctx *fasthttp.RequestCtx, attr attribution) {
 		s.otlpError(ctx, isJSON, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	spans, rejected, why := SpansFromOTLP(req, string(attr.rolloutID), string(attr.attemptID), uint64(time.Now().UnixNano()))
+	spans, rejected, why := SpansFromOTLP(req, rolloutID, attemptID, uint64(time.Now().UnixNano()))
 	if len(spans) > 0 {
 		c, cancel := s.storeCtx()
 		err := s.store.Write(c, &export.Batch{Spans: spans})

@@ -1,10 +1,10 @@
-package gateway_test
+package controlplane_test
 
 import (
 	"encoding/json"
 	"testing"
 
-	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/controlplane"
 )
 
 // FuzzOTLPTraces: any body, as JSON or protobuf, is refused or becomes rows
@@ -16,11 +16,11 @@ func FuzzOTLPTraces(f *testing.F) {
 	f.Add([]byte("\x0a\x2b\x12\x29\x12\x27\x0a\x10\x5b\x8e\xff\xf7\x98\x03\x81\x03\xd2\x69\xb6\x33\x81\x3f\xc6\x0c\x12\x08\xee\xe1\x9b\x7e\xc3\xc1\xb1\x74\x2a\x04tool\x7a\x02\x18\x02"), false)
 	f.Add([]byte{0xff, 0x01}, false)
 	f.Fuzz(func(t *testing.T, body []byte, isJSON bool) {
-		req, err := gateway.DecodeOTLPTraces(body, isJSON)
+		req, err := controlplane.DecodeOTLPTraces(body, isJSON)
 		if err != nil {
 			return
 		}
-		spans, rejected, why := gateway.SpansFromOTLP(req, "r", "a", 1)
+		spans, rejected, why := controlplane.SpansFromOTLP(req, "r", "a", 1)
 		if rejected > 0 && why == "" {
 			t.Fatal("rejected spans without a reason")
 		}

@@ -1,0 +1,138 @@
+// Package controlplane serves rollgate's control surface on one fasthttp
+// router: the /api/v1 routes (backends, pause and resume, rollouts, rewards,
+// statuses, self-reported calls, tasks, resources, bridge batches and the
+// trainer's lease API) and OTLP trace ingest (/v1/traces). The gateway
+// mounts it (gateway.Server.SetControlPlane) and the control plane drives the
+// gateway through the small Gateway interface; the stored data it reads and
+// writes goes through export.Store, the training loop's queue through
+// trainer-bridge/tasks.
+package controlplane
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/trainer-bridge/lease"
+	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+)
+
+// Gateway is what the control plane needs of the gateway it controls
+// (*gateway.Server implements it).
+type Gateway interface {
+	// Backends returns the routing table, replica state and drain state.
+	Backends() gateway.BackendsView
+	// ReplaceBackends swaps the routing table and returns the new one, or
+	// says why it cannot.
+	ReplaceBackends(backends []gateway.Backend) (gateway.BackendsView, error)
+	// Pause holds new calls until Resume; PauseState reports the drain.
+	Pause()
+	Resume()
+	PauseState() gateway.PauseView
+	// RegisterRollout records a registered rollout's task id, which the
+	// rollout's captured calls carry.
+	RegisterRollout(rolloutID, taskID string)
+	// NextSequenceID takes the next sequence id of an attempt (for
+	// self-reported calls).
+	NextSequenceID(rolloutID, attemptID string) (uint64, error)
+	// ClientAuthorized checks the agent's API key (OTLP ingest is an agent
+	// route).
+	ClientAuthorized(ctx *fasthttp.RequestCtx) bool
+}
+
+var _ Gateway = (*gateway.Server)(nil)
+
+// Config is the control plane's part of the gateway's configuration (the
+// fields of gateway.Config of the same names, defaults resolved).
+type Config struct {
+	// AdminToken, when set, is required as "Authorization: Bearer ..." on
+	// every /api/v1 route. Empty: no check.
+	AdminToken string
+	// PublicURL is the base URL agents reach the gateway at, used in the
+	// per-rollout base URLs handed out.
+	PublicURL string
+	// MaxRequestBodyBytes bounds a decompressed OTLP body (larger: 413).
+	MaxRequestBodyBytes int
+	// BridgeLeaseTTL is how long a trainer's lease of samples lasts before
+	// they are handed out again (0: 5 minutes).
+	BridgeLeaseTTL time.Duration
+}
+
+// ConfigOf takes the control plane's settings out of a gateway
+// configuration, defaults resolved as the gateway resolves them.
+func ConfigOf(c gateway.Config) Config {
+	c.SetDefaults()
+	return Config{AdminToken: c.AdminToken, PublicURL: c.PublicURL,
+		MaxRequestBodyBytes: c.MaxRequestBodyBytes, BridgeLeaseTTL: c.BridgeLeaseTTL}
+}
+
+// Server is the control plane: it implements gateway.ControlPlane.
+type Server struct {
+	cfg     Config
+	gw      Gateway
+	store   export.Store
+	capture *capture.Pipeline
+	m       *metrics.Metrics
+	log     *slog.Logger
+
+	rollouts  sync.Map                    // rollout_id → *rolloutInfo
+	queue     atomic.Pointer[tasks.Queue] // nil: no training-loop routes
+	stop      chan struct{}
+	closeOnce sync.Once
+
+	// The trainer pull API (/api/v1/bridge/*), made on first use.
+	leaseOnce sync.Once
+	leases    *lease.Queue
+	leaseHTTP fasthttp.RequestHandler
+}
+
+var _ gateway.ControlPlane = (*Server)(nil)
+
+// rolloutInfo is what the control plane remembers of a registered rollout.
+type rolloutInfo struct {
+	taskID    string
+	groupID   string // the rollouts table's group_id, carried onto status rows
+	createdNs uint64
+	metadata  string
+}
+
+// New builds the control plane of gw. store serves the /api/v1 reads and
+// writes and stores OTLP spans; pipe (may be nil) is synced before a
+// rollout is reported complete.
+func New(cfg Config, gw Gateway, store export.Store, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{cfg: cfg, gw: gw, store: store, capture: pipe, m: m, log: log, stop: make(chan struct{})}
+}
+
+// Close stops the task queue's sweep and ends long polls. Call it once the
+// gateway has shut down.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() { close(s.stop) })
+}
+
+// Error types in OpenAI-style error bodies.
+const (
+	errInvalidRequest = "invalid_request_error"
+	errNotFound       = "not_found_error"
+	errServer         = "server_error"
+)
+
+// rejectSequenceStore is rollgate_calls_rejected_total's reason when no
+// sequence id could be reserved (the gateway's own reason of that name).
+const rejectSequenceStore = "sequence_store"
+
+// plainError answers with an OpenAI-style error.
+func (s *Server) plainError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(gateway.AppendError(nil, status, typ, msg))
+}
