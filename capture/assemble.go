@@ -124,6 +124,12 @@ type Assembler struct {
 	tail   []byte
 	noHead bool // never take the shortcut (tests compare against it)
 
+	// ends indexes the ends of the current chunk's objects and arrays while
+	// addChunk walks it (empty otherwise), so that nested walks do not
+	// rescan values; noIndex turns it off (tests compare against that).
+	ends    containerEnds
+	noIndex bool
+
 	res Assembled
 }
 
@@ -153,7 +159,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 // footprint is roughly the bytes the Assembler's buffers hold (their
 // capacities), for a pool deciding whether to keep it.
 func (a *Assembler) footprint() int {
-	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt)
+	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*cap(a.ends.ends)
 	for i := range a.choices {
 		c := &a.choices[i]
 		n += cap(c.content) + cap(c.reasoning) + 4*cap(c.tokenIDs) + 4*cap(c.promptIDs) + 4*cap(c.logprobs) +
@@ -218,6 +224,11 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		a.setErr("stream event is not a JSON object")
 		return true
 	}
+	if !a.noIndex {
+		// One scan finds every container's end for the walks below.
+		a.ends.index(top.Raw)
+		defer a.ends.clear()
+	}
 	mayLogprobs = bytes.Contains(data, escapeU)
 	if a.kind == openai.Responses {
 		a.responsesEvent(top)
@@ -227,7 +238,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	nChoices := 0
 	flatErr := false
 	headKeys, headEnd := !sameHead && !mayLogprobs, 0 // whether only head members came before "choices"; where it starts
-	eachMember(top.Raw, func(k string, v gjson.Result) bool {
+	a.ends.eachMember(top.Raw, func(k string, v gjson.Result) bool {
 		if headKeys && nChoices == 0 {
 			switch k {
 			case "id", "object", "created", "model":
@@ -301,7 +312,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		}
 	}
 	if choices.IsArray() {
-		eachElem(choices.Raw, func(ch gjson.Result) bool {
+		a.ends.eachElem(choices.Raw, func(ch gjson.Result) bool {
 			if ch.IsObject() && a.streamChoice(ch) {
 				mayLogprobs = true
 			}

@@ -22,7 +22,7 @@ func (a *Assembler) parseBody(body []byte) {
 		return
 	}
 	var choices, output, status, incomplete gjson.Result
-	eachMember(top.Raw, func(k string, v gjson.Result) bool {
+	a.ends.eachMember(top.Raw, func(k string, v gjson.Result) bool {
 		switch k {
 		case "id":
 			if v.Type == gjson.String {
@@ -90,11 +90,11 @@ func (a *Assembler) parseBody(body []byte) {
 	if !choices.IsArray() {
 		return
 	}
-	eachElem(choices.Raw, func(ch gjson.Result) bool {
+	a.ends.eachElem(choices.Raw, func(ch gjson.Result) bool {
 		if !ch.IsObject() {
 			return true
 		}
-		f := readChoice(ch)
+		f := a.readChoice(ch)
 		c := a.choice(clampU32(f.index))
 		if c == nil {
 			return true

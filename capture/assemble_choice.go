@@ -129,8 +129,8 @@ type choiceFields struct {
 	anyLogprobs bool
 }
 
-func readChoice(ch gjson.Result) (f choiceFields) {
-	eachMember(ch.Raw, func(k string, v gjson.Result) bool {
+func (a *Assembler) readChoice(ch gjson.Result) (f choiceFields) {
+	a.ends.eachMember(ch.Raw, func(k string, v gjson.Result) bool {
 		switch k {
 		case "index":
 			f.index = v
@@ -160,7 +160,7 @@ func readChoice(ch gjson.Result) (f choiceFields) {
 // streamChoice merges one element of a chunk's "choices" into its state. It
 // reports whether the element has a "logprobs" object (see addChunk).
 func (a *Assembler) streamChoice(ch gjson.Result) (hasLogprobs bool) {
-	f := readChoice(ch)
+	f := a.readChoice(ch)
 	c := a.choice(clampU32(f.index))
 	if c == nil {
 		return f.anyLogprobs
@@ -202,7 +202,7 @@ func (a *Assembler) commonChoice(c *choiceState, f *choiceFields, stream bool) {
 
 // mergeDelta merges a chat delta (or a whole message) into c.
 func (a *Assembler) mergeDelta(c *choiceState, d gjson.Result) {
-	eachMember(d.Raw, func(k string, v gjson.Result) bool {
+	a.ends.eachMember(d.Raw, func(k string, v gjson.Result) bool {
 		switch k {
 		case "content":
 			if v.Type == gjson.String {
@@ -223,7 +223,7 @@ func (a *Assembler) mergeDelta(c *choiceState, d gjson.Result) {
 		case "tool_calls":
 			if v.IsArray() {
 				pos := uint32(0)
-				eachElem(v.Raw, func(tc gjson.Result) bool {
+				a.ends.eachElem(v.Raw, func(tc gjson.Result) bool {
 					if tc.IsObject() {
 						a.mergeTool(c, tc, pos)
 					}
@@ -240,7 +240,7 @@ func (a *Assembler) mergeDelta(c *choiceState, d gjson.Result) {
 // used when it has no "index".
 func (a *Assembler) mergeTool(c *choiceState, tc gjson.Result, pos uint32) {
 	var idx, id, typ, fn gjson.Result
-	eachMember(tc.Raw, func(k string, v gjson.Result) bool {
+	a.ends.eachMember(tc.Raw, func(k string, v gjson.Result) bool {
 		switch k {
 		case "index":
 			idx = v
@@ -286,7 +286,7 @@ func (a *Assembler) mergeTool(c *choiceState, tc gjson.Result, pos uint32) {
 		t.typ, t.hasType = appendInterior(t.typ, typ.Raw), true
 	}
 	if fn.IsObject() {
-		eachMember(fn.Raw, func(k string, v gjson.Result) bool {
+		a.ends.eachMember(fn.Raw, func(k string, v gjson.Result) bool {
 			if v.Type != gjson.String {
 				return true
 			}
@@ -306,14 +306,14 @@ func (a *Assembler) mergeTool(c *choiceState, tc gjson.Result, pos uint32) {
 // mergeLogprobs reads a choice's logprobs object (chat or completions form).
 // When keep is true the raw entries are kept to rebuild the body.
 func (a *Assembler) mergeLogprobs(c *choiceState, lp gjson.Result, keep bool) {
-	eachMember(lp.Raw, func(k string, v gjson.Result) bool {
+	a.ends.eachMember(lp.Raw, func(k string, v gjson.Result) bool {
 		if !v.IsArray() {
 			return true
 		}
 		switch k {
 		case "content": // chat
 			c.hasLP = true
-			eachElem(v.Raw, func(e gjson.Result) bool {
+			a.ends.eachElem(v.Raw, func(e gjson.Result) bool {
 				l := e.Get("logprob")
 				if l.Type == gjson.Number {
 					c.logprobs = append(c.logprobs, float32(l.Num))
@@ -327,7 +327,7 @@ func (a *Assembler) mergeLogprobs(c *choiceState, lp gjson.Result, keep bool) {
 			})
 		case "token_logprobs": // completions
 			c.hasLP = true
-			eachElem(v.Raw, func(e gjson.Result) bool {
+			a.ends.eachElem(v.Raw, func(e gjson.Result) bool {
 				if e.Type == gjson.Number {
 					c.logprobs = append(c.logprobs, float32(numOf(e)))
 				} else {

@@ -133,6 +133,12 @@ func s2b(s string) []byte {
 // raw interior: keys with escapes do not match plain names) and the value
 // (see rawValue). It stops when fn returns false.
 func eachMember(obj string, fn func(key string, v gjson.Result) bool) {
+	(*containerEnds)(nil).eachMember(obj, fn)
+}
+
+// eachMember is the package's eachMember, finding the ends of containers
+// in x (see containerEnds).
+func (x *containerEnds) eachMember(obj string, fn func(key string, v gjson.Result) bool) {
 	i := skipWS(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return
@@ -153,7 +159,7 @@ func eachMember(obj string, fn func(key string, v gjson.Result) bool) {
 			return
 		}
 		i = skipWS(obj, i+1)
-		vend := valueEnd(obj, i)
+		vend := x.valueEnd(obj, i)
 		if vend < 0 {
 			return
 		}
@@ -171,6 +177,12 @@ func eachMember(obj string, fn func(key string, v gjson.Result) bool) {
 // eachElem calls fn with each element of the JSON array arr (see rawValue).
 // It stops when fn returns false.
 func eachElem(arr string, fn func(v gjson.Result) bool) {
+	(*containerEnds)(nil).eachElem(arr, fn)
+}
+
+// eachElem is the package's eachElem, finding the ends of containers in x
+// (see containerEnds).
+func (x *containerEnds) eachElem(arr string, fn func(v gjson.Result) bool) {
 	i := skipWS(arr, 0)
 	if i >= len(arr) || arr[i] != '[' {
 		return
@@ -181,7 +193,7 @@ func eachElem(arr string, fn func(v gjson.Result) bool) {
 		if i >= len(arr) || arr[i] == ']' {
 			return
 		}
-		vend := valueEnd(arr, i)
+		vend := x.valueEnd(arr, i)
 		if vend < 0 || vend == i {
 			return
 		}
@@ -312,4 +324,80 @@ func valueEnd(s string, i int) int {
 		j++
 	}
 	return j
+}
+
+// containerEnds holds where each object and array of one JSON text ends, found
+// in one scan of the text (index), so that walking nested values does not
+// rescan them: without it, each level of nesting (the chunk, "choices", each
+// choice, its "logprobs", "content", each entry) skips its values again with
+// valueEnd, and the bytes of a token's logprobs were read six times per
+// chunk. The walkers take it as their receiver; a nil or empty containerEnds,
+// or a value outside the indexed text, falls back to valueEnd.
+type containerEnds struct {
+	base  uintptr // address of the indexed text's first byte; 0 when none
+	n     int     // its length
+	ends  []int32 // ends[i]: offset just after the container opening at i (only at openings outside strings)
+	stack []int32
+}
+
+// index scans s, which gjson.Valid accepted, and records its containers' ends.
+// s must stay unchanged until clear is called.
+func (x *containerEnds) index(s string) {
+	x.clear()
+	if len(s) == 0 || len(s) > math.MaxInt32 {
+		return
+	}
+	if cap(x.ends) < len(s) {
+		x.ends = make([]int32, len(s))
+	}
+	ends := x.ends[:len(s)]
+	stack := x.stack[:0]
+	for j := 0; j < len(s); j++ {
+		switch s[j] {
+		case '"':
+			e := stringEnd(s, j)
+			if e < 0 {
+				x.stack = stack
+				return
+			}
+			j = e - 1
+		case '{', '[':
+			stack = append(stack, int32(j))
+		case '}', ']':
+			if len(stack) == 0 {
+				x.stack = stack
+				return
+			}
+			ends[stack[len(stack)-1]] = int32(j + 1)
+			stack = stack[:len(stack)-1]
+		}
+	}
+	x.stack = stack
+	if len(stack) != 0 {
+		return
+	}
+	x.base, x.n = uintptr(unsafe.Pointer(unsafe.StringData(s))), len(s)
+}
+
+// clear forgets the indexed text (the walkers fall back to valueEnd), and
+// drops very large buffers.
+func (x *containerEnds) clear() {
+	x.base, x.n = 0, 0
+	if cap(x.ends) > maxRetain {
+		x.ends, x.stack = nil, nil
+	}
+}
+
+// valueEnd is the package's valueEnd, taking a container's end from the
+// index when s[i] is an opening of the indexed text.
+func (x *containerEnds) valueEnd(s string, i int) int {
+	if x != nil && x.n > 0 && i < len(s) && (s[i] == '{' || s[i] == '[') {
+		off := uintptr(unsafe.Pointer(unsafe.StringData(s))) + uintptr(i) - x.base
+		if off < uintptr(x.n) {
+			if e := int(x.ends[off]); e > int(off) {
+				return i + e - int(off)
+			}
+		}
+	}
+	return valueEnd(s, i)
 }

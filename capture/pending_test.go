@@ -24,7 +24,8 @@ func checkPendingStream(t *testing.T, endpoint openai.Endpoint, payloads [][]byt
 	p.Endpoint = endpoint
 	var all fallback.LogprobIDs
 	var ref Assembler
-	ref.noHead = true // reads every chunk whole: the shortcut must not change results
+	ref.noHead = true  // reads every chunk whole: the shortcut must not change results
+	ref.noIndex = true // walks without containerEnds: the index must not change results
 	ref.Reset(endpoint)
 	for _, d := range payloads {
 		p.AddEvent(d)
