@@ -5,6 +5,7 @@ package capture
 
 import (
 	"math"
+	"strings"
 
 	"github.com/tidwall/gjson"
 )
@@ -314,9 +315,9 @@ func (a *Assembler) mergeLogprobs(c *choiceState, lp gjson.Result, keep bool) {
 		case "content": // chat
 			c.hasLP = true
 			a.ends.eachElem(v.Raw, func(e gjson.Result) bool {
-				l := e.Get("logprob")
+				l := a.logprobOf(e)
 				if l.Type == gjson.Number {
-					c.logprobs = append(c.logprobs, float32(l.Num))
+					c.logprobs = append(c.logprobs, float32(numOf(l)))
 				} else {
 					c.logprobs = append(c.logprobs, float32(math.NaN()))
 				}
@@ -353,6 +354,25 @@ func (a *Assembler) mergeLogprobs(c *choiceState, lp gjson.Result, keep bool) {
 		}
 		return true
 	})
+}
+
+// logprobOf returns the "logprob" member of a chat logprobs.content entry,
+// as e.Get("logprob") does. While a stream chunk is indexed (containerEnds)
+// it walks the entry's members instead of having gjson scan it again; an
+// entry with an escape anywhere goes to gjson, which unescapes keys.
+func (a *Assembler) logprobOf(e gjson.Result) gjson.Result {
+	if a.ends.n == 0 || !e.IsObject() || strings.IndexByte(e.Raw, '\\') >= 0 {
+		return e.Get("logprob")
+	}
+	var l gjson.Result
+	a.ends.eachMember(e.Raw, func(k string, v gjson.Result) bool {
+		if k == "logprob" {
+			l = v
+			return false
+		}
+		return true
+	})
+	return l
 }
 
 // responsesEvent handles one event of a Responses API stream.

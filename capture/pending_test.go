@@ -179,6 +179,13 @@ func FuzzPendingEvents(f *testing.F) {
 	f.Add([]byte(sse(
 		`{"object":"error","model":"m","choices":[],"message":"boom","type":"BadRequest"}`,
 		`{"object":"error","model":"m","choices":[],"message":"again"}`)), uint8(0))
+	// logprobs entries read through the index (Assembler.logprobOf) and
+	// without it: duplicate keys, -0, huge and non-number values, an escaped
+	// key, entries that are not objects.
+	f.Add([]byte(sse(
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.5,"bytes":[97],"top_logprobs":[{"token":"a","logprob":-0.5}]}]},"token_ids":[5]}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":{"content":[{"logprob":-0,"logprob":-2},{"logprob":1e400},{"logprob":"x"},{"log\u0070rob":-3},[1],"s",{}]}}]}`,
+		`[DONE]`)), uint8(1))
 	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
 		checkPendingStream(t, openai.Endpoint(ep%5), linePayloads(in))
 	})
