@@ -214,7 +214,15 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		a.tail = append(append(a.tail[:0], '{'), data[len(a.head):]...)
 		data = a.tail
 	}
-	if !gjson.ValidBytes(data) {
+	// One scan validates the chunk and finds every container's end for the
+	// walks below (containerEnds).
+	var valid bool
+	if a.noIndex {
+		valid = gjson.ValidBytes(data)
+	} else if valid = a.ends.validIndex(b2s(data)); valid {
+		defer a.ends.clear()
+	}
+	if !valid {
 		// The raw payload is not valid JSON either: LogprobIDs skips it.
 		a.setErr("invalid JSON in stream event")
 		return false
@@ -223,11 +231,6 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	if !top.IsObject() {
 		a.setErr("stream event is not a JSON object")
 		return true
-	}
-	if !a.noIndex {
-		// One scan finds every container's end for the walks below.
-		a.ends.index(top.Raw)
-		defer a.ends.clear()
 	}
 	mayLogprobs = bytes.Contains(data, escapeU)
 	if a.kind == openai.Responses {

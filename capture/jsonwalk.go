@@ -123,7 +123,8 @@ func s2b(s string) []byte {
 	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
-// The JSON walkers below run on input already checked with gjson.Valid. They
+// The JSON walkers below run on input already checked with gjson.Valid (or
+// containerEnds.validIndex, which accepts the same). They
 // differ from gjson's ForEach in one way: string values are not unescaped
 // (an allocation per escaped string, e.g. every token containing a newline);
 // the raw token is what the assembler copies. They never read out of bounds,
@@ -327,56 +328,189 @@ func valueEnd(s string, i int) int {
 }
 
 // containerEnds holds where each object and array of one JSON text ends, found
-// in one scan of the text (index), so that walking nested values does not
+// in one scan of the text (validIndex, which also validates it), so that walking nested values does not
 // rescan them: without it, each level of nesting (the chunk, "choices", each
 // choice, its "logprobs", "content", each entry) skips its values again with
 // valueEnd, and the bytes of a token's logprobs were read six times per
 // chunk. The walkers take it as their receiver; a nil or empty containerEnds,
 // or a value outside the indexed text, falls back to valueEnd.
 type containerEnds struct {
-	base  uintptr // address of the indexed text's first byte; 0 when none
-	n     int     // its length
-	ends  []int32 // ends[i]: offset just after the container opening at i (only at openings outside strings)
-	stack []int32
+	base uintptr // address of the indexed text's first byte; 0 when none
+	n    int     // its length
+	ends []int32 // ends[i]: offset just after the container opening at i (only at openings outside strings)
 }
 
-// index scans s, which gjson.Valid accepted, and records its containers' ends.
-// s must stay unchanged until clear is called.
-func (x *containerEnds) index(s string) {
+// validIndex reports whether s is valid JSON, accepting exactly what
+// gjson.Valid accepts (its validator, mirrored), and records the ends of its
+// containers on the way: one scan instead of gjson.Valid's and another.
+// When it returns true, s is indexed and must stay unchanged until clear.
+func (x *containerEnds) validIndex(s string) bool {
 	x.clear()
-	if len(s) == 0 || len(s) > math.MaxInt32 {
-		return
+	if len(s) > math.MaxInt32 {
+		return gjson.Valid(s)
 	}
 	if cap(x.ends) < len(s) {
 		x.ends = make([]int32, len(s))
 	}
-	ends := x.ends[:len(s)]
-	stack := x.stack[:0]
-	for j := 0; j < len(s); j++ {
-		switch s[j] {
-		case '"':
-			e := stringEnd(s, j)
-			if e < 0 {
-				x.stack = stack
-				return
-			}
-			j = e - 1
-		case '{', '[':
-			stack = append(stack, int32(j))
-		case '}', ']':
-			if len(stack) == 0 {
-				x.stack = stack
-				return
-			}
-			ends[stack[len(stack)-1]] = int32(j + 1)
-			stack = stack[:len(stack)-1]
-		}
+	x.ends = x.ends[:cap(x.ends)]
+	i := skipWS(s, 0)
+	if i >= len(s) {
+		return false
 	}
-	x.stack = stack
-	if len(stack) != 0 {
-		return
+	i, ok := x.vAny(s, i)
+	if !ok || skipWS(s, i) != len(s) {
+		return false
 	}
 	x.base, x.n = uintptr(unsafe.Pointer(unsafe.StringData(s))), len(s)
+	return true
+}
+
+// vAny validates the value starting at s[i] (not whitespace) and returns
+// the index after it. The v* functions follow gjson's validany and the
+// functions it calls, decision for decision.
+func (x *containerEnds) vAny(s string, i int) (int, bool) {
+	switch s[i] {
+	case '{', '[':
+		return x.vContainer(s, i)
+	case '"':
+		return vString(s, i+1)
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return vNumber(s, i)
+	case 't':
+		return vLit(s, i, "true")
+	case 'f':
+		return vLit(s, i, "false")
+	case 'n':
+		return vLit(s, i, "null")
+	}
+	return i, false
+}
+
+// vContainer validates the object or array opening at s[open] and records
+// its end.
+func (x *containerEnds) vContainer(s string, open int) (int, bool) {
+	obj, closer := s[open] == '{', byte(']')
+	if obj {
+		closer = '}'
+	}
+	i := skipWS(s, open+1)
+	if i < len(s) && s[i] == closer {
+		x.ends[open] = int32(i + 1)
+		return i + 1, true
+	}
+	for {
+		var ok bool
+		if obj { // "key" :
+			if i >= len(s) || s[i] != '"' {
+				return i, false
+			}
+			if i, ok = vString(s, i+1); !ok {
+				return i, false
+			}
+			i = skipWS(s, i)
+			if i >= len(s) || s[i] != ':' {
+				return i, false
+			}
+			i = skipWS(s, i+1)
+		}
+		if i >= len(s) {
+			return i, false
+		}
+		if i, ok = x.vAny(s, i); !ok {
+			return i, false
+		}
+		i = skipWS(s, i)
+		switch {
+		case i >= len(s):
+			return i, false
+		case s[i] == closer:
+			x.ends[open] = int32(i + 1)
+			return i + 1, true
+		case s[i] == ',':
+			i = skipWS(s, i+1)
+		default:
+			return i, false
+		}
+	}
+}
+
+// vString validates a string whose opening quote is at s[i-1].
+func vString(s string, i int) (int, bool) {
+	for ; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < ' ':
+			return i, false
+		case c == '\\':
+			i++
+			if i == len(s) {
+				return i, false
+			}
+			switch s[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				for range 4 {
+					i++
+					if i >= len(s) || !isHex(s[i]) {
+						return i, false
+					}
+				}
+			default:
+				return i, false
+			}
+		case c == '"':
+			return i + 1, true
+		}
+	}
+	return i, false
+}
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+
+// vNumber validates the number starting at s[i] ('-' or a digit).
+func vNumber(s string, i int) (int, bool) {
+	if s[i] == '-' {
+		i++
+		if i == len(s) || s[i] < '0' || s[i] > '9' {
+			return i, false
+		}
+	}
+	if s[i] == '0' {
+		i++
+	} else {
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if i == len(s) || s[i] < '0' || s[i] > '9' {
+			return i, false
+		}
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if i == len(s) || s[i] < '0' || s[i] > '9' {
+			return i, false
+		}
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	}
+	return i, true
+}
+
+// vLit validates the literal lit (true, false, null) at s[i].
+func vLit(s string, i int, lit string) (int, bool) {
+	if strings.HasPrefix(s[i:], lit) {
+		return i + len(lit), true
+	}
+	return i, false
 }
 
 // clear forgets the indexed text (the walkers fall back to valueEnd), and
@@ -384,7 +518,7 @@ func (x *containerEnds) index(s string) {
 func (x *containerEnds) clear() {
 	x.base, x.n = 0, 0
 	if cap(x.ends) > maxRetain {
-		x.ends, x.stack = nil, nil
+		x.ends = nil
 	}
 }
 
