@@ -528,7 +528,10 @@ func (x *containerEnds) valueEnd(s string, i int) int {
 	if x != nil && x.n > 0 && i < len(s) && (s[i] == '{' || s[i] == '[') {
 		off := uintptr(unsafe.Pointer(unsafe.StringData(s))) + uintptr(i) - x.base
 		if off < uintptr(x.n) {
-			if e := int(x.ends[off]); e > int(off) {
+			// The bounds hold for every opening the walkers reach in valid
+			// JSON; they are checked anyway, so that no input can make the
+			// index point outside s.
+			if e := int(x.ends[off]); e > int(off) && e <= x.n && i+e-int(off) <= len(s) {
 				return i + e - int(off)
 			}
 		}
