@@ -30,12 +30,11 @@ const clickHouseServer = "/usr/sbin/clickhouse-server"
 // freeLoopbackPort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freeLoopbackPort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // process is a server started by a test; stop ends it (SIGTERM, then SIGKILL).

@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -162,14 +161,7 @@ func findServer() (string, error) {
 	return "", fmt.Errorf("clickhouse-server not found at %s nor in PATH: install it: apt-get install clickhouse-server (or run ./scripts/test), or set %s to a running server's DSN", ServerBinary, EnvClickHouseDSN)
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("clickhouse test server: free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return FreePort() }
 
 // writeConfig writes the configuration of a single test server.
 func writeConfig(dir string, tcpPort, httpPort int) error {
