@@ -3,6 +3,8 @@ package capture
 import (
 	"context"
 	"errors"
+	"fmt"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -293,11 +295,9 @@ func TestBatcherWritesAtBatchBytes(t *testing.T) {
 	for i := range 3 {
 		p.TryPush(pending(uint64(i + 1)))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for sink.rows.Load() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 3 rows written: the batch was not written at BatchBytes", sink.rows.Load())
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval of this wait on the sink's row count
-	}
+	testenv.WaitFor(t, 10*time.Second,
+		func() string {
+			return fmt.Sprintf("%d of 3 rows written: the batch was not written at BatchBytes", sink.rows.Load())
+		},
+		func() bool { return sink.rows.Load() >= 3 })
 }

@@ -2,6 +2,7 @@ package mock
 
 import (
 	"bufio"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"io"
 	"net"
 	"net/http"
@@ -13,11 +14,7 @@ import (
 // waitUntil polls cond until it holds or 15 s pass.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) { // the sleep is the polling interval
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testenv.WaitFor(t, 15*time.Second, func() string { return what }, cond)
 }
 
 // TestNonStreamingAbortOnDisconnect: a non-streaming request whose client closes the

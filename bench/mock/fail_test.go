@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"io"
 	"net"
 	"net/http"
@@ -152,11 +153,8 @@ func TestClientGoneStopsStream(t *testing.T) {
 	}
 	r.Body.Close()
 	// The server notices the closed connection at its next write and stops the stream.
-	for deadline := time.Now().Add(30 * time.Second); s.ActiveStreams() != 0; time.Sleep(10 * time.Millisecond) { // polling interval of this wait on ActiveStreams
-		if time.Now().After(deadline) {
-			t.Fatalf("stream still running after the client left")
-		}
-	}
+	testenv.WaitFor(t, 30*time.Second, func() string { return "the stream to stop after the client left" },
+		func() bool { return s.ActiveStreams() == 0 })
 }
 
 func TestDeterminism(t *testing.T) {

@@ -2,6 +2,8 @@ package spool
 
 import (
 	"context"
+	"fmt"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"testing"
 	"time"
 )
@@ -19,12 +21,8 @@ func TestRetryNowEndsBackoff(t *testing.T) {
 	}
 	// The direct write failed and the batch was spooled; wait until the
 	// replayer has failed once too (it is then in its hour of backoff).
-	for deadline := time.Now().Add(20 * time.Second); s.Stats().ReplayErrors == 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the replayer never tried the sink: stats = %+v", s.Stats())
-		}
-		time.Sleep(time.Millisecond) // polling interval of this wait on ReplayErrors
-	}
+	testenv.WaitFor(t, 20*time.Second, func() string { return fmt.Sprintf("the replayer to try the sink: stats = %+v", s.Stats()) },
+		func() bool { return s.Stats().ReplayErrors > 0 })
 	sink.setDown(false)
 	s.RetryNow()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"io"
 	"log/slog"
 	"os"
@@ -279,11 +280,8 @@ func TestRestartAfterPartialReplay(t *testing.T) {
 	sink.mu.Lock()
 	sink.down, sink.okLeft = false, 12
 	sink.mu.Unlock()
-	for deadline := time.Now().Add(20 * time.Second); s.Stats().ReplayedRows < 24; time.Sleep(time.Millisecond) { // polling interval of this wait on ReplayedRows
-		if time.Now().After(deadline) {
-			t.Fatalf("replay stalled: stats = %+v", s.Stats())
-		}
-	}
+	testenv.WaitFor(t, 20*time.Second, func() string { return fmt.Sprintf("24 rows replayed: stats = %+v", s.Stats()) },
+		func() bool { return s.Stats().ReplayedRows >= 24 })
 	closeSpool(t, s)
 	if st := s.Stats(); st.Records != 18 {
 		t.Fatalf("stats at close = %+v, want 18 left", st)
