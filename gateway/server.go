@@ -47,10 +47,11 @@ type Server struct {
 	clientKeys   []ClientKey
 	held         atomic.Int64 // calls waiting while paused
 	stop         chan struct{}
-	localTok     *hf.Tokenizer      // DetokCheck's tokenizer.json, when a path
-	tracing      *Tracing           // the gateway's own spans; nil = off
-	storeStatus  func() StoreStatus // /readyz's store fields; nil = none
-	control      ControlPlane       // /api/v1 and /v1/traces; nil = 404
+	localTok     *hf.Tokenizer           // DetokCheck's tokenizer.json, when a path
+	tracing      *Tracing                // the gateway's own spans; nil = off
+	storeStatus  func() StoreStatus      // /readyz's store fields; nil = none
+	control      ControlPlane            // /api/v1 and /v1/traces; nil = 404
+	ui           fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -264,6 +265,10 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	if len(path) >= 8 && string(path[:8]) == "/api/v1/" && s.control != nil {
 		s.control.ServeAPI(ctx, string(path[7:]))
+		return
+	}
+	if s.ui != nil && isUIPath(path) {
+		s.ui(ctx)
 		return
 	}
 	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))

@@ -182,6 +182,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		debugListen    = fs.String("debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")
 	)
 	seqFlags := addSequenceFlags(fs)
+	viewer := registerUIFlags(fs)
 	set, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -447,6 +448,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	srv.SetStoreStatus(sc.status)
 	cp := controlplane.New(controlplane.ConfigOf(cfg), srv, store, pipe, m, log)
 	srv.SetControlPlane(cp)
+	if err := viewer.mount(srv, store, cfg.AdminToken, log); err != nil {
+		fmt.Fprintln(stderr, "rollgate serve:", err)
+		return 2
+	}
 	pipe.SetFallback(srv.FallbackFor)
 	pipe.SetDetok(srv.DetokFor)
 	go func() {

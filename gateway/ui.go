@@ -1,0 +1,13 @@
+package gateway
+
+import "github.com/valyala/fasthttp"
+
+// SetUI mounts h on /ui and every path under /ui/ (the trajectory viewer,
+// package ui; cmd/rollgate mounts it). Call it before Serve. Without one
+// those paths answer 404.
+func (s *Server) SetUI(h fasthttp.RequestHandler) { s.ui = h }
+
+// isUIPath says whether path is /ui or under /ui/.
+func isUIPath(path []byte) bool {
+	return string(path) == "/ui" || (len(path) > 4 && string(path[:4]) == "/ui/")
+}

@@ -1,0 +1,30 @@
+// rollgate viewer: the rollout list's first page refreshes itself, so new
+// calls appear without a reload. Same-origin requests only (the page's
+// Content-Security-Policy allows nothing else).
+(function () {
+  "use strict";
+  var table = document.getElementById("rollouts");
+  if (!table || !table.dataset.live) return;
+  var url = table.dataset.live + (table.dataset.live.indexOf("?") >= 0 ? "&" : "?") + "part=rows";
+  var busy = false;
+  function refresh() {
+    if (busy || document.hidden) return;
+    busy = true;
+    fetch(url, { credentials: "same-origin", cache: "no-store" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var tpl = document.createElement("template");
+        tpl.innerHTML = html.trim();
+        var body = tpl.content.querySelector("tbody");
+        var old = document.getElementById("rollout-rows");
+        if (body && old && body.innerHTML !== old.innerHTML) {
+          old.replaceWith(body);
+          table.dataset.refreshed = String(Date.now());
+        }
+      })
+      .catch(function () {})
+      .then(function () { busy = false; });
+  }
+  setInterval(refresh, 2000);
+})();

@@ -1,0 +1,203 @@
+// Package ui serves rollgate's read-only trajectory viewer at /ui: the
+// rollouts captured in a store (list, filters, live refresh), a GRPO group
+// side by side with the trainer bridge's scores, advantages and exclusions,
+// one rollout's calls as a conversation with rewards and trajectory-merge
+// breaks, and one call's prompt and response as tokens shaded by logprob.
+//
+// Pages are rendered on the server with html/template (captured text is
+// hostile input: everything is escaped) from embedded assets; the page's
+// only script refreshes the rollout list from the same origin, and a
+// Content-Security-Policy forbids any other network access. The viewer
+// reads through export.Store, so it works on the embedded store and on
+// ClickHouse alike, and it reads trainer-bridge for the group view: it sits
+// at the end of rollgate's flow and nothing imports it but cmd/.
+package ui
+
+import (
+	"context"
+	"crypto/subtle"
+	"embed"
+	"encoding/base64"
+	"html/template"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/export"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Config configures the viewer.
+type Config struct {
+	// AdminToken, when set, is required as "Authorization: Bearer ..." or
+	// as the password of HTTP Basic authentication (any user name), which
+	// browsers ask for themselves.
+	AdminToken string
+	// Decoder turns token ids into text for the tokens view; nil shows the
+	// ids alone.
+	Decoder Decoder
+	// PageSize is the number of rollouts per list page (0: 50).
+	PageSize int
+	// QueryTimeout bounds each page's store queries (0: 10 s).
+	QueryTimeout time.Duration
+	// Logger receives store errors (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server serves the viewer's pages. Mount Handle on every path under /ui.
+type Server struct {
+	cfg   Config
+	store export.Store
+	d     dialect
+	pages map[string]*template.Template
+	log   *slog.Logger
+}
+
+// New returns a viewer of store.
+func New(store export.Store, cfg Config) (*Server, error) {
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 50
+	}
+	if cfg.QueryTimeout <= 0 {
+		cfg.QueryTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, store: store, log: cfg.Logger, d: dialectSQLite}
+	if store.Name() == "clickhouse" {
+		s.d = dialectClickHouse
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	s.pages = pages
+	return s, nil
+}
+
+// Handle answers a request whose path starts with /ui.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Response.Header
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	if !s.authorized(ctx) {
+		h.Set("WWW-Authenticate", `Basic realm="rollgate", charset="UTF-8"`)
+		s.fail(ctx, fasthttp.StatusUnauthorized, "This viewer needs the gateway's admin token: give it as the password (any user name), or as Authorization: Bearer.")
+		return
+	}
+	if !ctx.IsGet() && !ctx.IsHead() {
+		h.Set("Allow", "GET, HEAD")
+		s.fail(ctx, fasthttp.StatusMethodNotAllowed, "The viewer is read-only: only GET and HEAD are served.")
+		return
+	}
+	path := string(ctx.Path())
+	rest := strings.TrimPrefix(path, "/ui")
+	if rest == "" || rest == "/" || rest == "/rollouts" {
+		s.serveList(ctx)
+		return
+	}
+	if strings.HasPrefix(rest, "/static/") {
+		s.serveStatic(ctx, strings.TrimPrefix(rest, "/static/"))
+		return
+	}
+	parts := splitPath(rest)
+	if parts == nil {
+		s.fail(ctx, fasthttp.StatusNotFound, "No such page: the path is not a valid URL path.")
+		return
+	}
+	switch {
+	case len(parts) == 2 && parts[0] == "rollouts":
+		s.serveRollout(ctx, parts[1])
+	case len(parts) == 4 && parts[0] == "rollouts" && parts[2] == "calls":
+		s.serveTokens(ctx, parts[1], parts[3])
+	case len(parts) == 5 && parts[0] == "rollouts" && parts[2] == "calls" && parts[4] == "raw":
+		s.serveRaw(ctx, parts[1], parts[3])
+	case len(parts) == 2 && parts[0] == "groups":
+		s.serveGroup(ctx, parts[1])
+	default:
+		s.fail(ctx, fasthttp.StatusNotFound, "No such page. The viewer has /ui (rollouts), /ui/rollouts/{id}, /ui/rollouts/{id}/calls/{sequence_id} and /ui/groups/{group_id}.")
+	}
+}
+
+// splitPath splits an escaped path after /ui into its unescaped segments,
+// or returns nil when a segment does not unescape or is empty.
+func splitPath(p string) []string {
+	raw := strings.Split(strings.Trim(p, "/"), "/")
+	out := make([]string, len(raw))
+	for i, r := range raw {
+		u, err := url.PathUnescape(r)
+		if err != nil || u == "" {
+			return nil
+		}
+		out[i] = u
+	}
+	return out
+}
+
+// authorized checks the admin token, when one is set.
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.AdminToken == "" {
+		return true
+	}
+	auth := string(ctx.Request.Header.Peek("Authorization"))
+	var got string
+	switch {
+	case strings.HasPrefix(auth, "Bearer "):
+		got = strings.TrimPrefix(auth, "Bearer ")
+	case strings.HasPrefix(auth, "Basic "):
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(auth, "Basic "))
+		if err != nil {
+			return false
+		}
+		_, pass, ok := strings.Cut(string(raw), ":")
+		if !ok {
+			return false
+		}
+		got = pass
+	default:
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) == 1
+}
+
+// serveStatic serves the stylesheet and the script.
+func (s *Server) serveStatic(ctx *fasthttp.RequestCtx, name string) {
+	var ctype string
+	switch name {
+	case "ui.css":
+		ctype = "text/css; charset=utf-8"
+	case "ui.js":
+		ctype = "text/javascript; charset=utf-8"
+	default:
+		s.fail(ctx, fasthttp.StatusNotFound, "No such file.")
+		return
+	}
+	b, err := assets.ReadFile("assets/" + name)
+	if err != nil {
+		s.fail(ctx, fasthttp.StatusNotFound, "No such file.")
+		return
+	}
+	ctx.Response.Header.Set("Cache-Control", "max-age=300")
+	ctx.SetContentType(ctype)
+	ctx.SetBody(b)
+}
+
+// queryCtx bounds a page's store queries.
+func (s *Server) queryCtx(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.cfg.QueryTimeout)
+}
+
+// storeFailed answers a store error: 503 with the error logged, not shown
+// (it may name the store's address).
+func (s *Server) storeFailed(ctx *fasthttp.RequestCtx, what string, err error) {
+	s.log.Warn("ui: store query failed", "page", what, "err", err)
+	s.fail(ctx, fasthttp.StatusServiceUnavailable, "The store did not answer ("+what+"); the gateway's log has the error. Try again.")
+}
