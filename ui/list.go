@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"fmt"
+	"html/template"
 	"net/url"
 	"strconv"
 	"strings"
@@ -46,8 +47,8 @@ func (r rolloutRow) IDsBad() bool { return r.IDsOK < r.Calls }
 type listPage struct {
 	F    listFilter
 	Rows []rolloutRow
-	Next string // query string of the next page, "" on the last
-	Live bool   // first page: the script refreshes it
+	Next template.URL // query string of the next page, "" on the last
+	Live bool         // first page: the script refreshes it
 	// Statuses are the status filter's choices ("" = any).
 	Statuses []string
 	Elapsed  string
@@ -111,8 +112,9 @@ func (f listFilter) query() url.Values {
 	return v
 }
 
-// QueryString is the filter (without the cursor) as a URL query.
-func (f listFilter) QueryString() string { return f.query().Encode() }
+// QueryString is the filter (without the cursor) as a URL query, encoded
+// by url.Values (so safe to place after "?" in an attribute).
+func (f listFilter) QueryString() template.URL { return template.URL(f.query().Encode()) }
 
 // pageSQL is the first query of a list page: the ids of the rollouts shown,
 // newest activity first, from calls and from registered rollouts (which
@@ -190,7 +192,7 @@ func (s *Server) serveList(ctx *fasthttp.RequestCtx) {
 		q := f.query()
 		q.Set("before", u64(last.Last))
 		q.Set("before_id", last.ID)
-		p.Next = q.Encode()
+		p.Next = template.URL(q.Encode()) // encoded by url.Values: safe in an href
 	}
 	p.Elapsed = time.Since(start).Round(time.Millisecond).String()
 	ctx.Response.Header.Set("Server-Timing", "store;dur="+strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
