@@ -168,7 +168,40 @@ func codeRoutes(t *testing.T) []route {
 		m, p, _ := strings.Cut(pat, " ")
 		out = append(out, route{m, "/api/v1/bridge" + p})
 	}
+	for _, pat := range varStrings(t, "../ui/ui.go", "Routes") {
+		m, p, _ := strings.Cut(pat, " ")
+		out = append(out, route{m, placeholder.ReplaceAllString(p, "{}")})
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// varStrings parses file and returns the string literals of the composite
+// literal assigned to its package variable name.
+func varStrings(t *testing.T, file, name string) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != name || len(vs.Values) != 1 {
+			return true
+		}
+		if cl, ok := vs.Values[0].(*ast.CompositeLit); ok {
+			for _, e := range cl.Elts {
+				if s, ok := stringLit(e); ok {
+					out = append(out, s)
+				}
+			}
+		}
+		return false
+	})
+	if len(out) == 0 {
+		t.Fatalf("%s: no string list %s: has the router moved? update codeRoutes", file, name)
+	}
 	return out
 }
 

@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -9,8 +10,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/export"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
-	"github.com/rollgate/rollgate/trainer-bridge/advantage"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
@@ -34,6 +35,7 @@ type groupPage struct {
 	Estimator  string
 	Estimators []string
 	Mode       string
+	AIR        bool // automatic intermediate rewards on (?air=off turns them off)
 	Members    []groupMember
 	Excluded   []string // "reason: n" over the group
 	Filled     int      // attempts given reward 0
@@ -49,14 +51,12 @@ func (s *Server) serveGroup(ctx *fasthttp.RequestCtx, id string) {
 		return
 	}
 	a := ctx.QueryArgs()
-	est, err := advantage.Parse(orDefault(string(a.Peek("estimator")), "grpo"))
-	if err != nil {
-		s.fail(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
-	}
-	mode := orDefault(string(a.Peek("mode")), bridge.ModeTransitions)
-	if mode != bridge.ModeTransitions && mode != bridge.ModeTrajectories {
-		s.fail(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("mode must be %s or %s", bridge.ModeTransitions, bridge.ModeTrajectories))
+	req := bridge.Request{Estimator: orDefault(string(a.Peek("estimator")), string(bridge.DefaultEstimator)),
+		Mode: string(a.Peek("mode")), MaxResponse: a.GetUintOrZero("max_response"), Report: true}
+	airOn := string(a.Peek("air")) != "off"
+	req.AIR = &airOn
+	if _, err := req.Options(); err != nil {
+		s.fail(ctx, fasthttp.StatusBadRequest, "Bad group option: "+err.Error())
 		return
 	}
 	qctx, cancel := s.queryCtx(ctx)
@@ -89,11 +89,19 @@ func (s *Server) serveGroup(ctx *fasthttp.RequestCtx, id string) {
 		s.fail(ctx, fasthttp.StatusNotFound, fmt.Sprintf("Group %q was not found: no rollout in the store has this group_id.", id))
 		return
 	}
-	opt := bridge.Options{Selection: bridge.DefaultSelection(), Mode: mode, Estimator: est, Report: true,
-		MaxResponse: a.GetUintOrZero("max_response"), GroupBy: bridge.GroupGroup}
-	opt.Selection.RolloutIDs = ids
+	req.RolloutIDs = ids
+	opt, err := req.Options()
+	if err != nil {
+		s.fail(ctx, fasthttp.StatusBadRequest, "Bad group option: "+err.Error())
+		return
+	}
 	out, err := bridge.Build(qctx, s.store, opt)
-	p := groupPage{ID: id, Estimator: string(est), Mode: mode,
+	var optErr *bridge.OptionError
+	if errors.As(err, &optErr) {
+		s.fail(ctx, fasthttp.StatusBadRequest, "Bad group option: "+err.Error())
+		return
+	}
+	p := groupPage{ID: id, Estimator: string(opt.Estimator), Mode: orDefault(opt.Mode, bridge.ModeTransitions), AIR: airOn,
 		Estimators: []string{"grpo", "drgrpo", "rloo", "reinforce++-baseline", "none"}}
 	if err != nil {
 		s.log.Warn("ui: trainer bridge failed for a group", "group", id, "err", err)
@@ -107,9 +115,11 @@ func (s *Server) serveGroup(ctx *fasthttp.RequestCtx, id string) {
 	if out != nil {
 		s.fillFromBridge(out, members, &p)
 	}
-	if err := s.fillAIR(qctx, ids, members); err != nil {
-		s.storeFailed(ctx, "group rewards", err)
-		return
+	if opt.AIR != nil {
+		if err := s.fillAIR(qctx, opt.AIR, members); err != nil {
+			s.storeFailed(ctx, "group calls", err)
+			return
+		}
 	}
 	for _, rid := range ids {
 		m := members[rid]
@@ -165,17 +175,22 @@ func (s *Server) fillFromBridge(out *bridge.Result, members map[string]*groupMem
 	p.Filled = out.Stats.FilledRewards
 }
 
-// fillAIR counts the stored automatic intermediate rewards of each rollout
-// by rule.
-func (s *Server) fillAIR(ctx context.Context, ids []string, members map[string]*groupMember) error {
-	res, err := s.store.Query(ctx, "SELECT rollout_id, attempt_id, source, count(*) FROM rewards WHERE rollout_id IN "+s.d.list(ids)+
-		" AND source IN "+s.d.list(air.RuleNames)+" GROUP BY rollout_id, attempt_id, source ORDER BY rollout_id, source")
-	if err != nil {
-		return err
-	}
-	for _, r := range res.Rows {
-		if m := members[r[0]]; m != nil && len(r) >= 4 && r[1] == m.AttemptID {
-			m.AIRHits = append(m.AIRHits, r[2]+" ×"+r[3])
+// fillAIR counts the automatic intermediate rewards the bridge computes
+// for each member's attempt, by rule.
+func (s *Server) fillAIR(ctx context.Context, e *air.Engine, members map[string]*groupMember) error {
+	for _, m := range members {
+		if !m.Selected {
+			continue
+		}
+		calls, err := s.store.Calls(ctx, export.CallFilter{RolloutID: m.RolloutID, AttemptID: m.AttemptID})
+		if err != nil {
+			return err
+		}
+		counts := air.Counts(e.Evaluate(calls, 0))
+		for _, rule := range air.RuleNames {
+			if n := counts[rule]; n > 0 {
+				m.AIRHits = append(m.AIRHits, fmt.Sprintf("%s ×%d", rule, n))
+			}
 		}
 	}
 	return nil

@@ -32,16 +32,17 @@ type rolloutRow struct {
 	First, Last                      uint64
 }
 
-// IDHealth renders the token-source health: calls with the engine's ids.
+// IDHealth renders the token-source health: of the calls that succeeded
+// (failed ones are never training data), those with verified engine ids.
 func (r rolloutRow) IDHealth() string {
-	if r.Calls == 0 {
+	if r.Calls-r.Errors <= 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%d/%d", r.IDsOK, r.Calls)
+	return fmt.Sprintf("%d/%d", r.IDsOK, r.Calls-r.Errors)
 }
 
-// IDsBad says some calls lack verified ids.
-func (r rolloutRow) IDsBad() bool { return r.IDsOK < r.Calls }
+// IDsBad says some successful calls lack verified ids.
+func (r rolloutRow) IDsBad() bool { return r.IDsOK < r.Calls-r.Errors }
 
 // listPage is the list template's data.
 type listPage struct {
@@ -242,7 +243,7 @@ func (s *Server) pageDetails(ctx context.Context, ids []string, byID map[string]
 	in := s.d.list(ids)
 	res, err := s.store.Query(ctx, "SELECT rollout_id, count(*), sum(prompt_tokens), sum(completion_tokens),"+
 		" sum(CASE WHEN error != '' OR http_status >= 300 THEN 1 ELSE 0 END),"+
-		" sum(CASE WHEN token_source IN ('engine', 'tokenize') AND token_check = '' THEN 1 ELSE 0 END),"+
+		" sum(CASE WHEN token_source IN ('engine', 'tokenize') AND token_check = '' AND error = '' AND http_status < 300 THEN 1 ELSE 0 END),"+
 		" min(start_time_unix_nano), max(task_id) FROM llm_calls WHERE rollout_id IN "+in+" GROUP BY rollout_id")
 	if err != nil {
 		return err

@@ -22,6 +22,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"nanos":   fmtNanos,
 		"dur":     fmtDur,
 		"num":     fmtFloat,
+		"short":   shortFloat,
 		"shade":   shade,
 		"inc":     func(i int) int { return i + 1 },
 		"percent": func(a, b int) int { return percent(a, b) },
@@ -135,4 +136,14 @@ func percent(a, b int) int {
 		return 0
 	}
 	return a * 100 / b
+}
+
+// shortFloat renders a number given as text with 4 decimals (the page
+// keeps the full value in a data-value attribute).
+func shortFloat(s string) string {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return s
+	}
+	return strconv.FormatFloat(f, 'f', 4, 64)
 }

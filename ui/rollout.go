@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
 // maxShownText is how much of one message's text a page shows inline; the
@@ -47,6 +48,7 @@ type rewardView struct {
 	Name, Source, Value string
 	Seq                 uint64
 	AIR                 bool
+	Computed            bool // computed now by the AIR rules, not stored
 }
 
 // callView is one call (choice) of the conversation.
@@ -95,7 +97,7 @@ func (s *Server) serveRollout(ctx *fasthttp.RequestCtx, id string) {
 		attempt = latestAttempt(det)
 	}
 	from, _ := strconv.Atoi(string(ctx.QueryArgs().Peek("from")))
-	p := buildRolloutPage(id, attempt, det, max(from, 0))
+	p := buildRolloutPage(id, attempt, det, max(from, 0), s.air)
 	s.render(ctx, fasthttp.StatusOK, "rollout", "Rollout "+id, p)
 }
 
@@ -120,7 +122,10 @@ func latestAttempt(det *export.RolloutDetail) string {
 	return best
 }
 
-func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int) rolloutPage {
+// buildRolloutPage lays out attempt's calls from det, showing the calls
+// from index from on; e, when set, adds the automatic intermediate rewards
+// the trainer bridge would compute (unless stored ones already say so).
+func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int, e *air.Engine) rolloutPage {
 	p := rolloutPage{ID: id, Attempt: attempt, Attempts: det.Attempts, From: from}
 	for _, a := range det.Attempts {
 		if a.AttemptID == attempt {
@@ -152,6 +157,24 @@ func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int) r
 		}
 	}
 	sort.SliceStable(calls, func(i, j int) bool { return calls[i].SequenceID < calls[j].SequenceID })
+	if e != nil {
+		var all []export.Call
+		for _, c := range det.Calls {
+			if c.AttemptID == attempt {
+				all = append(all, c)
+			}
+		}
+		for _, r := range e.Evaluate(all, 0) {
+			stored := false
+			for _, have := range steps[r.SequenceID] {
+				stored = stored || have.Source == r.Source
+			}
+			if !stored {
+				steps[r.SequenceID] = append(steps[r.SequenceID], rewardView{Name: r.Name, Source: r.Source, Seq: r.SequenceID,
+					Value: strconv.FormatFloat(r.Value, 'f', -1, 64), AIR: true, Computed: true})
+			}
+		}
+	}
 	p.Total = len(calls)
 	shown := 0 // request messages already shown, plus the replies
 	var prevMsgs []string

@@ -18,6 +18,7 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/base64"
+	"fmt"
 	"html/template"
 	"log/slog"
 	"net/url"
@@ -27,10 +28,24 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
 //go:embed assets
 var assets embed.FS
+
+// Routes are the viewer's pages, each GET (and HEAD); the tokens and raw
+// pages take ?attempt= and ?choice=, the list its filters. docs/contract.md
+// lists them (docs/docs_test.go reads this list).
+var Routes = []string{
+	"GET /ui",
+	"GET /ui/rollouts",
+	"GET /ui/rollouts/{rollout_id}",
+	"GET /ui/rollouts/{rollout_id}/calls/{sequence_id}",
+	"GET /ui/rollouts/{rollout_id}/calls/{sequence_id}/raw",
+	"GET /ui/groups/{group_id}",
+	"GET /ui/static/{file}",
+}
 
 // Config configures the viewer.
 type Config struct {
@@ -56,6 +71,7 @@ type Server struct {
 	d     dialect
 	pages map[string]*template.Template
 	log   *slog.Logger
+	air   *air.Engine // the rollout view's AIR rules: the bridge's defaults
 }
 
 // New returns a viewer of store.
@@ -78,6 +94,9 @@ func New(store export.Store, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.pages = pages
+	if s.air, err = air.New(air.DefaultConfig()); err != nil {
+		return nil, fmt.Errorf("ui: AIR rules: %w", err)
+	}
 	return s, nil
 }
 

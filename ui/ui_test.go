@@ -68,7 +68,7 @@ func fixture(t *testing.T, s export.Store) {
 			Metadata: "{}", CreatedUnixNano: at, UpdatedUnixNano: at + 200_000_000})
 		b.Rewards = append(b.Rewards, export.Reward{RolloutID: ro, AttemptID: "a1", Name: "primary", Value: map[string]float64{"ro-a": 1, "ro-b": 0, "ro-c": 0.25}[ro], Source: "api", TimeUnixNano: at + 300_000_000})
 	}
-	b.Rewards = append(b.Rewards, export.Reward{RolloutID: "ro-b", AttemptID: "a1", SequenceID: 2, Name: "primary", Value: -0.1, Source: "air_truncated", TimeUnixNano: t0})
+	b.Rewards = append(b.Rewards, export.Reward{RolloutID: "ro-b", AttemptID: "a1", SequenceID: 2, Name: "primary", Value: -0.1, Source: "api", TimeUnixNano: t0})
 	odd := call(`ro'q\x`, `t'x\`, 1, t0+10_000_000_000, sys, `{"role":"assistant","content":"ok"}`)
 	odd.TokenSource, odd.PromptTokenIDs, odd.ResponseTokenIDs, odd.ResponseLogprobs = export.TokenSourceNone, nil, nil, nil
 	odd.AgentName, odd.PolicyVersion = "reviewer", "4"
@@ -113,6 +113,18 @@ func stores(t *testing.T, f func(t *testing.T, s export.Store)) {
 		fixture(t, s)
 		f(t, s)
 	})
+}
+
+// sqliteFixture is an embedded store holding fixture, closed with the test.
+func sqliteFixture(t *testing.T) export.Store {
+	t.Helper()
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ui.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	fixture(t, s)
+	return s
 }
 
 // serve starts the viewer of s on a loopback port and returns its base URL.
@@ -271,7 +283,7 @@ func TestRolloutPage(t *testing.T) {
 		}
 		call2 := body[i2:]
 		for _, w := range []string{"&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;", "Trajectory merge breaks here (edited, compared with #1: 2 leading ids match)",
-			"AIR air_truncated = -0.1", `tag bad">length`, "result of c1", "TTFT 700µs", "2.5ms", "⇢ r0", "v3"} {
+			`title="step reward">primary = -0.1`, "AIR air_truncated = -0.5", `tag bad">length`, "result of c1", "TTFT 700µs", "2.5ms total", "⇢ r0", "v3"} {
 			if !strings.Contains(call2, w) {
 				t.Errorf("call 2 lacks %q", w)
 			}
@@ -333,7 +345,7 @@ func TestTokensPage(t *testing.T) {
 func TestGroupPage(t *testing.T) {
 	stores(t, func(t *testing.T, s export.Store) {
 		base := serve(t, s, Config{})
-		code, body := get(t, base+"/ui/groups/g1?estimator=grpo")
+		code, body := get(t, base+"/ui/groups/g1?estimator=grpo&air=off")
 		if code != 200 {
 			t.Fatalf("%d %s", code, body)
 		}
@@ -346,7 +358,7 @@ func TestGroupPage(t *testing.T) {
 			return body[i : i+j]
 		}
 		// Scores: the episode reward plus the step rewards (identical
-		// credit): ro-a 1, ro-b 0 - 0.1 (its AIR row), ro-c 0.25 (no sample
+		// credit): ro-a 1, ro-b 0 - 0.1 (its step reward), ro-c 0.25 (no sample
 		// left, but its score counts in the group). GRPO: (s - mean) /
 		// (unbiased std + 1e-6), as verl.
 		scores := map[string]float64{"ro-a": 1, "ro-b": -0.1, "ro-c": 0.25}
@@ -358,10 +370,10 @@ func TestGroupPage(t *testing.T) {
 		std := math.Sqrt(ss / 2)
 		for _, id := range []string{"ro-a", "ro-b"} {
 			m := member(id)
-			if !strings.Contains(m, `<dd class="num">`+fmtFloat(scores[id])+`</dd>`) {
+			if !strings.Contains(m, `class="score" data-value="`+fmtFloat(scores[id])+`"`) {
 				t.Errorf("%s: score %v not shown: %s", id, scores[id], m)
 			}
-			adv := regexp.MustCompile(`class="num advantage">([-0-9.e]+)<`).FindStringSubmatch(m)
+			adv := regexp.MustCompile(`class="advantage" data-value="([-0-9.e]+)"`).FindStringSubmatch(m)
 			want := (scores[id] - mean) / (std + 1e-6)
 			if adv == nil {
 				t.Errorf("%s: no advantage: %s", id, m)
@@ -369,6 +381,12 @@ func TestGroupPage(t *testing.T) {
 				t.Errorf("%s: advantage %v, want %v", id, got, want)
 			}
 		}
+		if m := member("ro-b"); strings.Contains(m, "air_") {
+			t.Errorf("ro-b: AIR hits shown with AIR off: %s", m)
+		}
+		// With AIR on (the bridge's default), ro-b's cut answer hits
+		// air_truncated (-0.5 by default) and its score drops by that.
+		_, body = get(t, base+"/ui/groups/g1")
 		if m := member("ro-b"); !strings.Contains(m, "air_truncated ×1") {
 			t.Errorf("ro-b: AIR hit missing: %s", m)
 		}
@@ -378,16 +396,14 @@ func TestGroupPage(t *testing.T) {
 		if code, _ := get(t, base+"/ui/groups/g1?estimator=bogus"); code != 400 {
 			t.Errorf("bogus estimator: %d, want 400", code)
 		}
+		if code, _ := get(t, base+"/ui/groups/g1?mode=bogus"); code != 400 {
+			t.Errorf("bogus estimator: %d, want 400", code)
+		}
 	})
 }
 
 func TestNotFoundAndAuth(t *testing.T) {
-	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ui.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	fixture(t, s)
+	s := sqliteFixture(t)
 	base := serve(t, s, Config{})
 	for _, p := range []string{"/ui/rollouts/nope", "/ui/groups/nope", "/ui/rollouts/ro-a/calls/9", "/ui/rollouts/ro-a/calls/x", "/ui/elsewhere", "/ui/static/../ui.go"} {
 		code, body := get(t, base+p)
@@ -414,5 +430,21 @@ func TestNotFoundAndAuth(t *testing.T) {
 	}
 	if code, body := get(t, locked+"/ui", "Authorization", "Bearer wrong"); code != 401 || strings.Contains(body, "s3cret") {
 		t.Errorf("wrong token: %d", code)
+	}
+}
+
+// TestRoutesServed requests every route of Routes on the fixture.
+func TestRoutesServed(t *testing.T) {
+	s := sqliteFixture(t)
+	base := serve(t, s, Config{})
+	fill := strings.NewReplacer("{rollout_id}", "ro-a", "{sequence_id}", "1", "{group_id}", "g1", "{file}", "ui.css")
+	for _, r := range Routes {
+		m, p, _ := strings.Cut(r, " ")
+		if m != "GET" {
+			t.Errorf("route %s: the viewer is read-only", r)
+		}
+		if code, body := get(t, base+fill.Replace(p)); code != 200 {
+			t.Errorf("GET %s: %d %.200s", fill.Replace(p), code, body)
+		}
 	}
 }
