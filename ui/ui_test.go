@@ -128,7 +128,7 @@ func sqliteFixture(t *testing.T) export.Store {
 }
 
 // serve starts the viewer of s on a loopback port and returns its base URL.
-func serve(t *testing.T, s export.Store, cfg Config) string {
+func serve(t testing.TB, s export.Store, cfg Config) string {
 	t.Helper()
 	v, err := New(s, cfg)
 	if err != nil {
@@ -168,7 +168,10 @@ func get(t *testing.T, u string, hdr ...string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-var rowRe = regexp.MustCompile(`<tr data-rollout="([^"]*)">`)
+var (
+	rowRe  = regexp.MustCompile(`<tr data-rollout="([^"]*)">`)
+	nextRe = regexp.MustCompile(`id="next-page" href="([^"]*)"`)
+)
 
 // rowsOf lists the rollout ids of a list page, in order (HTML-unescaped).
 func rowsOf(body string) []string {
@@ -255,7 +258,7 @@ func TestListPaging(t *testing.T) {
 		for range 5 {
 			_, body := get(t, u)
 			all = append(all, rowsOf(body)...)
-			m := regexp.MustCompile(`id="next-page" href="([^"]*)"`).FindStringSubmatch(body)
+			m := nextRe.FindStringSubmatch(body)
 			if m == nil {
 				break
 			}
