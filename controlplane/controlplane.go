@@ -19,6 +19,7 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
@@ -28,14 +29,14 @@ import (
 // (*gateway.Server implements it).
 type Gateway interface {
 	// Backends returns the routing table, replica state and drain state.
-	Backends() gateway.BackendsView
+	Backends() backends.View
 	// ReplaceBackends swaps the routing table and returns the new one, or
 	// says why it cannot.
-	ReplaceBackends(backends []gateway.Backend) (gateway.BackendsView, error)
+	ReplaceBackends(spec []backends.Backend) (backends.View, error)
 	// Pause holds new calls until Resume; PauseState reports the drain.
 	Pause()
 	Resume()
-	PauseState() gateway.PauseView
+	PauseState() backends.DrainView
 	// RegisterRollout records a registered rollout's task id, which the
 	// rollout's captured calls carry.
 	RegisterRollout(rolloutID, taskID string)

@@ -1,11 +1,13 @@
-// Package gateway is rollgate's OpenAI-compatible HTTP front: routes,
-// attribution to rollouts, sequence ids, request rewriting for capture,
-// backend pools, and the /api/v1 surface of docs/contract.md §2.
+// Package gateway is rollgate's OpenAI-compatible HTTP front, the hot path:
+// the fasthttp server, attribution to rollouts, sequence ids, request
+// rewriting for capture (gateway/rewrite), the proxy with its retries,
+// streaming and limits, pause and resume. The routing table and replica
+// health are package gateway/backends; the /api/v1 surface and OTLP ingest
+// (docs/contract.md §2) are a ControlPlane the server mounts.
 package gateway
 
 import (
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -136,7 +138,7 @@ type Config struct {
 	// Routing is how pools that set no routing of their own pick a replica:
 	// "affine" (the default: the calls of one rollout stay on one replica
 	// while it is healthy and under the load bound, so its prefix cache
-	// serves every turn after the first; see affinity.go) or
+	// serves every turn after the first; see gateway/backends/affinity.go) or
 	// "least_outstanding" (every call to the least loaded replica).
 	Routing string `yaml:"routing"`
 	// RoutingLoadFactor is affine routing's load bound c ≥ 1 for pools that
@@ -147,47 +149,6 @@ type Config struct {
 	// each backend attempt, see NewTracing); nil (the default) = no tracing
 	// work at all. The owner shuts it down after the gateway.
 	Tracing *Tracing `yaml:"-"`
-}
-
-// Backend is one model and the replicas that serve it.
-type Backend struct {
-	// Model is the name clients put in "model". "*" matches any model not
-	// listed elsewhere (used with a single --upstream).
-	Model string `yaml:"model" json:"model"`
-	// Replicas serve the model; Routing says which one takes a call.
-	Replicas []Replica `yaml:"replicas" json:"replicas"`
-	// Routing is "affine" (calls of one rollout to one replica while it is
-	// healthy and not overloaded) or "least_outstanding" (the replica with
-	// the fewest outstanding requests, weights breaking ties); empty = the
-	// gateway's Config.Routing (default affine).
-	Routing string `yaml:"routing" json:"routing,omitempty"`
-	// LoadFactor is affine routing's bound c ≥ 1 (see Config.RoutingLoadFactor);
-	// 0 = the gateway's.
-	LoadFactor float64 `yaml:"load_factor" json:"load_factor,omitempty"`
-}
-
-// Replica is one inference server.
-type Replica struct {
-	// Name identifies the replica in captured rows and metrics (default: its URL).
-	Name string `yaml:"name" json:"name,omitempty"`
-	// URL is the OpenAI base URL, ending in /v1 (e.g. http://10.0.0.5:8000/v1).
-	URL string `yaml:"url" json:"url"`
-	// Kind is vllm, sglang, llamacpp, openai or auto (default auto: probe /version and /v1/models).
-	Kind string `yaml:"kind" json:"kind,omitempty"`
-	// Weight biases selection among equally loaded replicas (default 1).
-	Weight int `yaml:"weight" json:"weight,omitempty"`
-	// PolicyVersion is the weights version served, recorded on every captured row.
-	PolicyVersion string `yaml:"policy_version" json:"policy_version,omitempty"`
-	// APIKeyEnv names an environment variable holding the upstream API key,
-	// sent as "Authorization: Bearer ..." (secrets stay out of config files).
-	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
-	// ServedModel, when set, replaces "model" in requests sent to this replica.
-	ServedModel string `yaml:"served_model" json:"served_model,omitempty"`
-	// TokenIDs says how a vLLM replica gives token ids: "engine"
-	// (return_token_ids, vLLM >= 0.10.2), "logprobs" (logprobs with
-	// return_tokens_as_token_ids, for older vLLM; completed by the /tokenize
-	// fallback at capture), or "auto" (default: from GET /version).
-	TokenIDs string `yaml:"token_ids" json:"token_ids,omitempty"`
 }
 
 // SetDefaults fills zero values with the documented defaults.
@@ -262,41 +223,6 @@ func (c *Config) SetDefaults() {
 	if c.RoutingLoadFactor == 0 {
 		c.RoutingLoadFactor = DefaultRoutingLoadFactor
 	}
-}
-
-// ValidateBackends checks a routing table and says which entry is wrong.
-func ValidateBackends(bs []Backend) error {
-	seen := map[string]bool{}
-	for i, b := range bs {
-		if b.Model == "" {
-			return fmt.Errorf("backends[%d]: model is empty", i)
-		}
-		if seen[b.Model] {
-			return fmt.Errorf("backends[%d]: model %q listed twice", i, b.Model)
-		}
-		seen[b.Model] = true
-		if len(b.Replicas) == 0 {
-			return fmt.Errorf("backends[%d] (model %q): no replicas", i, b.Model)
-		}
-		if err := validRouting(b.Routing, b.LoadFactor, "routing", "load_factor"); err != nil {
-			return fmt.Errorf("backends[%d] (model %q): %w", i, b.Model, err)
-		}
-		for j, r := range b.Replicas {
-			u, err := url.Parse(r.URL)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return fmt.Errorf("backends[%d].replicas[%d]: url %q is not an http(s) URL like http://host:8000/v1", i, j, r.URL)
-			}
-			switch r.Kind {
-			case "", "auto", "vllm", "sglang", "llamacpp", "llama.cpp", "openai":
-			default:
-				return fmt.Errorf("backends[%d].replicas[%d]: kind %q is not one of vllm, sglang, llamacpp, openai, auto", i, j, r.Kind)
-			}
-			if r.Weight < 0 {
-				return fmt.Errorf("backends[%d].replicas[%d]: weight %d is negative", i, j, r.Weight)
-			}
-		}
-	}
-	return nil
 }
 
 // ClientKey is one API key agents may use.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/gateway/backends"
 )
 
 // A non-streamed call waits for its backend's whole answer (for vLLM: the
@@ -113,7 +115,7 @@ func (s *Server) watchHangup(ctx *fasthttp.RequestCtx, req *fasthttp.Request, de
 	if socketOf(conn) == nil {
 		return nil
 	}
-	w := &hangupWatch{t: &s.clients.transport, req: req, conn: conn, deadline: deadline, log: s.log}
+	w := &hangupWatch{t: &s.transport, req: req, conn: conn, deadline: deadline, log: s.log}
 	w.t.calls.Store(req, w)
 	w.timer = time.AfterFunc(hangupGrace, w.watch)
 	return w
@@ -328,8 +330,8 @@ const statusClientClosed = 499
 // hungUp captures a non-streamed call whose client hung up before its
 // answer (err is how the backend call ended: usually its cancellation). The
 // response left to fasthttp goes nowhere; the connection is closed.
-func (s *Server) hungUp(ctx *fasthttp.RequestCtx, c *call, r *replica, err error) {
-	s.log.Debug("client hung up before the response; backend call cancelled", "backend", r.name, "err", err)
+func (s *Server) hungUp(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstream, err error) {
+	s.log.Debug("client hung up before the response; backend call cancelled", "backend", r.Name(), "err", err)
 	if err != nil && c.tr.attempt != nil {
 		s.tracing.attemptFailed(c, err, false)
 	}

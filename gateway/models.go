@@ -18,7 +18,7 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		s.plainError(ctx, fasthttp.StatusUnauthorized, "invalid_request_error", "Incorrect API key provided")
 		return
 	}
-	t := s.table.Load()
+	t := s.backends.Load()
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -30,21 +30,21 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
 	seen := map[string]bool{}
-	for _, name := range t.models() {
+	for _, name := range t.Models() {
 		seen[name] = true
 		out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: "rollgate"})
 	}
-	if t.wildcard != nil {
-		r := t.wildcard.replicas[0]
+	if w := t.Wildcard(); w != nil {
+		r := w.Replicas()[0]
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		req.SetRequestURI(r.origin + r.basePath + "/models")
+		req.SetRequestURI(r.Origin() + r.BasePath() + "/models")
 		req.Header.SetMethod(fasthttp.MethodGet)
-		if r.auth != "" {
-			req.Header.Set("Authorization", r.auth)
+		if auth := r.Auth(); auth != "" {
+			req.Header.Set("Authorization", auth)
 		} else if a := ctx.Request.Header.Peek("Authorization"); len(a) > 0 && s.cfg.ForwardClientAuthorization {
 			req.Header.SetBytesV("Authorization", a)
 		}
-		if err := r.client.DoTimeout(req, resp, 10*time.Second); err == nil && resp.StatusCode() == 200 {
+		if err := r.Client().DoTimeout(req, resp, 10*time.Second); err == nil && resp.StatusCode() == 200 {
 			body, _ := readAll(resp, 8<<20)
 			var up struct {
 				Data []model `json:"data"`

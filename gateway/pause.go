@@ -79,28 +79,11 @@ func (s *Server) waitIfPaused(ctx *fasthttp.RequestCtx, c *call) bool {
 
 const retryAfterSeconds = 5
 
-// PauseView is the drain state reported by POST /api/v1/pause and /resume
-// and GET /api/v1/backends.
-type PauseView struct {
-	Paused      bool   `json:"paused"`
-	PausedSince int64  `json:"paused_since_unix_nano,omitempty"`
-	HeldCalls   int64  `json:"held_calls"`
-	InFlight    int64  `json:"in_flight"`
-	Drained     bool   `json:"drained"`
-	State       string `json:"state"`
-}
-
 // PauseState returns the drain state: whether new calls are held, how many
 // are held and how many are still in flight upstream.
 func (s *Server) PauseState() PauseView {
 	paused, since, _ := s.pause.state()
-	var inflight int64
-	t := s.table.Load()
-	for _, p := range t.allPools() {
-		for _, r := range p.replicas {
-			inflight += r.outstanding.Load()
-		}
-	}
+	inflight := s.backends.Load().InFlight()
 	v := PauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running"}
 	if paused {
 		v.PausedSince = since.UnixNano()

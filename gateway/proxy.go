@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
@@ -83,13 +84,13 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
 		return
 	}
-	t := s.table.Load()
-	pl := t.pools[string(model)]
+	t := s.backends.Load()
+	pl := t.Pool(model)
 	switch {
 	case pl != nil:
-		c.model = pl.model // the routed name: no copy per call
-	case t.wildcard != nil:
-		pl = t.wildcard
+		c.model = pl.Model() // the routed name: no copy per call
+	case t.Wildcard() != nil:
+		pl = t.Wildcard()
 		c.model = s.modelNames.get(model)
 	default:
 		// Not interned: names that match no route must not grow memory.
@@ -123,10 +124,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 	defer fasthttp.ReleaseRequest(req)
 	deadline := c.start.Add(s.cfg.UpstreamTimeout)
 	var (
-		r       *replica
+		r       *backends.Upstream
 		resp    *fasthttp.Response
 		inj     rewrite.Injected
-		tried   []*replica
+		tried   []*backends.Upstream
 		backoff = s.cfg.RetryBackoff
 	)
 	for attempt := 0; ; attempt++ {
@@ -135,8 +136,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 			tried = tried[:0]
 			r = s.pick(pl, c.attr.rolloutID, nil)
 		}
-		kind := r.resolveKind()
-		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.endpoint, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.idsFromLogprobs(kind), Validated: true})
+		kind := r.Kind()
+		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.endpoint, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.IDsFromLogprobs(kind), Validated: true})
 		if err != nil {
 			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 			return
@@ -144,12 +145,13 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 		if !sameStart(rewritten, body) { // never pool the request's own buffer
 			*out = rewritten
 		}
-		if r.spec.ServedModel != "" {
-			rewritten = replaceModel(rewritten, r.spec.ServedModel)
+		spec := r.Spec()
+		if spec.ServedModel != "" {
+			rewritten = replaceModel(rewritten, spec.ServedModel)
 		}
 		inj = injected
-		p.Meta.Backend = r.name
-		p.Meta.PolicyVersion = r.spec.PolicyVersion
+		p.Meta.Backend = r.Name()
+		p.Meta.PolicyVersion = spec.PolicyVersion
 		p.Meta.Stream = info.Stream
 		p.N = info.N
 
@@ -165,10 +167,10 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 		if !info.Stream {
 			hw = s.watchHangup(ctx, req, deadline)
 		}
-		err = r.client.DoDeadline(req, resp, deadline)
+		err = r.Client().DoDeadline(req, resp, deadline)
 		if hw.stop() {
 			if err == nil {
-				r.markSuccess()
+				r.MarkSuccess()
 			}
 			s.release(r)
 			fasthttp.ReleaseResponse(resp)
@@ -176,12 +178,12 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 			return
 		}
 		if err == nil {
-			r.markSuccess()
+			r.MarkSuccess()
 			break
 		}
 		s.release(r)
 		fasthttp.ReleaseResponse(resp)
-		r.markFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
+		r.MarkFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
 		tried = append(tried, r)
 		retry := attempt < s.cfg.Retries && retryable(err) && !time.Now().Add(backoff).After(deadline)
 		if c.tr.attempt != nil {
@@ -189,9 +191,9 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 		}
 		if !retry {
 			status, typ := upstreamStatus(err)
-			msg := fmt.Sprintf("backend %s: %v", r.name, err)
+			msg := fmt.Sprintf("backend %s: %v", r.Name(), err)
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-				msg = fmt.Sprintf("backend %s: response body larger than %d bytes (raise max_response_body_bytes)", r.name, s.cfg.MaxResponseBodyBytes)
+				msg = fmt.Sprintf("backend %s: response body larger than %d bytes (raise max_response_body_bytes)", r.Name(), s.cfg.MaxResponseBodyBytes)
 			}
 			if attempt > 0 {
 				msg = fmt.Sprintf("%s (after %d attempts)", msg, attempt+1)
@@ -199,7 +201,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 			s.fail(ctx, &c, status, typ, msg)
 			return
 		}
-		s.log.Debug("backend call failed before any response; retrying", "backend", r.name, "attempt", attempt+1, "err", err)
+		s.log.Debug("backend call failed before any response; retrying", "backend", r.Name(), "attempt", attempt+1, "err", err)
 		time.Sleep(backoff)
 		backoff *= 2
 	}
@@ -231,7 +233,7 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 	s.releaseSlot()
 	if rerr != nil {
 		status, typ := upstreamStatus(rerr)
-		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: reading response: %v", r.name, rerr))
+		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: reading response: %v", r.Name(), rerr))
 		return
 	}
 	if inj != 0 && status < 300 {
@@ -259,14 +261,14 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 }
 
 // acquire and release count a call outstanding on a replica.
-func (s *Server) acquire(r *replica) {
-	r.outstanding.Add(1)
-	s.m.BackendInFlight.WithLabelValues(r.name).Inc()
+func (s *Server) acquire(r *backends.Upstream) {
+	r.Acquire()
+	s.m.BackendInFlight.WithLabelValues(r.Name()).Inc()
 }
 
-func (s *Server) release(r *replica) {
-	r.outstanding.Add(-1)
-	s.m.BackendInFlight.WithLabelValues(r.name).Dec()
+func (s *Server) release(r *backends.Upstream) {
+	r.Release()
+	s.m.BackendInFlight.WithLabelValues(r.Name()).Dec()
 }
 
 // abortResponse closes a streamed upstream response without returning its
@@ -325,11 +327,11 @@ func modelName(raw []byte) []byte {
 
 // buildUpstream prepares the request to the backend: its URL, the client's
 // headers minus hop-by-hop ones, the replica's credentials, the rewritten body.
-func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, req *fasthttp.Request, r *replica, path, body []byte) {
+func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, req *fasthttp.Request, r *backends.Upstream, path, body []byte) {
 	uri := s.bufs.get()
 	defer s.bufs.put(uri)
-	u := append((*uri)[:0], r.origin...)
-	u = append(u, r.basePath...)
+	u := append((*uri)[:0], r.Origin()...)
+	u = append(u, r.BasePath()...)
 	u = append(u, bytes.TrimPrefix(path, []byte("/v1"))...)
 	if q := ctx.URI().QueryString(); len(q) > 0 {
 		u = append(u, '?')
@@ -338,19 +340,20 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, req *fasthttp.Request, 
 	*uri = u
 	req.SetRequestURIBytes(u)
 	req.Header.SetMethodBytes(ctx.Method())
+	auth := r.Auth()
 	var lower []byte
 	for k, v := range ctx.Request.Header.All() {
 		lower = lowerASCII(lower, k)
 		if skipHeaders[string(lower)] {
 			continue
 		}
-		if string(lower) == "authorization" && (r.auth != "" || !s.cfg.ForwardClientAuthorization) {
+		if string(lower) == "authorization" && (auth != "" || !s.cfg.ForwardClientAuthorization) {
 			continue
 		}
 		req.Header.AddBytesKV(k, v)
 	}
-	if r.auth != "" {
-		req.Header.Set("Authorization", r.auth)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
 	}
 	req.SetBodyRaw(body)
 }

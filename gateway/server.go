@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/hf"
@@ -31,27 +32,25 @@ type Server struct {
 	capture  *capture.Pipeline
 	m        *metrics.Metrics
 	log      *slog.Logger
-	affinity routeCounters // rollgate_routing_affinity_total by outcome (affinity.go)
+	affinity routeCounters // rollgate_routing_affinity_total by outcome (routing.go)
 
-	table        atomic.Pointer[table]
-	tableMu      sync.Mutex    // serialises PUT /api/v1/backends
-	upstreamKeys *upstreamKeys // read at start; the only upstream secrets
-	clients      clientCache
-	seq          sequences
-	texts        interner // task and agent names
-	modelNames   interner // model names sent to a wildcard route
-	rollouts     sync.Map // rollout_id → registered task id (string)
-	draining     atomic.Bool
-	pause        pauser
-	slots        chan struct{} // MaxConcurrency tokens; nil = no limit
-	clientKeys   []ClientKey
-	held         atomic.Int64 // calls waiting while paused
-	stop         chan struct{}
-	localTok     *hf.Tokenizer           // DetokCheck's tokenizer.json, when a path
-	tracing      *Tracing                // the gateway's own spans; nil = off
-	storeStatus  func() StoreStatus      // /readyz's store fields; nil = none
-	control      ControlPlane            // /api/v1 and /v1/traces; nil = 404
-	ui           fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
+	backends    *backends.Set   // the routing table and replica health
+	transport   hangupTransport // every backend client's RoundTripper (hangup.go)
+	seq         sequences
+	texts       interner // task and agent names
+	modelNames  interner // model names sent to a wildcard route
+	rollouts    sync.Map // rollout_id → registered task id (string)
+	draining    atomic.Bool
+	pause       pauser
+	slots       chan struct{} // MaxConcurrency tokens; nil = no limit
+	clientKeys  []ClientKey
+	held        atomic.Int64 // calls waiting while paused
+	stop        chan struct{}
+	localTok    *hf.Tokenizer           // DetokCheck's tokenizer.json, when a path
+	tracing     *Tracing                // the gateway's own spans; nil = off
+	storeStatus func() StoreStatus      // /readyz's store fields; nil = none
+	control     ControlPlane            // /api/v1 and /v1/traces; nil = 404
+	ui          fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -95,18 +94,17 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
 	}
-	s.clients = clientCache{clients: map[string]*fasthttp.HostClient{}, cfg: &s.cfg}
 	s.scanners.New = func() any { return new(capture.SSEScanner) }
-	s.upstreamKeys, err = newUpstreamKeys(cfg.Backends, cfg.UpstreamKeys, os.Getenv)
+	upstreamKeys, err := backends.NewUpstreamKeys(cfg.Backends, cfg.UpstreamKeys, os.Getenv)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream keys: %w", err)
 	}
-	t, err := buildTable(cfg.Backends, nil, &s.clients, s.upstreamKeys)
+	s.backends, err = backends.New(cfg.Backends, backends.Options{Routing: cfg.Routing, LoadFactor: cfg.RoutingLoadFactor,
+		Keys: upstreamKeys, Client: s.backendClients()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: routing table: %w", err)
 	}
-	s.table.Store(t)
-	go s.healthLoop(s.stop)
+	go s.backends.CheckLoop(s.stop, backends.Health{Interval: cfg.HealthInterval, UnhealthyAfter: cfg.UnhealthyAfter, Cooldown: cfg.UnhealthyCooldown})
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	s.srv = &fasthttp.Server{
 		Handler:                       s.Handle,
@@ -134,11 +132,9 @@ func (s *Server) DetokFor(backend string) capture.Detokenizer {
 	case "":
 		return capture.Detokenizer{}
 	case "engine":
-		for _, p := range s.table.Load().allPools() {
-			for _, r := range p.replicas {
-				if r.name == backend && r.kindOK.Load() && openai.Kind(r.kind.Load()) == openai.KindVLLM {
-					return capture.Detokenizer{Decode: r.filler.Detokenize}
-				}
+		for r := range s.backends.Load().Named(backend) {
+			if k, ok := r.ResolvedKind(); ok && k == openai.KindVLLM {
+				return capture.Detokenizer{Decode: r.Filler().Detokenize}
 			}
 		}
 		return capture.Detokenizer{}
@@ -158,17 +154,9 @@ func (s *Server) FallbackFor(backend string) capture.IDFiller {
 	if s.cfg.DisableTokenizeFallback {
 		return nil
 	}
-	for _, p := range s.table.Load().allPools() {
-		for _, r := range p.replicas {
-			if r.name != backend || !r.kindOK.Load() {
-				continue
-			}
-			switch openai.Kind(r.kind.Load()) {
-			case openai.KindVLLM:
-				return r.filler
-			case openai.KindLlamaCpp:
-				return r.llamaFiller
-			}
+	for r := range s.backends.Load().Named(backend) {
+		if f := r.Filler(); f != nil {
+			return f
 		}
 	}
 	return nil
@@ -388,13 +376,12 @@ func (s *Server) recoverPanic(where string) {
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
-	t := s.table.Load()
 	status := "ready"
 	switch {
 	case s.draining.Load():
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		status = "draining"
-	case len(t.pools) == 0 && t.wildcard == nil:
+	case s.backends.Load().Empty():
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		status = "no backends configured"
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/openai"
 )
@@ -31,7 +32,7 @@ type streamBody struct {
 	c    call
 	resp *fasthttp.Response
 	inj  rewrite.Injected
-	r    *replica // released, with the concurrency slot, when the call ends
+	r    *backends.Upstream // released, with the concurrency slot, when the call ends
 
 	upstream io.Reader
 	peek     chunkPeek // whether upstream has its next chunk buffered (peekOK)
@@ -63,7 +64,7 @@ var streamBodies = sync.Pool{New: func() any {
 }}
 
 // newStreamBody takes a pooled streamBody for resp.
-func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Injected, r *replica, conn net.Conn) *streamBody {
+func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Injected, r *backends.Upstream, conn net.Conn) *streamBody {
 	b := streamBodies.Get().(*streamBody)
 	b.s, b.c, b.resp, b.inj, b.r = s, *c, resp, inj, r
 	b.sc.Reset()

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rollgate/rollgate/export/otlp"
+	"github.com/rollgate/rollgate/gateway/backends"
 )
 
 // TracerScope is the instrumentation scope of the gateway's own spans.
@@ -211,20 +212,20 @@ func (t *Tracing) begin(ctx *fasthttp.RequestCtx, c *call) {
 }
 
 // attemptStart starts the CLIENT span of one backend attempt (n from 0).
-func (t *Tracing) attemptStart(c *call, r *replica, n int, path []byte) {
+func (t *Tracing) attemptStart(c *call, r *backends.Upstream, n int, path []byte) {
 	if c.tr.span == nil {
 		return
 	}
 	c.tr.attempts = n + 1
 	attrs := make([]attribute.KeyValue, 0, 10)
-	full := r.origin + r.basePath + strings.TrimPrefix(string(path), "/v1")
+	full := r.Origin() + r.BasePath() + strings.TrimPrefix(string(path), "/v1")
 	attrs = append(attrs,
 		semconv.HTTPRequestMethodKey.String("POST"),
 		semconv.URLFullKey.String(full),
-		otlp.AttrBackend.String(r.name),
-		AttrBackendURL.String(r.spec.URL),
+		otlp.AttrBackend.String(r.Name()),
+		AttrBackendURL.String(r.Spec().URL),
 		AttrBackendAttempt.Int(n+1))
-	if u, err := url.Parse(r.origin); err == nil {
+	if u, err := url.Parse(r.Origin()); err == nil {
 		attrs = append(attrs, semconv.ServerAddressKey.String(u.Hostname()))
 		if p, err := strconv.Atoi(u.Port()); err == nil {
 			attrs = append(attrs, semconv.ServerPortKey.Int(p))
@@ -233,11 +234,11 @@ func (t *Tracing) attemptStart(c *call, r *replica, n int, path []byte) {
 	if n > 0 {
 		attrs = append(attrs, semconv.HTTPRequestResendCountKey.Int(n))
 	}
-	if r.spec.PolicyVersion != "" {
-		attrs = append(attrs, otlp.AttrPolicyVersion.String(r.spec.PolicyVersion))
+	if pv := r.Spec().PolicyVersion; pv != "" {
+		attrs = append(attrs, otlp.AttrPolicyVersion.String(pv))
 	}
 	route := strings.TrimPrefix(string(path), "/v1")
-	_, c.tr.attempt = t.tracer.Start(c.tr.ctx, "POST "+r.basePath+route, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	_, c.tr.attempt = t.tracer.Start(c.tr.ctx, "POST "+r.BasePath()+route, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
 // attemptFailed ends the current attempt's span with the error that ended

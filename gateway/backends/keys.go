@@ -1,4 +1,4 @@
-package gateway
+package backends
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// upstreamKeys holds the upstream API keys the operator configured at start,
+// UpstreamKeys holds the upstream API keys the operator configured at start,
 // each paired with the backend origins it may be sent to. The environment
 // is read once, when the gateway is built: the runtime API (PUT
 // /api/v1/backends) can refer to a key by its variable's name, but never
@@ -18,7 +18,7 @@ import (
 // start-time routing table (config file, --upstream with
 // ROLLGATE_UPSTREAM_API_KEY) names it with api_key_env, or when the
 // config's upstream_keys allow-list lists that origin for it.
-type upstreamKeys struct {
+type UpstreamKeys struct {
 	keys map[string]upstreamKey // by environment variable name
 }
 
@@ -27,11 +27,11 @@ type upstreamKey struct {
 	origins map[string]bool
 }
 
-// newUpstreamKeys reads the variables named by the start-time backends and
+// NewUpstreamKeys reads the variables named by the start-time backends and
 // by allow (variable name → origins) through getenv. An empty or unset
 // variable, or an origin that is not an http(s) URL, is an error.
-func newUpstreamKeys(backends []Backend, allow map[string][]string, getenv func(string) string) (*upstreamKeys, error) {
-	k := &upstreamKeys{keys: map[string]upstreamKey{}}
+func NewUpstreamKeys(backends []Backend, allow map[string][]string, getenv func(string) string) (*UpstreamKeys, error) {
+	k := &UpstreamKeys{keys: map[string]upstreamKey{}}
 	add := func(name, rawOrigin, where string) error {
 		origin, err := originOf(rawOrigin)
 		if err != nil {
@@ -77,9 +77,9 @@ func newUpstreamKeys(backends []Backend, allow map[string][]string, getenv func(
 	return k, nil
 }
 
-// bearer returns the Authorization value for a replica at rawURL using the
+// Bearer returns the Authorization value for a replica at rawURL using the
 // key named env, or an error that names what the operator must configure.
-func (k *upstreamKeys) bearer(env, rawURL string) (string, error) {
+func (k *UpstreamKeys) Bearer(env, rawURL string) (string, error) {
 	e, ok := k.keys[env]
 	if !ok {
 		return "", fmt.Errorf("api_key_env %s was not configured at start: only keys named by the start-time backends or the config's upstream_keys allow-list can be used", env)

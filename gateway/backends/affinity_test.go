@@ -1,4 +1,4 @@
-package gateway
+package backends
 
 import (
 	"fmt"
@@ -6,17 +6,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/valyala/fasthttp"
-
-	"github.com/rollgate/rollgate/internal/metrics"
 )
 
 // affinePool builds the pool of one model served by replicas at urls
 // (weights: 1 unless given), through buildTable as the gateway does. The
 // replicas are never contacted.
-func affinePool(t testing.TB, old *table, urls []string, weights ...int) (*table, *pool) {
+func affinePool(t testing.TB, old *Table, urls []string, weights ...int) (*Table, *Pool) {
 	t.Helper()
 	b := Backend{Model: "m", Routing: RoutingAffine}
 	for i, u := range urls {
@@ -26,8 +21,7 @@ func affinePool(t testing.TB, old *table, urls []string, weights ...int) (*table
 		}
 		b.Replicas = append(b.Replicas, Replica{URL: u, Kind: "vllm", Weight: w})
 	}
-	cc := &clientCache{clients: map[string]*fasthttp.HostClient{}, cfg: &Config{}}
-	tb, err := buildTable([]Backend{b}, old, cc, &upstreamKeys{})
+	tb, err := buildTable([]Backend{b}, old, &clientCache{}, &UpstreamKeys{}, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +39,7 @@ func replicaURLs(n int) []string {
 func rolloutID(i int) []byte { return []byte(fmt.Sprintf("ro-%08x", i)) }
 
 // homes maps each of n rollouts to the URL of the replica p selects for it.
-func homes(p *pool, n int) []string {
+func homes(p *Pool, n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		r, _ := p.sel.Select(p, rolloutID(i), nil)
@@ -131,7 +125,7 @@ func TestAffinityUnhealthyReplicaMovesOnlyItsRollouts(t *testing.T) {
 		}
 	}
 	// Healthy again: every rollout is back home.
-	sick.markSuccess()
+	sick.MarkSuccess()
 	if back := homes(p, n); strings.Join(back, ",") != strings.Join(before, ",") {
 		t.Fatal("rollouts did not return to their replica once it was healthy")
 	}
@@ -171,13 +165,13 @@ func TestAffinityOverloadSpillsToTheNextReplica(t *testing.T) {
 	ro := rolloutID(7)
 	home, _ := p.sel.Select(p, ro, nil)
 	home.outstanding.Store(100) // the rest idle: far above the bound
-	next, o := p.sel.Select(p, ro, []*replica{})
+	next, o := p.sel.Select(p, ro, []*Upstream{})
 	if next == home || o != RouteSpill {
 		t.Fatalf("overloaded home: got %s (outcome %d), want another replica, spill", next.spec.URL, o)
 	}
 	// The spill goes to the rollout's second choice: the one it gets when
 	// its home is left out for any other reason.
-	if second, _ := p.sel.Select(p, ro, []*replica{home}); second != next {
+	if second, _ := p.sel.Select(p, ro, []*Upstream{home}); second != next {
 		t.Fatalf("spilled to %s, but the rollout's second choice is %s", next.spec.URL, second.spec.URL)
 	}
 
@@ -209,7 +203,7 @@ func TestAffinityOverloadSpillsToTheNextReplica(t *testing.T) {
 func TestAffinityRetryExcludesTheFailedReplica(t *testing.T) {
 	_, p := affinePool(t, nil, replicaURLs(3))
 	ro := rolloutID(1)
-	var tried []*replica
+	var tried []*Upstream
 	for range 3 {
 		r, _ := p.sel.Select(p, ro, tried)
 		for _, x := range tried {
@@ -247,7 +241,7 @@ func TestRoutingSettingsAreChecked(t *testing.T) {
 		t.Helper()
 		b.Model = "m"
 		b.Replicas = []Replica{{URL: "http://127.0.0.1:1/v1"}}
-		err := ValidateBackends([]Backend{b})
+		err := Validate([]Backend{b})
 		switch {
 		case want == "" && err != nil:
 			t.Fatalf("%+v: %v", b, err)
@@ -263,45 +257,40 @@ func TestRoutingSettingsAreChecked(t *testing.T) {
 	f(Backend{LoadFactor: math.NaN()}, `load_factor NaN is below 1`)
 
 	// The gateway-wide default says which setting to change.
-	_, err := poolSelector(Backend{}, &Config{Routing: "round_robin"})
+	_, err := poolSelector(Backend{}, "round_robin", 0)
 	if err == nil || !strings.Contains(err.Error(), `routing (--routing) "round_robin" is not one of`) {
 		t.Fatalf("bad Config.Routing: %v", err)
 	}
 	// A pool's own routing overrides the default.
-	if sel, err := poolSelector(Backend{Routing: RoutingLeastOutstanding}, &Config{Routing: RoutingAffine}); err != nil || sel != (LeastOutstanding{}) {
+	if sel, err := poolSelector(Backend{Routing: RoutingLeastOutstanding}, RoutingAffine, 0); err != nil || sel != (LeastOutstanding{}) {
 		t.Fatalf("pool routing least_outstanding: %v %v", sel, err)
 	}
-	if _, err := poolSelector(Backend{}, &Config{RoutingLoadFactor: 0.5}); err == nil || !strings.Contains(err.Error(), "routing_load_factor (--routing-load-factor) 0.5 is below 1") {
+	if _, err := poolSelector(Backend{}, "", 0.5); err == nil || !strings.Contains(err.Error(), "routing_load_factor (--routing-load-factor) 0.5 is below 1") {
 		t.Fatalf("bad Config.RoutingLoadFactor: %v", err)
 	}
-	if sel, err := poolSelector(Backend{}, &Config{RoutingLoadFactor: 2}); err != nil || sel != (Affine{LoadFactor: 2}) {
+	if sel, err := poolSelector(Backend{}, "", 2); err != nil || sel != (Affine{LoadFactor: 2}) {
 		t.Fatalf("default affine with c=2: %v %v", sel, err)
 	}
 }
 
-// TestAffinitySelectAllocatesNothing: the selection and its counter are on
-// every call's path.
-func TestAffinitySelectAllocatesNothing(t *testing.T) {
+// TestPoolSelectAllocatesNothing: the selection is on every call's path
+// (gateway's TestAffinitySelectAllocatesNothing adds the outcome's counter).
+func TestPoolSelectAllocatesNothing(t *testing.T) {
 	_, p := affinePool(t, nil, replicaURLs(4))
-	m := metrics.New()
-	s := &Server{affinity: newRouteCounters(m)}
 	ro := []byte("ro-0123456789abcdef")
-	tried := make([]*replica, 0, 4)
+	tried := make([]*Upstream, 0, 4)
 	allocs := testing.AllocsPerRun(1000, func() {
-		r := s.pick(p, ro, tried[:0])
-		r.outstanding.Add(1) // some load, so that the bound is exercised
-		if s.pick(p, nil, tried[:0]) == nil {
+		r, o := p.Select(ro, tried[:0])
+		if o != RouteHit && o != RouteSpill {
+			panic("rollout routed as " + o.String())
+		}
+		r.Acquire() // some load, so that the bound is exercised
+		if r, o := p.Select(nil, tried[:0]); r == nil || o != RouteFallback {
 			panic("no replica")
 		}
 	})
 	if allocs != 0 {
 		t.Fatalf("selection allocates %.1f times per call, want 0", allocs)
-	}
-	if hit := testutil.ToFloat64(m.RoutingAffinity.WithLabelValues("hit")); hit == 0 {
-		t.Fatal("rollgate_routing_affinity_total{outcome=hit} not counted")
-	}
-	if fb := testutil.ToFloat64(m.RoutingAffinity.WithLabelValues("fallback")); fb == 0 {
-		t.Fatal("rollgate_routing_affinity_total{outcome=fallback} not counted")
 	}
 }
 

@@ -1,4 +1,4 @@
-package gateway
+package backends
 
 // Rollout-affine routing: the calls of one rollout go to one replica of the
 // model's pool while it is healthy and not overloaded, so that the engine's
@@ -27,12 +27,9 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/rollgate/rollgate/internal/metrics"
 )
 
-// Routing policies (Backend.Routing, Config.Routing, serve --routing).
+// Routing policies (Backend.Routing, gateway.Config.Routing, serve --routing).
 const (
 	// RoutingAffine sends the calls of one rollout to one replica while it is
 	// healthy and not overloaded (see Affine). The default.
@@ -60,10 +57,66 @@ const (
 	// RouteFallback: least outstanding, because the call names no rollout or
 	// no replica is healthy.
 	RouteFallback
-	numRouteOutcomes
+	// NumRouteOutcomes is the number of outcomes (for arrays indexed by them).
+	NumRouteOutcomes
 )
 
-var routeOutcomeNames = [numRouteOutcomes]string{RouteHit: "hit", RouteSpill: "spill", RouteFallback: "fallback"}
+var routeOutcomeNames = [NumRouteOutcomes]string{RouteHit: "hit", RouteSpill: "spill", RouteFallback: "fallback"}
+
+// String is the outcome's label in rollgate_routing_affinity_total ("hit",
+// "spill", "fallback"); "" for RouteUncounted.
+func (o RouteOutcome) String() string {
+	if o >= NumRouteOutcomes {
+		return ""
+	}
+	return routeOutcomeNames[o]
+}
+
+// Selector picks a replica of a pool for one call of rollout (nil when the
+// call names none), skipping those in exclude (already tried for this call),
+// and says how it chose. It returns nil when none is left.
+type Selector interface {
+	Select(p *Pool, rollout []byte, exclude []*Upstream) (*Upstream, RouteOutcome)
+}
+
+// LeastOutstanding picks the healthy replica with the fewest outstanding
+// requests relative to its weight; ties rotate. When every candidate is
+// unhealthy it still picks one (the least loaded), so a pool never refuses
+// calls only because checks failed.
+type LeastOutstanding struct{}
+
+// Select implements Selector; the rollout plays no part.
+func (LeastOutstanding) Select(p *Pool, _ []byte, exclude []*Upstream) (*Upstream, RouteOutcome) {
+	now := time.Now().UnixNano()
+	if r := leastLoaded(p, exclude, now, true); r != nil {
+		return r, RouteUncounted
+	}
+	return leastLoaded(p, exclude, now, false), RouteUncounted
+}
+
+func leastLoaded(p *Pool, exclude []*Upstream, now int64, healthyOnly bool) *Upstream {
+	n := len(p.replicas)
+	start := int(p.next.Add(1) % uint64(n))
+	var best *Upstream
+	var bestLoad int64
+	for i := range n {
+		r := p.replicas[(start+i)%n]
+		if slices.Contains(exclude, r) || (healthyOnly && r.unhealthyUntil.Load() > now) {
+			continue
+		}
+		w := int64(r.spec.Weight)
+		if w <= 0 {
+			w = 1
+		}
+		load := r.outstanding.Load() * 1000 / w
+		if best == nil || load < bestLoad {
+			best, bestLoad = r, load
+		}
+	}
+	return best
+}
+
+var _ Selector = LeastOutstanding{}
 
 // Affine is rollout-affine selection: rendezvous hashing of the rollout id
 // with bounded load (see the top of affinity.go). Calls without a rollout
@@ -78,7 +131,7 @@ type Affine struct {
 }
 
 // Select implements Selector without allocating.
-func (a Affine) Select(p *pool, rollout []byte, exclude []*replica) (*replica, RouteOutcome) {
+func (a Affine) Select(p *Pool, rollout []byte, exclude []*Upstream) (*Upstream, RouteOutcome) {
 	if len(rollout) == 0 {
 		r, _ := LeastOutstanding{}.Select(p, nil, exclude)
 		return r, RouteFallback
@@ -100,7 +153,7 @@ func (a Affine) Select(p *pool, rollout []byte, exclude []*replica) (*replica, R
 	}
 	h := xxhash.Sum64(rollout)
 	var (
-		best, home           *replica
+		best, home           *Upstream
 		bestScore, homeScore float64
 	)
 	for _, r := range p.replicas {
@@ -134,7 +187,7 @@ func (a Affine) Select(p *pool, rollout []byte, exclude []*replica) (*replica, R
 var _ Selector = Affine{}
 
 // weight is the replica's selection weight (at least 1).
-func (r *replica) weight() float64 {
+func (r *Upstream) weight() float64 {
 	if r.spec.Weight <= 0 {
 		return 1
 	}
@@ -173,19 +226,17 @@ func validRouting(routing string, loadFactor float64, routingField, lfField stri
 }
 
 // poolSelector returns the selector of backend b: its own routing and load
-// factor, else the gateway's (cfg; nil = the defaults).
-func poolSelector(b Backend, cfg *Config) (Selector, error) {
-	routing, lf := RoutingAffine, DefaultRoutingLoadFactor
-	if cfg != nil {
-		if err := validRouting(cfg.Routing, cfg.RoutingLoadFactor, "routing (--routing)", "routing_load_factor (--routing-load-factor)"); err != nil {
-			return nil, err
-		}
-		if cfg.Routing != "" {
-			routing = cfg.Routing
-		}
-		if cfg.RoutingLoadFactor != 0 {
-			lf = cfg.RoutingLoadFactor
-		}
+// factor, else the gateway's (routing, loadFactor; "" and 0 = the defaults).
+func poolSelector(b Backend, routing string, loadFactor float64) (Selector, error) {
+	if err := validRouting(routing, loadFactor, "routing (--routing)", "routing_load_factor (--routing-load-factor)"); err != nil {
+		return nil, err
+	}
+	if routing == "" {
+		routing = RoutingAffine
+	}
+	lf := DefaultRoutingLoadFactor
+	if loadFactor != 0 {
+		lf = loadFactor
 	}
 	if b.Routing != "" {
 		routing = b.Routing
@@ -205,28 +256,4 @@ func routingOf(sel Selector) (routing string, loadFactor float64) {
 		return RoutingAffine, a.LoadFactor
 	}
 	return RoutingLeastOutstanding, 0
-}
-
-// routeCounters are rollgate_routing_affinity_total's series by outcome,
-// resolved once so that counting allocates nothing.
-type routeCounters [numRouteOutcomes]prometheus.Counter
-
-func newRouteCounters(m *metrics.Metrics) routeCounters {
-	var rc routeCounters
-	for o, name := range routeOutcomeNames {
-		if name != "" {
-			rc[o] = m.RoutingAffinity.WithLabelValues(name)
-		}
-	}
-	return rc
-}
-
-// pick selects the replica of pool p for a call of rollout (nil: none),
-// skipping those in exclude, and counts the outcome.
-func (s *Server) pick(p *pool, rollout []byte, exclude []*replica) *replica {
-	r, o := p.sel.Select(p, rollout, exclude)
-	if c := s.affinity[o]; c != nil {
-		c.Inc()
-	}
-	return r
 }
