@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
@@ -34,8 +32,7 @@ func (s *Server) bridgeRoutes(ctx *fasthttp.RequestCtx, sub string) {
 		s.postBatches(ctx)
 		return
 	}
-	s.leaseQueue()
-	s.leaseHTTP(ctx)
+	s.leaseQueue().Serve(ctx, sub)
 }
 
 // leaseQueue returns the gateway's sample queue, made on first use.
@@ -46,7 +43,6 @@ func (s *Server) leaseQueue() *lease.Queue {
 			ttl = 5 * time.Minute
 		}
 		s.leases = lease.New(ttl, nil)
-		s.leaseHTTP = fasthttpadaptor.NewFastHTTPHandler(http.StripPrefix("/api/v1/bridge", s.leases.Handler()))
 	})
 	return s.leases
 }

@@ -91,7 +91,6 @@ type Server struct {
 	// The trainer pull API (/api/v1/bridge/*), made on first use.
 	leaseOnce sync.Once
 	leases    *lease.Queue
-	leaseHTTP fasthttp.RequestHandler
 }
 
 var _ gateway.ControlPlane = (*Server)(nil)

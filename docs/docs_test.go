@@ -152,7 +152,7 @@ func docRoutes(doc string) map[string]bool {
 
 // codeRoutes reads the routes out of the router's source: the model routes
 // (routeOf), the fixed routes of Handle, the control plane's /api/v1
-// switch (ServeAPI), the bridge's routes and the lease API's mux patterns,
+// switch (ServeAPI), the bridge's routes and the lease API's route table,
 // mounted under /api/v1/bridge. Parameters are written {}.
 func codeRoutes(t *testing.T) []route {
 	var out []route
@@ -164,9 +164,8 @@ func codeRoutes(t *testing.T) []route {
 	}
 	out = append(out, comparedRoutes(t, "../controlplane/api.go", "ServeAPI", "/api/v1", false)...)
 	out = append(out, comparedRoutes(t, "../controlplane/bridge.go", "bridgeRoutes", "/api/v1/bridge", true)...)
-	for _, pat := range callStrings(t, "../trainer-bridge/lease/lease.go", "Handler", "HandleFunc") {
-		m, p, _ := strings.Cut(pat, " ")
-		out = append(out, route{m, "/api/v1/bridge" + p})
+	for _, r := range tableRoutes(t, "../trainer-bridge/lease/lease.go", "routes") {
+		out = append(out, route{r.Method, "/api/v1/bridge" + r.Path})
 	}
 	for _, pat := range varStrings(t, "../ui/ui.go", "Routes") {
 		m, p, _ := strings.Cut(pat, " ")
@@ -176,31 +175,66 @@ func codeRoutes(t *testing.T) []route {
 	return out
 }
 
-// varStrings parses file and returns the string literals of the composite
-// literal assigned to its package variable name.
-func varStrings(t *testing.T, file, name string) []string {
+// varList parses file and returns the composite literal assigned to its
+// package-level variable name.
+func varList(t *testing.T, file, name string) *ast.CompositeLit {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
-	ast.Inspect(f, func(n ast.Node) bool {
-		vs, ok := n.(*ast.ValueSpec)
-		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != name || len(vs.Values) != 1 {
-			return true
+	for _, d := range f.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.VAR {
+			continue
 		}
-		if cl, ok := vs.Values[0].(*ast.CompositeLit); ok {
-			for _, e := range cl.Elts {
-				if s, ok := stringLit(e); ok {
-					out = append(out, s)
-				}
+		for _, sp := range gd.Specs {
+			vs := sp.(*ast.ValueSpec)
+			if len(vs.Names) != 1 || vs.Names[0].Name != name || len(vs.Values) != 1 {
+				continue
+			}
+			if list, ok := vs.Values[0].(*ast.CompositeLit); ok {
+				return list
 			}
 		}
-		return false
-	})
+	}
+	t.Fatalf("%s: no list %s: has the router moved? update codeRoutes", file, name)
+	return nil
+}
+
+// varStrings returns the string literals of the list assigned to the
+// package-level variable name of file.
+func varStrings(t *testing.T, file, name string) []string {
+	t.Helper()
+	var out []string
+	for _, e := range varList(t, file, name).Elts {
+		if s, ok := stringLit(e); ok {
+			out = append(out, s)
+		}
+	}
 	if len(out) == 0 {
-		t.Fatalf("%s: no string list %s: has the router moved? update codeRoutes", file, name)
+		t.Fatalf("%s: %s holds no strings: has the router moved? update codeRoutes", file, name)
+	}
+	return out
+}
+
+// tableRoutes reads a route table out of file: the package-level variable
+// name, a slice of composite literals whose first two elements are the
+// method and the path as string literals.
+func tableRoutes(t *testing.T, file, name string) []route {
+	t.Helper()
+	var out []route
+	for _, e := range varList(t, file, name).Elts {
+		if cl, ok := e.(*ast.CompositeLit); ok && len(cl.Elts) >= 2 {
+			m, okM := stringLit(cl.Elts[0])
+			p, okP := stringLit(cl.Elts[1])
+			if okM && okP {
+				out = append(out, route{m, p})
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: %s holds no routes: has the router moved? update codeRoutes", file, name)
 	}
 	return out
 }
@@ -237,23 +271,6 @@ func caseStrings(t *testing.T, file, fn string) []string {
 		if cc, ok := n.(*ast.CaseClause); ok {
 			for _, e := range cc.List {
 				if s, ok := stringLit(e); ok && strings.HasPrefix(s, "/") {
-					out = append(out, s)
-				}
-			}
-		}
-		return true
-	})
-	return out
-}
-
-// callStrings returns the first arguments, string literals, of calls to
-// method in function fn.
-func callStrings(t *testing.T, file, fn, method string) []string {
-	var out []string
-	ast.Inspect(funcBody(t, file, fn), func(n ast.Node) bool {
-		if c, ok := n.(*ast.CallExpr); ok && len(c.Args) > 0 {
-			if sel, ok := c.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == method {
-				if s, ok := stringLit(c.Args[0]); ok {
 					out = append(out, s)
 				}
 			}

@@ -7,13 +7,19 @@
 package lease
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // ErrUnknownLease is returned by Ack for a lease that does not exist, was
@@ -141,56 +147,137 @@ func (q *Queue) Counts() Counts {
 	return c
 }
 
-// Handler serves the queue over HTTP:
+// maxBody bounds a request body of the pull API.
+const maxBody = 1 << 16
+
+// answer is one response of the pull API: a status and a JSON value (nil:
+// no body).
+type answer struct {
+	status int
+	v      any
+}
+
+// A route of the pull API: the method and path below its mount point, and
+// what answers it given the request body.
+type route struct {
+	method, path string
+	answer       func(q *Queue, body io.Reader) answer
+}
+
+// routes are the pull API (see Serve).
+var routes = []route{
+	{"POST", "/lease", (*Queue).leaseAnswer},
+	{"POST", "/ack", (*Queue).ackAnswer},
+	{"GET", "/counts", func(q *Queue, _ io.Reader) answer { return answer{http.StatusOK, q.Counts()} }},
+}
+
+func (q *Queue) leaseAnswer(body io.Reader) answer {
+	var in struct {
+		N int `json:"n"`
+	}
+	if err := json.NewDecoder(body).Decode(&in); err != nil || in.N <= 0 {
+		return errorAnswer(http.StatusBadRequest, `body must be {"n": N} with N >= 1`)
+	}
+	id, samples, exp := q.Lease(in.N)
+	if id == "" {
+		return answer{status: http.StatusNoContent}
+	}
+	return answer{http.StatusOK, map[string]any{"lease_id": id, "expires_unix_nano": exp.UnixNano(), "samples": samples}}
+}
+
+func (q *Queue) ackAnswer(body io.Reader) answer {
+	var in struct {
+		LeaseID string `json:"lease_id"`
+	}
+	if err := json.NewDecoder(body).Decode(&in); err != nil || in.LeaseID == "" {
+		return errorAnswer(http.StatusBadRequest, `body must be {"lease_id": "..."}`)
+	}
+	if err := q.Ack(in.LeaseID); err != nil {
+		return errorAnswer(http.StatusConflict, err.Error())
+	}
+	return answer{http.StatusOK, map[string]bool{"acked": true}}
+}
+
+func errorAnswer(status int, msg string) answer {
+	return answer{status, map[string]any{"error": map[string]string{"message": msg, "type": "invalid_request_error"}}}
+}
+
+// body is the answer's JSON and a newline (nil when there is none, or when
+// its value cannot be encoded: a sample added that is not JSON, logged).
+func (a answer) body() []byte {
+	if a.v == nil {
+		return nil
+	}
+	b, err := json.Marshal(a.v)
+	if err != nil {
+		slog.Warn("lease: writing response", "err", err)
+		return nil
+	}
+	return append(b, '\n')
+}
+
+// Serve answers a request of the pull API on fasthttp, sub being its path
+// below the API's mount point (the control plane mounts it on
+// /api/v1/bridge):
 //
 //	POST /lease {"n": N}        -> 200 {"lease_id", "expires_unix_nano", "samples": [...]}, or 204 when empty
 //	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 409 when the lease is unknown or expired
 //	GET  /counts                -> {"pending", "leased", "acked"}
+//
+// Other paths get 404 and other methods 405 with Allow, as from Handler.
+func (q *Queue) Serve(ctx *fasthttp.RequestCtx, sub string) {
+	method := string(ctx.Method())
+	var allow []string
+	for _, r := range routes {
+		if r.path != sub {
+			continue
+		}
+		if r.method != method && !(r.method == "GET" && method == "HEAD") {
+			allow = append(allow, r.method)
+			if r.method == "GET" {
+				allow = append(allow, "HEAD")
+			}
+			continue
+		}
+		body := ctx.Request.Body()
+		a := r.answer(q, io.LimitReader(bytes.NewReader(body), maxBody))
+		ctx.SetStatusCode(a.status)
+		if a.v != nil {
+			ctx.SetContentType("application/json")
+			ctx.SetBody(a.body())
+		}
+		return
+	}
+	// What net/http's ServeMux answers (Handler, and this API before it
+	// moved onto fasthttp).
+	ctx.Response.Header.Set("Content-Type", "text/plain; charset=utf-8")
+	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+	if len(allow) == 0 {
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetBodyString("404 page not found\n")
+		return
+	}
+	slices.Sort(allow)
+	ctx.Response.Header.Set("Allow", strings.Join(allow, ", "))
+	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+	ctx.SetBodyString("Method Not Allowed\n")
+}
+
+// Handler serves the queue over net/http, its routes at the root (see
+// Serve): rollgate bridge --serve runs it on its own.
 func (q *Queue) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /lease", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			N int `json:"n"`
-		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&in); err != nil || in.N <= 0 {
-			httpError(w, http.StatusBadRequest, `body must be {"n": N} with N >= 1`)
-			return
-		}
-		id, samples, exp := q.Lease(in.N)
-		if id == "" {
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"lease_id": id, "expires_unix_nano": exp.UnixNano(), "samples": samples})
-	})
-	mux.HandleFunc("POST /ack", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			LeaseID string `json:"lease_id"`
-		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&in); err != nil || in.LeaseID == "" {
-			httpError(w, http.StatusBadRequest, `body must be {"lease_id": "..."}`)
-			return
-		}
-		if err := q.Ack(in.LeaseID); err != nil {
-			httpError(w, http.StatusConflict, err.Error())
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]bool{"acked": true})
-	})
-	mux.HandleFunc("GET /counts", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, q.Counts())
-	})
-	return mux
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
-		slog.Warn("lease: writing response", "err", err)
+	for _, r := range routes {
+		mux.HandleFunc(r.method+" "+r.path, func(w http.ResponseWriter, req *http.Request) {
+			a := r.answer(q, http.MaxBytesReader(w, req.Body, maxBody))
+			if a.v != nil {
+				w.Header().Set("Content-Type", "application/json")
+			}
+			w.WriteHeader(a.status)
+			if b := a.body(); b != nil {
+				_, _ = w.Write(b)
+			}
+		})
 	}
-}
-
-func httpError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]any{"error": map[string]string{"message": msg, "type": "invalid_request_error"}})
+	return mux
 }

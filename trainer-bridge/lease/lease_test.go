@@ -4,12 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
 
 type clock struct{ t time.Time }
@@ -187,4 +191,139 @@ func BenchmarkLeaseAck(b *testing.B) {
 			b.Fatal("ack")
 		}
 	}
+}
+
+// TestServeMatchesHandler: the pull API on fasthttp (Serve, as the control
+// plane mounts it on /api/v1/bridge) and Handler answer every request as the
+// net/http handler did when the control plane mounted it through
+// fasthttpadaptor (referenceHandler): same status, headers that matter and
+// body, for good, bad, oversized and misrouted requests alike. All run on
+// real fasthttp servers on loopback, with queues in the same state.
+func TestServeMatchesHandler(t *testing.T) {
+	const prefix = "/api/v1/bridge"
+	start := func(h fasthttp.RequestHandler) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &fasthttp.Server{Handler: h}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Shutdown() })
+		return "http://" + ln.Addr().String()
+	}
+	queue := func() *Queue {
+		c := &clock{t: time.Unix(7, 0)}
+		q := New(time.Minute, c.now)
+		q.Add(raws(`{"a":1}`, `{"a":2}`, `{"a":3}`, `{"a":"<&>"}`)...)
+		return q
+	}
+	refQ, newQ, handlerQ := queue(), queue(), queue()
+	refURL := start(fasthttpadaptor.NewFastHTTPHandler(http.StripPrefix(prefix, referenceHandler(refQ))))
+	newURL := start(func(ctx *fasthttp.RequestCtx) {
+		newQ.Serve(ctx, strings.TrimPrefix(string(ctx.Path()), prefix))
+	})
+	handlerURL := start(fasthttpadaptor.NewFastHTTPHandler(http.StripPrefix(prefix, handlerQ.Handler())))
+	do := func(base, method, path, body string) string {
+		req, err := http.NewRequest(method, base+prefix+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return fmt.Sprintf("%d type=%q allow=%q nosniff=%q body=%q", r.StatusCode, r.Header.Get("Content-Type"),
+			r.Header.Get("Allow"), r.Header.Get("X-Content-Type-Options"), b)
+	}
+	big := `{"n":1,"pad":"` + strings.Repeat("x", 1<<16) + `"}`
+	for _, c := range []struct{ method, path, body, want string }{
+		{"POST", "/lease", `{"n":2}`, "200 "},
+		{"POST", "/ack", `{"lease_id":"lease-1"}`, "200 "},
+		{"POST", "/ack", `{"lease_id":"lease-1"}`, "409 "},
+		{"POST", "/ack", `{}`, "400 "},
+		{"POST", "/ack", `[`, "400 "},
+		{"POST", "/lease", `{"n":0}`, "400 "},
+		{"POST", "/lease", `{"n":"2"}`, "400 "},
+		{"POST", "/lease", ``, "400 "},
+		{"POST", "/lease", big, "400 "},
+		{"POST", "/lease", `{"n":1} trailing`, "200 "},
+		{"GET", "/counts", ``, "200 "},
+		{"HEAD", "/counts", ``, "200 "},
+		{"GET", "/lease", ``, "405 "},
+		{"PUT", "/ack", `{}`, "405 "},
+		{"POST", "/counts", ``, "405 "},
+		{"DELETE", "/counts", ``, "405 "},
+		{"GET", "/nope", ``, "404 "},
+		{"POST", "/lease/", `{"n":1}`, "404 "},
+		{"GET", "/", ``, "404 "},
+		{"POST", "/lease", `{"n":5}`, "200 "},
+		{"POST", "/lease", `{"n":5}`, "204 "},
+		{"GET", "/counts", ``, "200 "},
+	} {
+		ref, got, h := do(refURL, c.method, c.path, c.body), do(newURL, c.method, c.path, c.body), do(handlerURL, c.method, c.path, c.body)
+		if got != ref || h != ref {
+			t.Errorf("%s %s %.40q:\n Serve     %s\n Handler   %s\n reference %s", c.method, c.path, c.body, got, h, ref)
+		}
+		if !strings.HasPrefix(got, c.want) {
+			t.Errorf("%s %s %.40q: %s, want status %s", c.method, c.path, c.body, got, c.want)
+		}
+	}
+}
+
+// referenceHandler is Handler as it was when the control plane mounted it
+// through fasthttpadaptor (before Serve), kept as the reference of
+// TestServeMatchesHandler:
+//
+//	POST /lease {"n": N}        -> 200 {"lease_id", "expires_unix_nano", "samples": [...]}, or 204 when empty
+//	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 409 when the lease is unknown or expired
+//	GET  /counts                -> {"pending", "leased", "acked"}
+func referenceHandler(q *Queue) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /lease", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			N int `json:"n"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&in); err != nil || in.N <= 0 {
+			refHTTPError(w, http.StatusBadRequest, `body must be {"n": N} with N >= 1`)
+			return
+		}
+		id, samples, exp := q.Lease(in.N)
+		if id == "" {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		refWriteJSON(w, http.StatusOK, map[string]any{"lease_id": id, "expires_unix_nano": exp.UnixNano(), "samples": samples})
+	})
+	mux.HandleFunc("POST /ack", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			LeaseID string `json:"lease_id"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&in); err != nil || in.LeaseID == "" {
+			refHTTPError(w, http.StatusBadRequest, `body must be {"lease_id": "..."}`)
+			return
+		}
+		if err := q.Ack(in.LeaseID); err != nil {
+			refHTTPError(w, http.StatusConflict, err.Error())
+			return
+		}
+		refWriteJSON(w, http.StatusOK, map[string]bool{"acked": true})
+	})
+	mux.HandleFunc("GET /counts", func(w http.ResponseWriter, r *http.Request) {
+		refWriteJSON(w, http.StatusOK, q.Counts())
+	})
+	return mux
+}
+
+func refWriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		panic(err)
+	}
+}
+
+func refHTTPError(w http.ResponseWriter, status int, msg string) {
+	refWriteJSON(w, status, map[string]any{"error": map[string]string{"message": msg, "type": "invalid_request_error"}})
 }
