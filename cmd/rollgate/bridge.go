@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/stores"
@@ -309,9 +310,10 @@ func serveSamples(addr string, ttl time.Duration, samples []*bridge.Sample, stde
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: q.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	defer srv.Close()
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { q.Serve(ctx, string(ctx.Path())) },
+		ReadTimeout: 10 * time.Second, MaxRequestBodySize: 1 << 20, NoDefaultServerHeader: true}
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	defer srv.Shutdown()
 	fmt.Fprintf(stderr, "bridge: serving %d samples on http://%s (POST /lease {\"n\":N}, POST /ack {\"lease_id\":...})\n", len(samples), ln.Addr())
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
