@@ -46,6 +46,10 @@ type Assembled struct {
 	Usage struct {
 		PromptTokens, CompletionTokens uint32
 		Present                        bool
+		// FromTimings is true when a stream had no usage and the counts
+		// come from llama.cpp's "timings" (prompt_tokens = cache_n +
+		// prompt_n, completion_tokens = predicted_n; docs/engines.md).
+		FromTimings bool
 	}
 	// Error is "" or what went wrong: a backend error object (in the body or
 	// mid-stream), invalid JSON, a limit reached.
@@ -102,6 +106,7 @@ type Assembler struct {
 	model    []byte // raw JSON token
 	created  []byte // raw JSON token
 	usage    []byte // raw JSON object
+	timings  []byte // raw JSON object: llama.cpp's last "timings" of a stream
 	prompt   []uint32
 	hasPmt   bool
 	errMsg   []byte
@@ -144,6 +149,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.model = a.model[:0]
 	a.created = a.created[:0]
 	a.usage = a.usage[:0]
+	a.timings = a.timings[:0]
 	a.prompt = trimU32(a.prompt)
 	a.hasPmt = false
 	a.head = a.head[:0]
@@ -275,6 +281,10 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 			if v.IsObject() {
 				a.usage = append(a.usage[:0], v.Raw...)
 			}
+		case "timings":
+			if v.IsObject() {
+				a.timings = append(a.timings[:0], v.Raw...)
+			}
 		case "prompt_token_ids":
 			if !a.hasPmt && v.IsArray() {
 				a.prompt, a.hasPmt = appendIDs(a.prompt, v), true
@@ -383,7 +393,7 @@ func (a *Assembler) Result() *Assembled {
 		}
 		r.Choices = append(r.Choices, cr)
 	}
-	r.Usage.PromptTokens, r.Usage.CompletionTokens, r.Usage.Present = 0, 0, false
+	r.Usage.PromptTokens, r.Usage.CompletionTokens, r.Usage.Present, r.Usage.FromTimings = 0, 0, false, false
 	if len(a.usage) > 0 {
 		u := gjson.Parse(b2s(a.usage))
 		p, c := u.Get("prompt_tokens"), u.Get("completion_tokens")
@@ -392,6 +402,17 @@ func (a *Assembler) Result() *Assembled {
 		}
 		r.Usage.PromptTokens, r.Usage.CompletionTokens = clampU32(p), clampU32(c)
 		r.Usage.Present = true
+	} else if a.stream && len(a.timings) > 0 {
+		// llama.cpp without include_usage: its usage counts are n_decoded
+		// (timings.predicted_n) and the prompt's tokens, cached
+		// (timings.cache_n) plus processed (timings.prompt_n).
+		t := gjson.Parse(b2s(a.timings))
+		pn, cn, dn := t.Get("prompt_n"), t.Get("cache_n"), t.Get("predicted_n")
+		if pn.Type == gjson.Number && cn.Type == gjson.Number && dn.Type == gjson.Number {
+			r.Usage.PromptTokens = sat32(uint64(clampU32(pn)) + uint64(clampU32(cn)))
+			r.Usage.CompletionTokens = clampU32(dn)
+			r.Usage.Present, r.Usage.FromTimings = true, true
+		}
 	}
 	r.Model = stringOf(r.Model, a.model)
 	r.ID = stringOf(r.ID, a.id)

@@ -264,6 +264,10 @@ func (a *Assembler) buildBody() {
 		b = append(b, `,"usage":`...)
 		b = append(b, a.usage...)
 	}
+	if len(a.timings) > 0 {
+		b = append(b, `,"timings":`...)
+		b = append(b, a.timings...)
+	}
 	if a.hasPmt {
 		b = append(b, `,"prompt_token_ids":`...)
 		b = arrays.AppendUint32s(b, a.prompt)

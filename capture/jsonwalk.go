@@ -74,6 +74,9 @@ func clampU32(r gjson.Result) uint32 {
 	return uint32(n)
 }
 
+// sat32 clamps n to uint32.
+func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
+
 // appendInterior appends the inside of a raw JSON string token (its escapes
 // kept as they are).
 func appendInterior(dst []byte, raw string) []byte {

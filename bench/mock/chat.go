@@ -43,6 +43,11 @@ func (s *Server) chat(ctx *fasthttp.RequestCtx, k *knobs) {
 		}
 		p.respond(ctx, f.stream, (*plan).appendSGLangChatFull, (*plan).streamSGLangChat)
 	case FlavorLlamaCpp:
+		if msg := p.llamaCppChatChecks(&f); msg != "" {
+			p.release()
+			s.writeError(ctx, fasthttp.StatusBadRequest, msg)
+			return
+		}
 		p.respond(ctx, f.stream, (*plan).appendLlamaCppChatFull, (*plan).streamLlamaCppChat)
 	default:
 		p.respond(ctx, f.stream, (*plan).appendChatFull, (*plan).streamChat)

@@ -253,6 +253,14 @@ func TestSGLangRoutes(t *testing.T) {
 	f("GET", root+"/health", "", 200, "")
 }
 
+// wantTimings is llama.cpp's "timings" member (with the leading comma) for a mock
+// without latency knobs: cache and prompt tokens, predicted tokens, zero times.
+func wantTimings(cache, prompt, predicted int) string {
+	return `,"timings":{"cache_n":` + strconv.Itoa(cache) + `,"prompt_n":` + strconv.Itoa(prompt) +
+		`,"prompt_ms":0.0,"prompt_per_token_ms":0.0,"prompt_per_second":0.0,"predicted_n":` + strconv.Itoa(predicted) +
+		`,"predicted_ms":0.0,"predicted_per_token_ms":0.0,"predicted_per_second":0.0}`
+}
+
 // jsonIDs renders ids as a JSON list.
 func jsonIDs(v []uint32) string { return string(appendIDs(nil, v)) }
 
@@ -271,7 +279,7 @@ func TestLlamaCppChat(t *testing.T) {
 	content := j.Get("choices.0.message.content").Str
 	want := `{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"` + content + `"}}],"created":1700000000,"model":"m1",` +
 		`"system_fingerprint":"` + llamaCppBuildInfo + `","object":"chat.completion","usage":{"completion_tokens":16,"prompt_tokens":` + strconv.Itoa(p) +
-		`,"total_tokens":` + strconv.Itoa(p+16) + `,"prompt_tokens_details":{"cached_tokens":0}},"id":"` + j.Get("id").Str + `"}`
+		`,"total_tokens":` + strconv.Itoa(p+16) + `,"prompt_tokens_details":{"cached_tokens":0}},"id":"` + j.Get("id").Str + `"` + wantTimings(0, p, 16) + `}`
 	if j.Raw != want || !strings.HasPrefix(j.Get("id").Str, "chatcmpl-") {
 		t.Fatalf("body\n%s\nwant\n%s", j.Raw, want)
 	}
@@ -345,9 +353,30 @@ func TestLlamaCppChat(t *testing.T) {
 		int64(len(tj.Get("choices.0.logprobs.content").Array())) != tj.Get("usage.completion_tokens").Int() {
 		t.Fatalf("tool call %s", tj.Raw)
 	}
-	sc := collectChat(t, parseSSE(t, post(t, base+"/chat/completions", inject(t, toolsReq, "logprobs", true, "stream", true)).body))
-	if sc.args[0] != tj.Get("choices.0.message.tool_calls.0.function.arguments").Str || int64(sc.lpCount[0]) != tj.Get("usage.completion_tokens").Int() {
+	// Streamed with tools, llama.cpp refuses logprobs (server-common.cpp
+	// oaicompat_chat_params_parse); without them the same call streams.
+	r = post(t, base+"/chat/completions", inject(t, toolsReq, "logprobs", true, "stream", true))
+	if r.status != 400 || gjson.GetBytes(r.body, "error.message").Str != llamaCppToolsStreamLogprobs {
+		t.Fatalf("streamed tool call with logprobs: %d %s", r.status, r.body)
+	}
+	sc := collectChat(t, parseSSE(t, post(t, base+"/chat/completions", inject(t, toolsReq, "stream", true)).body))
+	if sc.args[0] != tj.Get("choices.0.message.tool_calls.0.function.arguments").Str || sc.lpCount[0] != 0 {
 		t.Fatalf("streamed tool call %q, %d logprobs", sc.args[0], sc.lpCount[0])
+	}
+	// An empty tools list is no tools; top_logprobs needs logprobs; logprobs
+	// alone gives 20 alternatives per token.
+	if r := post(t, base+"/chat/completions", inject(t, chatBody, "logprobs", true, "stream", true, "tools", []any{})); r.status != 200 {
+		t.Fatalf("empty tools: %d %s", r.status, r.body)
+	}
+	if r := post(t, base+"/chat/completions", inject(t, chatBody, "top_logprobs", 0)); r.status != 400 ||
+		gjson.GetBytes(r.body, "error.message").Str != llamaCppTopLogprobsAlone {
+		t.Fatalf("top_logprobs alone: %d %s", r.status, r.body)
+	}
+	dj := mustOK(t, post(t, base+"/chat/completions", inject(t, chatBody, "logprobs", true)))
+	for _, e := range dj.Get("choices.0.logprobs.content").Array() {
+		if n := len(e.Get("top_logprobs").Array()); n != llamaCppDefaultNProbs {
+			t.Fatalf("default top_logprobs: %d alternatives in %s", n, e.Raw)
+		}
 	}
 }
 
@@ -403,7 +432,8 @@ func TestLlamaCppCompletionsAndRoutes(t *testing.T) {
 	}
 	if !strings.HasPrefix(c.Raw, `{"text":`) || Decode(got) != c.Get("text").Str || len(got) != 4 || strings.Contains(j.Raw, "token_ids") ||
 		!strings.HasSuffix(j.Raw, `"object":"text_completion","usage":{"completion_tokens":4,"prompt_tokens":`+strconv.Itoa(len(Encode("hello the world")))+
-			`,"total_tokens":`+strconv.Itoa(len(Encode("hello the world"))+4)+`,"prompt_tokens_details":{"cached_tokens":0}},"id":"`+j.Get("id").Str+`"}`) {
+			`,"total_tokens":`+strconv.Itoa(len(Encode("hello the world"))+4)+`,"prompt_tokens_details":{"cached_tokens":0}},"id":"`+j.Get("id").Str+`"`+
+			wantTimings(0, len(Encode("hello the world")), 4)+`}`) {
 		t.Fatalf("completion %s", j.Raw)
 	}
 	text := ""

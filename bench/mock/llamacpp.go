@@ -28,6 +28,36 @@ import (
 // per token ({"content":"w"} plus its logprobs when asked), a finish chunk with delta {},
 // the usage chunk (choices []) if asked, then [DONE].
 
+// Errors of llama.cpp's chat parameter parsing (server-common.cpp
+// oaicompat_chat_params_parse), answered 400.
+const (
+	llamaCppToolsStreamLogprobs = "logprobs is not supported with tools + stream"
+	llamaCppTopLogprobsAlone    = "top_logprobs requires logprobs to be set to true"
+)
+
+// llamaCppDefaultNProbs is n_probs when logprobs is true and top_logprobs absent.
+const llamaCppDefaultNProbs = 20
+
+// llamaCppChatChecks applies llama.cpp's own rules for logprobs on the chat route: a
+// streamed request with a non-empty tools list may not ask for logprobs; top_logprobs
+// (any non-null value) needs logprobs true; logprobs without top_logprobs returns 20
+// alternatives per token. It returns the error message, or "".
+func (p *plan) llamaCppChatChecks(f *fields) string {
+	if p.logprobs {
+		if f.stream && f.tools.IsArray() && len(f.tools.Array()) > 0 {
+			return llamaCppToolsStreamLogprobs
+		}
+		if f.topLogprobs == unset {
+			p.topLogprobs = llamaCppDefaultNProbs
+		}
+		return ""
+	}
+	if f.topLogprobs != unset {
+		return llamaCppTopLogprobsAlone
+	}
+	return ""
+}
+
 // appendLlamaCppCallID appends the 32-hex tool call id.
 func appendLlamaCppCallID(dst []byte, c *planChoice) []byte {
 	dst = append(dst, '"')
@@ -49,9 +79,54 @@ func (p *plan) appendLlamaCppTail(dst []byte, object string) []byte {
 
 // appendLlamaCppID appends `,"id":"chatcmpl-<hex>"}`, closing a non-streamed answer.
 func (p *plan) appendLlamaCppID(dst []byte) []byte {
+	return append(p.appendLlamaCppIDOpen(dst), '}')
+}
+
+// appendLlamaCppIDOpen appends `,"id":"chatcmpl-<hex>"` (unclosed).
+func (p *plan) appendLlamaCppIDOpen(dst []byte) []byte {
 	dst = append(dst, `,"id":"chatcmpl-`...)
 	dst = append(dst, p.id[:]...)
-	return append(dst, `"}`...)
+	return append(dst, '"')
+}
+
+// appendLlamaCppTimings appends `,"timings":{...}}`, closing the answer or chunk that
+// carries the final result's timings (server-task.cpp result_timings::to_json): the
+// prompt's tokens split into cache_n (reused; at least one is always evaluated, so
+// a fully cached prompt has cache_n = n-1) and prompt_n, and predicted_n = the tokens
+// generated (usage.completion_tokens). The times follow the latency knobs.
+func (p *plan) appendLlamaCppTimings(dst []byte) []byte {
+	n := p.promptTokens()
+	cache := min(p.cached, max(n-1, 0))
+	pred := p.completionTokens()
+	promptMS := float64(p.k.ttft) / 1e6
+	predMS := float64(p.k.itl) / 1e6 * float64(max(pred-1, 0))
+	dst = append(dst, `,"timings":{"cache_n":`...)
+	dst = strconv.AppendInt(dst, int64(cache), 10)
+	dst = append(dst, `,"prompt_n":`...)
+	dst = strconv.AppendInt(dst, int64(n-cache), 10)
+	dst = append(dst, `,"prompt_ms":`...)
+	dst = appendFloat(dst, promptMS)
+	dst = append(dst, `,"prompt_per_token_ms":`...)
+	dst = appendFloat(dst, promptMS/float64(max(n-cache, 1)))
+	dst = append(dst, `,"prompt_per_second":`...)
+	dst = appendFloat(dst, rate(n-cache, promptMS))
+	dst = append(dst, `,"predicted_n":`...)
+	dst = strconv.AppendInt(dst, int64(pred), 10)
+	dst = append(dst, `,"predicted_ms":`...)
+	dst = appendFloat(dst, predMS)
+	dst = append(dst, `,"predicted_per_token_ms":`...)
+	dst = appendFloat(dst, predMS/float64(max(pred, 1)))
+	dst = append(dst, `,"predicted_per_second":`...)
+	dst = appendFloat(dst, rate(pred, predMS))
+	return append(dst, "}}"...)
+}
+
+// rate is n per second over ms milliseconds (0 when no time passed).
+func rate(n int, ms float64) float64 {
+	if ms <= 0 {
+		return 0
+	}
+	return float64(n) * 1e3 / ms
 }
 
 // appendLlamaCppStreamTail appends the keys after "choices" of a chat chunk (unclosed).
@@ -106,7 +181,7 @@ func (p *plan) appendLlamaCppChatFull(dst []byte) []byte {
 	dst = p.appendLlamaCppTail(dst, "chat.completion")
 	dst = append(dst, `,"usage":`...)
 	dst = p.appendFlavorUsage(dst)
-	return p.appendLlamaCppID(dst)
+	return p.appendLlamaCppTimings(p.appendLlamaCppIDOpen(dst))
 }
 
 func (p *plan) streamLlamaCppChat(w *bufio.Writer) { p.streamWith(w, &llamaCppChatWire) }
@@ -162,6 +237,11 @@ func (p *plan) appendLlamaCppChatFinish(dst []byte, i int, c *planChoice) []byte
 	dst = p.appendLlamaCppLogprobs(dst, c, from, to)
 	dst = append(dst, '}')
 	dst = p.appendLlamaCppStreamTail(dst)
+	if !p.includeUsage {
+		// The final result's last chunk carries the timings: this one,
+		// or the usage chunk when include_usage is set.
+		return p.appendLlamaCppTimings(dst)
+	}
 	return append(dst, '}')
 }
 
@@ -170,7 +250,7 @@ func (p *plan) appendLlamaCppChatUsage(dst []byte) []byte {
 	dst = p.appendLlamaCppStreamTail(dst)
 	dst = append(dst, `,"usage":`...)
 	dst = p.appendFlavorUsage(dst)
-	return append(dst, '}')
+	return p.appendLlamaCppTimings(dst)
 }
 
 func (p *plan) appendLlamaCppCompletionFull(dst []byte) []byte {
@@ -193,17 +273,21 @@ func (p *plan) appendLlamaCppCompletionFull(dst []byte) []byte {
 	dst = p.appendLlamaCppTail(dst, "text_completion")
 	dst = append(dst, `,"usage":`...)
 	dst = p.appendFlavorUsage(dst)
-	return p.appendLlamaCppID(dst)
+	return p.appendLlamaCppTimings(p.appendLlamaCppIDOpen(dst))
 }
 
+// streamLlamaCppCompletion streams a completion: the final result is the same object
+// as a non-streamed answer's (server-task.cpp to_json_oaicompat), so the finish chunk
+// carries usage and timings whether or not include_usage was asked, and there is no
+// separate usage chunk.
 func (p *plan) streamLlamaCppCompletion(w *bufio.Writer) {
+	p.includeUsage = false
 	p.streamWith(w, &llamaCppCompletionWire)
 }
 
 var llamaCppCompletionWire = wire{
 	chunk:  (*plan).appendLlamaCppCompletionChunk,
 	finish: (*plan).appendLlamaCppCompletionFinish,
-	usage:  (*plan).appendLlamaCppCompletionUsage,
 }
 
 func (p *plan) appendLlamaCppCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
@@ -225,15 +309,9 @@ func (p *plan) appendLlamaCppCompletionFinish(dst []byte, i int, c *planChoice) 
 	dst = append(dst, c.finish...)
 	dst = append(dst, `"}`...)
 	dst = p.appendLlamaCppTail(dst, "text_completion")
-	return p.appendLlamaCppID(dst)
-}
-
-func (p *plan) appendLlamaCppCompletionUsage(dst []byte) []byte {
-	dst = append(dst, `{"choices":[`...)
-	dst = p.appendLlamaCppTail(dst, "text_completion")
 	dst = append(dst, `,"usage":`...)
 	dst = p.appendFlavorUsage(dst)
-	return p.appendLlamaCppID(dst)
+	return p.appendLlamaCppTimings(p.appendLlamaCppIDOpen(dst))
 }
 
 // llamaCppTokenize serves llama.cpp's POST /tokenize: {"content","add_special",

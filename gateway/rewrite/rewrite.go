@@ -180,7 +180,10 @@ const (
 	textIncludeUsage = `,"include_usage":true`
 	textLogprobsChat = `,"logprobs":true`
 	textLogprobsCmpl = `,"logprobs":0`
-	textTokensAsIDs  = `,"return_tokens_as_token_ids":true`
+	// llama.cpp: the smallest counts that still return the sampled token's entry.
+	textLogprobsCmpl1 = `,"logprobs":1`
+	textTopLogprobs1  = `,"top_logprobs":1`
+	textTokensAsIDs   = `,"return_tokens_as_token_ids":true`
 )
 
 // Rewrite validates a client's request body, reads the fields the gateway
@@ -190,8 +193,12 @@ const (
 // For chat completions and completions towards vLLM or SGLang it adds
 // "return_token_ids":true (not for SGLang streaming chat, which rejects it),
 // for streams "stream_options":{"include_usage":true} (merged into an existing
-// stream_options object), and with opt.Logprobs the logprobs of the sampled
-// tokens. A field the client set to a non-null value is left as is; a null
+// stream_options object; never towards llama.cpp), and with opt.Logprobs the
+// logprobs of the sampled tokens. Towards llama.cpp it asks for the sampled
+// tokens' logprobs, whose entries carry the ids (chat: "logprobs":true,
+// "top_logprobs":1; completions: "logprobs":1), except on a streamed chat
+// request with tools, which llama.cpp refuses with logprobs. Nothing is
+// injected that the engine refuses for the request's shape. A field the client set to a non-null value is left as is; a null
 // value is replaced. Nothing is ever injected towards KindOpenAI, nor for
 // other endpoints. The rest of the body is copied byte for byte.
 //
@@ -208,7 +215,7 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 		return dst, info, 0, &RequestError{Reason: "must be a JSON object"}
 	}
 
-	var model, stream, n, ids, so, lp, tlp, asIDs span
+	var model, stream, n, ids, so, lp, tlp, asIDs, tools, nProbs span
 	lastEnd := open + 1 // where members are appended
 	hasMembers := false
 	it := newObjIter(body, open)
@@ -235,6 +242,10 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 			tlp = s
 		case "return_tokens_as_token_ids":
 			asIDs = s
+		case "tools":
+			tools = s
+		case "n_probs":
+			nProbs = s
 		}
 	}
 	if it.bad { // cannot happen after ValidBytes; keep the scanner honest
@@ -305,7 +316,7 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 		return append(dst, body...), info, 0, nil
 	}
 
-	var edits [5]edit
+	var edits [6]edit
 	ne := 0
 	comma := hasMembers
 	appendMember := func(text string) {
@@ -322,8 +333,14 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	}
 
 	fromLogprobs := opt.IDsFromLogprobs && kind == openai.KindVLLM && lp.null(body) && tlp.null(body) && asIDs.null(body)
-	// llama.cpp returns output ids only as the "id" of chat logprobs entries.
-	llamaLogprobs := kind == openai.KindLlamaCpp && endpoint == openai.ChatCompletions && lp.null(body) && tlp.null(body)
+	llama := kind == openai.KindLlamaCpp
+	// llama.cpp returns output ids only as the "id" of logprobs entries
+	// (chat and completions alike). It refuses logprobs on a streamed chat
+	// request with tools (docs/engines.md), so such calls get none and are
+	// captured without output ids; a client's own n_probs already makes it
+	// send the entries.
+	llamaLogprobs := llama && lp.null(body) && tlp.null(body) && nProbs.null(body) &&
+		!(endpoint == openai.ChatCompletions && info.Stream && nonEmptyArray(body, tools))
 	if (kind == openai.KindVLLM || kind == openai.KindSGLang) && ids.null(body) && !opt.IDsFromLogprobs &&
 		!(kind == openai.KindSGLang && endpoint == openai.ChatCompletions && info.Stream) {
 		inj |= ReturnTokenIDs
@@ -340,8 +357,11 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	// include_usage: only on streams; not when the client set it, nor when
 	// stream_options is not an object (the engine refuses it anyway), nor with
 	// continuous_usage_stats (injecting would add usage to every chunk).
+	// Not towards llama.cpp: there the usage chunk takes the "timings" the
+	// finish chunk carries otherwise, and capture reads the counts from those
+	// timings instead (docs/engines.md).
 	continuous := soObject && !contUsage.null(body) && string(body[contUsage.start:contUsage.end]) != "false"
-	if info.Stream && usage.null(body) && (so.null(body) || soObject) && !continuous {
+	if info.Stream && !llama && usage.null(body) && (so.null(body) || soObject) && !continuous {
 		inj |= IncludeUsage
 		switch {
 		case !so.ok:
@@ -362,20 +382,32 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 
 	// logprobs: chat refuses top_logprobs without logprobs:true; injecting
 	// would turn that error into a success, so leave such requests alone.
-	if (opt.Logprobs && (kind != openai.KindLlamaCpp || endpoint == openai.ChatCompletions) || fromLogprobs || llamaLogprobs) &&
+	if (opt.Logprobs && !llama || fromLogprobs || llamaLogprobs) &&
 		lp.null(body) && (endpoint != openai.ChatCompletions || tlp.null(body)) {
 		inj |= Logprobs
-		if kind == openai.KindLlamaCpp {
-			inj |= OmitLogprobs
-		}
 		text, val := textLogprobsChat, "true"
-		if endpoint == openai.Completions {
+		switch {
+		case endpoint == openai.ChatCompletions && llama:
+			// Chat logprobs keys are left out when not asked for; top_logprobs
+			// 1 is llama.cpp's smallest n_probs that still returns entries
+			// (its default is 20 alternatives per token).
+			inj |= OmitLogprobs
+			if tlp.ok {
+				replace(tlp, "1")
+			}
+		case endpoint == openai.Completions && llama:
+			// n_probs = logprobs; 0 would return no entries at all.
+			text, val = textLogprobsCmpl1, "1"
+		case endpoint == openai.Completions:
 			text, val = textLogprobsCmpl, "0"
 		}
 		if lp.ok {
 			replace(lp, val)
 		} else {
 			appendMember(text)
+		}
+		if endpoint == openai.ChatCompletions && llama && !tlp.ok {
+			appendMember(textTopLogprobs1)
 		}
 	}
 
@@ -404,6 +436,16 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	}
 	out = append(out, body[prev:]...)
 	return out, info, inj, nil
+}
+
+// nonEmptyArray reports whether s is a JSON array with at least one element
+// (llama.cpp's "has tools": tools.is_array() && !tools.empty()).
+func nonEmptyArray(body []byte, s span) bool {
+	if !s.ok || body[s.start] != '[' {
+		return false
+	}
+	i := skipWS(body, s.start+1)
+	return i < s.end && body[i] != ']'
 }
 
 // parseN parses "n": an integer (2.0 is accepted, as the engines' validators

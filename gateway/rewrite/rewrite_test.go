@@ -63,15 +63,33 @@ func TestRewrite(t *testing.T) {
 	// SGLang leaves unasked id keys out: stripping must delete them.
 	f(`{"model":"m","prompt":"x"}`, openai.Completions, openai.KindSGLang, none,
 		`{"model":"m","prompt":"x","return_token_ids":true}`, ReturnTokenIDs|OmitIDs)
-	// llama.cpp: output ids only through chat logprobs (their "id"); nothing
-	// else is asked for, and not when the client set logprobs or top_logprobs.
+	// llama.cpp: output ids only through logprobs (their "id"), with the
+	// fewest alternatives that still return entries (top_logprobs / n_probs
+	// 1); not when the client set logprobs, top_logprobs or n_probs.
 	f(`{"model":"m","messages":[]}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
-		`{"model":"m","messages":[],"logprobs":true}`, Logprobs|OmitLogprobs)
+		`{"model":"m","messages":[],"logprobs":true,"top_logprobs":1}`, Logprobs|OmitLogprobs)
+	f(`{"model":"m","messages":[],"top_logprobs":null}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
+		`{"model":"m","messages":[],"top_logprobs":1,"logprobs":true}`, Logprobs|OmitLogprobs)
+	// Streams: no include_usage (it moves "timings" off the finish chunk).
 	f(`{"model":"m","messages":[],"stream":true}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
-		`{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"logprobs":true}`, IncludeUsage|Logprobs|OmitLogprobs)
+		`{"model":"m","messages":[],"stream":true,"logprobs":true,"top_logprobs":1}`, Logprobs|OmitLogprobs)
+	// A streamed chat request with tools: llama.cpp refuses logprobs there
+	// ("logprobs is not supported with tools + stream"), so nothing is added.
+	f(`{"model":"m","messages":[],"stream":true,"tools":[{"type":"function","function":{"name":"f"}}]}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
+		`{"model":"m","messages":[],"stream":true,"tools":[{"type":"function","function":{"name":"f"}}]}`, 0)
+	// ... but an empty tools list is no tools, and without stream tools are fine.
+	f(`{"model":"m","messages":[],"stream":true,"tools":[ ]}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
+		`{"model":"m","messages":[],"stream":true,"tools":[ ],"logprobs":true,"top_logprobs":1}`, Logprobs|OmitLogprobs)
+	f(`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f"}}]}`, openai.ChatCompletions, openai.KindLlamaCpp, none,
+		`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f"}}],"logprobs":true,"top_logprobs":1}`, Logprobs|OmitLogprobs)
 	f(`{"model":"m","messages":[],"logprobs":false}`, openai.ChatCompletions, openai.KindLlamaCpp, none, `{"model":"m","messages":[],"logprobs":false}`, 0)
 	f(`{"model":"m","messages":[],"top_logprobs":2}`, openai.ChatCompletions, openai.KindLlamaCpp, none, `{"model":"m","messages":[],"top_logprobs":2}`, 0)
-	f(`{"model":"m","prompt":"x"}`, openai.Completions, openai.KindLlamaCpp, lp, `{"model":"m","prompt":"x"}`, 0)
+	f(`{"model":"m","messages":[],"n_probs":3}`, openai.ChatCompletions, openai.KindLlamaCpp, none, `{"model":"m","messages":[],"n_probs":3}`, 0)
+	// Completions: "logprobs":1 (n_probs 1; 0 returns no entries); the key is
+	// always in llama.cpp's answer (null when not asked), so it is nulled.
+	f(`{"model":"m","prompt":"x"}`, openai.Completions, openai.KindLlamaCpp, none, `{"model":"m","prompt":"x","logprobs":1}`, Logprobs)
+	f(`{"model":"m","prompt":"x","stream":true}`, openai.Completions, openai.KindLlamaCpp, lp, `{"model":"m","prompt":"x","stream":true,"logprobs":1}`, Logprobs)
+	f(`{"model":"m","prompt":"x","logprobs":2}`, openai.Completions, openai.KindLlamaCpp, none, `{"model":"m","prompt":"x","logprobs":2}`, 0)
 	// OpenAI upstream and other endpoints: never touched.
 	f(`{"model":"m","stream":true}`, openai.ChatCompletions, openai.KindOpenAI, lp, `{"model":"m","stream":true}`, 0)
 	f(`{"model":"m","input":"x","stream":true}`, openai.Responses, openai.KindVLLM, lp, `{"model":"m","input":"x","stream":true}`, 0)
@@ -264,8 +282,13 @@ func FuzzRewrite(f *testing.F) {
 			}
 		}
 		if inj&Logprobs != 0 {
-			if v := last("logprobs"); v != "true" && v != "0" {
+			v := last("logprobs")
+			llamaCmpl := k == openai.KindLlamaCpp && endpoint == openai.Completions
+			if (v != "true" && v != "0" && !llamaCmpl) || (llamaCmpl && v != "1") {
 				t.Fatalf("logprobs = %q in %s", v, out)
+			}
+			if k == openai.KindLlamaCpp && endpoint == openai.ChatCompletions && last("top_logprobs") != "1" {
+				t.Fatalf("top_logprobs = %q towards llama.cpp in %s", last("top_logprobs"), out)
 			}
 		}
 	})

@@ -111,13 +111,13 @@ func (c *Client) chatIDs(ctx context.Context, req gjson.Result) ([]uint32, error
 		}
 		return idList(res.Get("tokens"), "tokens")
 	case openai.KindLlamaCpp:
-		// llama.cpp renders with /apply-template, then tokenizes the text the
-		// way its chat route does (special tokens added and parsed).
-		body, err := json.Marshal(map[string]json.RawMessage{"messages": json.RawMessage(msgs.Raw)})
-		if err != nil {
-			return nil, fmt.Errorf("fallback: encoding messages: %w", err)
-		}
-		res, err := c.post(ctx, "/apply-template", body)
+		// llama.cpp renders with /apply-template, which runs the chat
+		// route's own parameter parsing on the whole body (tools,
+		// tool_choice, chat_template_kwargs, add_generation_prompt, ...):
+		// so the request goes as the client sent it. Then the text is
+		// tokenized the way the chat route does (special tokens added and
+		// parsed).
+		res, err := c.post(ctx, "/apply-template", []byte(req.Raw))
 		if err != nil {
 			return nil, err
 		}

@@ -352,7 +352,15 @@ func fakeLlamaCpp(t *testing.T) *httptest.Server {
 		j := gjson.ParseBytes(body)
 		switch r.URL.Path {
 		case "/apply-template":
+			// Like llama.cpp, the whole chat body is read: tools and
+			// chat_template_kwargs change the rendered prompt.
 			var b strings.Builder
+			if tools := j.Get("tools"); tools.IsArray() {
+				fmt.Fprintf(&b, "<tools>%d", len(tools.Array()))
+			}
+			if kw := j.Get("chat_template_kwargs.enable_thinking"); kw.Exists() {
+				fmt.Fprintf(&b, "<think>%s", kw.Raw)
+			}
 			j.Get("messages").ForEach(func(_, m gjson.Result) bool {
 				fmt.Fprintf(&b, "<%s>%s", m.Get("role").Str, m.Get("content").Str)
 				return true
@@ -387,6 +395,14 @@ func TestLlamaCpp(t *testing.T) {
 	if want := []uint32{1, '<', 'u', 's', 'e', 'r', '>', 'h', 'i'}; !slices.Equal(got[0], want) {
 		t.Fatalf("chat ids %v", got)
 	}
+	// Tools and template arguments reach /apply-template (the whole body).
+	got, err = c.PromptIDs(ctx, chatPath, []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false},"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append([]uint32{1}, u32s([]byte("<tools>1<think>false<user>hi"))...); !slices.Equal(got[0], want) {
+		t.Fatalf("chat ids with tools %v, want %v", got[0], want)
+	}
 	got, err = c.PromptIDs(ctx, cmplPath, []byte(`{"prompt":"ab"}`))
 	if err != nil || !slices.Equal(got[0], []uint32{1, 'a', 'b'}) {
 		t.Fatalf("completion ids %v %v", got, err)
@@ -415,6 +431,15 @@ func TestLlamaCpp(t *testing.T) {
 		rows[0].TokenSource != export.TokenSourceTokenize {
 		t.Fatalf("row %+v", rows[0])
 	}
+}
+
+// u32s widens bytes to ids (the fake tokenizer's one id per byte).
+func u32s(b []byte) []uint32 {
+	out := make([]uint32, len(b))
+	for i, c := range b {
+		out[i] = uint32(c)
+	}
+	return out
 }
 
 func TestLogprobIDs(t *testing.T) {
