@@ -588,6 +588,10 @@ func (p *Pipeline) fill(c *Pending, rows []export.Call) {
 		}
 	})
 	switch {
+	case err != nil && (out.Prompt || out.Output):
+		// One side completed and kept (prompt_/response_token_source).
+		p.m.TokenFallback.WithLabelValues("partial").Inc()
+		p.log.Debug("token id fallback completed one side only", "backend", rows[0].Backend, "span_id", rows[0].SpanID, "err", err)
 	case err != nil:
 		p.m.TokenFallback.WithLabelValues("failed").Inc()
 		p.log.Debug("token id fallback failed", "backend", rows[0].Backend, "span_id", rows[0].SpanID, "err", err)

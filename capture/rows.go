@@ -68,6 +68,7 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 	verdict := tokenize.Verify(&tc)
 	base.TokenSource = verdict.Source
 	base.TokenCheck = verdict.Check()
+	base.PromptTokenSource, base.ResponseTokenSource = tokenize.Sides(&tc, verdict)
 
 	if len(res.Choices) == 0 {
 		base.PromptTokenIDs = slices.Clone(res.PromptTokenIDs)

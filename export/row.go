@@ -63,6 +63,17 @@ type Call struct {
 	TurnPrefixLen uint32
 	// TurnPrevSequenceID is the sequence id of the call compared with (0: none). Extra column.
 	TurnPrevSequenceID uint64
+	// PromptTokenSource and ResponseTokenSource say where each side's ids
+	// came from, so that one side can be kept when the other could not be
+	// obtained (llama.cpp leaves some sampled tokens out of its logprobs):
+	// "engine" (returned by the engine, verified against usage), "tokenize"
+	// (the backend's /tokenize, or ids read from logprobs, verified),
+	// "engine_mismatch" (the engine's ids, failing that side's check), or
+	// "none" (no ids stored for that side); '' on rows written before the
+	// columns existed. TokenSource stays the verdict on the pair. Extra
+	// columns.
+	PromptTokenSource   string
+	ResponseTokenSource string
 	// APIKeyName names the client API key the call authenticated with (''
 	// when client keys are off). The key itself is never stored. Extra column.
 	APIKeyName string
@@ -109,6 +120,8 @@ var CallTable = NewTable("llm_calls",
 	Col("turn_prev_sequence_id", func(c *Call) any { return &c.TurnPrevSequenceID }),
 	Col("parent_span_id", func(c *Call) any { return &c.ParentSpanID }, SpoolOnly),
 	Col("api_key_name", func(c *Call) any { return &c.APIKeyName }, LowCard),
+	Col("prompt_token_source", func(c *Call) any { return &c.PromptTokenSource }, LowCard, Since(3)),
+	Col("response_token_source", func(c *Call) any { return &c.ResponseTokenSource }, LowCard, Since(3)),
 )
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

@@ -9,6 +9,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/tokenize"
 )
 
 // TestSGLangPerChoiceIDs runs the gateway in front of the mock's SGLang
@@ -159,9 +160,78 @@ func TestLlamaCppIDsFromLogprobs(t *testing.T) {
 				t.Fatalf("row: source %q check %q prompt %v (want %v) output %v (want %v)", row.TokenSource, row.TokenCheck,
 					row.PromptTokenIDs, wantPrompt, row.ResponseTokenIDs, wantOutput)
 			}
-			if len(row.ResponseLogprobs) != len(wantOutput) || row.Stream != tc.stream {
-				t.Fatalf("row: %d logprobs for %d ids, stream %v", len(row.ResponseLogprobs), len(wantOutput), row.Stream)
+			if len(row.ResponseLogprobs) != len(wantOutput) || row.Stream != tc.stream ||
+				row.PromptTokenSource != export.TokenSourceTokenize || row.ResponseTokenSource != export.TokenSourceTokenize {
+				t.Fatalf("row: %d logprobs for %d ids, stream %v, sides %q/%q", len(row.ResponseLogprobs), len(wantOutput), row.Stream,
+					row.PromptTokenSource, row.ResponseTokenSource)
 			}
 		})
+	}
+	// /v1/completions: "logprobs":1 is injected (their entries carry the
+	// ids too) and nulled in the client's copy, where llama.cpp writes
+	// "logprobs":null when not asked.
+	cmpl := `{"model":"mock-model","prompt":"hello the world","max_tokens":6}`
+	root := strings.TrimSuffix(e.mockURL, "/v1")
+	tok := do(t, "POST", root+"/tokenize", `{"content":"hello the world","add_special":true,"parse_special":true}`)
+	wantPrompt := uint32s(gjson.GetBytes(tok.body, "tokens"))
+	var wantOutput []uint32
+	for _, lp := range gjson.GetBytes(do(t, "POST", e.mockURL+"/completions", withStream(cmpl, `"logprobs":1`)).body, "choices.0.logprobs.content").Array() {
+		wantOutput = append(wantOutput, uint32(lp.Get("id").Uint()))
+	}
+	for _, body := range []string{cmpl, withStream(cmpl, `"stream":true`)} {
+		direct := do(t, "POST", e.mockURL+"/completions", body)
+		got := do(t, "POST", e.url+"/v1/completions", body)
+		if got.status != 200 || string(got.body) != string(direct.body) {
+			t.Fatalf("completions %s: %d\n gateway: %s\n direct:  %s", body, got.status, got.body, direct.body)
+		}
+		row := e.waitCalls(got.header.Get("x-request-id"), 1)[0]
+		if row.TokenSource != export.TokenSourceTokenize || row.TokenCheck != "" || len(wantOutput) != 6 ||
+			!equalIDs(row.PromptTokenIDs, wantPrompt) || !equalIDs(row.ResponseTokenIDs, wantOutput) {
+			t.Fatalf("completions row %s: %q %q prompt %v (want %v) output %v (want %v)", body, row.TokenSource, row.TokenCheck,
+				row.PromptTokenIDs, wantPrompt, row.ResponseTokenIDs, wantOutput)
+		}
+	}
+}
+
+// TestLlamaCppToolsStream: a streamed chat call with tools towards llama.cpp,
+// which refuses logprobs for that shape. The gateway injects nothing, so the
+// call succeeds exactly as a direct one; capture keeps the prompt ids (from
+// /apply-template of the whole body, tools included, then /tokenize) and
+// flags the missing output ids: prompt_token_source tokenize,
+// response_token_source none, token_source none, token_check
+// completion_missing.
+func TestLlamaCppToolsStream(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnvWith(t, s, mock.Config{Flavor: mock.FlavorLlamaCpp}, func(c *gateway.Config) {
+		c.Backends[0].Replicas[0].Kind = "llamacpp"
+	})
+	tools := `[{"type":"function","function":{"name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`
+	body := `{"model":"mock-model","stream":true,"tools":` + tools + `,"messages":[{"role":"user","content":"weather in Paris?"}]}`
+	direct := do(t, "POST", e.mockURL+"/chat/completions", body)
+	got := do(t, "POST", e.url+"/v1/chat/completions", body)
+	if got.status != 200 || direct.status != 200 || string(got.body) != string(direct.body) {
+		t.Fatalf("gateway %d, direct %d\n gateway: %s\n direct:  %s", got.status, direct.status, got.body, direct.body)
+	}
+	if !strings.Contains(string(got.body), `"tool_calls"`) || !strings.Contains(string(got.body), `"timings"`) {
+		t.Fatalf("no tool call or no timings in %s", got.body)
+	}
+	// The engine asked directly with logprobs refuses: what the gateway
+	// must not have sent.
+	if r := do(t, "POST", e.mockURL+"/chat/completions", withStream(body, `"logprobs":true`)); r.status != 400 {
+		t.Fatalf("the mock accepted logprobs with tools + stream: %d", r.status)
+	}
+	root := strings.TrimSuffix(e.mockURL, "/v1")
+	tmpl := do(t, "POST", root+"/apply-template", body)
+	tok := do(t, "POST", root+"/tokenize", `{"content":`+gjson.GetBytes(tmpl.body, "prompt").Raw+`,"add_special":true,"parse_special":true}`)
+	wantPrompt := uint32s(gjson.GetBytes(tok.body, "tokens"))
+	if !strings.Contains(gjson.GetBytes(tmpl.body, "prompt").Str, "get_weather") {
+		t.Fatalf("template without the tools: %s", tmpl.body)
+	}
+	row := e.waitCalls(got.header.Get("x-request-id"), 1)[0]
+	if row.TokenSource != export.TokenSourceNone || row.TokenCheck != tokenize.CheckCompletionMissing ||
+		row.PromptTokenSource != export.TokenSourceTokenize || row.ResponseTokenSource != export.TokenSourceNone ||
+		!equalIDs(row.PromptTokenIDs, wantPrompt) || len(row.ResponseTokenIDs) != 0 || row.PromptTokens != uint32(len(wantPrompt)) {
+		t.Fatalf("row: source %q check %q sides %q/%q prompt %v (want %v) output %v usage %d/%d", row.TokenSource, row.TokenCheck,
+			row.PromptTokenSource, row.ResponseTokenSource, row.PromptTokenIDs, wantPrompt, row.ResponseTokenIDs, row.PromptTokens, row.CompletionTokens)
 	}
 }

@@ -180,6 +180,45 @@ func Verify(c *Call) Verdict {
 	return Verdict{Source: export.TokenSourceEngine}
 }
 
+// Sides says where each side's ids stand after Verify, for
+// export.Call.PromptTokenSource and ResponseTokenSource: "engine" when the
+// side's ids are present and passed its checks (prompt_count;
+// completion_count and logprobs_count), SourceMismatch when they are
+// present but failed one (or usage was missing, so they could not be
+// checked), export.TokenSourceNone when the side has no ids.
+func Sides(c *Call, v Verdict) (prompt, response string) {
+	prompt, response = export.TokenSourceNone, export.TokenSourceNone
+	if v.Source == export.TokenSourceNone {
+		return prompt, response
+	}
+	noUsage := hasFailed(v, CheckUsageMissing)
+	if !hasFailed(v, CheckPromptMissing) {
+		prompt = export.TokenSourceEngine
+		if noUsage || hasFailed(v, CheckPromptCount) {
+			prompt = SourceMismatch
+		}
+	}
+	if !hasFailed(v, CheckCompletionMissing) {
+		response = export.TokenSourceEngine
+		if noUsage || hasFailed(v, CheckCompletionCount, CheckLogprobsCount) {
+			response = SourceMismatch
+		}
+	}
+	return prompt, response
+}
+
+// hasFailed reports whether v failed any of the named checks.
+func hasFailed(v Verdict, names ...string) bool {
+	for _, f := range v.Failed {
+		for _, n := range names {
+			if f == n {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // hasIDs reports whether the engine sent any ids at all.
 func hasIDs(c *Call) bool {
 	if len(c.PromptTokenIDs) > 0 {

@@ -26,6 +26,8 @@ const (
 // Since of export's column table (export.SpoolVersion). Version 2 added the
 // rollouts rows' group_id; version 1 payloads (written by earlier releases,
 // still in spools and logs after an upgrade) decode with GroupID "".
+// Version 3 added llm_calls' prompt_token_source and response_token_source
+// (earlier payloads decode with both "").
 //
 // The rule that keeps old payloads readable: a row's fields are encoded in
 // the order of its table's Spool columns, and a payload of version v holds

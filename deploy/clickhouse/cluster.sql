@@ -82,7 +82,9 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
     turn_kind String,
     turn_prefix_len UInt32,
     turn_prev_sequence_id UInt64,
-    api_key_name String
+    api_key_name String,
+    prompt_token_source String,
+    response_token_source String
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

@@ -52,7 +52,8 @@ type Metrics struct {
 	TokenIDs *prometheus.CounterVec
 
 	// TokenFallback counts calls whose ids were completed after the fact
-	// (/tokenize, ids in logprobs), by result (filled, failed).
+	// (/tokenize, ids in logprobs), by result (filled, partial: one side
+	// only, failed).
 	TokenFallback *prometheus.CounterVec
 
 	// Detok counts rows of the detokenisation check by outcome (match,

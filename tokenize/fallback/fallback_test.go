@@ -274,6 +274,13 @@ func TestFill(t *testing.T) {
 				if r.TokenSource != export.TokenSourceTokenize || r.TokenCheck != tc.check {
 					t.Fatalf("row %d: %s %q", i, r.TokenSource, r.TokenCheck)
 				}
+				wantPrompt := export.TokenSourceTokenize
+				if !tc.prompt {
+					wantPrompt = export.TokenSourceEngine // the engine's, verified: kept
+				}
+				if r.PromptTokenSource != wantPrompt || r.ResponseTokenSource != export.TokenSourceTokenize {
+					t.Fatalf("row %d: sources prompt %q response %q", i, r.PromptTokenSource, r.ResponseTokenSource)
+				}
 				if !slices.Equal(r.PromptTokenIDs, want[i].PromptTokenIDs) || !slices.Equal(r.ResponseTokenIDs, want[i].ResponseTokenIDs) {
 					t.Fatalf("row %d ids\n got %v | %v\nwant %v | %v", i, r.PromptTokenIDs, r.ResponseTokenIDs,
 						want[i].PromptTokenIDs, want[i].ResponseTokenIDs)
@@ -303,16 +310,22 @@ func TestFillLeavesRowsAlone(t *testing.T) {
 		t.Fatalf("no rows: %+v %v", out, err)
 	}
 
-	// No ids and no logprobs: an error, rows unchanged.
+	// No ids and no logprobs: an error; the output side stays empty and the
+	// pair unusable (token_source none), but the verified prompt ids are
+	// kept, marked on their own (prompt_token_source tokenize).
 	_, base = startMock(t, mock.Config{IgnoreReturnTokenIDs: true})
 	c = call(t, base, chatPath, chatRequest(false, ""))
+	want := reference(t, chatPath, chatRequest(false, ""))
 	orig := slices.Clone(c.rows)
 	cl = &fallback.Client{BaseURL: base}
-	if _, err := cl.Fill(ctx, c.rows, c.request, c.each); err == nil || !strings.Contains(err.Error(), "return_tokens_as_token_ids") {
-		t.Fatalf("no logprobs: %v", err)
+	out, err := cl.Fill(ctx, c.rows, c.request, c.each)
+	if err == nil || !strings.Contains(err.Error(), "return_tokens_as_token_ids") || !out.Prompt || out.Output {
+		t.Fatalf("no logprobs: %+v %v", out, err)
 	}
-	if c.rows[0].TokenSource != orig[0].TokenSource || c.rows[0].PromptTokenIDs != nil {
-		t.Fatalf("rows changed: %+v", c.rows[0])
+	if r := c.rows[0]; r.TokenSource != orig[0].TokenSource || len(r.ResponseTokenIDs) != 0 ||
+		!slices.Equal(r.PromptTokenIDs, want[0].PromptTokenIDs) || r.PromptTokenSource != export.TokenSourceTokenize ||
+		r.ResponseTokenSource != export.TokenSourceNone || r.TokenCheck != tokenize.CheckCompletionMissing {
+		t.Fatalf("rows: %+v", c.rows[0])
 	}
 
 	// Logprobs as text (no token ids): unusable.
@@ -329,12 +342,17 @@ func TestFillLeavesRowsAlone(t *testing.T) {
 	defer other.Close()
 	c = call(t, base, chatPath, chatRequest(false, `,"logprobs":true,"return_tokens_as_token_ids":true`))
 	cl = &fallback.Client{BaseURL: other.URL}
-	out, err := cl.Fill(ctx, c.rows, c.request, c.each)
+	out, err = cl.Fill(ctx, c.rows, c.request, c.each)
 	if err == nil || !slices.Contains(out.Failed, tokenize.CheckPromptCount) {
 		t.Fatalf("wrong template accepted: %+v %v", out, err)
 	}
 	if c.rows[0].TokenSource != export.TokenSourceNone || c.rows[0].PromptTokenIDs != nil {
 		t.Fatalf("rows changed: %+v", c.rows[0])
+	}
+	// The output side, complete in the logprobs, is kept on its own.
+	if r := c.rows[0]; !out.Output || r.ResponseTokenSource != export.TokenSourceTokenize ||
+		!slices.Equal(r.ResponseTokenIDs, want[0].ResponseTokenIDs) || r.PromptTokenSource != export.TokenSourceNone || r.TokenCheck != tokenize.CheckPromptCount {
+		t.Fatalf("output side: %+v", r)
 	}
 
 	// A failed call is skipped.

@@ -2,6 +2,7 @@ package fallback
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,20 +14,27 @@ import (
 )
 
 // Fill completes the token ids of one captured call. rows are the call's
-// llm_calls rows as capture.Rows built them (one per choice, token_source and
-// token_check already set by tokenize.Verify); request is the request body
-// as the client sent it; payloads calls its argument with the non-streamed
-// response body, or with every SSE data payload in order.
+// llm_calls rows as capture.Rows built them (one per choice, token_source,
+// token_check and the per-side sources already set by tokenize.Verify and
+// tokenize.Sides); request is the request body as the client sent it;
+// payloads calls its argument with the non-streamed response body, or with
+// every SSE data payload in order.
 //
 // Rows whose engine ids were verified, and failed calls, are left alone.
-// Otherwise, prompt ids are fetched from the backend when the engine's were
-// missing or miscounted, and output ids are read from logprobs when the
-// engine's were missing or miscounted and every logprob entry carries an id.
-// The completed rows are checked again against usage with tokenize.Verify;
-// only when that passes (or only usage is missing) are they updated, with
-// token_source "tokenize" and token_check kept as the engine's failed checks
-// (empty when the engine sent no ids), so the reason stays visible. On any
-// failure the rows are unchanged and the error says why.
+// Otherwise each side is completed on its own: prompt ids are fetched from
+// the backend when the engine's were missing or miscounted, and output ids
+// are read from logprobs when the engine's were missing or miscounted and
+// every logprob entry carries an id. The ids are checked against usage
+// with tokenize.Verify; a side is written into the rows only when its own
+// checks pass (or only usage is missing), with its source (prompt or
+// response_token_source) "tokenize". token_source becomes "tokenize" when
+// both sides then hold verified ids, with token_check kept as the engine's
+// failed checks (empty when the engine sent no ids), so the reason stays
+// visible; when only one side could be completed token_source is left as
+// it was and token_check lists the checks the other side still fails
+// (llama.cpp leaves some sampled tokens out of its logprobs: the prompt
+// ids are kept all the same). The error says what could not be completed;
+// the outcome says what was written.
 func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, payloads func(func(data []byte))) (tokenize.FillOutcome, error) {
 	if len(rows) == 0 || rows[0].TokenSource == export.TokenSourceEngine ||
 		rows[0].Error != "" || rows[0].HTTPStatus >= 400 {
@@ -50,38 +58,37 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 	for i := range rows {
 		prompts[i], outputs[i] = rows[i].PromptTokenIDs, rows[i].ResponseTokenIDs
 	}
-	var out tokenize.FillOutcome
+	var errs []string
+	gotPrompt, gotOutput := false, false
 	if needPrompt {
-		ids, err := c.PromptIDs(ctx, rows[0].Endpoint, request)
-		if err != nil {
-			return out, fmt.Errorf("fallback: prompt ids: %w", err)
+		if err := c.fillPrompts(ctx, rows, request, n, prompts); err != nil {
+			errs = append(errs, "prompt ids: "+err.Error())
+		} else {
+			gotPrompt = true
 		}
-		for i := range rows {
-			p := 0
-			if len(ids) > 1 {
-				p = int(rows[i].ChoiceIndex) / n
-			}
-			if p >= len(ids) {
-				return out, fmt.Errorf("fallback: choice %d has no prompt among %d", rows[i].ChoiceIndex, len(ids))
-			}
-			prompts[i] = ids[p]
-		}
-		out.Prompt = true
 	}
 	if needOutput {
 		var lp LogprobIDs
 		payloads(lp.Add)
+		gotOutput = true
 		for i := range rows {
 			ids, ok := lp.IDs(rows[i].ChoiceIndex)
 			if !ok {
-				return tokenize.FillOutcome{}, fmt.Errorf("fallback: choice %d: no logprobs with token ids "+
-					"(request return_tokens_as_token_ids on vLLM, logprobs on llama.cpp)", rows[i].ChoiceIndex)
+				errs = append(errs, fmt.Sprintf("choice %d: no logprobs with token ids "+
+					"(request return_tokens_as_token_ids on vLLM, logprobs on llama.cpp)", rows[i].ChoiceIndex))
+				gotOutput = false
+				break
 			}
 			outputs[i] = ids
 		}
-		out.Output = true
+		if !gotOutput {
+			for i := range rows {
+				outputs[i] = rows[i].ResponseTokenIDs
+			}
+		}
 	}
 
+	// Check what was obtained, each side on its own.
 	tc := tokenize.Call{
 		PromptTokens:     rows[0].PromptTokens,
 		CompletionTokens: rows[0].CompletionTokens,
@@ -91,7 +98,7 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 	}
 	chat := strings.Contains(rows[0].Endpoint, "chat")
 	for i := range rows {
-		ch := tokenize.Choice{TokenIDs: outputs[i], HasTokenIDs: true, Logprobs: -1}
+		ch := tokenize.Choice{TokenIDs: outputs[i], HasTokenIDs: gotOutput || !needOutput, Logprobs: -1}
 		if lps := len(rows[i].ResponseLogprobs); lps > 0 {
 			ch.Logprobs = lps
 		}
@@ -105,22 +112,89 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 	}
 	v := tokenize.Verify(&tc)
 	failed := slices.DeleteFunc(slices.Clone(v.Failed), func(s string) bool { return s == tokenize.CheckUsageMissing })
-	if len(failed) > 0 {
-		return tokenize.FillOutcome{Failed: v.Failed}, fmt.Errorf("fallback: ids still fail %s", strings.Join(v.Failed, ","))
+	promptOK := gotPrompt && !slices.ContainsFunc(failed, isPromptCheck)
+	outputOK := gotOutput && !slices.ContainsFunc(failed, isOutputCheck)
+	if gotPrompt && !promptOK {
+		errs = append(errs, "prompt ids fail "+strings.Join(filter(failed, isPromptCheck), ","))
 	}
-	if none {
-		check = ""
+	if gotOutput && !outputOK {
+		errs = append(errs, "output ids fail "+strings.Join(filter(failed, isOutputCheck), ","))
 	}
-	if !tc.HasUsage && !hasCheck(check, tokenize.CheckUsageMissing) {
-		check = joinCheck(check, tokenize.CheckUsageMissing)
+	out := tokenize.FillOutcome{Prompt: promptOK, Output: outputOK}
+	if len(errs) > 0 {
+		out.Failed = failed
+	}
+
+	promptDone := promptOK || !needPrompt
+	outputDone := outputOK || !needOutput
+	if promptDone && outputDone {
+		if none {
+			check = ""
+		}
+		if !tc.HasUsage && !hasCheck(check, tokenize.CheckUsageMissing) {
+			check = joinCheck(check, tokenize.CheckUsageMissing)
+		}
+	} else if promptOK || outputOK {
+		check = strings.Join(failed, ",")
 	}
 	for i := range rows {
-		rows[i].PromptTokenIDs = slices.Clone(prompts[i])
-		rows[i].ResponseTokenIDs = slices.Clone(outputs[i])
-		rows[i].TokenSource = export.TokenSourceTokenize
-		rows[i].TokenCheck = check
+		if promptOK {
+			rows[i].PromptTokenIDs = slices.Clone(prompts[i])
+			rows[i].PromptTokenSource = export.TokenSourceTokenize
+		}
+		if outputOK {
+			rows[i].ResponseTokenIDs = slices.Clone(outputs[i])
+			rows[i].ResponseTokenSource = export.TokenSourceTokenize
+		}
+		if promptOK || outputOK {
+			rows[i].TokenCheck = check
+		}
+		if promptDone && outputDone {
+			rows[i].TokenSource = export.TokenSourceTokenize
+		}
+	}
+	if len(errs) > 0 {
+		return out, errors.New("fallback: " + strings.Join(errs, "; "))
 	}
 	return out, nil
+}
+
+// fillPrompts fetches the prompt ids of the call into prompts (one per row).
+func (c *Client) fillPrompts(ctx context.Context, rows []export.Call, request []byte, n int, prompts [][]uint32) error {
+	ids, err := c.PromptIDs(ctx, rows[0].Endpoint, request)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		p := 0
+		if len(ids) > 1 {
+			p = int(rows[i].ChoiceIndex) / n
+		}
+		if p >= len(ids) {
+			return fmt.Errorf("choice %d has no prompt among %d", rows[i].ChoiceIndex, len(ids))
+		}
+		prompts[i] = ids[p]
+	}
+	return nil
+}
+
+func isPromptCheck(s string) bool {
+	return s == tokenize.CheckPromptMissing || s == tokenize.CheckPromptCount
+}
+
+func isOutputCheck(s string) bool {
+	return s == tokenize.CheckCompletionMissing || s == tokenize.CheckCompletionCount || s == tokenize.CheckLogprobsCount
+}
+
+// filter returns the elements of list that keep accepts.
+func filter(list []string, keep func(string) bool) []string {
+	var out []string
+	for _, s := range list {
+		if keep(s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // hasCheck reports whether the comma-separated list holds any of names.
