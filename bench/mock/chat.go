@@ -192,6 +192,7 @@ func (p *plan) buildChat(f *fields) string {
 			c.tool = false
 			c.finish = "length"
 		}
+		p.endTurn(c, limit)
 	}
 	return ""
 }

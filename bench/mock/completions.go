@@ -100,12 +100,22 @@ func (p *plan) buildCompletions(f *fields) string {
 	}
 	switch lp := f.logprobs; {
 	case lp.Type == gjson.Null || !lp.Exists():
+	case lp.Type == gjson.True || lp.Type == gjson.False:
+		// An integer field read by a lax validator: vLLM's (and SGLang's)
+		// pydantic int takes true as 1 and false as 0; llama.cpp's
+		// json_value<int> converts a boolean the same way (n_probs).
+		p.topLogprobs = 0
+		if lp.Type == gjson.True {
+			p.topLogprobs = 1
+		}
+		p.logprobs = p.topLogprobs > 0 || p.s.cfg.Flavor != FlavorLlamaCpp
 	case lp.Type == gjson.Number && lp.Num == math.Trunc(lp.Num):
 		if lp.Num < 0 || lp.Num > MaxLogprobs {
 			return "logprobs: must be between 0 and " + strconv.Itoa(MaxLogprobs) + ", got " + lp.Raw
 		}
-		p.logprobs = true
 		p.topLogprobs = int(lp.Num)
+		// llama.cpp's n_probs 0 asks for nothing.
+		p.logprobs = p.topLogprobs > 0 || p.s.cfg.Flavor != FlavorLlamaCpp
 	default:
 		return "logprobs: Input should be a valid integer"
 	}
@@ -142,6 +152,9 @@ func (p *plan) buildCompletions(f *fields) string {
 			c.prompt = pi
 			c.seed = mix64(seed + uint64(o)*0x9e3779b97f4a7c15)
 			p.genText(c, limit)
+			// llama.cpp streams a completion's end-of-turn token as a chunk
+			// of its own (text "", with its logprobs).
+			c.eosStep = c.eos && p.s.cfg.Flavor == FlavorLlamaCpp
 		}
 	}
 	p.setID(idh)
@@ -231,7 +244,7 @@ func appendTextOffsets(dst []byte, c *planChoice, from, to, offset int) []byte {
 			dst = append(dst, ',')
 		}
 		dst = strconv.AppendInt(dst, int64(offset), 10)
-		offset += len(vocab[c.ids[pos]])
+		offset += len(tokenText(c.ids[pos]))
 	}
 	return append(dst, ']')
 }
@@ -276,10 +289,10 @@ func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"text":"`...)
-	dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+	dst = appendJSONStringBody(dst, tokenText(c.ids[st]))
 	dst = append(dst, `","logprobs":`...)
 	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
-	c.offset += len(vocab[c.ids[st]])
+	c.offset += len(tokenText(c.ids[st]))
 	return dst
 }
 
@@ -308,10 +321,15 @@ func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
-	dst = append(dst, `,"text":"","logprobs":null,"finish_reason":"`...)
+	// The output that finishes carries the end-of-turn token, if any: its id
+	// and logprob come with this chunk.
+	from, to := c.finishRange()
+	dst = append(dst, `,"text":"","logprobs":`...)
+	dst = p.appendCompletionLogprobs(dst, c, from, to, c.offset)
+	dst = append(dst, `,"finish_reason":"`...)
 	dst = append(dst, c.finish...)
 	dst = append(dst, `","stop_reason":null,"prompt_token_ids":null,"token_ids":`...)
-	dst = appendIDsOrNull(dst, nil, p.returnIDs)
+	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
 	return append(dst, `}],"usage":null}`...)
 }
 

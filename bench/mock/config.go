@@ -67,6 +67,15 @@ type Config struct {
 	// automatic prefix caching; hits are reported as
 	// usage.prompt_tokens_details.cached_tokens. Default 0: off.
 	PrefixCacheBlocks int
+	// EndOfTurn ends every answer that stops on its own (finish_reason "stop", or
+	// "tool_calls") with the end-of-turn token <|im_end|>, as a real model does: the
+	// token is generated, counted in usage.completion_tokens and, like the engines,
+	// left out of the text. Where its id and logprob appear follows the flavour
+	// (docs/engines.md): vLLM puts it in token_ids and logprobs (on the finish chunk
+	// of a stream); llama.cpp in the logprobs of non-streamed answers and completion
+	// streams, but not of chat streams (no chunk carries it). SGLang's output ids were
+	// not read from its source: the flavour ignores the knob. Default false.
+	EndOfTurn bool
 	// PrefillPerToken is added to the time to first token for every prompt
 	// token not served from the prefix cache (every prompt token when the
 	// model is off). Default 0.
@@ -134,5 +143,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed mixed into all generated text")
 	fs.DurationVar(&c.HangTimeout, "hang-timeout", d.HangTimeout, "how long x-mock-fail: hang holds a connection")
 	fs.IntVar(&c.PrefixCacheBlocks, "prefix-cache-blocks", d.PrefixCacheBlocks, "n > 0: model vLLM's automatic prefix caching with an LRU of n prompt blocks of 16 tokens (cached prompt tokens skip --prefill-per-token and are reported as usage.prompt_tokens_details.cached_tokens and on GET /metrics); 0 = off")
+	fs.BoolVar(&c.EndOfTurn, "end-of-turn", d.EndOfTurn, "end answers that stop on their own with the end-of-turn token <|im_end|> (counted in usage; in token_ids and logprobs where each engine puts it, see docs/engines.md)")
 	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "time to first token added per prompt token not served from the prefix cache, e.g. 20us (see --prefix-cache-blocks); 0 = none")
 }

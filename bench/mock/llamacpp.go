@@ -234,6 +234,12 @@ func (p *plan) appendLlamaCppChatFinish(dst []byte, i int, c *planChoice) []byte
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"delta":{}`...)
 	from, to := c.finishRange()
+	if c.eos {
+		// The end-of-turn token adds no text, so no chunk carries its
+		// logprobs (server-task.cpp: a partial result's logprobs ride on its
+		// last delta; an empty text makes no delta).
+		to--
+	}
 	dst = p.appendLlamaCppLogprobs(dst, c, from, to)
 	dst = append(dst, '}')
 	dst = p.appendLlamaCppStreamTail(dst)
@@ -292,7 +298,7 @@ var llamaCppCompletionWire = wire{
 
 func (p *plan) appendLlamaCppCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
 	dst = append(dst, `{"choices":[{"text":"`...)
-	dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+	dst = appendJSONStringBody(dst, tokenText(c.ids[st]))
 	dst = append(dst, `","index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"logprobs":`...)

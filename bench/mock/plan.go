@@ -20,6 +20,11 @@ type planChoice struct {
 	seed   uint64 // drives the text and the logprobs
 	offset int    // running text offset while streaming (completions logprobs)
 
+	// eos: the last id is the end-of-turn token (Config.EndOfTurn), not part of the
+	// text; a text choice sends it with its finish chunk, unless eosStep says the
+	// engine sends it as a step of its own (llama.cpp completion streams).
+	eos, eosStep bool
+
 	// Tool call (chat only): ids = prefix ids + argument ids + suffix ids.
 	tool             bool
 	nPrefix, nSuffix int
@@ -32,6 +37,9 @@ type planChoice struct {
 func (c *planChoice) steps() int {
 	if c.tool {
 		return 1 + len(c.ids) - c.nPrefix - c.nSuffix
+	}
+	if c.eos && !c.eosStep {
+		return len(c.ids) - 1
 	}
 	return len(c.ids)
 }
@@ -49,11 +57,15 @@ func (c *planChoice) stepRange(st int) (from, to int) {
 	return from, from + 1
 }
 
-// finishRange returns the ids c.ids[from:to] sent with the finish chunk: none, or the
-// suffix ids of a tool call.
+// finishRange returns the ids c.ids[from:to] sent with the finish chunk: none, the
+// suffix ids of a tool call (with its end-of-turn token), or a text choice's
+// end-of-turn token.
 func (c *planChoice) finishRange() (from, to int) {
-	if c.tool {
+	switch {
+	case c.tool:
 		return len(c.ids) - c.nSuffix, len(c.ids)
+	case c.eos && !c.eosStep:
+		return len(c.ids) - 1, len(c.ids)
 	}
 	return len(c.ids), len(c.ids)
 }
@@ -213,12 +225,22 @@ func appendTokenBytes(dst []byte, id uint32) []byte {
 }
 
 // appendTextOf appends the escaped text of ids (no quotes). Generated tokens are ASCII, so
-// escaping token by token is exact.
+// escaping token by token is exact. The end-of-turn token is no text (see tokenText).
 func appendTextOf(dst []byte, ids []uint32) []byte {
 	for _, id := range ids {
-		dst = appendJSONStringBody(dst, vocab[id])
+		dst = appendJSONStringBody(dst, tokenText(id))
 	}
 	return dst
+}
+
+// tokenText is the text token id adds to an answer: its piece, except for the
+// end-of-turn token, which the engines leave out (vLLM skips special tokens when
+// detokenizing; llama.cpp renders control tokens as "").
+func tokenText(id uint32) string {
+	if id == TokenIMEnd {
+		return ""
+	}
+	return vocab[id]
 }
 
 // delay waits as a non-streaming response would take: TTFT plus ITL per further step. It
@@ -408,6 +430,22 @@ func (p *plan) genText(c *planChoice, limit int) {
 	n, finish := p.outputLen(limit)
 	c.ids = genTextIDs(c.ids, c.seed, n)
 	c.finish = finish
+	p.endTurn(c, limit)
+}
+
+// endTurn appends the end-of-turn token to a choice that stopped on its own, when
+// Config.EndOfTurn is set, the output limit leaves room for it and the flavour is one
+// whose behaviour was read (not SGLang).
+func (p *plan) endTurn(c *planChoice, limit int) {
+	if !p.s.cfg.EndOfTurn || p.s.cfg.Flavor == FlavorSGLang || c.finish == "length" ||
+		(limit != unset && len(c.ids) >= limit) {
+		return
+	}
+	c.ids = append(c.ids, TokenIMEnd)
+	c.eos = true
+	if c.tool {
+		c.nSuffix++
+	}
 }
 
 // appendArgValue appends a deterministic JSON value conforming to the JSON schema.

@@ -125,7 +125,7 @@ type Request struct {
 	// ReturnTokenIDs is true when the client itself sent "return_token_ids":true.
 	ReturnTokenIDs bool
 	// Logprobs is true when the client itself asked for logprobs (chat:
-	// "logprobs":true; completions: a number).
+	// "logprobs":true; completions: a number, or true, read as 1).
 	Logprobs bool
 	// IncludeUsage is true when the client itself sent
 	// "stream_options":{"include_usage":true}.
@@ -284,7 +284,9 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	if !lp.null(body) {
 		v := body[lp.start:lp.end]
 		if endpoint == openai.Completions {
-			info.Logprobs = v[0] == '-' || (v[0] >= '0' && v[0] <= '9')
+			// A number, or true: vLLM's lax int validator and llama.cpp
+			// both read true as 1 (docs/engines.md).
+			info.Logprobs = v[0] == '-' || (v[0] >= '0' && v[0] <= '9') || string(v) == "true"
 		} else {
 			info.Logprobs = string(v) == "true"
 		}
