@@ -8,7 +8,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Tests of the engine facts of docs/engines.md ("What each engine sends"), one
+// Tests of the engine facts of docs/engines.md (the llama.cpp and vLLM facts), one
 // per fact, against the flavour that imitates the engine.
 
 // logprobIDs reads the "id" of every chat-shaped logprobs entry of a body or chunk.
