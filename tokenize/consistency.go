@@ -185,6 +185,10 @@ type turnIDs struct {
 	choice         uint32
 	source         string
 	prompt, output []uint32
+	// noOutput: the choice's response ids could not be obtained
+	// (response_token_source none, e.g. a llama.cpp chat stream): its
+	// prompt ids alone say nothing about what the next prompt continues.
+	noOutput bool
 }
 
 // idsOf returns the turnIDs of rows.
@@ -196,7 +200,8 @@ func idsOf(rows []export.Call) []turnIDs {
 	for i := range rows {
 		r := &rows[i]
 		out[i] = turnIDs{seq: r.SequenceID, choice: r.ChoiceIndex, source: r.TokenSource,
-			prompt: r.PromptTokenIDs, output: r.ResponseTokenIDs}
+			prompt: r.PromptTokenIDs, output: r.ResponseTokenIDs,
+			noOutput: r.ResponseTokenSource == export.TokenSourceNone && len(r.ResponseTokenIDs) == 0}
 	}
 	return out
 }
@@ -223,7 +228,7 @@ func compareTurn(prev []turnIDs, cur []export.Call, opt *TurnOptions) Turn {
 	best, bestLCP := 0, -1
 	for k := range prev {
 		p := &prev[k]
-		if len(p.prompt) == 0 {
+		if len(p.prompt) == 0 || p.noOutput {
 			continue
 		}
 		n := lcp2(p.prompt, p.output, c.PromptTokenIDs)
@@ -245,7 +250,7 @@ func compareTurn(prev []turnIDs, cur []export.Call, opt *TurnOptions) Turn {
 
 func hasTurnIDs(rows []turnIDs) bool {
 	for i := range rows {
-		if len(rows[i].prompt) > 0 {
+		if len(rows[i].prompt) > 0 && !rows[i].noOutput {
 			return true
 		}
 	}
