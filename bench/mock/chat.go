@@ -61,6 +61,7 @@ func (p *plan) buildChat(f *fields) string {
 	if msg := p.commonChecks(f); msg != "" {
 		return msg
 	}
+	p.readStops(f.stop)
 	if !f.messages.Exists() || f.messages.Type == gjson.Null {
 		return "messages: Field required"
 	}
@@ -307,14 +308,16 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 			dst = append(dst, "}}]},"...)
 		} else {
 			dst = append(dst, '"')
-			dst = appendTextOf(dst, c.ids)
+			dst = appendChoiceText(dst, c)
 			dst = append(dst, `","tool_calls":[]},`...)
 		}
 		dst = append(dst, `"logprobs":`...)
 		dst = p.appendChatLogprobs(dst, c, 0, len(c.ids))
 		dst = append(dst, `,"finish_reason":"`...)
 		dst = append(dst, c.finish...)
-		dst = append(dst, `","stop_reason":null,"token_ids":`...)
+		dst = append(dst, `","stop_reason":`...)
+		dst = appendStopReason(dst, c)
+		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDsOrNull(dst, c.ids, p.returnIDs)
 		dst = append(dst, '}')
 	}
@@ -368,7 +371,7 @@ func (p *plan) appendChatChunk(dst []byte, i int, c *planChoice, st int) []byte 
 	switch {
 	case !c.tool:
 		dst = append(dst, `,"delta":{"content":"`...)
-		dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+		dst = appendJSONStringBody(dst, c.stepTextOf(st))
 		dst = append(dst, `"},"logprobs":`...)
 	case st == 0:
 		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"id":`...)
@@ -400,7 +403,8 @@ func (p *plan) appendChatFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = p.appendChatLogprobs(dst, c, from, to)
 	dst = append(dst, `,"finish_reason":"`...)
 	dst = append(dst, c.finish...)
-	dst = append(dst, `","stop_reason":null`...)
+	dst = append(dst, `","stop_reason":`...)
+	dst = appendStopReason(dst, c)
 	if p.returnIDs {
 		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDs(dst, c.ids[from:to])

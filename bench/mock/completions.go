@@ -98,6 +98,7 @@ func (p *plan) buildCompletions(f *fields) string {
 	if msg := p.commonChecks(f); msg != "" {
 		return msg
 	}
+	p.readStops(f.stop)
 	switch lp := f.logprobs; {
 	case lp.Type == gjson.Null || !lp.Exists():
 	case lp.Type == gjson.True || lp.Type == gjson.False:
@@ -257,7 +258,9 @@ func (p *plan) appendCompletionFull(dst []byte) []byte {
 			dst = append(dst, ',')
 		}
 		dst = p.appendCompletionChoiceHead(dst, i, c)
-		dst = append(dst, `","stop_reason":null,"prompt_logprobs":null,"prompt_token_ids":`...)
+		dst = append(dst, `","stop_reason":`...)
+		dst = appendStopReason(dst, c)
+		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
 		dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs)
 		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDsOrNull(dst, c.ids, p.returnIDs)
@@ -275,9 +278,9 @@ func (p *plan) appendCompletionChoiceHead(dst []byte, i int, c *planChoice) []by
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"text":"`...)
-	dst = appendTextOf(dst, c.ids)
+	dst = appendChoiceText(dst, c)
 	dst = append(dst, `","logprobs":`...)
-	dst = p.appendCompletionLogprobs(dst, c, 0, len(c.ids), 0)
+	dst = p.appendCompletionLogprobs(dst, c, 0, p.logprobEnd(c), 0)
 	dst = append(dst, `,"finish_reason":"`...)
 	return append(dst, c.finish...)
 }
@@ -289,10 +292,10 @@ func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"text":"`...)
-	dst = appendJSONStringBody(dst, tokenText(c.ids[st]))
+	dst = appendJSONStringBody(dst, c.stepTextOf(st))
 	dst = append(dst, `","logprobs":`...)
 	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
-	c.offset += len(tokenText(c.ids[st]))
+	c.offset += len(c.stepTextOf(st))
 	return dst
 }
 
@@ -328,7 +331,9 @@ func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = p.appendCompletionLogprobs(dst, c, from, to, c.offset)
 	dst = append(dst, `,"finish_reason":"`...)
 	dst = append(dst, c.finish...)
-	dst = append(dst, `","stop_reason":null,"prompt_token_ids":null,"token_ids":`...)
+	dst = append(dst, `","stop_reason":`...)
+	dst = appendStopReason(dst, c)
+	dst = append(dst, `,"prompt_token_ids":null,"token_ids":`...)
 	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
 	return append(dst, `}],"usage":null}`...)
 }

@@ -156,3 +156,71 @@ func TestCompletionsLogprobsTrue(t *testing.T) {
 		}
 	}
 }
+
+// TestStopStrings: a matched stop string ends the answer at the token completing it,
+// is counted in usage and left out of the text. vLLM keeps its tokens in token_ids
+// (and names it in stop_reason); llama.cpp leaves them out of the logprobs: a
+// non-streamed answer's by as many tokens as the stop string tokenizes to, a chat
+// stream's wherever the text was held back as a possible stop string and then cut.
+func TestStopStrings(t *testing.T) {
+	_, vbase := startT(t, Config{})
+	_, lbase := startT(t, Config{Flavor: FlavorLlamaCpp})
+	plain := mustOK(t, post(t, vbase+"/chat/completions", inject(t, chatBody, "return_token_ids", true)))
+	all := ids(plain.Get("choices.0.token_ids"))
+	text := func(ids []uint32) string { return Decode(ids) }
+	// k: a token whose text, and the text of it and the next token, first occur there.
+	k := 3
+	for ; k < len(all)-1; k++ {
+		w, w2 := TokenString(all[k]), TokenString(all[k])+TokenString(all[k+1])
+		if len(w) >= 4 && strings.Index(text(all), w2) == len(text(all[:k])) && strings.Index(text(all), w) == len(text(all[:k])) &&
+			strings.Index(text(all), w[2:]) == len(text(all[:k]))+2 {
+			break
+		}
+	}
+	if k == len(all)-1 {
+		t.Fatalf("no usable token in %q", text(all))
+	}
+	for _, tc := range []struct {
+		name       string
+		stop       string
+		last       int // index of the token completing the match
+		textLen    int // bytes of text kept
+		streamedLP int // logprob entries in a llama.cpp chat stream
+	}{
+		{"one token", TokenString(all[k]), k, len(text(all[:k])), k},
+		{"two tokens", TokenString(all[k]) + TokenString(all[k+1]), k + 1, len(text(all[:k])), k},
+		// Inside a token: the text before the match in that token is sent with it.
+		{"inside a token", TokenString(all[k])[2:], k, len(text(all[:k])) + 2, k + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantText := text(all)[:tc.textLen]
+			v := mustOK(t, post(t, vbase+"/chat/completions", inject(t, chatBody, "return_token_ids", true, "stop", []string{tc.stop})))
+			if got := ids(v.Get("choices.0.token_ids")); !eqIDs(got, all[:tc.last+1]) || v.Get("choices.0.message.content").Str != wantText ||
+				v.Get("choices.0.finish_reason").Str != "stop" || v.Get("choices.0.stop_reason").Str != tc.stop ||
+				v.Get("usage.completion_tokens").Int() != int64(tc.last+1) {
+				t.Fatalf("vllm: %s", v.Raw)
+			}
+			sc := collectChat(t, parseSSE(t, post(t, vbase+"/chat/completions", inject(t, chatBody, "return_token_ids", true, "stream", true, "stop", tc.stop)).body))
+			if !eqIDs(sc.ids[0], all[:tc.last+1]) || sc.text[0] != wantText {
+				t.Fatalf("vllm stream: %v %q", sc.ids[0], sc.text[0])
+			}
+			body := inject(t, chatBody, "logprobs", true, "top_logprobs", 1, "stop", []string{tc.stop})
+			l := mustOK(t, post(t, lbase+"/chat/completions", body))
+			trim := min(len(Encode(tc.stop)), tc.last+1)
+			if got := logprobIDs(l, "choices.0.logprobs.content"); !eqIDs(got, all[:tc.last+1-trim]) ||
+				l.Get("choices.0.message.content").Str != wantText || l.Get("usage.completion_tokens").Int() != int64(tc.last+1) {
+				t.Fatalf("llama.cpp: logprob ids %v (want %d of %v): %s", got, tc.last+1-trim, all, l.Raw)
+			}
+			var streamed []uint32
+			content := ""
+			for _, ev := range parseSSE(t, post(t, lbase+"/chat/completions", inject(t, body, "stream", true)).body) {
+				c := gjson.Parse(ev.data)
+				streamed = append(streamed, logprobIDs(c, "choices.0.logprobs.content")...)
+				content += c.Get("choices.0.delta.content").Str
+			}
+			if !eqIDs(streamed, all[:tc.streamedLP]) || content != wantText {
+				t.Fatalf("llama.cpp stream: logprob ids %v (want %v), text %q", streamed, all[:tc.streamedLP], content)
+			}
+		})
+	}
+}

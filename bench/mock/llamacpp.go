@@ -172,10 +172,10 @@ func (p *plan) appendLlamaCppChatFull(dst []byte) []byte {
 			dst = append(dst, "}]}"...)
 		} else {
 			dst = append(dst, '"')
-			dst = appendTextOf(dst, c.ids)
+			dst = appendChoiceText(dst, c)
 			dst = append(dst, `"}`...)
 		}
-		dst = p.appendLlamaCppLogprobs(dst, c, 0, len(c.ids))
+		dst = p.appendLlamaCppLogprobs(dst, c, 0, p.logprobEnd(c))
 		dst = append(dst, '}')
 	}
 	dst = p.appendLlamaCppTail(dst, "chat.completion")
@@ -202,13 +202,16 @@ func (p *plan) appendLlamaCppChatRole(dst []byte, i int) []byte {
 }
 
 func (p *plan) appendLlamaCppChatChunk(dst []byte, i int, c *planChoice, st int) []byte {
+	if !c.tool && c.stepTextOf(st) == "" {
+		return dst // no text, no delta: no chunk (and no logprobs) for this token
+	}
 	dst = append(dst, `{"choices":[{"finish_reason":null,"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	from, to := c.stepRange(st)
 	switch {
 	case !c.tool:
 		dst = append(dst, `,"delta":{"content":"`...)
-		dst = appendJSONStringBody(dst, vocab[c.ids[st]])
+		dst = appendJSONStringBody(dst, c.stepTextOf(st))
 		dst = append(dst, `"}`...)
 	case st == 0:
 		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"id":`...)
@@ -267,11 +270,11 @@ func (p *plan) appendLlamaCppCompletionFull(dst []byte) []byte {
 			dst = append(dst, ',')
 		}
 		dst = append(dst, `{"text":"`...)
-		dst = appendTextOf(dst, c.ids)
+		dst = appendChoiceText(dst, c)
 		dst = append(dst, `","index":`...)
 		dst = strconv.AppendInt(dst, int64(i), 10)
 		dst = append(dst, `,"logprobs":`...)
-		dst = p.appendCompletionLogprobs(dst, c, 0, len(c.ids), 0)
+		dst = p.appendCompletionLogprobs(dst, c, 0, p.logprobEnd(c), 0)
 		dst = append(dst, `,"finish_reason":"`...)
 		dst = append(dst, c.finish...)
 		dst = append(dst, `"}`...)
@@ -298,7 +301,7 @@ var llamaCppCompletionWire = wire{
 
 func (p *plan) appendLlamaCppCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
 	dst = append(dst, `{"choices":[{"text":"`...)
-	dst = appendJSONStringBody(dst, tokenText(c.ids[st]))
+	dst = appendJSONStringBody(dst, c.stepTextOf(st))
 	dst = append(dst, `","index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"logprobs":`...)

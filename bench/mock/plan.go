@@ -24,6 +24,11 @@ type planChoice struct {
 	// text; a text choice sends it with its finish chunk, unless eosStep says the
 	// engine sends it as a step of its own (llama.cpp completion streams).
 	eos, eosStep bool
+	// Stop string (stop.go): the matched string, the length of the text kept, and the
+	// text each stream step sends (nil: each token's own text).
+	stopStr  string
+	textLen  int
+	stepText []string
 
 	// Tool call (chat only): ids = prefix ids + argument ids + suffix ids.
 	tool             bool
@@ -82,6 +87,7 @@ type plan struct {
 
 	returnIDs, logprobs, asTokenIDs, includeUsage bool
 	topLogprobs                                   int
+	stops                                         []string // the request's stop strings
 	k                                             knobs
 	cached                                        int // prompt tokens served from the prefix cache
 
@@ -106,6 +112,7 @@ func acquirePlan(s *Server, k *knobs) *plan {
 	p.choices = p.choices[:0]
 	p.returnIDs, p.logprobs, p.asTokenIDs, p.includeUsage = false, false, false, false
 	p.topLogprobs = 0
+	p.stops = p.stops[:0]
 	p.cached = 0
 	return p
 }
@@ -352,8 +359,8 @@ func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
 			if st >= n {
 				continue
 			}
-			p.buf = wr.chunk(p, p.buf[:0], i, c, st)
-			if sse(w, p.buf) != nil {
+			// An empty payload: the engine sends no chunk for this step.
+			if p.buf = wr.chunk(p, p.buf[:0], i, c, st); len(p.buf) > 0 && sse(w, p.buf) != nil {
 				return
 			}
 			if st == n-1 {
@@ -430,6 +437,7 @@ func (p *plan) genText(c *planChoice, limit int) {
 	n, finish := p.outputLen(limit)
 	c.ids = genTextIDs(c.ids, c.seed, n)
 	c.finish = finish
+	p.applyStop(c)
 	p.endTurn(c, limit)
 }
 
@@ -437,7 +445,7 @@ func (p *plan) genText(c *planChoice, limit int) {
 // Config.EndOfTurn is set, the output limit leaves room for it and the flavour is one
 // whose behaviour was read (not SGLang).
 func (p *plan) endTurn(c *planChoice, limit int) {
-	if !p.s.cfg.EndOfTurn || p.s.cfg.Flavor == FlavorSGLang || c.finish == "length" ||
+	if !p.s.cfg.EndOfTurn || p.s.cfg.Flavor == FlavorSGLang || c.finish == "length" || c.stopStr != "" ||
 		(limit != unset && len(c.ids) >= limit) {
 		return
 	}

@@ -13,6 +13,7 @@ type fields struct {
 	messages, tools, toolChoice, prompt      gjson.Result
 	input, instructions, streamOptions       gjson.Result
 	logprobs, tokens, encodingFormat         gjson.Result
+	stop                                     gjson.Result
 	content, parseSpecial, withPieces        gjson.Result // llama.cpp /tokenize
 	n, maxTokens, maxCompletion, maxOutput   int
 	topLogprobs                              int
@@ -63,6 +64,8 @@ func parseFields(body []byte, f *fields) {
 			f.streamOptions = v
 		case "logprobs":
 			f.logprobs = v
+		case "stop":
+			f.stop = v
 		case "tokens":
 			f.tokens = v
 		case "encoding_format":
