@@ -235,3 +235,32 @@ func TestLlamaCppToolsStream(t *testing.T) {
 			row.PromptTokenSource, row.ResponseTokenSource, row.PromptTokenIDs, wantPrompt, row.ResponseTokenIDs, row.PromptTokens, row.CompletionTokens)
 	}
 }
+
+// TestSplitCharactersIDs: an answer holding a character split over byte tokens.
+// vLLM returns every id: the row is verified. llama.cpp leaves the tokens that end
+// inside the character out of its logprobs (usage counts them): the output ids come
+// up short, so the row keeps its verified prompt ids only (response_token_source
+// none, token_check completion_count), and the client still sees the engine's answer.
+func TestSplitCharactersIDs(t *testing.T) {
+	s, _ := openSQLite(t)
+	for _, fl := range []mock.Flavor{mock.FlavorVLLM, mock.FlavorLlamaCpp} {
+		e := newEnvWith(t, s, mock.Config{Flavor: fl, SplitChars: 4}, func(c *gateway.Config) {
+			c.Backends[0].Replicas[0].Kind = string(fl)
+		})
+		direct := do(t, "POST", e.mockURL+"/chat/completions", chatBody)
+		got := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
+		if got.status != 200 || string(got.body) != string(direct.body) || !strings.Contains(string(got.body), "\U0001F600") {
+			t.Fatalf("%s: %d\n gateway: %s\n direct:  %s", fl, got.status, got.body, direct.body)
+		}
+		row := e.waitCalls(got.header.Get("x-request-id"), 1)[0]
+		wantPrompt, wantResp, wantPair, wantCheck := export.TokenSourceEngine, export.TokenSourceEngine, export.TokenSourceEngine, ""
+		if fl == mock.FlavorLlamaCpp {
+			wantPrompt, wantResp, wantPair, wantCheck = export.TokenSourceTokenize, export.TokenSourceNone, export.TokenSourceNone, tokenize.CheckCompletionCount
+		}
+		if row.PromptTokenSource != wantPrompt || row.ResponseTokenSource != wantResp || row.TokenSource != wantPair || row.TokenCheck != wantCheck ||
+			len(row.PromptTokenIDs) == 0 || (wantResp == export.TokenSourceNone) != (len(row.ResponseTokenIDs) == 0) {
+			t.Fatalf("%s row: %q %q %q %q, %d prompt ids, %d response ids", fl, row.PromptTokenSource, row.ResponseTokenSource,
+				row.TokenSource, row.TokenCheck, len(row.PromptTokenIDs), len(row.ResponseTokenIDs))
+		}
+	}
+}

@@ -234,10 +234,15 @@ func (p *plan) appendChatLogprobs(dst []byte, c *planChoice, from, to int) []byt
 		return append(dst, "null"...)
 	}
 	dst = append(dst, `{"content":[`...)
+	first := true
 	for pos := from; pos < to; pos++ {
-		if pos > from {
+		if c.hiddenAt(pos) {
+			continue
+		}
+		if !first {
 			dst = append(dst, ',')
 		}
+		first = false
 		id := c.ids[pos]
 		dst = p.appendLogprobEntry(dst, id, logprob(c.seed, pos, 0))
 		dst = append(dst, `,"top_logprobs":[`...)

@@ -67,6 +67,11 @@ type Config struct {
 	// automatic prefix caching; hits are reported as
 	// usage.prompt_tokens_details.cached_tokens. Default 0: off.
 	PrefixCacheBlocks int
+	// SplitChars, when n > 0, replaces every n-th generated word by an emoji that the
+	// toy tokenizer splits into four byte tokens (splitchar.go): vLLM returns them all
+	// (text only with the last); llama.cpp leaves the first three out of logprobs and
+	// streams. Not with stop strings. Default 0: off.
+	SplitChars int
 	// EndOfTurn ends every answer that stops on its own (finish_reason "stop", or
 	// "tool_calls") with the end-of-turn token <|im_end|>, as a real model does: the
 	// token is generated, counted in usage.completion_tokens and, like the engines,
@@ -143,6 +148,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed mixed into all generated text")
 	fs.DurationVar(&c.HangTimeout, "hang-timeout", d.HangTimeout, "how long x-mock-fail: hang holds a connection")
 	fs.IntVar(&c.PrefixCacheBlocks, "prefix-cache-blocks", d.PrefixCacheBlocks, "n > 0: model vLLM's automatic prefix caching with an LRU of n prompt blocks of 16 tokens (cached prompt tokens skip --prefill-per-token and are reported as usage.prompt_tokens_details.cached_tokens and on GET /metrics); 0 = off")
+	fs.IntVar(&c.SplitChars, "split-chars", d.SplitChars, "n > 0: every n-th generated word is an emoji split over four byte tokens (how each engine reports those tokens: docs/engines.md); 0 = off")
 	fs.BoolVar(&c.EndOfTurn, "end-of-turn", d.EndOfTurn, "end answers that stop on their own with the end-of-turn token <|im_end|> (counted in usage; in token_ids and logprobs where each engine puts it, see docs/engines.md)")
 	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "time to first token added per prompt token not served from the prefix cache, e.g. 20us (see --prefix-cache-blocks); 0 = none")
 }

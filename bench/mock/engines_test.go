@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -222,5 +223,60 @@ func TestStopStrings(t *testing.T) {
 				t.Fatalf("llama.cpp stream: logprob ids %v (want %v), text %q", streamed, all[:tc.streamedLP], content)
 			}
 		})
+	}
+}
+
+// TestSplitCharacters: a character split over byte tokens. vLLM returns every token
+// (token_ids, logprobs, one stream chunk each) and the text once the character is
+// whole; llama.cpp counts them in usage but leaves the tokens after which the text
+// ends inside the character out of logprobs and streams, streamed or not.
+func TestSplitCharacters(t *testing.T) {
+	_, vbase := startT(t, Config{SplitChars: 4})
+	_, lbase := startT(t, Config{Flavor: FlavorLlamaCpp, SplitChars: 4})
+	v := mustOK(t, post(t, vbase+"/chat/completions", inject(t, chatBody, "return_token_ids", true, "logprobs", true)))
+	all := ids(v.Get("choices.0.token_ids"))
+	content := v.Get("choices.0.message.content").Str
+	if len(all) != DefaultMaxTokens || !strings.Contains(content, splitChar) || Decode(all) != content ||
+		len(v.Get("choices.0.logprobs.content").Array()) != len(all) || v.Get("usage.completion_tokens").Int() != int64(len(all)) {
+		t.Fatalf("vllm: %s", v.Raw)
+	}
+	sc := collectChat(t, parseSSE(t, post(t, vbase+"/chat/completions", inject(t, chatBody, "return_token_ids", true, "stream", true)).body))
+	if !eqIDs(sc.ids[0], all) || sc.text[0] != content {
+		t.Fatalf("vllm stream %v %q", sc.ids[0], sc.text[0])
+	}
+	// What llama.cpp lists: every token after which the text is whole UTF-8.
+	var whole []uint32
+	for i := range all {
+		if utf8.ValidString(Decode(all[:i+1])) {
+			whole = append(whole, all[i])
+		}
+	}
+	if len(whole) >= len(all) || len(whole) < len(all)-6 {
+		t.Fatalf("split characters: %d of %d tokens whole", len(whole), len(all))
+	}
+	body := inject(t, chatBody, "logprobs", true, "top_logprobs", 1)
+	l := mustOK(t, post(t, lbase+"/chat/completions", body))
+	if got := logprobIDs(l, "choices.0.logprobs.content"); !eqIDs(got, whole) || l.Get("choices.0.message.content").Str != content ||
+		l.Get("usage.completion_tokens").Int() != int64(len(all)) {
+		t.Fatalf("llama.cpp: %v, want %v: %s", got, whole, l.Raw)
+	}
+	for _, path := range []string{"/chat/completions", "/completions"} {
+		req := inject(t, body, "stream", true)
+		if path == "/completions" {
+			req = `{"prompt":"hello the world","logprobs":1,"stream":true}`
+		}
+		var streamed []uint32
+		text := ""
+		for _, ev := range parseSSE(t, post(t, lbase+path, req).body) {
+			c := gjson.Parse(ev.data)
+			streamed = append(streamed, logprobIDs(c, "choices.0.logprobs.content")...)
+			text += c.Get("choices.0.delta.content").Str + c.Get("choices.0.text").Str
+		}
+		if len(streamed) >= DefaultMaxTokens || !utf8.ValidString(text) || !strings.Contains(text, splitChar) {
+			t.Fatalf("llama.cpp %s stream: %d logprob ids, text %q", path, len(streamed), text)
+		}
+		if path == "/chat/completions" && !eqIDs(streamed, whole) {
+			t.Fatalf("llama.cpp chat stream: %v, want %v", streamed, whole)
+		}
 	}
 }

@@ -202,7 +202,7 @@ func (p *plan) appendLlamaCppChatRole(dst []byte, i int) []byte {
 }
 
 func (p *plan) appendLlamaCppChatChunk(dst []byte, i int, c *planChoice, st int) []byte {
-	if !c.tool && c.stepTextOf(st) == "" {
+	if !c.tool && (c.stepTextOf(st) == "" || c.hiddenAt(st)) {
 		return dst // no text, no delta: no chunk (and no logprobs) for this token
 	}
 	dst = append(dst, `{"choices":[{"finish_reason":null,"index":`...)
@@ -300,6 +300,9 @@ var llamaCppCompletionWire = wire{
 }
 
 func (p *plan) appendLlamaCppCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
+	if c.hiddenAt(st) {
+		return dst // never sent while the text ends inside a character
+	}
 	dst = append(dst, `{"choices":[{"text":"`...)
 	dst = appendJSONStringBody(dst, c.stepTextOf(st))
 	dst = append(dst, `","index":`...)

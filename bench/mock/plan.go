@@ -29,6 +29,9 @@ type planChoice struct {
 	stopStr  string
 	textLen  int
 	stepText []string
+	// hidden marks the tokens llama.cpp never sends nor lists in logprobs (the text
+	// ends inside a character, splitchar.go); nil when none.
+	hidden []bool
 
 	// Tool call (chat only): ids = prefix ids + argument ids + suffix ids.
 	tool             bool
@@ -437,6 +440,7 @@ func (p *plan) genText(c *planChoice, limit int) {
 	n, finish := p.outputLen(limit)
 	c.ids = genTextIDs(c.ids, c.seed, n)
 	c.finish = finish
+	p.insertSplitChars(c)
 	p.applyStop(c)
 	p.endTurn(c, limit)
 }

@@ -43,7 +43,7 @@ func (p *plan) readStops(v gjson.Result) {
 
 // applyStop cuts a text choice at the first token that completes a stop string.
 func (p *plan) applyStop(c *planChoice) {
-	if len(p.stops) == 0 || p.s.cfg.Flavor == FlavorSGLang {
+	if len(p.stops) == 0 || p.s.cfg.Flavor == FlavorSGLang || c.hidden != nil {
 		return
 	}
 	var text strings.Builder
@@ -127,12 +127,15 @@ func (c *planChoice) stepTextOf(st int) string {
 // appendChoiceText appends the escaped text of a text choice: its tokens' text, cut
 // at a matched stop string.
 func appendChoiceText(dst []byte, c *planChoice) []byte {
-	if c.stopStr == "" {
+	if c.stopStr == "" && c.stepText == nil {
 		return appendTextOf(dst, c.ids)
 	}
 	var s strings.Builder
 	for _, id := range c.ids {
-		s.WriteString(vocab[id])
+		s.WriteString(tokenText(id))
+	}
+	if c.stopStr == "" {
+		return appendJSONStringBody(dst, s.String())
 	}
 	return appendJSONStringBody(dst, s.String()[:c.textLen])
 }
