@@ -173,3 +173,31 @@ func TestEngineTable(t *testing.T) {
 		})
 	}
 }
+
+// TestCompletionsLogprobsTrue: "logprobs": true on /v1/completions (Agent Lightning
+// sends it) is read as 1 by vLLM and llama.cpp alike: the call succeeds through the
+// gateway as it does directly, the client sees its logprobs, and the ids are stored.
+func TestCompletionsLogprobsTrue(t *testing.T) {
+	s, _ := openSQLite(t)
+	for _, fl := range []mock.Flavor{mock.FlavorVLLM, mock.FlavorLlamaCpp} {
+		e := newEnvWith(t, s, mock.Config{Flavor: fl, EndOfTurn: true}, func(c *gateway.Config) {
+			c.Backends[0].Replicas[0].Kind = string(fl)
+		})
+		for _, body := range []string{`{"model":"mock-model","prompt":"hello the world","logprobs":true}`,
+			`{"model":"mock-model","prompt":"hello the world","logprobs":true,"stream":true}`} {
+			direct := do(t, "POST", e.mockURL+"/completions", body)
+			got := do(t, "POST", e.url+"/v1/completions", body)
+			if got.status != 200 || string(got.body) != string(direct.body) || !strings.Contains(string(got.body), `"top_logprobs"`) {
+				t.Fatalf("%s %s: %d\n gateway: %s\n direct:  %s", fl, body, got.status, got.body, direct.body)
+			}
+			row := e.waitCalls(got.header.Get("x-request-id"), 1)[0]
+			want := export.TokenSourceEngine
+			if fl == mock.FlavorLlamaCpp {
+				want = export.TokenSourceTokenize
+			}
+			if row.TokenSource != want || row.ResponseTokenSource != want || len(row.ResponseTokenIDs) == 0 || len(row.ResponseLogprobs) != len(row.ResponseTokenIDs) {
+				t.Fatalf("%s %s row: %q %q %d ids %d logprobs", fl, body, row.TokenSource, row.ResponseTokenSource, len(row.ResponseTokenIDs), len(row.ResponseLogprobs))
+			}
+		}
+	}
+}
