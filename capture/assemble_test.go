@@ -639,3 +639,30 @@ func BenchmarkAssembleChatBody(b *testing.B) {
 		}
 	}
 }
+
+// TestAssembleStreamTimings: a llama.cpp stream without usage (include_usage not
+// asked) gives its counts in the finish chunk's "timings": prompt_tokens = cache_n +
+// prompt_n, completion_tokens = predicted_n; usage, when present, wins; timings of
+// the wrong types give no counts.
+func TestAssembleStreamTimings(t *testing.T) {
+	const head = `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"hi"}}],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk"}`
+	finish := func(tail string) string {
+		return `{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk"` + tail + `}`
+	}
+	timings := `,"timings":{"cache_n":7,"prompt_n":3,"prompt_ms":1.5,"predicted_n":2,"predicted_ms":2.0}`
+	r := assembleStream(openai.ChatCompletions, sse(head, finish(timings), "[DONE]"))
+	checkUsage(t, r, true, 10, 2)
+	if !r.Usage.FromTimings {
+		t.Fatal("counts from timings not marked")
+	}
+	checkBody(t, r.ResponseBody, map[string]string{"timings.predicted_n": `2`, "usage": ``})
+
+	r = assembleStream(openai.ChatCompletions, sse(head, finish(""), `{"choices":[],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","usage":{"completion_tokens":2,"prompt_tokens":11,"total_tokens":13}`+timings+`}`, "[DONE]"))
+	checkUsage(t, r, true, 11, 2)
+	if r.Usage.FromTimings {
+		t.Fatal("usage present, but counts marked as from timings")
+	}
+
+	r = assembleStream(openai.ChatCompletions, sse(head, finish(`,"timings":{"cache_n":"7","prompt_n":3,"predicted_n":2}`), "[DONE]"))
+	checkUsage(t, r, false, 0, 0)
+}

@@ -360,3 +360,21 @@ func TestTrackerCountsKeys(t *testing.T) {
 		t.Fatalf("%d attempts hold %d bytes of keys (%d counted), budget %d", len(tr.last), keyBytes, tr.bytes, tr.maxBytes)
 	}
 }
+
+// TestTurnWithoutResponseIDs: a previous call whose response ids could not be
+// obtained (response_token_source none) is not compared by its prompt alone: the
+// next call is no_ids, not a prefix of the prompt. Rows stored before the column
+// existed (”) keep the old reading.
+func TestTurnWithoutResponseIDs(t *testing.T) {
+	p1 := u(1, 2, 3)
+	prev := call(1, p1, nil)
+	prev.ResponseTokenSource = export.TokenSourceNone
+	cur := call(2, cat(p1, u(4, 5, 6)), u(7))
+	if k := CompareTurn([]export.Call{prev}, []export.Call{cur}, nil).Kind; k != TurnNoIDs {
+		t.Fatalf("kind %s", k)
+	}
+	prev.ResponseTokenSource = ""
+	if k := CompareTurn([]export.Call{prev}, []export.Call{cur}, nil).Kind; k != TurnPrefix {
+		t.Fatalf("old row: kind %s", k)
+	}
+}

@@ -174,3 +174,27 @@ func BenchmarkVerify(b *testing.B) {
 		}
 	}
 }
+
+// TestSides: each side's provenance from Verify's verdict.
+func TestSides(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		c                Call
+		prompt, response string
+	}{
+		{"verified", Call{PromptTokenIDs: []uint32{1, 2}, Choices: []Choice{{TokenIDs: []uint32{3}, HasTokenIDs: true, Logprobs: -1}},
+			PromptTokens: 2, CompletionTokens: 1, HasUsage: true}, export.TokenSourceEngine, export.TokenSourceEngine},
+		{"output short", Call{PromptTokenIDs: []uint32{1, 2}, Choices: []Choice{{TokenIDs: []uint32{3}, HasTokenIDs: true, Logprobs: -1}},
+			PromptTokens: 2, CompletionTokens: 2, HasUsage: true}, export.TokenSourceEngine, SourceMismatch},
+		{"prompt only", Call{PromptTokenIDs: []uint32{1, 2}, Choices: []Choice{{Logprobs: -1}},
+			PromptTokens: 2, CompletionTokens: 2, HasUsage: true}, export.TokenSourceEngine, export.TokenSourceNone},
+		{"no usage", Call{PromptTokenIDs: []uint32{1}, Choices: []Choice{{TokenIDs: []uint32{3}, HasTokenIDs: true, Logprobs: -1}}},
+			SourceMismatch, SourceMismatch},
+		{"nothing", Call{Choices: []Choice{{Logprobs: -1}}, HasUsage: true}, export.TokenSourceNone, export.TokenSourceNone},
+	} {
+		p, r := Sides(&tc.c, Verify(&tc.c))
+		if p != tc.prompt || r != tc.response {
+			t.Errorf("%s: %s/%s, want %s/%s", tc.name, p, r, tc.prompt, tc.response)
+		}
+	}
+}

@@ -198,8 +198,8 @@ const (
 // tokens' logprobs, whose entries carry the ids (chat: "logprobs":true,
 // "top_logprobs":1; completions: "logprobs":1), except on a streamed chat
 // request with tools, which llama.cpp refuses with logprobs. Nothing is
-// injected that the engine refuses for the request's shape. A field the client set to a non-null value is left as is; a null
-// value is replaced. Nothing is ever injected towards KindOpenAI, nor for
+// injected that the engine refuses for the request's shape. A field the
+// client set to a non-null value is left as is; a null value is replaced. Nothing is ever injected towards KindOpenAI, nor for
 // other endpoints. The rest of the body is copied byte for byte.
 //
 // An invalid body, a body that is not a JSON object, or a "model", "stream"
