@@ -282,6 +282,11 @@ func (p *plan) appendLogprobEntry(dst []byte, id uint32, lp float64) []byte {
 		dst = append(dst, ',')
 	}
 	dst = append(dst, `"token":`...)
+	if fl == FlavorLlamaCpp && id == TokenIMEnd {
+		// A control token's piece is "" (common_token_to_piece without
+		// special): the end-of-turn token's entry has no text, no bytes.
+		return appendFloat(append(dst, `"","bytes":[],"logprob":`...), lp)
+	}
 	dst = p.appendTokenString(dst, id)
 	dst = append(dst, `,"bytes":`...)
 	if fl == FlavorLlamaCpp {

@@ -75,6 +75,10 @@ func TestLlamaCppEndOfTurnLogprobs(t *testing.T) {
 		j.Get("choices.0.message.content").Str != Decode(full[:len(full)-1]) {
 		t.Fatalf("non-streamed: %s", j.Raw)
 	}
+	// A control token's piece is empty: its entry has no text and no bytes.
+	if e := j.Get("choices.0.logprobs.content." + strconv.Itoa(len(full)-1)); e.Get("token").Raw != `""` || e.Get("bytes").Raw != `[]` {
+		t.Fatalf("end-of-turn entry %s", e.Raw)
+	}
 	var streamed []uint32
 	var timings gjson.Result
 	for _, ev := range parseSSE(t, post(t, base+"/chat/completions", inject(t, body, "stream", true)).body) {
