@@ -69,6 +69,7 @@ func fixture(t *testing.T, s export.Store) {
 		b.Rewards = append(b.Rewards, export.Reward{RolloutID: ro, AttemptID: "a1", Name: "primary", Value: map[string]float64{"ro-a": 1, "ro-b": 0, "ro-c": 0.25}[ro], Source: "api", TimeUnixNano: at + 300_000_000})
 	}
 	b.Rewards = append(b.Rewards, export.Reward{RolloutID: "ro-b", AttemptID: "a1", SequenceID: 2, Name: "primary", Value: -0.1, Source: "api", TimeUnixNano: t0})
+	b.Calls[1].PromptTokenSource, b.Calls[1].ResponseTokenSource = export.TokenSourceEngine, export.TokenSourceNone // ro-a call 2: only the prompt side verified
 	odd := call(`ro'q\x`, `t'x\`, 1, t0+10_000_000_000, sys, `{"role":"assistant","content":"ok"}`)
 	odd.TokenSource, odd.PromptTokenIDs, odd.ResponseTokenIDs, odd.ResponseLogprobs = export.TokenSourceNone, nil, nil, nil
 	odd.AgentName, odd.PolicyVersion = "reviewer", "4"
@@ -300,6 +301,9 @@ func TestRolloutPage(t *testing.T) {
 		}
 		if _, b := get(t, base+"/ui/rollouts/ro-c"); !strings.Contains(b, "upstream: bad gateway") || !strings.Contains(b, `class="call failed"`) {
 			t.Error("ro-c's failed call is not shown as failed with its error")
+		}
+		if _, b := get(t, base+"/ui/rollouts/ro-a"); !strings.Contains(b, "prompt ids: engine · response ids: none") {
+			t.Error("ro-a's call 2 does not show each side's id source")
 		}
 		code, body = get(t, base+"/ui/rollouts/"+url.PathEscape(`ro'q\x`))
 		if code != 200 || !strings.Contains(body, "Rollout ro&#39;q\\x") {
