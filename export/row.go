@@ -77,6 +77,11 @@ type Call struct {
 	// APIKeyName names the client API key the call authenticated with (''
 	// when client keys are off). The key itself is never stored. Extra column.
 	APIKeyName string
+	// Overrides is the JSON object of the request fields the gateway forced
+	// whatever the client sent (sampling enforcement, the Agent Lightning
+	// proxy's per-mode overrides), with the values sent: request_body keeps
+	// what the client asked for. '' when nothing was forced. Extra column.
+	Overrides string
 	// ParentSpanID is the span id of the client's W3C traceparent ('' when
 	// none was sent), so exported spans nest under the caller's span. Not a
 	// stored column: it travels to the OTLP sink only.
@@ -122,6 +127,7 @@ var CallTable = NewTable("llm_calls",
 	Col("api_key_name", func(c *Call) any { return &c.APIKeyName }, LowCard),
 	Col("prompt_token_source", func(c *Call) any { return &c.PromptTokenSource }, LowCard, Since(3)),
 	Col("response_token_source", func(c *Call) any { return &c.ResponseTokenSource }, LowCard, Since(3)),
+	Col("overrides", func(c *Call) any { return &c.Overrides }, LowCard, Since(4)),
 )
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

@@ -66,6 +66,11 @@ type Config struct {
 	// TLSCertFile and TLSKeyFile (PEM) make the gateway serve HTTPS.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
+	// Force sets top-level request fields of every call on the OpenAI routes
+	// whatever the agent sent (sampling enforcement, e.g. {temperature: 1.0}
+	// so RL data is on-policy); each forced field is recorded in the row's
+	// overrides column, request_body keeps what the agent sent.
+	Force map[string]any `yaml:"force"`
 	// MaxConcurrency bounds the LLM calls in progress (default 0: no limit).
 	// A call that finds no free slot within QueueTimeout gets 429 with
 	// Retry-After, captured.

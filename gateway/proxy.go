@@ -25,7 +25,8 @@ type call struct {
 	pend     *capture.Pending
 	attr     attribution // validated; views into the request
 	model    string
-	tr       callTrace // the gateway's own spans, when the call is traced
+	tr       callTrace   // the gateway's own spans, when the call is traced
+	opts     callOptions // set by a mounted route (ProxyAgent)
 }
 
 // errClientGone marks an upstream stream closed because the client went away.
@@ -53,13 +54,29 @@ func lowerASCII(dst, b []byte) []byte {
 // proxy handles an OpenAI route: attribution, rewriting, forwarding,
 // streaming back, and capture.
 func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.Endpoint, path []byte) {
+	s.proxyWith(ctx, attr, ep, path, callOptions{force: s.force})
+}
+
+// proxyWith is proxy with a mounted route's options (see ProxyAgent).
+func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai.Endpoint, path []byte, opts callOptions) {
 	s.m.InFlight.Inc()
 	defer s.m.InFlight.Dec()
-	name, ok := s.admissible(ctx, attr)
-	if !ok {
-		return
+	var name string
+	if opts.noKeyCheck {
+		if msg := attributionError(attr, attr.fromPath); msg != "" {
+			s.reject(ctx, &call{opts: opts}, rejectInvalidID, fasthttp.StatusBadRequest, errInvalidRequest, msg)
+			return
+		}
+	} else {
+		var ok bool
+		if name, ok = s.admissible(ctx, attr); !ok {
+			return
+		}
 	}
-	c := call{start: time.Now(), endpoint: ep, attr: attr}
+	if opts.force == nil {
+		opts.force = s.force
+	}
+	c := call{start: time.Now(), endpoint: ep, attr: attr, opts: opts}
 	p := s.capture.AcquirePending()
 	c.pend = p
 	p.Endpoint = ep
@@ -78,6 +95,20 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,
 			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
 		return
+	}
+	if rec := opts.force.Record(); rec != "" {
+		// Forced fields replace the client's; request_body keeps what the
+		// client sent and the overrides column what was forced.
+		fb := s.bufs.get()
+		defer s.bufs.put(fb)
+		forced, err := opts.force.Force((*fb)[:0], body)
+		if err != nil {
+			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+			return
+		}
+		*fb, body = forced, forced
+		p.Meta.Overrides = rec
+		modelRaw, _ = rewrite.Inspect(body)
 	}
 	model := modelName(modelRaw)
 	if len(model) == 0 {
@@ -450,7 +481,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, c *call, status int, typ, msg st
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(nil)
-	ctx.Response.SetBody(appendError(ctx.Response.Body()[:0], status, typ, msg))
+	ctx.Response.SetBody(errorBody(ctx.Response.Body()[:0], c, status, typ, msg))
 	c.pend.Meta.HTTPStatus = uint16(status)
 	c.pend.Meta.Error = msg
 	c.pend.Body = append(c.pend.Body[:0], ctx.Response.Body()...)
@@ -494,8 +525,8 @@ func (s *Server) reject(ctx *fasthttp.RequestCtx, c *call, reason string, status
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(nil)
-	ctx.Response.SetBody(appendError(ctx.Response.Body()[:0], status, typ, msg))
-	if c == nil {
+	ctx.Response.SetBody(errorBody(ctx.Response.Body()[:0], c, status, typ, msg))
+	if c == nil || c.pend == nil {
 		return
 	}
 	if c.tr.span != nil {
@@ -519,6 +550,9 @@ func (s *Server) finish(c *call, end time.Time) {
 	s.m.RequestDuration.WithLabelValues(model, p.Meta.Endpoint, boolLabel(p.Meta.Stream)).Observe(end.Sub(c.start).Seconds())
 	// On false the pipeline has counted and logged the drop; p is left to the GC.
 	s.capture.TryPush(p)
+	if c.opts.onEnd != nil {
+		c.opts.onEnd()
+	}
 }
 
 // statusLabels holds the label text of every HTTP status, so counting a call

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/backends"
+	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/hf"
@@ -51,6 +52,9 @@ type Server struct {
 	storeStatus func() StoreStatus      // /readyz's store fields; nil = none
 	control     ControlPlane            // /api/v1 and /v1/traces; nil = 404
 	ui          fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
+	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (agent.go)
+	mountMu     sync.Mutex
+	force       *rewrite.ForceSet // Config.Force; nil = none
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -90,6 +94,11 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 			return nil, fmt.Errorf("gateway: detok_check tokenizer: %w", err)
 		}
 		s.localTok = tk
+	}
+	if len(cfg.Force) > 0 {
+		if s.force, err = rewrite.ForceMap(cfg.Force); err != nil {
+			return nil, fmt.Errorf("gateway: force: %w (each entry needs a name and a JSON value)", err)
+		}
 	}
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
@@ -257,6 +266,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	if s.ui != nil && isUIPath(path) {
 		s.ui(ctx)
+		return
+	}
+	if s.serveMounted(ctx, path) {
 		return
 	}
 	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))

@@ -27,6 +27,7 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/controlplane"
+	"github.com/rollgate/rollgate/controlplane/agl"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/otlp"
@@ -39,6 +40,8 @@ import (
 // fileConfig is the YAML config file of "rollgate serve --config".
 type fileConfig struct {
 	Gateway gateway.Config `yaml:",inline"`
+	// AGL serves Agent Lightning v1.0's API gateway routes (controlplane/agl).
+	AGL agl.Config `yaml:"agl"`
 	// ClickHouse is a DSN (clickhouse://host:9000/db); empty uses the embedded store.
 	ClickHouse string `yaml:"clickhouse"`
 	// ClickHouseTTLDays expires captured rows after this many days on servers
@@ -183,6 +186,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	)
 	seqFlags := addSequenceFlags(fs)
 	viewer := registerUIFlags(fs)
+	aglFlags := addAGLFlags(fs)
 	set, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -466,6 +470,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	defer tq.Close()
 	cp.SetTaskQueue(tq, time.Second)
+	if err := mountAGL(fc.AGL.Merge(aglFlags, set), srv, cp, tq, store, pipe, log); err != nil {
+		fmt.Fprintln(stderr, "rollgate serve:", err)
+		return 2
+	}
 	where := "embedded store " + fc.DB
 	if fc.ClickHouse != "" {
 		where = "ClickHouse " + redactDSN(fc.ClickHouse)

@@ -84,7 +84,8 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
     turn_prev_sequence_id UInt64,
     api_key_name String,
     prompt_token_source String,
-    response_token_source String
+    response_token_source String,
+    overrides String
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

@@ -143,7 +143,7 @@ func New(ctx context.Context, db *sql.DB, d Dialect, opt Options) (*Queue, error
 		}
 		defer db.ExecContext(context.Background(), `SELECT pg_advisory_unlock(7210417)`)
 	}
-	for _, stmt := range strings.Split(schema, ";") {
+	for _, stmt := range strings.Split(schema+eventSchema, ";") {
 		if strings.TrimSpace(stmt) == "" {
 			continue
 		}

@@ -1,0 +1,231 @@
+// Package agl serves Agent Lightning v1.0's API gateway surface (its
+// `agl-server`: /api/rollouts, /api/models, /proxy/...) on rollgate's
+// stores, so that AGL's trainer, controllers and agents work against
+// rollgate by changing one URL. See docs/contract.md "Agent Lightning
+// surface" for the mapping onto rollgate's rollouts and task queue, and
+// shared design AGL.md for the surface itself.
+//
+// Rollouts are rows of the task queue (trainer-bridge/tasks); non-model
+// events are the queue's events; model_request events are the captured
+// llm_calls rows of (rollout, attempt), built on read, and reward events
+// also land in the rewards table. The model proxy route is served by the
+// gateway's own proxy path (gateway.Server.ProxyAgent): attribution,
+// sequence ids, rollout-affine routing, retries, streaming and capture.
+//
+// Errors on these routes are FastAPI's: {"detail": "..."}, and 422 with a
+// list of {type, loc, msg, input} for a body or query that does not
+// validate.
+package agl
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+)
+
+// Gateway is what this surface needs of the gateway (*gateway.Server).
+type Gateway interface {
+	// Backends and ReplaceBackends read and swap the routing table
+	// (POST/DELETE /api/models).
+	Backends() gateway.BackendsView
+	ReplaceBackends(backends []gateway.Backend) (gateway.BackendsView, error)
+	// ProxyAgent serves a model call through the gateway's proxy path.
+	ProxyAgent(ctx *fasthttp.RequestCtx, ac gateway.AgentCall)
+	// RegisterRollout records a rollout's task id for its captured calls.
+	RegisterRollout(rolloutID, taskID string)
+	// Mount serves a path prefix with a handler.
+	Mount(prefix string, h fasthttp.RequestHandler)
+}
+
+var _ Gateway = (*gateway.Server)(nil)
+
+// Deps are the stores this surface reads and writes.
+type Deps struct {
+	// Queue holds the rollouts and their non-model events (required).
+	Queue *tasks.Queue
+	// Store holds llm_calls and rewards (required).
+	Store export.Store
+	// Capture, when set, is synced before model_request events are read, so
+	// that a call answered before the read is in them.
+	Capture *capture.Pipeline
+	// Mirror, when set, mirrors rollout state changes to the rollouts table
+	// (controlplane.Server.MirrorChanges).
+	Mirror func(context.Context, []tasks.Change)
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+}
+
+// Server serves the Agent Lightning surface.
+type Server struct {
+	cfg   Config
+	force *forceSets
+	gw    Gateway
+	d     Deps
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	models map[string][]aglModel // model name → endpoints, in registration order
+
+	pause pauseState
+}
+
+// New checks cfg and builds the surface; Mount serves it.
+func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
+	force, err := cfg.check()
+	if err != nil {
+		return nil, err
+	}
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	if cfg.Key == "" {
+		d.Log.Warn("agl: no key set (agl.key / --agl-key): the Agent Lightning routes answer without authentication")
+	}
+	s := &Server{cfg: cfg, force: force, gw: gw, d: d, log: d.Log, models: map[string][]aglModel{}}
+	s.pause.retryAfter = 5
+	return s, nil
+}
+
+// Mount serves the surface on the gateway: /api/ (below /api/v1, which stays
+// rollgate's) and /proxy/.
+func (s *Server) Mount() {
+	s.gw.Mount("/api/", s.Handle)
+	s.gw.Mount("/proxy/", s.Handle)
+}
+
+// Handle serves one request of the surface.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	if !s.authorized(ctx) {
+		return
+	}
+	method := string(ctx.Method())
+	if strings.HasPrefix(path, "/proxy/rollout/") {
+		s.proxy(ctx, path)
+		return
+	}
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	route := func(m string, n int, p0 string) bool {
+		return len(parts) == n && parts[0] == "api" && (n < 2 || parts[1] == p0) && method == m
+	}
+	switch {
+	case path == "/proxy/pause" && method == "POST":
+		s.postPause(ctx)
+	case path == "/proxy/resume" && method == "POST":
+		s.postResume(ctx)
+	case path == "/proxy/state" && method == "GET":
+		s.getPauseState(ctx)
+	case path == "/api/models" && method == "POST":
+		s.postModels(ctx)
+	case path == "/api/models" && method == "DELETE":
+		s.deleteModels(ctx)
+	case path == "/api/rollouts" && method == "POST":
+		s.createRollouts(ctx)
+	case path == "/api/rollouts" && method == "GET":
+		s.listRollouts(ctx)
+	case path == "/api/rollouts/terminal" && method == "GET":
+		s.terminal(ctx)
+	case route("GET", 3, "rollouts"):
+		s.getRollout(ctx, parts[2])
+	case route("PATCH", 3, "rollouts"):
+		s.patchRollout(ctx, parts[2])
+	case route("DELETE", 3, "rollouts"):
+		s.deleteRollout(ctx, parts[2])
+	case route("GET", 4, "rollouts") && parts[3] == "events":
+		s.getEvents(ctx, parts[2])
+	case route("POST", 6, "rollouts") && parts[3] == "attempt" && parts[5] == "events":
+		s.postEvent(ctx, parts[2], parts[4])
+	default:
+		if s.knownPath(parts) {
+			detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
+			return
+		}
+		detail(ctx, fasthttp.StatusNotFound, "Not Found")
+	}
+}
+
+// knownPath reports whether a path is a route of the surface (for 405).
+func (s *Server) knownPath(parts []string) bool {
+	p := strings.Join(parts, "/")
+	switch {
+	case p == "proxy/pause", p == "proxy/resume", p == "proxy/state", p == "api/models", p == "api/rollouts":
+		return true
+	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts":
+		return true
+	case len(parts) == 4 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "events":
+		return true
+	case len(parts) == 6 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "attempt" && parts[5] == "events":
+		return true
+	}
+	return false
+}
+
+// authorized checks AGL's key: Authorization: Bearer KEY or x-api-key: KEY
+// (constant-time). 401 {"detail": "Invalid or missing API key"} otherwise.
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.Key == "" {
+		return true
+	}
+	key := []byte(s.cfg.Key)
+	if got := ctx.Request.Header.Peek("x-api-key"); len(got) > 0 && subtle.ConstantTimeCompare(got, key) == 1 {
+		return true
+	}
+	got := ctx.Request.Header.Peek("Authorization")
+	if len(got) > 7 && strings.EqualFold(string(got[:7]), "bearer ") && subtle.ConstantTimeCompare(got[7:], key) == 1 {
+		return true
+	}
+	detail(ctx, fasthttp.StatusUnauthorized, "Invalid or missing API key")
+	return false
+}
+
+// detail answers a FastAPI-style error: {"detail": msg}.
+func detail(ctx *fasthttp.RequestCtx, status int, msg string) {
+	writeJSON(ctx, status, map[string]string{"detail": msg})
+}
+
+// fieldError is one item of a 422 body (pydantic's error shape).
+type fieldError struct {
+	Type  string `json:"type"`
+	Loc   []any  `json:"loc"`
+	Msg   string `json:"msg"`
+	Input any    `json:"input"`
+}
+
+// invalid answers 422 {"detail": [errors...]}.
+func invalid(ctx *fasthttp.RequestCtx, errs ...fieldError) {
+	writeJSON(ctx, fasthttp.StatusUnprocessableEntity, map[string]any{"detail": errs})
+}
+
+// writeJSON answers v as JSON with status.
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = fasthttp.StatusInternalServerError
+		b, _ = json.Marshal(map[string]string{"detail": "encoding the response: " + err.Error()})
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// storeError answers for an error of the stores: 503, the cause named.
+func (s *Server) storeError(ctx *fasthttp.RequestCtx, what string, err error) {
+	s.log.Warn("agl: "+what, "err", err)
+	detail(ctx, fasthttp.StatusServiceUnavailable, what+": "+err.Error()+" (the gateway's store or task queue is down or slow; retry)")
+}
+
+// storeCtx bounds one request's store work.
+func storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 30*time.Second)
+}

@@ -1,0 +1,196 @@
+package agl
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/openai"
+)
+
+// Config is the `agl:` block of rollgate's YAML config (and its --agl-*
+// flags): Agent Lightning v1.0's API-gateway settings (its Hydra keys `key`
+// and `default_proxy.*`).
+type Config struct {
+	// Enabled mounts the Agent Lightning routes (/api/rollouts..., /api/models,
+	// /proxy/...). Off by default.
+	Enabled bool `yaml:"enabled"`
+	// Key, when set, is required on every /api and /proxy route of this
+	// surface as "Authorization: Bearer KEY" or "x-api-key: KEY" (AGL's
+	// `key`, the agents' AGL_KEY). Empty: no check (logged as a warning).
+	Key string `yaml:"key"`
+	// ModelName is the model the proxy route serves (AGL's
+	// default_proxy.model_name): the name registered with POST /api/models,
+	// and the "model" every proxied request is sent with.
+	ModelName string `yaml:"model_name"`
+	// TrainTemperature and ValTemperature are forced per mode (AGL's
+	// default_proxy.train.temperature, default 1.0, and val.temperature,
+	// default 0.7).
+	TrainTemperature *float64 `yaml:"train_temperature"`
+	ValTemperature   *float64 `yaml:"val_temperature"`
+	// IncludeLogProbs forces logprobs in train mode (default true).
+	IncludeLogProbs *bool `yaml:"include_log_probs"`
+	// Force names the fields the proxy route forces, of "model",
+	// "temperature", "return_token_ids", "logprobs" (default all four, as
+	// AGL does). A field left out passes as the agent sent it.
+	Force []string `yaml:"force"`
+}
+
+// Field names Config.Force accepts.
+var forceable = []string{"model", "temperature", "return_token_ids", "logprobs"}
+
+// RegisterFlags adds the --agl-* flags, which write into c (call it before
+// fs.Parse; values already in c are the defaults shown).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.Enabled, "agl", c.Enabled, "serve Agent Lightning v1.0's API gateway routes (/api/rollouts, /api/models, /proxy/...): point AGL's trainer at this gateway's URL")
+	fs.StringVar(&c.Key, "agl-key", c.Key, "Agent Lightning's server key (AGL_KEY): required as Authorization: Bearer or x-api-key on its /api and /proxy routes; empty = no check")
+	fs.StringVar(&c.ModelName, "agl-model-name", c.ModelName, "Agent Lightning's default_proxy.model_name: the model its proxy route serves and sends")
+	fs.Func("agl-train-temperature", "temperature forced on train-mode proxy calls (default 1.0)", floatFlag(&c.TrainTemperature))
+	fs.Func("agl-val-temperature", "temperature forced on val-mode proxy calls (default 0.7)", floatFlag(&c.ValTemperature))
+	fs.Func("agl-include-log-probs", "force logprobs on train-mode proxy calls (default true)", func(s string) error {
+		var b bool
+		if _, err := fmt.Sscanf(s, "%t", &b); err != nil {
+			return fmt.Errorf("want true or false: %w", err)
+		}
+		c.IncludeLogProbs = &b
+		return nil
+	})
+	fs.Func("agl-force", "comma-separated fields the proxy route forces, of model,temperature,return_token_ids,logprobs (default all)", func(s string) error {
+		c.Force = nil
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				c.Force = append(c.Force, f)
+			}
+		}
+		return nil
+	})
+}
+
+func floatFlag(dst **float64) func(string) error {
+	return func(s string) error {
+		var v float64
+		if _, err := fmt.Sscanf(s, "%g", &v); err != nil {
+			return fmt.Errorf("want a number: %w", err)
+		}
+		*dst = &v
+		return nil
+	}
+}
+
+// Merge returns c with every field that flags set explicitly (set holds the
+// flag names given on the command line) taken from flags: flags win over
+// the config file, as rollgate's other flags do.
+func (c Config) Merge(flags *Config, set map[string]bool) Config {
+	if set["agl"] {
+		c.Enabled = flags.Enabled
+	}
+	if set["agl-key"] {
+		c.Key = flags.Key
+	}
+	if set["agl-model-name"] {
+		c.ModelName = flags.ModelName
+	}
+	if set["agl-train-temperature"] {
+		c.TrainTemperature = flags.TrainTemperature
+	}
+	if set["agl-val-temperature"] {
+		c.ValTemperature = flags.ValTemperature
+	}
+	if set["agl-include-log-probs"] {
+		c.IncludeLogProbs = flags.IncludeLogProbs
+	}
+	if set["agl-force"] {
+		c.Force = flags.Force
+	}
+	return c
+}
+
+// forceSets are the forced fields of the proxy route, per mode and endpoint.
+type forceSets struct {
+	train, val [2]*rewrite.ForceSet // [0] chat/completions, [1] completions
+}
+
+func (f *forceSets) get(train bool, ep openai.Endpoint) *rewrite.ForceSet {
+	i := 0
+	if ep == openai.Completions {
+		i = 1
+	}
+	if train {
+		return f.train[i]
+	}
+	return f.val[i]
+}
+
+// check validates c and builds the forced-field sets.
+func (c *Config) check() (*forceSets, error) {
+	if c.ModelName == "" {
+		return nil, fmt.Errorf("agl: model_name is empty: set agl.model_name (--agl-model-name), the model name the trainer registers with POST /api/models")
+	}
+	force := c.Force
+	if force == nil {
+		force = forceable
+	}
+	on := map[string]bool{}
+	for _, f := range force {
+		ok := false
+		for _, k := range forceable {
+			ok = ok || f == k
+		}
+		if !ok {
+			return nil, fmt.Errorf("agl: force: %q is not one of %s", f, strings.Join(forceable, ", "))
+		}
+		on[f] = true
+	}
+	train, val, logprobs := 1.0, 0.7, true
+	if c.TrainTemperature != nil {
+		train = *c.TrainTemperature
+	}
+	if c.ValTemperature != nil {
+		val = *c.ValTemperature
+	}
+	if c.IncludeLogProbs != nil {
+		logprobs = *c.IncludeLogProbs
+	}
+	var out forceSets
+	for mode := range 2 {
+		for ep := range 2 {
+			var fields []rewrite.Forced
+			add := func(name string, v any) {
+				if on[name] {
+					b, _ := json.Marshal(v)
+					fields = append(fields, rewrite.Forced{Name: name, Value: b})
+				}
+			}
+			add("model", c.ModelName)
+			if mode == 0 {
+				add("temperature", train)
+			} else {
+				add("temperature", val)
+			}
+			add("return_token_ids", true)
+			if mode == 0 && logprobs {
+				// AGL sends "logprobs": true to both endpoints; vLLM's
+				// completions field is an integer count (true passes only
+				// through pydantic's lax bool-to-int), so completions get 1:
+				// the sampled token's logprob, the same data.
+				if ep == 0 {
+					add("logprobs", true)
+				} else {
+					add("logprobs", 1)
+				}
+			}
+			fs, err := rewrite.NewForceSet(fields)
+			if err != nil {
+				return nil, fmt.Errorf("agl: %w", err)
+			}
+			if mode == 0 {
+				out.train[ep] = fs
+			} else {
+				out.val[ep] = fs
+			}
+		}
+	}
+	return &out, nil
+}

@@ -1,0 +1,290 @@
+package agl
+
+import (
+	"encoding/json"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/openai"
+)
+
+// aglModel is AGL's Model: one endpoint serving a model name.
+type aglModel struct {
+	Model    string `json:"model"`
+	Endpoint string `json:"endpoint"`
+	Version  int64  `json:"version"`
+}
+
+// postModels serves POST /api/models: upsert by (model, endpoint). The
+// registered endpoints become the routing table's replicas of their model
+// (version → policy_version on every captured row).
+func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
+	body, ok := bodyJSON(ctx, true)
+	if !ok {
+		return
+	}
+	var list []aglModel
+	var errs []fieldError
+	for i, it := range body.Array() {
+		m := aglModel{}
+		for _, k := range []string{"model", "endpoint"} {
+			v := it.Get(k)
+			switch {
+			case !it.IsObject():
+				errs = append(errs, notObject([]any{"body", i}, it))
+			case !v.Exists():
+				errs = append(errs, fieldError{Type: "missing", Loc: []any{"body", i, k}, Msg: "Field required", Input: json.RawMessage(it.Raw)})
+			case v.Type != gjson.String:
+				errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", i, k}, Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
+			case k == "model":
+				m.Model = v.Str
+			default:
+				m.Endpoint = strings.TrimRight(v.Str, "/")
+			}
+			if !it.IsObject() {
+				break
+			}
+		}
+		if v := it.Get("version"); it.IsObject() && v.Exists() {
+			if v.Type != gjson.Number || v.Float() != float64(v.Int()) {
+				errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", i, "version"}, Msg: "Input should be a valid integer", Input: json.RawMessage(v.Raw)})
+			}
+			m.Version = v.Int()
+		}
+		list = append(list, m)
+	}
+	if len(errs) > 0 {
+		invalid(ctx, errs...)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := map[string][]aglModel{}
+	for k, v := range s.models {
+		next[k] = append([]aglModel(nil), v...)
+	}
+	for _, m := range list {
+		eps := next[m.Model]
+		found := false
+		for i := range eps {
+			if eps[i].Endpoint == m.Endpoint {
+				eps[i], found = m, true
+			}
+		}
+		if !found {
+			eps = append(eps, m)
+		}
+		next[m.Model] = eps
+	}
+	if err := s.applyModels(next); err != nil {
+		invalid(ctx, fieldError{Type: "value_error", Loc: []any{"body"}, Msg: err.Error(), Input: json.RawMessage(body.Raw)})
+		return
+	}
+	out := list
+	if out == nil {
+		out = []aglModel{}
+	}
+	writeJSON(ctx, fasthttp.StatusCreated, out)
+}
+
+// deleteModels serves DELETE /api/models: every registered model leaves
+// the routing table.
+func (s *Server) deleteModels(ctx *fasthttp.RequestCtx) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.applyModels(map[string][]aglModel{}); err != nil {
+		s.storeError(ctx, "removing the models from the routing table", err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"})
+}
+
+// applyModels makes models the routing table's pools of their names: the
+// table's other pools stay as they are; pools of names registered before
+// and not now are removed. Called with s.mu held.
+func (s *Server) applyModels(models map[string][]aglModel) error {
+	v := s.gw.Backends()
+	var table []gateway.Backend
+	for _, b := range v.Backends {
+		if _, mine := s.models[b.Model]; mine {
+			continue
+		}
+		if _, mine := models[b.Model]; mine {
+			continue
+		}
+		nb := gateway.Backend{Model: b.Model, Routing: b.Routing, LoadFactor: b.LoadFactor}
+		for _, r := range b.Replicas {
+			nb.Replicas = append(nb.Replicas, r.Replica)
+		}
+		table = append(table, nb)
+	}
+	names := make([]string, 0, len(models))
+	for k := range models {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		nb := gateway.Backend{Model: name}
+		for _, m := range models[name] {
+			nb.Replicas = append(nb.Replicas, gateway.Replica{URL: m.Endpoint, PolicyVersion: strconv.FormatInt(m.Version, 10)})
+		}
+		table = append(table, nb)
+	}
+	if _, err := s.gw.ReplaceBackends(table); err != nil {
+		return err
+	}
+	s.models = models
+	return nil
+}
+
+// pauseState is AGL's proxy pause: while paused the proxy route answers
+// 429 at once; calls in flight finish.
+type pauseState struct {
+	mu         sync.Mutex
+	paused     bool
+	retryAfter int64
+	reason     *string
+	inflight   atomic.Int64
+}
+
+// pauseView is AGL's PauseStateResponse.
+type pauseView struct {
+	Paused            bool    `json:"paused"`
+	RetryAfterSeconds int64   `json:"retry_after_seconds"`
+	Reason            *string `json:"reason"`
+	Inflight          int64   `json:"inflight"`
+}
+
+func (p *pauseState) view() pauseView {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return pauseView{Paused: p.paused, RetryAfterSeconds: p.retryAfter, Reason: p.reason, Inflight: p.inflight.Load()}
+}
+
+// postPause serves POST /proxy/pause {"retry_after_seconds": 5, "reason": null}.
+func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
+	body, ok := bodyJSON(ctx, false)
+	if !ok {
+		return
+	}
+	retry := int64(5)
+	var reason *string
+	var errs []fieldError
+	if v := body.Get("retry_after_seconds"); v.Exists() {
+		if v.Type != gjson.Number || v.Float() != float64(v.Int()) {
+			errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", "retry_after_seconds"}, Msg: "Input should be a valid integer", Input: json.RawMessage(v.Raw)})
+		}
+		retry = v.Int()
+	}
+	if v := body.Get("reason"); v.Exists() && v.Type != gjson.Null {
+		if v.Type != gjson.String {
+			errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "reason"}, Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
+		}
+		reason = &v.Str
+	}
+	if len(errs) > 0 {
+		invalid(ctx, errs...)
+		return
+	}
+	s.pause.mu.Lock()
+	s.pause.paused, s.pause.retryAfter, s.pause.reason = true, retry, reason
+	s.pause.mu.Unlock()
+	s.log.Info("agl: proxy paused", "retry_after_seconds", retry, "in_flight", s.pause.inflight.Load())
+	writeJSON(ctx, fasthttp.StatusOK, s.pause.view())
+}
+
+// postResume serves POST /proxy/resume.
+func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
+	s.pause.mu.Lock()
+	s.pause.paused, s.pause.reason = false, nil
+	s.pause.mu.Unlock()
+	writeJSON(ctx, fasthttp.StatusOK, s.pause.view())
+}
+
+// getPauseState serves GET /proxy/state.
+func (s *Server) getPauseState(ctx *fasthttp.RequestCtx) {
+	writeJSON(ctx, fasthttp.StatusOK, s.pause.view())
+}
+
+// proxy serves POST /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/{path}
+// through the gateway's proxy path, with the mode's forced fields.
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
+	// rollout/{r}/attempt/{a}/mode/{m}/openai/v1/{rest...}
+	parts := strings.SplitN(strings.TrimPrefix(path, "/proxy/"), "/", 9)
+	if len(parts) < 9 || parts[0] != "rollout" || parts[2] != "attempt" || parts[4] != "mode" || parts[6] != "openai" || parts[7] != "v1" ||
+		parts[1] == "" || parts[3] == "" {
+		detail(ctx, fasthttp.StatusNotFound, "Not Found")
+		return
+	}
+	if !ctx.IsPost() {
+		detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
+		return
+	}
+	rolloutID, attemptID, mode, rest := parts[1], parts[3], parts[5], parts[8]
+	if mode != "train" && mode != "val" {
+		detail(ctx, fasthttp.StatusNotFound, "Unsupported proxy mode: "+mode)
+		return
+	}
+	var ep openai.Endpoint
+	switch rest {
+	case "chat/completions":
+		ep = openai.ChatCompletions
+	case "completions":
+		ep = openai.Completions
+	default:
+		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+rest)
+		return
+	}
+	if !gateway.ValidID([]byte(rolloutID)) || !gateway.ValidID([]byte(attemptID)) {
+		detail(ctx, fasthttp.StatusNotFound, "Rollout not found: "+rolloutID)
+		return
+	}
+	c, cancel := storeCtx()
+	st, ok := s.rollout(ctx, c, rolloutID)
+	cancel()
+	if !ok {
+		return
+	}
+	if body := ctx.PostBody(); len(body) > 0 && !gjson.ValidBytes(body) {
+		detail(ctx, fasthttp.StatusBadRequest, "Invalid JSON in request body")
+		return
+	}
+	if len(ctx.PostBody()) == 0 {
+		ctx.Request.SetBodyString("{}")
+	}
+	s.mu.Lock()
+	servers := len(s.models[s.cfg.ModelName])
+	s.mu.Unlock()
+	if servers == 0 {
+		detail(ctx, fasthttp.StatusServiceUnavailable, "No servers available for model '"+s.cfg.ModelName+"'")
+		return
+	}
+	s.pause.mu.Lock()
+	if s.pause.paused {
+		retry, reason := s.pause.retryAfter, s.pause.reason
+		s.pause.mu.Unlock()
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(retry, 10))
+		ctx.Response.Header.Set("X-Agl-Paused", "true")
+		writeJSON(ctx, fasthttp.StatusTooManyRequests, map[string]any{"error": "gateway paused", "reason": reason})
+		return
+	}
+	s.pause.inflight.Add(1)
+	s.pause.mu.Unlock()
+	// AGL's key is not the engine's: never forwarded.
+	ctx.Request.Header.Del("x-api-key")
+	ctx.Request.Header.Del("Authorization")
+	// The task id of the rollout's calls (its data id), as rollgate's own
+	// rollouts carry theirs.
+	if st.TaskID != "" && len(ctx.Request.Header.Peek("x-task-id")) == 0 {
+		ctx.Request.Header.Set("x-task-id", st.TaskID)
+	}
+	s.gw.ProxyAgent(ctx, gateway.AgentCall{RolloutID: rolloutID, AttemptID: attemptID, Endpoint: ep,
+		Force: s.force.get(mode == "train", ep), DetailErrors: true, Done: func() { s.pause.inflight.Add(-1) }})
+}

@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/openai"
+)
+
+// Mount serves every path under prefix that the gateway does not serve
+// itself (its OpenAI routes, /v1/models, /metrics, /healthz, /readyz,
+// /v1/traces and /api/v1/ come first) with h. A compatibility surface such
+// as Agent Lightning's (controlplane/agl: /api/rollouts..., /proxy/...)
+// mounts itself here and hands its model calls back to ProxyAgent. Call it
+// before Serve; the first matching prefix wins.
+func (s *Server) Mount(prefix string, h fasthttp.RequestHandler) {
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	var next []mount
+	if old := s.mounts.Load(); old != nil {
+		next = append(next, *old...)
+	}
+	next = append(next, mount{prefix: prefix, h: h})
+	s.mounts.Store(&next)
+}
+
+// mount is one Mount.
+type mount struct {
+	prefix string
+	h      fasthttp.RequestHandler
+}
+
+// serveMounted answers path with a mounted handler, if one matches.
+func (s *Server) serveMounted(ctx *fasthttp.RequestCtx, path []byte) bool {
+	ms := s.mounts.Load()
+	if ms == nil {
+		return false
+	}
+	for _, m := range *ms {
+		if strings.HasPrefix(string(path), m.prefix) {
+			m.h(ctx)
+			return true
+		}
+	}
+	return false
+}
+
+// AgentCall is a model call that a mounted route hands to the gateway's
+// proxy path (ProxyAgent): the call is attributed, given its sequence id,
+// routed (rollout-affine), retried, streamed and captured into llm_calls
+// exactly as a call on /rollout/{r}/attempt/{a}/v1/... is.
+type AgentCall struct {
+	// RolloutID and AttemptID attribute the call (valid ids: ValidID).
+	RolloutID, AttemptID string
+	// Endpoint is openai.ChatCompletions or openai.Completions.
+	Endpoint openai.Endpoint
+	// Force sets request fields whatever the client sent (the served model
+	// name, per-mode sampling); they are recorded in the row's overrides
+	// column. Nil: the gateway's own Config.Force applies.
+	Force *rewrite.ForceSet
+	// DetailErrors makes the errors the gateway answers itself FastAPI-style
+	// ({"detail": "..."}) instead of OpenAI-style.
+	DetailErrors bool
+	// Done, when set, is called once when the call has ended: its response
+	// sent (for a stream, its last byte written or the client gone).
+	Done func()
+}
+
+// ProxyAgent serves ctx, a POST with an OpenAI body, as the model call ac
+// describes. The client's key is not checked (the mounting route has its
+// own authentication).
+func (s *Server) ProxyAgent(ctx *fasthttp.RequestCtx, ac AgentCall) {
+	var once sync.Once
+	end := func() {
+		if ac.Done != nil {
+			once.Do(ac.Done)
+		}
+	}
+	attr := attribution{rolloutID: []byte(ac.RolloutID), attemptID: []byte(ac.AttemptID), fromPath: true}
+	attr.taskID = ctx.Request.Header.Peek("x-task-id")
+	attr.agentName = ctx.Request.Header.Peek("x-agent-name")
+	path := []byte("/v1/completions")
+	if ac.Endpoint == openai.ChatCompletions {
+		path = []byte("/v1/chat/completions")
+	}
+	s.proxyWith(ctx, attr, ac.Endpoint, path, callOptions{force: ac.Force, detail: ac.DetailErrors, onEnd: end, noKeyCheck: true})
+	// A stream ends when fasthttp closes its body (streamBody.CloseWithError
+	// calls finish, which calls onEnd); anything else has ended already.
+	if !ctx.Response.IsBodyStream() {
+		end()
+	}
+}
+
+// callOptions are what a mounted route changes about a proxied call.
+type callOptions struct {
+	force      *rewrite.ForceSet
+	detail     bool
+	onEnd      func()
+	noKeyCheck bool
+}
+
+// appendDetail appends a FastAPI-style error body: {"detail": msg}.
+func appendDetail(dst []byte, msg string) []byte {
+	dst = append(dst, `{"detail":`...)
+	dst = strconv.AppendQuote(dst, msg)
+	return append(dst, '}')
+}
+
+// errorBody is the error body of a call: OpenAI-style, or FastAPI-style
+// for a mounted route that asked for it.
+func errorBody(dst []byte, c *call, status int, typ, msg string) []byte {
+	if c != nil && c.opts.detail {
+		return appendDetail(dst, msg)
+	}
+	return appendError(dst, status, typ, msg)
+}
