@@ -2,8 +2,11 @@ package agl_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,4 +235,185 @@ func (e *aglEnv) registerMock(t *testing.T, v int) {
 	t.Helper()
 	e.do(t, "DELETE", "/api/models", "", 200)
 	e.do(t, "POST", "/api/models", `[{"model":"policy","endpoint":"`+e.MockURL+`","version":`+strconv.Itoa(v)+`}]`, 201)
+}
+
+const chatBody = `{"model":"auto","messages":[{"role":"user","content":"what is 2+2?"}],"temperature":0.2,"max_tokens":6}`
+
+// events reads a rollout's events (raw or as triplets).
+func (e *aglEnv) events(t *testing.T, rollout, query string) []gjson.Result {
+	t.Helper()
+	return gjson.ParseBytes(e.do(t, "GET", "/api/rollouts/"+rollout+"/events"+query, "", 200).Body).Array()
+}
+
+// TestAGLProxy plays AGL's agent and trainer against the proxy route with
+// the mock engine behind it, on both stores: AGL's statuses, the per-mode
+// overrides (and their record in llm_calls), capture with rollout, attempt
+// and sequence ids, model_request events and triplets read right after the
+// calls (read-your-writes), de-dup, rewards in the rewards table, and a
+// streamed call whose triplet equals the same call not streamed.
+func TestAGLProxy(t *testing.T) {
+	gatewaytest.StoreKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		e := newAGL(t, open(t), "")
+		train := func(r string) string { return "/proxy/rollout/" + r + "/attempt/0/mode/train/openai/v1" }
+		e.do(t, "POST", train("nope")+"/chat/completions", chatBody, 404)
+		e.do(t, "POST", "/api/rollouts", `[{"input":{"data_id":"d7"},"rollout_id":"r1"},{"input":{},"rollout_id":"r2"},{"input":{},"rollout_id":"r3","is_train":false}]`, 201)
+		if r := e.do(t, "POST", train("r1")+"/chat/completions", chatBody, 503); !strings.Contains(string(r.Body), "No servers available for model 'policy'") {
+			t.Fatalf("503: %s", r.Body)
+		}
+		e.registerMock(t, 3)
+		e.do(t, "POST", "/proxy/rollout/r1/attempt/0/mode/test/openai/v1/chat/completions", chatBody, 404)
+		e.do(t, "POST", train("r1")+"/embeddings", `{}`, 404)
+		e.do(t, "POST", train("r1")+"/chat/completions", `{"model":`, 400)
+		e.do(t, "GET", train("r1")+"/chat/completions", "", 405)
+
+		// The agent's calls: the same prompt twice, another prompt, a completion.
+		r := e.do(t, "POST", train("r1")+"/chat/completions", chatBody, 200)
+		resp := gjson.ParseBytes(r.Body)
+		if resp.Get("model").String() != "policy" || !resp.Get("prompt_token_ids").IsArray() || !resp.Get("choices.0.token_ids").IsArray() ||
+			!resp.Get("choices.0.logprobs.content").IsArray() || r.Header.Get("x-sequence-id") != "1" {
+			t.Fatalf("train call: the agent sees AGL's body (forced model, token ids, logprobs): %v %s", r.Header, r.Body)
+		}
+		e.do(t, "POST", train("r1")+"/chat/completions", chatBody, 200)
+		e.do(t, "POST", train("r1")+"/chat/completions", strings.Replace(chatBody, "2+2", "3+3", 1), 200)
+		c := e.do(t, "POST", train("r1")+"/completions", `{"model":"auto","prompt":"hello there","max_tokens":4}`, 200)
+		if !gjson.GetBytes(c.Body, "choices.0.logprobs.token_logprobs").IsArray() {
+			t.Fatalf("train completions: logprobs forced: %s", c.Body)
+		}
+		e.do(t, "POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"reward","data":{"value":1.0}}`, 200)
+		e.do(t, "PATCH", "/api/rollouts/r1", `{"status":{"state":"running","last_attempt_id":"0"}}`, 200)
+		e.do(t, "PATCH", "/api/rollouts/r1", `{"status":{"state":"succeeded"}}`, 200)
+
+		// Read at once, as AGL's trainer does on a terminal rollout.
+		raw := e.events(t, "r1", "")
+		if len(raw) != 5 || raw[4].Get("event_type").String() != "reward" {
+			t.Fatalf("raw events: %v", raw)
+		}
+		mr := raw[0].Get("data")
+		if raw[0].Get("event_type").String() != "model_request" || mr.Get("request.temperature").Float() != 1 || mr.Get("request.model").String() != "policy" ||
+			mr.Get("request.messages.0.content").String() != "what is 2+2?" || mr.Get("model_version").Int() != 3 || mr.Get("server.version").Int() != 3 ||
+			mr.Get("server.endpoint").String() != e.MockURL || mr.Get("http_status").Int() != 200 || mr.Get("status").String() != "ok" ||
+			!mr.Get("response.choices.0.token_ids").IsArray() || mr.Get("adjusted_params.temperature").Float() != 1 || !mr.Get("usage.prompt_tokens").Exists() {
+			t.Fatalf("model_request data: %s", mr.Raw)
+		}
+		trip := e.events(t, "r1", "?format=triplet")
+		if len(trip) != 4 { // the first call's repeat keeps only the last of the two
+			t.Fatalf("triplets (de-dup): %d %v", len(trip), trip)
+		}
+		rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"})
+		if len(rows) != 4 {
+			t.Fatalf("llm_calls rows of r1: %d", len(rows))
+		}
+		for i, row := range rows {
+			if row.AttemptID != "0" || row.SequenceID != uint64(i+1) || row.PolicyVersion != "3" || row.TaskID != "d7" || row.Model != "policy" ||
+				!strings.Contains(row.Overrides, `"temperature":1`) || !strings.Contains(row.Overrides, `"return_token_ids":true`) ||
+				(i < 3 && !strings.Contains(row.RequestBody, `"temperature":0.2`)) {
+				t.Fatalf("row %d: %+v", i, row)
+			}
+		}
+		second := trip[0].Get("data")
+		if second.Get("prompt_token_ids").Raw != u32s(rows[1].PromptTokenIDs) || second.Get("response_token_ids").Raw != u32s(rows[1].ResponseTokenIDs) ||
+			len(second.Get("response_log_probs").Array()) != len(rows[1].ResponseTokenIDs) || second.Get("server.version").Int() != 3 {
+			t.Fatalf("triplet of the kept call: %s\nrow %+v", second.Raw, rows[1])
+		}
+		if n := len(trip[2].Get("data.response_log_probs").Array()); n == 0 || n != len(trip[2].Get("data.response_token_ids").Array()) {
+			t.Fatalf("completions triplet logprobs: %s", trip[2].Raw)
+		}
+		if trip[3].Get("data").Raw != `{"value":1.0}` && trip[3].Get("data").Raw != `{"value":1}` {
+			t.Fatalf("reward triplet: %s", trip[3].Raw)
+		}
+		d, err := e.Store.Rollout(context.Background(), "r1")
+		if err != nil || len(d.Rewards) != 1 || d.Rewards[0].Value != 1 || d.Rewards[0].AttemptID != "0" {
+			t.Fatalf("rewards table: %+v %v", d, err)
+		}
+
+		// Streaming (beyond AGL): the triplet equals the same call not streamed.
+		s := e.do(t, "POST", train("r2")+"/chat/completions", gatewaytest.WithStream(chatBody, `"stream":true`), 200)
+		if !strings.Contains(string(s.Body), "data: [DONE]") {
+			t.Fatalf("stream: %s", s.Body)
+		}
+		streamed := e.events(t, "r2", "?format=triplet")
+		if len(streamed) != 1 || streamed[0].Get("data").Raw != trip[0].Get("data").Raw {
+			t.Fatalf("streamed triplet differs from the non-streamed one:\n%v\n%s", streamed, trip[0].Get("data").Raw)
+		}
+
+		// Val mode: val temperature, no logprobs forced.
+		e.do(t, "POST", "/proxy/rollout/r3/attempt/0/mode/val/openai/v1/chat/completions", chatBody, 200)
+		v := e.events(t, "r3", "")
+		if len(v) != 1 || v[0].Get("data.request.temperature").Float() != 0.7 || v[0].Get("data.request.logprobs").Exists() {
+			t.Fatalf("val call: %v", v)
+		}
+		if tv := e.events(t, "r3", "?format=triplet"); tv[0].Get("data.response_log_probs").Type != gjson.Null {
+			t.Fatalf("val triplet logprobs: %s", tv[0].Raw)
+		}
+	})
+}
+
+func u32s(ids []uint32) string {
+	parts := make([]string, len(ids))
+	for i, v := range ids {
+		parts[i] = strconv.FormatUint(uint64(v), 10)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// TestAGLPauseDrain plays AGL's trainer in async mode: pause while a slow
+// call is in flight; new calls get 429 at once (Retry-After, X-Agl-Paused,
+// not captured), the in-flight call finishes, the trainer polls
+// /proxy/state until inflight is 0, resumes, and calls go through again.
+// A stream counts as in flight until its last byte.
+func TestAGLPauseDrain(t *testing.T) {
+	store, _ := gatewaytest.OpenSQLite(t)
+	e := newAGL(t, store, "")
+	e.registerMock(t, 1)
+	e.do(t, "POST", "/api/rollouts", `[{"input":{},"rollout_id":"r1"}]`, 201)
+	url := e.URL + "/proxy/rollout/r1/attempt/0/mode/train/openai/v1/chat/completions"
+	inflight := func() int64 { return gjson.GetBytes(e.do(t, "GET", "/proxy/state", "", 200).Body, "inflight").Int() }
+
+	slow := make(chan gatewaytest.Resp, 1)
+	go func() { slow <- gatewaytest.Do(t, "POST", url, chatBody, "x-api-key", key, "x-mock-ttft-ms", "1500") }()
+	gatewaytest.WaitFor(t, "the slow call in flight", func() bool { return inflight() == 1 })
+	p := e.do(t, "POST", "/proxy/pause", `{"reason":"rollout_done step=1"}`, 200)
+	if gjson.GetBytes(p.Body, "paused").Bool() != true || gjson.GetBytes(p.Body, "retry_after_seconds").Int() != 5 ||
+		gjson.GetBytes(p.Body, "reason").String() != "rollout_done step=1" || gjson.GetBytes(p.Body, "inflight").Int() != 1 {
+		t.Fatalf("pause: %s", p.Body)
+	}
+	start := time.Now()
+	r := gatewaytest.Do(t, "POST", url, chatBody, "x-api-key", key)
+	if r.Status != 429 || r.Header.Get("Retry-After") != "5" || r.Header.Get("X-Agl-Paused") != "true" ||
+		gjson.GetBytes(r.Body, "error").String() != "gateway paused" || gjson.GetBytes(r.Body, "reason").String() != "rollout_done step=1" {
+		t.Fatalf("paused call: %d %v %s", r.Status, r.Header, r.Body)
+	}
+	if time.Since(start) > time.Second {
+		t.Fatalf("a paused call was held %v; AGL answers 429 at once", time.Since(start))
+	}
+	e.do(t, "GET", "/api/rollouts/r1", "", 200) // /api keeps working while paused
+	gatewaytest.WaitFor(t, "drained", func() bool { return inflight() == 0 })
+	if s := <-slow; s.Status != 200 {
+		t.Fatalf("the in-flight call did not finish: %d %s", s.Status, s.Body)
+	}
+	res := e.do(t, "POST", "/proxy/resume", "", 200)
+	if gjson.GetBytes(res.Body, "paused").Bool() || gjson.GetBytes(res.Body, "reason").Type != gjson.Null || gjson.GetBytes(res.Body, "retry_after_seconds").Int() != 5 {
+		t.Fatalf("resume: %s", res.Body)
+	}
+
+	// A stream is in flight from its headers to its last byte.
+	req, _ := http.NewRequest("POST", url, strings.NewReader(gatewaytest.WithStream(chatBody, `"stream":true`)))
+	req.Header.Set("x-api-key", key)
+	req.Header.Set("x-mock-itl-ms", "300")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := inflight(); n != 1 {
+		t.Fatalf("in flight while the stream is open: %d", n)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("stream: %s", body)
+	}
+	gatewaytest.WaitFor(t, "the stream's end counted", func() bool { return inflight() == 0 })
+	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 2 {
+		t.Fatalf("captured calls: %d, want 2 (the 429 is not captured)", len(rows))
+	}
 }

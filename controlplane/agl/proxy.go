@@ -133,7 +133,7 @@ func (s *Server) applyModels(models map[string][]aglModel) error {
 	for _, name := range names {
 		nb := gateway.Backend{Model: name}
 		for _, m := range models[name] {
-			nb.Replicas = append(nb.Replicas, gateway.Replica{URL: m.Endpoint, PolicyVersion: strconv.FormatInt(m.Version, 10)})
+			nb.Replicas = append(nb.Replicas, gateway.Replica{Name: m.Endpoint, URL: m.Endpoint, PolicyVersion: strconv.FormatInt(m.Version, 10)})
 		}
 		table = append(table, nb)
 	}
