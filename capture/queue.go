@@ -296,6 +296,8 @@ type Pipeline struct {
 	fallback atomic.Pointer[func(backend string) IDFiller]
 	detok    atomic.Pointer[func(backend string) Detokenizer]
 	turns    *tokenize.Tracker
+
+	replay replayState // ReplayWAL's end (walpipe.go)
 }
 
 // Detokenizer decodes output ids into text for the detokenisation check:

@@ -65,6 +65,7 @@ func (p *Pipeline) ReplayWAL() error {
 	if w == nil {
 		return nil
 	}
+	defer p.replay.end.Do(func() { close(p.replay.channel()) })
 	n := 0
 	err := w.replay(func(ref walRef, payload []byte) bool {
 		c := AcquirePending()
@@ -91,4 +92,29 @@ func (p *Pipeline) ReplayWAL() error {
 		p.log.Info("capture WAL: calls of an earlier run queued for capture again", "calls", n)
 	}
 	return err
+}
+
+// replayState tells when ReplayWAL has queued an earlier run's calls.
+type replayState struct {
+	make, end sync.Once
+	ch        chan struct{}
+}
+
+func (r *replayState) channel() chan struct{} {
+	r.make.Do(func() { r.ch = make(chan struct{}) })
+	return r.ch
+}
+
+// closedChan is a channel that is always closed.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Replayed is closed once ReplayWAL has queued every call an earlier run
+// logged to the WAL (at once when there is no WAL), so that a reader that
+// must see every answered call (Sync after it) does not read before the
+// replay of a killed run's calls.
+func (p *Pipeline) Replayed() <-chan struct{} {
+	if p.cfg.WAL == nil {
+		return closedChan
+	}
+	return p.replay.channel()
 }

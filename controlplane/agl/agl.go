@@ -21,6 +21,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -94,6 +95,9 @@ func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, force: force, gw: gw, d: d, log: d.Log, models: map[string][]aglModel{}}
 	s.pause.retryAfter = 5
+	if err := s.loadModels(); err != nil {
+		return nil, fmt.Errorf("agl: restoring the models registered before the restart: %w", err)
+	}
 	return s, nil
 }
 

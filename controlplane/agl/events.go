@@ -129,6 +129,13 @@ func (s *Server) getEvents(ctx *fasthttp.RequestCtx, id string) {
 // records it). sync first waits for the capture of calls already answered.
 func (s *Server) events(c context.Context, st *tasks.State, attempt string, sync bool) ([]eventView, error) {
 	if sync && s.d.Capture != nil {
+		// After a kill, the calls of the earlier run come back from the
+		// capture WAL: wait for them too.
+		select {
+		case <-s.d.Capture.Replayed():
+		case <-c.Done():
+			return nil, fmt.Errorf("waiting for the replay of the capture log: %w", c.Err())
+		}
 		if err := s.d.Capture.Sync(c); err != nil {
 			return nil, err
 		}

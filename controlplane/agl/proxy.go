@@ -2,6 +2,7 @@ package agl
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -83,7 +84,7 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 		}
 		next[m.Model] = eps
 	}
-	if err := s.applyModels(next); err != nil {
+	if err := s.applyModels(next, true); err != nil {
 		invalid(ctx, fieldError{Type: "value_error", Loc: []any{"body"}, Msg: err.Error(), Input: json.RawMessage(body.Raw)})
 		return
 	}
@@ -99,7 +100,7 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 func (s *Server) deleteModels(ctx *fasthttp.RequestCtx) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.applyModels(map[string][]aglModel{}); err != nil {
+	if err := s.applyModels(map[string][]aglModel{}, true); err != nil {
 		s.storeError(ctx, "removing the models from the routing table", err)
 		return
 	}
@@ -108,8 +109,9 @@ func (s *Server) deleteModels(ctx *fasthttp.RequestCtx) {
 
 // applyModels makes models the routing table's pools of their names: the
 // table's other pools stay as they are; pools of names registered before
-// and not now are removed. Called with s.mu held.
-func (s *Server) applyModels(models map[string][]aglModel) error {
+// and not now are removed; persist stores them in the queue's settings.
+// Called with s.mu held.
+func (s *Server) applyModels(models map[string][]aglModel, persist bool) error {
 	v := s.gw.Backends()
 	var table []gateway.Backend
 	for _, b := range v.Backends {
@@ -141,7 +143,42 @@ func (s *Server) applyModels(models map[string][]aglModel) error {
 		return err
 	}
 	s.models = models
-	return nil
+	if !persist {
+		return nil
+	}
+	var all []aglModel
+	for _, name := range names {
+		all = append(all, models[name]...)
+	}
+	b, _ := json.Marshal(all)
+	c, cancel := storeCtx()
+	defer cancel()
+	return s.d.Queue.PutSetting(c, modelsSetting, string(b))
+}
+
+// modelsSetting names the registered models in the queue's settings, so a
+// restarted gateway routes the rollouts under way as before.
+const modelsSetting = "agl_models"
+
+// loadModels restores the models registered before a restart.
+func (s *Server) loadModels() error {
+	c, cancel := storeCtx()
+	defer cancel()
+	v, ok, err := s.d.Queue.Setting(c, modelsSetting)
+	if err != nil || !ok {
+		return err
+	}
+	var list []aglModel
+	if err := json.Unmarshal([]byte(v), &list); err != nil {
+		return fmt.Errorf("agl: decoding the registered models: %w", err)
+	}
+	models := map[string][]aglModel{}
+	for _, m := range list {
+		models[m.Model] = append(models[m.Model], m)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applyModels(models, false)
 }
 
 // pauseState is AGL's proxy pause: while paused the proxy route answers

@@ -27,6 +27,10 @@ CREATE TABLE IF NOT EXISTS rg_events (
 	data       TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS rg_events_rollout ON rg_events (rollout_id, seq);
+CREATE TABLE IF NOT EXISTS rg_settings (
+	name  TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+);
 `
 
 // ErrExists: Insert found a rollout with that id already.
@@ -285,4 +289,27 @@ func (q *Queue) Events(ctx context.Context, rolloutID string) ([]Event, error) {
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// PutSetting stores a named value (state a surface keeps across restarts,
+// such as the model endpoints Agent Lightning's trainer registered).
+func (q *Queue) PutSetting(ctx context.Context, name, value string) error {
+	_, err := q.db.ExecContext(ctx, q.sql(`INSERT INTO rg_settings (name, value) VALUES (?, ?)
+		ON CONFLICT (name) DO UPDATE SET value = excluded.value`), name, value)
+	if err != nil {
+		return fmt.Errorf("tasks: storing setting %s: %w", name, err)
+	}
+	return nil
+}
+
+// Setting reads a named value; ok is false when it was never stored.
+func (q *Queue) Setting(ctx context.Context, name string) (value string, ok bool, err error) {
+	err = q.db.QueryRowContext(ctx, q.sql(`SELECT value FROM rg_settings WHERE name = ?`), name).Scan(&value)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("tasks: reading setting %s: %w", name, err)
+	}
+	return value, true, nil
 }
