@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -68,6 +69,14 @@ type AgentCall struct {
 	// Done, when set, is called once when the call has ended: its response
 	// sent (for a stream, its last byte written or the client gone).
 	Done func()
+	// Retries, when > 0, replaces Config.Retries for this call, and
+	// RetryBackoff (> 0) Config.RetryBackoff; the wait doubles up to 8 s.
+	Retries      int
+	RetryBackoff time.Duration
+	// RetryStatuses also retries answers with status 408, 409, 429 or 5xx
+	// (Agent Lightning's proxy policy); after the last attempt the answer
+	// is passed through.
+	RetryStatuses bool
 }
 
 // ProxyAgent serves ctx, a POST with an OpenAI body, as the model call ac
@@ -87,7 +96,8 @@ func (s *Server) ProxyAgent(ctx *fasthttp.RequestCtx, ac AgentCall) {
 	if ac.Endpoint == openai.ChatCompletions {
 		path = []byte("/v1/chat/completions")
 	}
-	s.proxyWith(ctx, attr, ac.Endpoint, path, callOptions{force: ac.Force, detail: ac.DetailErrors, onEnd: end, noKeyCheck: true})
+	s.proxyWith(ctx, attr, ac.Endpoint, path, callOptions{force: ac.Force, detail: ac.DetailErrors, onEnd: end, noKeyCheck: true,
+		retries: ac.Retries, backoff: ac.RetryBackoff, retryStatus: ac.RetryStatuses})
 	// A stream ends when fasthttp closes its body (streamBody.CloseWithError
 	// calls finish, which calls onEnd); anything else has ended already.
 	if !ctx.Response.IsBodyStream() {
@@ -97,10 +107,21 @@ func (s *Server) ProxyAgent(ctx *fasthttp.RequestCtx, ac AgentCall) {
 
 // callOptions are what a mounted route changes about a proxied call.
 type callOptions struct {
-	force      *rewrite.ForceSet
-	detail     bool
-	onEnd      func()
-	noKeyCheck bool
+	force       *rewrite.ForceSet
+	detail      bool
+	onEnd       func()
+	noKeyCheck  bool
+	retries     int           // > 0: replaces Config.Retries
+	backoff     time.Duration // > 0: replaces Config.RetryBackoff
+	retryStatus bool          // retry 408, 409, 429 and 5xx answers too
+}
+
+// maxRetryBackoff bounds the doubling wait between attempts.
+const maxRetryBackoff = 8 * time.Second
+
+// retryableStatus is Agent Lightning's set of statuses worth another attempt.
+func retryableStatus(code int) bool {
+	return code == 408 || code == 409 || code == 429 || code >= 500
 }
 
 // appendDetail appends a FastAPI-style error body: {"detail": msg}.

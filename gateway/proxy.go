@@ -32,6 +32,9 @@ type call struct {
 // errClientGone marks an upstream stream closed because the client went away.
 var errClientGone = errors.New("client disconnected")
 
+// errRetried closes an upstream answer dropped for another attempt.
+var errRetried = errors.New("answer dropped: the call is retried")
+
 // hop-by-hop and framing headers never copied between client and backend.
 var skipHeaders = map[string]bool{
 	"connection": true, "keep-alive": true, "proxy-connection": true, "transfer-encoding": true,
@@ -160,7 +163,14 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		inj     rewrite.Injected
 		tried   []*backends.Upstream
 		backoff = s.cfg.RetryBackoff
+		retries = s.cfg.Retries
 	)
+	if opts.retries > 0 {
+		retries = opts.retries
+	}
+	if opts.backoff > 0 {
+		backoff = opts.backoff
+	}
 	for attempt := 0; ; attempt++ {
 		r = s.pick(pl, c.attr.rolloutID, tried)
 		if r == nil { // every replica tried once: start over
@@ -210,13 +220,24 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		}
 		if err == nil {
 			r.MarkSuccess()
-			break
+			code := resp.StatusCode()
+			if !opts.retryStatus || !retryableStatus(code) || attempt >= retries || time.Now().Add(backoff).After(deadline) {
+				break
+			}
+			// A status worth another attempt (a mounted route's policy).
+			s.release(r)
+			abortResponse(resp, errRetried)
+			tried = append(tried, r)
+			s.log.Debug("backend answered a retryable status; retrying", "backend", r.Name(), "status", code, "attempt", attempt+1)
+			time.Sleep(backoff)
+			backoff = min(backoff*2, maxRetryBackoff)
+			continue
 		}
 		s.release(r)
 		fasthttp.ReleaseResponse(resp)
 		r.MarkFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
 		tried = append(tried, r)
-		retry := attempt < s.cfg.Retries && retryable(err) && !time.Now().Add(backoff).After(deadline)
+		retry := attempt < retries && retryable(err) && !time.Now().Add(backoff).After(deadline)
 		if c.tr.attempt != nil {
 			s.tracing.attemptFailed(&c, err, retry)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/controlplane/agl"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/gatewaytest"
@@ -30,7 +31,7 @@ type aglEnv struct {
 	AGL *agl.Server
 }
 
-func newAGL(t *testing.T, store export.Store, queuePath string) *aglEnv {
+func newAGL(t *testing.T, store export.Store, queuePath string, mutate ...func(*agl.Config)) *aglEnv {
 	t.Helper()
 	e := gatewaytest.NewEnv(t, store, nil)
 	if queuePath == "" {
@@ -42,7 +43,11 @@ func newAGL(t *testing.T, store export.Store, queuePath string) *aglEnv {
 	}
 	t.Cleanup(func() { q.Close() })
 	e.CP.SetTaskQueue(q, 50*time.Millisecond)
-	s, err := agl.New(agl.Config{Enabled: true, Key: key, ModelName: "policy"}, e.GW,
+	cfg := agl.Config{Enabled: true, Key: key, ModelName: "policy"}
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	s, err := agl.New(cfg, e.GW,
 		agl.Deps{Queue: q, Store: store, Capture: e.Pipe, Mirror: e.CP.MirrorChanges})
 	if err != nil {
 		t.Fatal(err)
@@ -415,5 +420,39 @@ func TestAGLPauseDrain(t *testing.T) {
 	gatewaytest.WaitFor(t, "the stream's end counted", func() bool { return inflight() == 0 })
 	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 2 {
 		t.Fatalf("captured calls: %d, want 2 (the 429 is not captured)", len(rows))
+	}
+}
+
+// TestAGLRetries: AGL's retry policy towards engines on the proxy route:
+// 408/409/429/5xx answers are retried (six attempts in all), then passed
+// through and captured once as an error; other statuses are not retried.
+func TestAGLRetries(t *testing.T) {
+	store, _ := gatewaytest.OpenSQLite(t)
+	e := newAGL(t, store, "", func(c *agl.Config) { c.RetryBackoff = 5 * time.Millisecond })
+	e.registerMock(t, 1)
+	e.do(t, "POST", "/api/rollouts", `[{"input":{},"rollout_id":"r1"}]`, 201)
+	url := "/proxy/rollout/r1/attempt/0/mode/train/openai/v1/chat/completions"
+	before := e.Mock.RequestsTo(mock.PathChat)
+	r := e.do(t, "POST", url, chatBody, 503, "x-mock-fail", "status=503")
+	if n := e.Mock.RequestsTo(mock.PathChat) - before; n != 6 {
+		t.Fatalf("attempts on 503: %d, want 6", n)
+	}
+	if !strings.Contains(string(r.Body), "mock failure") {
+		t.Fatalf("the engine's answer is passed through: %s", r.Body)
+	}
+	before = e.Mock.RequestsTo(mock.PathChat)
+	e.do(t, "POST", url, chatBody, 400, "x-mock-fail", "status=400")
+	if n := e.Mock.RequestsTo(mock.PathChat) - before; n != 1 {
+		t.Fatalf("attempts on 400: %d, want 1", n)
+	}
+	trip := e.events(t, "r1", "?format=triplet")
+	if len(trip) != 1 { // both errors have no prompt ids: de-dup keeps the last
+		t.Fatalf("triplets: %v", trip)
+	}
+	if d := trip[0].Get("data"); d.Get("status").String() != "error" || d.Get("http_status").Int() != 400 || !d.Get("error").Exists() {
+		t.Fatalf("error triplet: %s", d.Raw)
+	}
+	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 2 || rows[0].HTTPStatus != 503 {
+		t.Fatalf("rows: %+v", rows)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/openai"
@@ -36,6 +37,12 @@ type Config struct {
 	// "temperature", "return_token_ids", "logprobs" (default all four, as
 	// AGL does). A field left out passes as the agent sent it.
 	Force []string `yaml:"force"`
+	// Retries is how many more attempts a proxied call gets after a
+	// transport error or an answer of status 408, 409, 429 or 5xx (AGL: 5,
+	// six attempts in all; the default), RetryBackoff the first wait,
+	// doubled up to 8 s (AGL: 0.5 s, the default).
+	Retries      int           `yaml:"retries"`
+	RetryBackoff time.Duration `yaml:"retry_backoff"`
 }
 
 // Field names Config.Force accepts.

@@ -323,5 +323,6 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 		ctx.Request.Header.Set("x-task-id", st.TaskID)
 	}
 	s.gw.ProxyAgent(ctx, gateway.AgentCall{RolloutID: rolloutID, AttemptID: attemptID, Endpoint: ep,
-		Force: s.force.get(mode == "train", ep), DetailErrors: true, Done: func() { s.pause.inflight.Add(-1) }})
+		Force: s.force.get(mode == "train", ep), DetailErrors: true, Done: func() { s.pause.inflight.Add(-1) },
+		Retries: s.cfg.Retries, RetryBackoff: s.cfg.RetryBackoff, RetryStatuses: true})
 }
