@@ -171,6 +171,11 @@ func codeRoutes(t *testing.T) []route {
 		m, p, _ := strings.Cut(pat, " ")
 		out = append(out, route{m, placeholder.ReplaceAllString(p, "{}")})
 	}
+	// The Agent Lightning surface (controlplane/agl), mounted on the gateway.
+	out = append(out, comparedRoutes(t, "../controlplane/agl/agl.go", "Handle", "", false)...)
+	for _, p := range caseStrings(t, "../controlplane/agl/proxy.go", "proxy") {
+		out = append(out, route{"POST", "/proxy/rollout/{}/attempt/{}/mode/{}/openai/v1" + p})
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
 }

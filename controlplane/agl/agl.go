@@ -116,45 +116,42 @@ func (s *Server) Mount() {
 
 // Handle serves one request of the surface.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
-	path := string(ctx.Path())
+	sub := string(ctx.Path())
 	if !s.authorized(ctx) {
 		return
 	}
 	method := string(ctx.Method())
-	if strings.HasPrefix(path, "/proxy/rollout/") {
-		s.proxy(ctx, path)
+	if strings.HasPrefix(sub, "/proxy/rollout/") {
+		s.proxy(ctx, sub)
 		return
 	}
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	route := func(m string, n int, p0 string) bool {
-		return len(parts) == n && parts[0] == "api" && (n < 2 || parts[1] == p0) && method == m
-	}
+	parts := strings.Split(strings.Trim(sub, "/"), "/")
 	switch {
-	case path == "/proxy/pause" && method == "POST":
+	case sub == "/proxy/pause" && method == "POST":
 		s.postPause(ctx)
-	case path == "/proxy/resume" && method == "POST":
+	case sub == "/proxy/resume" && method == "POST":
 		s.postResume(ctx)
-	case path == "/proxy/state" && method == "GET":
+	case sub == "/proxy/state" && method == "GET":
 		s.getPauseState(ctx)
-	case path == "/api/models" && method == "POST":
+	case sub == "/api/models" && method == "POST":
 		s.postModels(ctx)
-	case path == "/api/models" && method == "DELETE":
+	case sub == "/api/models" && method == "DELETE":
 		s.deleteModels(ctx)
-	case path == "/api/rollouts" && method == "POST":
+	case sub == "/api/rollouts" && method == "POST":
 		s.createRollouts(ctx)
-	case path == "/api/rollouts" && method == "GET":
+	case sub == "/api/rollouts" && method == "GET":
 		s.listRollouts(ctx)
-	case path == "/api/rollouts/terminal" && method == "GET":
+	case sub == "/api/rollouts/terminal" && method == "GET":
 		s.terminal(ctx)
-	case route("GET", 3, "rollouts"):
+	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts" && method == "GET":
 		s.getRollout(ctx, parts[2])
-	case route("PATCH", 3, "rollouts"):
+	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts" && method == "PATCH":
 		s.patchRollout(ctx, parts[2])
-	case route("DELETE", 3, "rollouts"):
+	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts" && method == "DELETE":
 		s.deleteRollout(ctx, parts[2])
-	case route("GET", 4, "rollouts") && parts[3] == "events":
+	case len(parts) == 4 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "events" && method == "GET":
 		s.getEvents(ctx, parts[2])
-	case route("POST", 6, "rollouts") && parts[3] == "attempt" && parts[5] == "events":
+	case len(parts) == 6 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "attempt" && parts[5] == "events" && method == "POST":
 		s.postEvent(ctx, parts[2], parts[4])
 	default:
 		if s.knownPath(parts) {

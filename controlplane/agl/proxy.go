@@ -264,19 +264,19 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 		detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
 		return
 	}
-	rolloutID, attemptID, mode, rest := parts[1], parts[3], parts[5], parts[8]
+	rolloutID, attemptID, mode, rest := parts[1], parts[3], parts[5], "/"+parts[8]
 	if mode != "train" && mode != "val" {
 		detail(ctx, fasthttp.StatusNotFound, "Unsupported proxy mode: "+mode)
 		return
 	}
 	var ep openai.Endpoint
 	switch rest {
-	case "chat/completions":
+	case "/chat/completions":
 		ep = openai.ChatCompletions
-	case "completions":
+	case "/completions":
 		ep = openai.Completions
 	default:
-		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+rest)
+		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+rest[1:])
 		return
 	}
 	if !gateway.ValidID([]byte(rolloutID)) || !gateway.ValidID([]byte(attemptID)) {
