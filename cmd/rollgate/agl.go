@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"log/slog"
 
@@ -21,10 +22,16 @@ func addAGLFlags(fs *flag.FlagSet) *agl.Config {
 }
 
 // mountAGL serves Agent Lightning's API gateway routes on srv when cfg
-// enables them.
-func mountAGL(cfg agl.Config, srv *gateway.Server, cp *controlplane.Server, q *tasks.Queue, store export.Store, pipe *capture.Pipeline, log *slog.Logger) error {
+// enables them. exposed: the gateway listens beyond loopback without
+// --insecure-admin, where the routes need a key.
+func mountAGL(cfg agl.Config, exposed bool, srv *gateway.Server, cp *controlplane.Server, q *tasks.Queue, store export.Store, pipe *capture.Pipeline, log *slog.Logger) error {
 	if !cfg.Enabled {
 		return nil
+	}
+	if cfg.Key == "" && exposed {
+		return errors.New("--agl on a non-loopback --listen needs a key (agl.key, --agl-key: AGL's server key, AGL_KEY): " +
+			"without one anyone who reaches the port could register models (the routing table), create rollouts and read every call; " +
+			"or pass --insecure-admin to accept that")
 	}
 	s, err := agl.New(cfg, srv, agl.Deps{Queue: q, Store: store, Capture: pipe, Mirror: cp.MirrorChanges, Log: log})
 	if err != nil {

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,5 +100,19 @@ func TestAGLRestart(t *testing.T) {
 	}
 	if term := aglDo(t, "GET", base+"/api/rollouts/terminal?after=1", "", 200); term.Get("items.0.rollout_id").String() != "r1" || term.Get("next_after").Int() != 2 {
 		t.Fatalf("terminal log: %s", term.Raw)
+	}
+}
+
+// TestAGLNeedsKeyWhenExposed: the AGL routes change the routing table and
+// read every call, so on a non-loopback address (admin token set) serve
+// refuses to mount them without a key, and names the flag.
+func TestAGLNeedsKeyWhenExposed(t *testing.T) {
+	cmd := exec.Command(binary, "serve", "--listen", "0.0.0.0:"+strings.Split(freeAddr(t), ":")[1], "--db", filepath.Join(t.TempDir(), "r.db"),
+		"--upstream", "http://127.0.0.1:9/v1", "--agl", "--agl-model-name", "policy")
+	cmd.Env = append(os.Environ(), "ROLLGATE_ADMIN_TOKEN=admin-secret")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--agl-key") {
+		t.Fatalf("serve --agl without a key on 0.0.0.0: %v\n%s", err, out)
 	}
 }

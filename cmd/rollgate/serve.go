@@ -470,7 +470,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	defer tq.Close()
 	cp.SetTaskQueue(tq, time.Second)
-	if err := mountAGL(fc.AGL.Merge(aglFlags, set), srv, cp, tq, store, pipe, log); err != nil {
+	if err := mountAGL(fc.AGL.Merge(aglFlags, set), !isLoopbackAddr(cfg.Listen) && !*insecureAdmin, srv, cp, tq, store, pipe, log); err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)
 		return 2
 	}

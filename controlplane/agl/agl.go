@@ -209,8 +209,15 @@ type fieldError struct {
 	Input any    `json:"input"`
 }
 
-// invalid answers 422 {"detail": [errors...]}.
+// invalid answers 422 {"detail": [errors...]}. An input larger than 1 KiB
+// is not echoed (pydantic echoes it whole; a hostile body may also nest
+// deeper than encoding/json writes).
 func invalid(ctx *fasthttp.RequestCtx, errs ...fieldError) {
+	for i := range errs {
+		if raw, ok := errs[i].Input.(json.RawMessage); ok && len(raw) > 1024 {
+			errs[i].Input = nil
+		}
+	}
 	writeJSON(ctx, fasthttp.StatusUnprocessableEntity, map[string]any{"detail": errs})
 }
 

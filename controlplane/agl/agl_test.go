@@ -456,3 +456,55 @@ func TestAGLRetries(t *testing.T) {
 		t.Fatalf("rows: %+v", rows)
 	}
 }
+
+// TestAGLHostileInput: junk on every AGL route gets a 4xx (FastAPI-style
+// where AGL answers itself), never a 5xx, and the gateway stays up.
+func TestAGLHostileInput(t *testing.T) {
+	store, _ := gatewaytest.OpenSQLite(t)
+	e := newAGL(t, store, "")
+	e.registerMock(t, 1)
+	e.do(t, "POST", "/api/rollouts", `[{"input":{},"rollout_id":"r1"}]`, 201)
+	deep := strings.Repeat("[", 100000) + strings.Repeat("]", 100000)
+	proxy := "/proxy/rollout/r1/attempt/0/mode/train/openai/v1/chat/completions"
+	for _, tc := range []struct{ method, path, body string }{
+		{"POST", "/api/rollouts", deep},
+		{"POST", "/api/rollouts", `[{"input":1,"config":{"timeout_seconds":"x"}}]`},
+		{"POST", "/api/rollouts", `[{"input":1,"metadata":{"batch_idx":1.5}}]`},
+		{"POST", "/api/rollouts", `[{"input":1,"rollout_id":"` + strings.Repeat("a", 200) + `"}]`},
+		{"POST", "/api/rollouts", "[{\"input\":\"\xff\xfe\"}]"},
+		{"PATCH", "/api/rollouts/r1", deep},
+		{"PATCH", "/api/rollouts/r1", `{"status":[1]}`},
+		{"PATCH", "/api/rollouts/r1", `{"status":{"last_attempt_id":5}}`},
+		{"GET", "/api/rollouts?state_in=" + strings.Repeat("queuing&state_in=", 300) + "running", ""},
+		{"GET", "/api/rollouts/terminal?after=99999999999999999999", ""},
+		{"GET", "/api/rollouts/" + strings.Repeat("x", 4000), ""},
+		{"GET", "/api/rollouts/%00/events", ""},
+		{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"reward","data":{"value":"NaN"}}`},
+		{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"reward","data":{"value":1e999}}`},
+		{"POST", "/api/models", `[{"model":"policy","endpoint":"not a url"}]`},
+		{"POST", "/api/models", `[{"model":"policy","endpoint":"http://x/v1","version":1.5}]`},
+		{"POST", "/proxy/pause", `{"retry_after_seconds":1e30}`},
+		{"POST", "/proxy/pause", `[]`},
+		{"POST", proxy, `null`},
+		{"POST", proxy, `[]`},
+		{"POST", proxy, deep},
+		{"POST", proxy, `{"messages":"hi","n":100000000}`},
+		{"POST", "/proxy/rollout/r1/attempt/" + strings.Repeat("a", 200) + "/mode/train/openai/v1/chat/completions", `{}`},
+		{"POST", "/proxy/rollout//attempt/0/mode/train/openai/v1/completions", `{}`},
+		{"DELETE", "/proxy/state", ""},
+	} {
+		r := gatewaytest.Do(t, tc.method, e.URL+tc.path, tc.body, "x-api-key", key)
+		if r.Status < 400 && !(r.Status == 200 && strings.HasPrefix(tc.path, "/api/rollouts?")) && !(r.Status == 200 && strings.Contains(tc.path, "/terminal")) &&
+			!(r.Status == 200 && strings.HasSuffix(tc.path, "/events")) {
+			t.Errorf("%s %.80s %.60q: %d %.200s", tc.method, tc.path, tc.body, r.Status, r.Body)
+		}
+		if r.Status >= 500 {
+			t.Errorf("%s %.80s %.60q: %d (a client mistake) %.300s", tc.method, tc.path, tc.body, r.Status, r.Body)
+		}
+	}
+	if r := gatewaytest.Do(t, "GET", e.URL+"/healthz", ""); r.Status != 200 {
+		t.Fatalf("gateway down after hostile input: %d", r.Status)
+	}
+	// The model registered before still routes.
+	e.do(t, "POST", proxy, chatBody, 200)
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -320,8 +321,8 @@ func bodyJSON(ctx *fasthttp.RequestCtx, list bool) (gjson.Result, bool) {
 		invalid(ctx, fieldError{Type: "missing", Loc: []any{"body"}, Msg: "Field required"})
 		return gjson.Result{}, false
 	}
-	if !gjson.ValidBytes(body) {
-		invalid(ctx, fieldError{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error", Input: map[string]any{}})
+	if !gjson.ValidBytes(body) || !utf8.Valid(body) {
+		invalid(ctx, fieldError{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error (the body must be JSON in UTF-8)", Input: map[string]any{}})
 		return gjson.Result{}, false
 	}
 	v := gjson.ParseBytes(body)
