@@ -86,6 +86,9 @@ func (s *Server) mirror(c context.Context, changes []tasks.Change) {
 		if st.Status == tasks.StatusRunning {
 			s.rollouts.Store(st.RolloutID, &rolloutInfo{taskID: st.TaskID, groupID: group, createdNs: uint64(st.CreatedNano), metadata: string(st.Metadata)})
 			s.gw.RegisterRollout(st.RolloutID, st.TaskID)
+			if m, ok := s.gw.(interface{ SetRolloutMode(rolloutID, mode string) }); ok {
+				m.SetRolloutMode(st.RolloutID, st.Mode)
+			}
 		}
 		rows = append(rows, export.Rollout{RolloutID: st.RolloutID, AttemptID: a.AttemptID, TaskID: st.TaskID, GroupID: group,
 			Status: status, Metadata: queueMetadata(&st, &a), CreatedUnixNano: uint64(st.CreatedNano),

@@ -71,6 +71,11 @@ type Config struct {
 	// so RL data is on-policy); each forced field is recorded in the row's
 	// overrides column, request_body keeps what the agent sent.
 	Force map[string]any `yaml:"force"`
+	// ForceModes sets fields per rollout mode, over Force: e.g. {train:
+	// {temperature: 1.0}, val: {temperature: 0.7}}. A call's mode is its
+	// x-rollout-mode header, else the mode of its rollout in the task queue
+	// (POST /api/v1/tasks), known once the rollout runs.
+	ForceModes map[string]map[string]any `yaml:"force_modes"`
 	// MaxConcurrency bounds the LLM calls in progress (default 0: no limit).
 	// A call that finds no free slot within QueueTimeout gets 429 with
 	// Retry-After, captured.

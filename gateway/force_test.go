@@ -45,3 +45,38 @@ func TestForceOnOwnRoutes(t *testing.T) {
 		t.Fatalf("array body: %d %s", r.status, r.body)
 	}
 }
+
+// TestForceModes: per-mode forced fields (force_modes over force) on
+// rollgate's own routes: the mode comes from x-rollout-mode (not sent on
+// to the engine) or from the mode recorded for the rollout.
+func TestForceModes(t *testing.T) {
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) {
+		c.Force = map[string]any{"top_p": 1}
+		c.ForceModes = map[string]map[string]any{"train": {"temperature": 1.0}, "val": {"temperature": 0.7, "top_p": 0.9}}
+	})
+	body := `{"model":"mock-model","temperature":0.3,"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+	e.gw.SetRolloutMode("rt", "train")
+	for _, tc := range []struct {
+		path, mode  string
+		temp, top_p float64
+	}{
+		{"/rollout/rv/attempt/a/v1/chat/completions", "val", 0.7, 0.9},
+		{"/rollout/rt/attempt/a/v1/chat/completions", "", 1, 1},
+		{"/rollout/rt/attempt/a/v1/chat/completions", "val", 0.7, 0.9}, // the header wins
+		{"/rollout/rx/attempt/a/v1/chat/completions", "", 0.3, 1},      // no mode: force only
+		{"/rollout/rx/attempt/a/v1/chat/completions", "other", 0.3, 1},
+	} {
+		var h []string
+		if tc.mode != "" {
+			h = []string{"x-rollout-mode", tc.mode}
+		}
+		if r := do(t, "POST", e.url+tc.path, body, h...); r.status != 200 {
+			t.Fatalf("%+v: %d %s", tc, r.status, r.body)
+		}
+		sent := e.mock.LastRequest()
+		if gjson.GetBytes(sent, "temperature").Float() != tc.temp || gjson.GetBytes(sent, "top_p").Float() != tc.top_p || e.mock.LastHeader("x-rollout-mode") != "" {
+			t.Fatalf("%+v: the engine got %s (x-rollout-mode %q)", tc, sent, e.mock.LastHeader("x-rollout-mode"))
+		}
+	}
+}

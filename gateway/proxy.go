@@ -40,7 +40,7 @@ var skipHeaders = map[string]bool{
 	"connection": true, "keep-alive": true, "proxy-connection": true, "transfer-encoding": true,
 	"te": true, "trailer": true, "upgrade": true, "content-length": true, "host": true,
 	"accept-encoding": true, "content-encoding": true, "proxy-authorization": true, "proxy-authenticate": true,
-	"x-rollout-id": true, "x-attempt-id": true, "x-sequence-id": true, "x-request-id": true,
+	"x-rollout-id": true, "x-attempt-id": true, "x-sequence-id": true, "x-request-id": true, "x-rollout-mode": true,
 }
 
 func lowerASCII(dst, b []byte) []byte {
@@ -57,7 +57,7 @@ func lowerASCII(dst, b []byte) []byte {
 // proxy handles an OpenAI route: attribution, rewriting, forwarding,
 // streaming back, and capture.
 func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.Endpoint, path []byte) {
-	s.proxyWith(ctx, attr, ep, path, callOptions{force: s.force})
+	s.proxyWith(ctx, attr, ep, path, callOptions{force: s.forceFor(ctx, attr)})
 }
 
 // proxyWith is proxy with a mounted route's options (see ProxyAgent).

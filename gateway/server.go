@@ -55,6 +55,7 @@ type Server struct {
 	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (agent.go)
 	mountMu     sync.Mutex
 	force       *rewrite.ForceSet // Config.Force; nil = none
+	forceModes  *forceModes       // Config.ForceModes; nil = none
 
 	bufs     bufPool
 	scanners sync.Pool
@@ -98,6 +99,11 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	if len(cfg.Force) > 0 {
 		if s.force, err = rewrite.ForceMap(cfg.Force); err != nil {
 			return nil, fmt.Errorf("gateway: force: %w (each entry needs a name and a JSON value)", err)
+		}
+	}
+	if len(cfg.ForceModes) > 0 {
+		if s.forceModes, err = newForceModes(cfg.Force, cfg.ForceModes); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
 	if cfg.MaxConcurrency > 0 {
