@@ -330,6 +330,12 @@ func TestAGLProxy(t *testing.T) {
 		if err != nil || len(d.Rewards) != 1 || d.Rewards[0].Value != 1 || d.Rewards[0].AttemptID != "0" {
 			t.Fatalf("rewards table: %+v %v", d, err)
 		}
+		// rollgate's own API sees the AGL rollout: queue state, calls, rewards.
+		v1 := gatewaytest.Do(t, "GET", e.URL+"/api/v1/rollouts?status=completed&ids=r1", "")
+		if got := gjson.GetBytes(v1.Body, "rollouts.0"); v1.Status != 200 || got.Get("status").String() != "succeeded" || got.Get("task_id").String() != "d7" ||
+			got.Get("calls.calls").Int() != 4 || got.Get("rewards.0.value").Float() != 1 {
+			t.Fatalf("GET /api/v1/rollouts: %d %s", v1.Status, v1.Body)
+		}
 
 		// Streaming (beyond AGL): the triplet equals the same call not streamed.
 		s := e.do(t, "POST", train("r2")+"/chat/completions", gatewaytest.WithStream(chatBody, `"stream":true`), 200)
