@@ -276,12 +276,14 @@ func tripletData(e *eventView) json.RawMessage {
 	}
 	var logprobs any
 	if len(cl.ResponseLogprobs) > 0 {
-		lp := make([]float64, len(cl.ResponseLogprobs))
+		// The column is Float32: written at float32 precision (-0.182, not
+		// -0.18199999630451202), the engine's value as far as it was kept.
+		lp := make([]json.Number, len(cl.ResponseLogprobs))
 		ok := true
 		for i, v := range cl.ResponseLogprobs {
 			f := float64(v)
 			ok = ok && !math.IsNaN(f) && !math.IsInf(f, 0)
-			lp[i] = f
+			lp[i] = json.Number(strconv.FormatFloat(f, 'g', -1, 32))
 		}
 		if ok {
 			logprobs = lp
