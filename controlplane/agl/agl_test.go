@@ -455,7 +455,8 @@ func TestAGLRetries(t *testing.T) {
 	if len(trip) != 1 { // both errors have no prompt ids: de-dup keeps the last
 		t.Fatalf("triplets: %v", trip)
 	}
-	if d := trip[0].Get("data"); d.Get("status").String() != "error" || d.Get("http_status").Int() != 400 || !d.Get("error").Exists() {
+	if d := trip[0].Get("data"); d.Get("status").String() != "error" || d.Get("http_status").Int() != 400 || !d.Get("error").Exists() ||
+		d.Get("prompt_token_ids").Raw != "[]" || d.Get("response_token_ids").Raw != "[]" {
 		t.Fatalf("error triplet: %s", d.Raw)
 	}
 	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 2 || rows[0].HTTPStatus != 503 {

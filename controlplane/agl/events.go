@@ -268,6 +268,13 @@ func tripletData(e *eventView) json.RawMessage {
 		return tripletFromResponse(e.Data)
 	}
 	prompt, response := cl.PromptTokenIDs, cl.ResponseTokenIDs
+	errored := cl.HTTPStatus >= 400 || cl.HTTPStatus == 0
+	if errored {
+		// AGL reads the ids from the engine's body, which an error has none
+		// of (so every error event shares the key [] in the de-dup); ids a
+		// fallback tokenizer may have put on the row are not the engine's.
+		prompt, response = nil, nil
+	}
 	if prompt == nil {
 		prompt = []uint32{}
 	}
@@ -275,7 +282,7 @@ func tripletData(e *eventView) json.RawMessage {
 		response = []uint32{}
 	}
 	var logprobs any
-	if len(cl.ResponseLogprobs) > 0 {
+	if len(cl.ResponseLogprobs) > 0 && !errored {
 		// The column is Float32: written at float32 precision (-0.182, not
 		// -0.18199999630451202), the engine's value as far as it was kept.
 		lp := make([]json.Number, len(cl.ResponseLogprobs))
