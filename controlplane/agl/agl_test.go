@@ -342,6 +342,11 @@ func TestAGLProxy(t *testing.T) {
 		if !strings.Contains(string(s.Body), "data: [DONE]") {
 			t.Fatalf("stream: %s", s.Body)
 		}
+		// GET rollout is not synced with capture (the trainer polls it): the
+		// call's attempt shows once the call is stored.
+		gatewaytest.WaitFor(t, "the attempt of r2's call listed", func() bool {
+			return gjson.GetBytes(e.do(t, "GET", "/api/rollouts/r2", "", 200).Body, "attempts").Raw == `["0"]`
+		})
 		streamed := e.events(t, "r2", "?format=triplet")
 		if len(streamed) != 1 || streamed[0].Get("data").Raw != trip[0].Get("data").Raw {
 			t.Fatalf("streamed triplet differs from the non-streamed one:\n%v\n%s", streamed, trip[0].Get("data").Raw)

@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
@@ -367,4 +368,43 @@ func choiceLogprobs(lp gjson.Result) []float64 {
 		out = append(out, f)
 	}
 	return out
+}
+
+// attemptsOf returns the attempts of a rollout that have events, with the
+// time (unix ns) of the first: stored events, and captured calls counted in
+// the store (one aggregate query: the trainer polls GET /api/rollouts/{id}
+// for every pending rollout, and a call's bodies are not needed here).
+func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int64, error) {
+	first := map[string]int64{}
+	note := func(attempt string, ns int64) {
+		if t, ok := first[attempt]; !ok || ns < t {
+			first[attempt] = ns
+		}
+	}
+	stored, err := s.d.Queue.Events(c, st.RolloutID)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range stored {
+		note(e.AttemptID, e.TimeNano)
+	}
+	if !gateway.ValidID([]byte(st.RolloutID)) { // never true for a stored rollout; the id is quoted below
+		return nil, fmt.Errorf("rollout id %q cannot be queried", st.RolloutID)
+	}
+	res, err := s.d.Store.Query(c, fmt.Sprintf(`SELECT attempt_id, min(end_time_unix_nano) FROM llm_calls
+		WHERE rollout_id = '%s' AND start_time_unix_nano >= %d AND endpoint != 'embeddings' GROUP BY attempt_id`,
+		st.RolloutID, st.CreatedNano))
+	if err != nil {
+		return nil, fmt.Errorf("reading the calls of %s: %w", st.RolloutID, err)
+	}
+	for _, row := range res.Rows {
+		if len(row) == 2 {
+			ns, err := strconv.ParseInt(row[1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("reading the calls of %s: end time %q: %w", st.RolloutID, row[1], err)
+			}
+			note(row[0], ns)
+		}
+	}
+	return first, nil
 }

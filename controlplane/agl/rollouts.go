@@ -490,20 +490,21 @@ func (s *Server) getRollout(ctx *fasthttp.RequestCtx, id string) {
 	if !ok {
 		return
 	}
-	evs, err := s.events(c, st, "", false)
+	first, err := s.attemptsOf(c, st)
 	if err != nil {
 		s.storeError(ctx, "reading the events of "+id, err)
 		return
 	}
-	first := map[string]float64{}
-	attempts := []string{}
-	for _, e := range evs {
-		if _, seen := first[e.AttemptID]; !seen {
-			first[e.AttemptID] = e.Timestamp
-			attempts = append(attempts, e.AttemptID)
-		}
+	attempts := make([]string, 0, len(first))
+	for a := range first {
+		attempts = append(attempts, a)
 	}
-	sort.SliceStable(attempts, func(i, j int) bool { return first[attempts[i]] < first[attempts[j]] })
+	sort.Slice(attempts, func(i, j int) bool {
+		if first[attempts[i]] != first[attempts[j]] {
+			return first[attempts[i]] < first[attempts[j]]
+		}
+		return attempts[i] < attempts[j]
+	})
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"rollout": view(st), "attempts": attempts})
 }
 
