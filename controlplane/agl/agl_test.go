@@ -452,19 +452,24 @@ func TestAGLRetries(t *testing.T) {
 		t.Fatalf("the engine's answer is passed through: %s", r.Body)
 	}
 	before = e.Mock.RequestsTo(mock.PathChat)
+	e.do(t, "POST", url, gatewaytest.WithStream(chatBody, `"stream":true`), 429, "x-mock-fail", "status=429")
+	if n := e.Mock.RequestsTo(mock.PathChat) - before; n != 6 {
+		t.Fatalf("attempts on a streamed call answered 429: %d, want 6", n)
+	}
+	before = e.Mock.RequestsTo(mock.PathChat)
 	e.do(t, "POST", url, chatBody, 400, "x-mock-fail", "status=400")
 	if n := e.Mock.RequestsTo(mock.PathChat) - before; n != 1 {
 		t.Fatalf("attempts on 400: %d, want 1", n)
 	}
 	trip := e.events(t, "r1", "?format=triplet")
-	if len(trip) != 1 { // both errors have no prompt ids: de-dup keeps the last
+	if len(trip) != 1 { // errors have no prompt ids: de-dup keeps the last
 		t.Fatalf("triplets: %v", trip)
 	}
 	if d := trip[0].Get("data"); d.Get("status").String() != "error" || d.Get("http_status").Int() != 400 || !d.Get("error").Exists() ||
 		d.Get("prompt_token_ids").Raw != "[]" || d.Get("response_token_ids").Raw != "[]" {
 		t.Fatalf("error triplet: %s", d.Raw)
 	}
-	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 2 || rows[0].HTTPStatus != 503 {
+	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 3 || rows[0].HTTPStatus != 503 || rows[1].HTTPStatus != 429 || !rows[1].Stream {
 		t.Fatalf("rows: %+v", rows)
 	}
 }
