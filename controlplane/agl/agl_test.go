@@ -3,6 +3,7 @@ package agl_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/controlplane/agl"
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/gatewaytest"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
@@ -33,7 +35,13 @@ type aglEnv struct {
 
 func newAGL(t *testing.T, store export.Store, queuePath string, mutate ...func(*agl.Config)) *aglEnv {
 	t.Helper()
-	e := gatewaytest.NewEnv(t, store, nil)
+	return newAGLWith(t, store, queuePath, nil, mutate...)
+}
+
+// newAGLWith is newAGL with the gateway's config changed by gw.
+func newAGLWith(t *testing.T, store export.Store, queuePath string, gw func(*gateway.Config), mutate ...func(*agl.Config)) *aglEnv {
+	t.Helper()
+	e := gatewaytest.NewEnv(t, store, gw)
 	if queuePath == "" {
 		queuePath = filepath.Join(t.TempDir(), "queue.db")
 	}
@@ -524,4 +532,41 @@ func TestAGLHostileInput(t *testing.T) {
 	}
 	// The model registered before still routes.
 	e.do(t, "POST", proxy, chatBody, 200)
+}
+
+// TestAGLUpstreamFailures: the proxy route's 502 (engine unreachable, after
+// AGL's six attempts) and 504 (engine silent past the upstream timeout),
+// FastAPI-style, each captured once as an error.
+func TestAGLUpstreamFailures(t *testing.T) {
+	store, _ := gatewaytest.OpenSQLite(t)
+	e := newAGLWith(t, store, "", func(c *gateway.Config) { c.UpstreamTimeout = time.Second },
+		func(c *agl.Config) { c.RetryBackoff = 5 * time.Millisecond })
+	e.do(t, "POST", "/api/rollouts", `[{"input":{},"rollout_id":"r1"}]`, 201)
+	url := "/proxy/rollout/r1/attempt/0/mode/train/openai/v1/chat/completions"
+
+	e.registerMock(t, 1)
+	r := e.do(t, "POST", url, chatBody, 504, "x-mock-fail", "hang")
+	if !gjson.GetBytes(r.Body, "detail").Exists() {
+		t.Fatalf("504 body: %s", r.Body)
+	}
+	// An endpoint nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	e.do(t, "DELETE", "/api/models", "", 200)
+	e.do(t, "POST", "/api/models", `[{"model":"policy","endpoint":"`+dead+`","version":2}]`, 201)
+	r = e.do(t, "POST", url, chatBody, 502)
+	if msg := gjson.GetBytes(r.Body, "detail").String(); !strings.Contains(msg, "after 6 attempts") {
+		t.Fatalf("502 body: %s", r.Body)
+	}
+	trip := e.events(t, "r1", "?format=triplet")
+	if len(trip) != 1 || trip[0].Get("data.http_status").Int() != 502 || trip[0].Get("data.status").String() != "error" {
+		t.Fatalf("error triplets (de-dup keeps the last): %v", trip)
+	}
+	if raw := e.events(t, "r1", ""); len(raw) != 2 || raw[0].Get("data.http_status").Int() != 504 {
+		t.Fatalf("raw events: %v", raw)
+	}
 }
