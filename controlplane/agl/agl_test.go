@@ -18,6 +18,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/internal/testenv"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -569,4 +570,42 @@ func TestAGLUpstreamFailures(t *testing.T) {
 	if raw := e.events(t, "r1", ""); len(raw) != 2 || raw[0].Get("data.http_status").Int() != 504 {
 		t.Fatalf("raw events: %v", raw)
 	}
+}
+
+// TestAGLOnPostgres: the trainer/controller/agent sequence with the queue
+// on a real PostgreSQL (several gateways' shared queue) and the calls in
+// either store.
+func TestAGLOnPostgres(t *testing.T) {
+	dsn, stop, err := testenv.StartPostgres()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	gatewaytest.StoreKinds(t, func(t *testing.T, open func(t *testing.T) export.Store) {
+		db, err := testenv.FreshPostgresDatabase(dsn, t.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := newAGL(t, open(t), db)
+		e.registerMock(t, 2)
+		e.do(t, "POST", "/api/rollouts", `[{"input":{"data_id":"d"},"rollout_id":"p1"},{"input":{},"rollout_id":"p2"}]`, 201)
+		e.do(t, "POST", "/api/rollouts", `[{"input":{},"rollout_id":"p1"}]`, 201)
+		if r := e.do(t, "GET", "/api/rollouts?state_in=queuing", "", 200); gjson.GetBytes(r.Body, "#").Int() != 2 {
+			t.Fatalf("list: %s", r.Body)
+		}
+		e.do(t, "PATCH", "/api/rollouts/p1", `{"status":{"state":"running","last_attempt_id":"0"}}`, 200)
+		e.do(t, "PATCH", "/api/rollouts/p1", `{"status":{"state":"queuing"}}`, 409)
+		e.do(t, "POST", "/proxy/rollout/p1/attempt/0/mode/train/openai/v1/chat/completions", chatBody, 200)
+		e.do(t, "POST", "/api/rollouts/p1/attempt/0/events", `{"event_type":"reward","data":{"value":0.5}}`, 200)
+		e.do(t, "PATCH", "/api/rollouts/p1", `{"status":{"state":"succeeded"}}`, 200)
+		e.do(t, "PATCH", "/api/rollouts/p2", `{"status":{"state":"failed"}}`, 200)
+		trip := e.events(t, "p1", "?format=triplet")
+		if len(trip) != 2 || trip[0].Get("data.server.version").Int() != 2 || trip[1].Get("data.value").Float() != 0.5 {
+			t.Fatalf("triplets: %v", trip)
+		}
+		e.do(t, "DELETE", "/api/rollouts/p2", "", 204)
+		if r := e.do(t, "GET", "/api/rollouts/terminal", "", 200); gjson.GetBytes(r.Body, "total_terminal").Int() != 2 || gjson.GetBytes(r.Body, "items.#").Int() != 1 {
+			t.Fatalf("terminal: %s", r.Body)
+		}
+	})
 }
