@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -165,7 +165,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 // footprint is roughly the bytes the Assembler's buffers hold (their
 // capacities), for a pool deciding whether to keep it.
 func (a *Assembler) footprint() int {
-	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*cap(a.ends.ends)
+	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap()
 	for i := range a.choices {
 		c := &a.choices[i]
 		n += cap(c.content) + cap(c.reasoning) + 4*cap(c.tokenIDs) + 4*cap(c.promptIDs) + 4*cap(c.logprobs) +
@@ -213,7 +213,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	sameHead := len(a.head) > 0 && !a.noHead && len(data) > len(a.head) && bytes.Equal(data[:len(a.head)], a.head) &&
 		(a.kind == openai.ChatCompletions || a.kind == openai.Completions)
 	if sameHead {
-		i := skipWS(b2s(data), len(a.head))
+		i := jsonscan.SkipWS(data, len(a.head))
 		sameHead = i < len(data) && data[i] == '"'
 	}
 	if sameHead {
@@ -225,15 +225,15 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	var valid bool
 	if a.noIndex {
 		valid = gjson.ValidBytes(data)
-	} else if valid = a.ends.validIndex(b2s(data)); valid {
-		defer a.ends.clear()
+	} else if valid = a.ends.Valid(data); valid {
+		defer a.ends.Clear()
 	}
 	if !valid {
 		// The raw payload is not valid JSON either: LogprobIDs skips it.
 		a.setErr("invalid JSON in stream event")
 		return false
 	}
-	top := gjson.Parse(b2s(data))
+	top := gjson.Parse(jsonscan.String(data))
 	if !top.IsObject() {
 		a.setErr("stream event is not a JSON object")
 		return true
@@ -253,7 +253,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 			case "id", "object", "created", "model":
 			case "choices":
 				// k is top.Raw's own bytes: its opening quote ends the head.
-				headEnd = int(uintptr(unsafe.Pointer(unsafe.StringData(k)))-uintptr(unsafe.Pointer(unsafe.StringData(top.Raw)))) - 1
+				headEnd = jsonscan.Offset(top.Raw, k) - 1
 			default:
 				headKeys = false
 			}
@@ -395,7 +395,7 @@ func (a *Assembler) Result() *Assembled {
 	}
 	r.Usage.PromptTokens, r.Usage.CompletionTokens, r.Usage.Present, r.Usage.FromTimings = 0, 0, false, false
 	if len(a.usage) > 0 {
-		u := gjson.Parse(b2s(a.usage))
+		u := gjson.Parse(jsonscan.String(a.usage))
 		p, c := u.Get("prompt_tokens"), u.Get("completion_tokens")
 		if !p.Exists() && !c.Exists() {
 			p, c = u.Get("input_tokens"), u.Get("output_tokens")
@@ -406,7 +406,7 @@ func (a *Assembler) Result() *Assembled {
 		// llama.cpp without include_usage: its usage counts are n_decoded
 		// (timings.predicted_n) and the prompt's tokens, cached
 		// (timings.cache_n) plus processed (timings.prompt_n).
-		t := gjson.Parse(b2s(a.timings))
+		t := gjson.Parse(jsonscan.String(a.timings))
 		pn, cn, dn := t.Get("prompt_n"), t.Get("cache_n"), t.Get("predicted_n")
 		if pn.Type == gjson.Number && cn.Type == gjson.Number && dn.Type == gjson.Number {
 			r.Usage.PromptTokens = sat32(uint64(clampU32(pn)) + uint64(clampU32(cn)))
@@ -510,7 +510,7 @@ func stringOf(prev string, raw []byte) string {
 		}
 		return string(in)
 	}
-	s := gjson.Parse(b2s(raw)).Str // unescaped: a new string
+	s := gjson.Parse(jsonscan.String(raw)).Str // unescaped: a new string
 	if s == prev {
 		return prev
 	}

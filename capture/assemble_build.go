@@ -10,13 +10,14 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export/arrays"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // parseBody reads a whole (valid) JSON response: a non-streaming body, or the
 // final object of a Responses stream. Slices of the result point into body.
 func (a *Assembler) parseBody(body []byte) {
-	top := gjson.Parse(b2s(body))
+	top := gjson.Parse(jsonscan.String(body))
 	if !top.IsObject() {
 		a.setErr("response body is not a JSON object")
 		return
@@ -78,7 +79,7 @@ func (a *Assembler) parseBody(body []byte) {
 			return
 		}
 		if output.Exists() {
-			c.view = s2b(output.Raw) // points into body
+			c.view = jsonscan.Bytes(output.Raw) // points into body
 		}
 		if r := incomplete.Get("reason"); r.Type == gjson.String {
 			c.finish = append(c.finish[:0], r.Raw...)
@@ -101,7 +102,7 @@ func (a *Assembler) parseBody(body []byte) {
 		}
 		switch {
 		case f.message.IsObject():
-			c.view = s2b(f.message.Raw) // points into body
+			c.view = jsonscan.Bytes(f.message.Raw) // points into body
 		case f.text.Type == gjson.String:
 			c.message = append(c.message[:0], `{"text":`...)
 			c.message = append(c.message, f.text.Raw...)

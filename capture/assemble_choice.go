@@ -361,7 +361,7 @@ func (a *Assembler) mergeLogprobs(c *choiceState, lp gjson.Result, keep bool) {
 // it walks the entry's members instead of having gjson scan it again; an
 // entry with an escape anywhere goes to gjson, which unescapes keys.
 func (a *Assembler) logprobOf(e gjson.Result) gjson.Result {
-	if a.ends.n == 0 || !e.IsObject() || strings.IndexByte(e.Raw, '\\') >= 0 {
+	if !a.ends.Indexed() || !e.IsObject() || strings.IndexByte(e.Raw, '\\') >= 0 {
 		return e.Get("logprob")
 	}
 	var l gjson.Result

@@ -47,9 +47,9 @@
 // assemble.go (its state, Reset, SetBody, AddChunk and Result),
 // assemble_choice.go (per-choice state, streamed chunks merged into it),
 // assemble_build.go (non-streamed bodies; messages and the assembled body)
-// and jsonwalk.go (the raw JSON walkers and value readers, and
-// containerEnds, which lets a stream chunk's nested walks share one scan of
-// it). rows.go,
+// and jsonwalk.go (the raw JSON walkers and value readers, over
+// internal/jsonscan, whose Index lets a stream chunk's nested walks share
+// one scan of it). rows.go,
 // redact.go and sse.go hold Rows, the Redactor and the SSEScanner.
 //
 // On the gateway's hot path run only Pending.AddEvent (the Assembler, one

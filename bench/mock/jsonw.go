@@ -1,15 +1,17 @@
 package mock
 
 import (
-	"github.com/rollgate/rollgate/export/arrays"
 	"math"
 	"strconv"
 	"unicode/utf8"
-	"unsafe"
+
+	"github.com/rollgate/rollgate/export/arrays"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
-// b2s converts b to a string without copying; the string must not outlive b's contents.
-func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+// b2s converts b to a string without copying (jsonscan.String); the string
+// must not outlive b's contents.
+func b2s(b []byte) string { return jsonscan.String(b) }
 
 const hexDigits = "0123456789abcdef"
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -41,18 +42,18 @@ func Inspect(body []byte) (model []byte, object bool) {
 	if !gjson.ValidBytes(body) {
 		return nil, false
 	}
-	open := skipWS(body, 0)
+	open := jsonscan.SkipWS(body, 0)
 	if open >= len(body) || body[open] != '{' {
 		return nil, false
 	}
-	it := newObjIter(body, open)
-	var m member
-	for it.next(&m) {
-		if string(m.key(body)) == "model" {
-			model = m.val(body)
+	it := jsonscan.NewObjIter(body, open, nil)
+	var m jsonscan.Member
+	for it.Next(&m) {
+		if string(m.Key(body)) == "model" {
+			model = m.Val(body)
 		}
 	}
-	return model, !it.bad
+	return model, !it.Bad
 }
 
 // Injected records which fields Rewrite added to a request; the same fields
@@ -169,7 +170,7 @@ type span struct {
 	ok         bool
 }
 
-func (s span) null(b []byte) bool { return !s.ok || isNull(b[s.start:s.end]) }
+func (s span) null(b []byte) bool { return !s.ok || jsonscan.IsNull(b[s.start:s.end]) }
 
 // Texts of the injected members; the first appended member of an empty
 // object goes without the leading comma.
@@ -210,7 +211,7 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	if !opt.Validated && !gjson.ValidBytes(body) {
 		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
 	}
-	open := skipWS(body, 0)
+	open := jsonscan.SkipWS(body, 0)
 	if open >= len(body) || body[open] != '{' {
 		return dst, info, 0, &RequestError{Reason: "must be a JSON object"}
 	}
@@ -218,14 +219,14 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	var model, stream, n, ids, so, lp, tlp, asIDs, tools, nProbs span
 	lastEnd := open + 1 // where members are appended
 	hasMembers := false
-	it := newObjIter(body, open)
-	var m member
-	for it.next(&m) {
+	it := jsonscan.NewObjIter(body, open, nil)
+	var m jsonscan.Member
+	for it.Next(&m) {
 		hasMembers = true
-		lastEnd = m.valEnd
-		s := span{start: m.valStart, end: m.valEnd, ok: true}
+		lastEnd = m.ValEnd
+		s := span{start: m.ValStart, end: m.ValEnd, ok: true}
 		// Later duplicates win, as in the engines' JSON decoders.
-		switch string(m.key(body)) {
+		switch string(m.Key(body)) {
 		case "model":
 			model = s
 		case "stream":
@@ -248,7 +249,7 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 			nProbs = s
 		}
 	}
-	if it.bad { // cannot happen after ValidBytes; keep the scanner honest
+	if it.Bad { // cannot happen after ValidBytes; keep the scanner honest
 		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
 	}
 
@@ -298,13 +299,13 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	soMembers := false
 	soObject := so.ok && body[so.start] == '{'
 	if soObject {
-		sit := newObjIter(body, so.start)
+		sit := jsonscan.NewObjIter(body, so.start, nil)
 		soEnd = so.start + 1
-		for sit.next(&m) {
+		for sit.Next(&m) {
 			soMembers = true
-			soEnd = m.valEnd
-			s := span{start: m.valStart, end: m.valEnd, ok: true}
-			switch string(m.key(body)) {
+			soEnd = m.ValEnd
+			s := span{start: m.ValStart, end: m.ValEnd, ok: true}
+			switch string(m.Key(body)) {
 			case "include_usage":
 				usage = s
 			case "continuous_usage_stats":
@@ -446,7 +447,7 @@ func nonEmptyArray(body []byte, s span) bool {
 	if !s.ok || body[s.start] != '[' {
 		return false
 	}
-	i := skipWS(body, s.start+1)
+	i := jsonscan.SkipWS(body, s.start+1)
 	return i < s.end && body[i] != ']'
 }
 

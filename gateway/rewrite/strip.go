@@ -3,6 +3,7 @@ package rewrite
 import (
 	"bytes"
 
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -88,30 +89,30 @@ type objEd struct {
 
 func newObjEd() objEd { return objEd{pending: -1} }
 
-func (o *objEd) keep(w *writer, m *member) {
+func (o *objEd) keep(w *writer, m *jsonscan.Member) {
 	if o.pending >= 0 {
-		w.replace(o.pending, m.keyStart, "")
+		w.replace(o.pending, m.KeyStart, "")
 		o.pending = -1
 	}
 	o.kept = true
-	o.prevEnd = m.valEnd
+	o.prevEnd = m.ValEnd
 }
 
-func (o *objEd) setNull(w *writer, m *member) {
+func (o *objEd) setNull(w *writer, m *jsonscan.Member) {
 	o.keep(w, m)
-	if !isNull(m.val(w.src)) {
-		w.replace(m.valStart, m.valEnd, "null")
+	if !jsonscan.IsNull(m.Val(w.src)) {
+		w.replace(m.ValStart, m.ValEnd, "null")
 	}
 }
 
-func (o *objEd) del(w *writer, m *member) {
+func (o *objEd) del(w *writer, m *jsonscan.Member) {
 	switch {
 	case o.kept:
-		w.replace(o.prevEnd, m.valEnd, "")
+		w.replace(o.prevEnd, m.ValEnd, "")
 	case o.pending < 0:
-		o.pending = m.keyStart
+		o.pending = m.KeyStart
 	}
-	o.prevEnd = m.valEnd
+	o.prevEnd = m.ValEnd
 }
 
 func (o *objEd) end(w *writer) {
@@ -122,7 +123,7 @@ func (o *objEd) end(w *writer) {
 }
 
 func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool) ([]byte, bool) {
-	open := skipWS(data, 0)
+	open := jsonscan.SkipWS(data, 0)
 	if open >= len(data) || data[open] != '{' {
 		return data, false
 	}
@@ -136,17 +137,17 @@ func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool)
 	nChoices := 0
 	allFiller := true // every choice has delta {} and no finish_reason
 
-	top := newObjIter(data, open)
+	top := jsonscan.NewObjIter(data, open, nil)
 	ed := newObjEd()
-	var m member
-	for top.nextKey(&m) {
-		if string(m.key(data)) == "choices" && m.valStart < len(data) && data[m.valStart] == '[' {
+	var m jsonscan.Member
+	for top.NextKey(&m) {
+		if string(m.Key(data)) == "choices" && m.ValStart < len(data) && data[m.ValStart] == '[' {
 			// Walk the choices once, finding the end of the array on the way.
 			ed.keep(&w, &m)
 			choicesSeen = true
-			arr := newArrIter(data, m.valStart)
+			arr := jsonscan.NewArrIter(data, m.ValStart, nil)
 			for {
-				s, ok := arr.nextStart()
+				s, ok := arr.NextStart()
 				if !ok {
 					break
 				}
@@ -156,11 +157,11 @@ func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool)
 				}
 				if data[s] != '{' {
 					allFiller = false
-					end := skipValue(data, s)
+					end := jsonscan.SkipValue(data, s)
 					if end < 0 {
 						return data, false
 					}
-					arr.endElem(end)
+					arr.EndElem(end)
 					continue
 				}
 				filler, end, ok := stripChoice(&w, s, ids, lps, deleteMode || omitIDs, omitLps)
@@ -168,21 +169,21 @@ func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool)
 					return data, false
 				}
 				allFiller = allFiller && filler
-				arr.endElem(end)
+				arr.EndElem(end)
 			}
-			if arr.bad {
+			if arr.Bad {
 				return data, false
 			}
-			top.endVal(&m, arr.end)
-			ed.prevEnd = arr.end
+			top.EndVal(&m, arr.End)
+			ed.prevEnd = arr.End
 			continue
 		}
-		if !top.skipVal(&m) {
+		if !top.SkipVal(&m) {
 			break
 		}
-		switch string(m.key(data)) {
+		switch string(m.Key(data)) {
 		case "object":
-			if string(m.val(data)) == `"chat.completion"` {
+			if string(m.Val(data)) == `"chat.completion"` {
 				deleteMode = false
 			}
 			ed.keep(&w, &m)
@@ -196,13 +197,13 @@ func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool)
 				ed.setNull(&w, &m)
 			}
 		case "usage":
-			usageSet = !isNull(m.val(data))
+			usageSet = !jsonscan.IsNull(m.Val(data))
 			ed.keep(&w, &m)
 		default: // including a "choices" that is not an array
 			ed.keep(&w, &m)
 		}
 	}
-	if top.bad {
+	if top.Bad {
 		return data, false
 	}
 	ed.end(&w)
@@ -227,11 +228,11 @@ func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool)
 func stripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler bool, end int, ok bool) {
 	data := w.src
 	emptyDelta, finishNull := false, true
-	it := newObjIter(data, open)
+	it := jsonscan.NewObjIter(data, open, nil)
 	ed := newObjEd()
-	var m member
-	for it.next(&m) {
-		switch string(m.key(data)) {
+	var m jsonscan.Member
+	for it.Next(&m) {
+		switch string(m.Key(data)) {
 		case "token_ids", "prompt_token_ids":
 			switch {
 			case !ids:
@@ -251,18 +252,18 @@ func stripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler boo
 				ed.setNull(w, &m)
 			}
 		case "delta":
-			emptyDelta = isEmptyObject(m.val(data))
+			emptyDelta = jsonscan.IsEmptyObject(m.Val(data))
 			ed.keep(w, &m)
 		case "finish_reason":
-			finishNull = isNull(m.val(data))
+			finishNull = jsonscan.IsNull(m.Val(data))
 			ed.keep(w, &m)
 		default:
 			ed.keep(w, &m)
 		}
 	}
-	if it.bad {
+	if it.Bad {
 		return false, 0, false
 	}
 	ed.end(w)
-	return emptyDelta && finishNull, it.end, true
+	return emptyDelta && finishNull, it.End, true
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -56,7 +57,7 @@ func refSkipValue(b []byte, i int) int {
 	j := i
 	for j < len(b) {
 		c := b[j]
-		if c == ',' || c == '}' || c == ']' || c == ':' || c == '{' || c == '[' || c == '"' || isWS(c) {
+		if c == ',' || c == '}' || c == ']' || c == ':' || c == '{' || c == '[' || c == '"' || jsonscan.IsWS(c) {
 			break
 		}
 		j++
@@ -79,9 +80,9 @@ func refNewObjIter(b []byte, open int) refObjIter {
 	return refObjIter{b: b, i: open + 1, first: true}
 }
 
-func (it *refObjIter) next(m *member) bool {
+func (it *refObjIter) next(m *jsonscan.Member) bool {
 	b := it.b
-	i := skipWS(b, it.i)
+	i := jsonscan.SkipWS(b, it.i)
 	if i >= len(b) {
 		it.bad = true
 		return false
@@ -95,33 +96,33 @@ func (it *refObjIter) next(m *member) bool {
 			it.bad = true
 			return false
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipWS(b, i+1)
 	}
 	it.first = false
 	if i >= len(b) || b[i] != '"' {
 		it.bad = true
 		return false
 	}
-	m.keyStart = i
+	m.KeyStart = i
 	i = refSkipString(b, i)
 	if i < 0 {
 		it.bad = true
 		return false
 	}
-	m.keyEnd = i
-	i = skipWS(b, i)
+	m.KeyEnd = i
+	i = jsonscan.SkipWS(b, i)
 	if i >= len(b) || b[i] != ':' {
 		it.bad = true
 		return false
 	}
-	i = skipWS(b, i+1)
-	m.valStart = i
+	i = jsonscan.SkipWS(b, i+1)
+	m.ValStart = i
 	i = refSkipValue(b, i)
 	if i < 0 {
 		it.bad = true
 		return false
 	}
-	m.valEnd = i
+	m.ValEnd = i
 	it.i = i
 	return true
 }
@@ -139,7 +140,7 @@ func refNewArrIter(b []byte, open int) refArrIter {
 
 func (it *refArrIter) next() (start, end int, ok bool) {
 	b := it.b
-	i := skipWS(b, it.i)
+	i := jsonscan.SkipWS(b, it.i)
 	if i >= len(b) {
 		it.bad = true
 		return 0, 0, false
@@ -152,7 +153,7 @@ func (it *refArrIter) next() (start, end int, ok bool) {
 			it.bad = true
 			return 0, 0, false
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipWS(b, i+1)
 	}
 	it.first = false
 	start = i
@@ -166,7 +167,7 @@ func (it *refArrIter) next() (start, end int, ok bool) {
 }
 
 func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool) ([]byte, bool) {
-	open := skipWS(data, 0)
+	open := jsonscan.SkipWS(data, 0)
 	if open >= len(data) || data[open] != '{' {
 		return data, false
 	}
@@ -182,11 +183,11 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 
 	top := refNewObjIter(data, open)
 	ed := newObjEd()
-	var m member
+	var m jsonscan.Member
 	for top.next(&m) {
-		switch string(m.key(data)) {
+		switch string(m.Key(data)) {
 		case "object":
-			if string(m.val(data)) == `"chat.completion"` {
+			if string(m.Val(data)) == `"chat.completion"` {
 				deleteMode = false
 			}
 			ed.keep(&w, &m)
@@ -200,15 +201,15 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 				ed.setNull(&w, &m)
 			}
 		case "usage":
-			usageSet = !isNull(m.val(data))
+			usageSet = !jsonscan.IsNull(m.Val(data))
 			ed.keep(&w, &m)
 		case "choices":
 			ed.keep(&w, &m)
-			if data[m.valStart] != '[' {
+			if data[m.ValStart] != '[' {
 				break
 			}
 			choicesSeen = true
-			arr := refNewArrIter(data, m.valStart)
+			arr := refNewArrIter(data, m.ValStart)
 			for {
 				s, _, ok := arr.next()
 				if !ok {
@@ -254,9 +255,9 @@ func refStripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler 
 	emptyDelta, finishNull := false, true
 	it := refNewObjIter(data, open)
 	ed := newObjEd()
-	var m member
+	var m jsonscan.Member
 	for it.next(&m) {
-		switch string(m.key(data)) {
+		switch string(m.Key(data)) {
 		case "token_ids", "prompt_token_ids":
 			switch {
 			case !ids:
@@ -276,10 +277,10 @@ func refStripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler 
 				ed.setNull(w, &m)
 			}
 		case "delta":
-			emptyDelta = isEmptyObject(m.val(data))
+			emptyDelta = jsonscan.IsEmptyObject(m.Val(data))
 			ed.keep(w, &m)
 		case "finish_reason":
-			finishNull = isNull(m.val(data))
+			finishNull = jsonscan.IsNull(m.Val(data))
 			ed.keep(w, &m)
 		default:
 			ed.keep(w, &m)

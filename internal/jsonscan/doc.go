@@ -1,0 +1,19 @@
+// Package jsonscan is rollgate's one raw JSON scanner, shared by the request
+// rewriter and stripper (gateway/rewrite) and the capture assembler
+// (capture). It walks JSON text in place, as offsets into the input: it
+// never allocates, never unescapes, and never panics or reads out of bounds
+// on malformed input (failures are reported as -1 or false).
+//
+// Three parts:
+//   - the structural scanner (SkipWS, SkipString, SkipValue, ObjIter,
+//     ArrIter), which does not validate;
+//   - Index, a validator that accepts exactly what gjson.Valid accepts and
+//     records where every object and array ends on the way, so that walking
+//     nested values afterwards does not rescan them (the iterators take an
+//     Index);
+//   - zero-copy views between string and []byte (String, Bytes, Offset).
+//
+// It is the only package of the module that imports unsafe for JSON work:
+// the views and Index's lookup by address live here (gateway/chunkpeek.go's
+// reflection on fasthttp is the one other use, see TestUnsafeOnlyHere).
+package jsonscan

@@ -1,0 +1,241 @@
+package jsonscan
+
+import (
+	"math"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// Index holds where each object and array of one JSON text ends, found in
+// one scan of the text (Valid, which also validates it), so that walking
+// nested values afterwards does not rescan them: without it, each level of
+// nesting (a stream chunk, "choices", each choice, its "logprobs",
+// "content", each entry) skips its values again, and the bytes of a token's
+// logprobs are read once per level. A nil or empty Index, or a value outside
+// the indexed text, falls back to SkipValue. The zero value is ready to use.
+type Index struct {
+	base uintptr // address of the indexed text's first byte; 0 when none
+	n    int     // its length
+	ends []int32 // ends[i]: offset just after the container opening at i (only at openings outside strings)
+}
+
+// Valid reports whether b is valid JSON, accepting exactly what gjson.Valid
+// accepts (its validator, mirrored decision for decision), and records the
+// ends of its containers on the way: one scan instead of gjson.Valid's and
+// another. When it returns true, b is indexed and must stay unchanged until
+// Clear or the next Valid.
+func (x *Index) Valid(b []byte) bool {
+	x.Clear()
+	if len(b) > math.MaxInt32 {
+		return gjson.ValidBytes(b)
+	}
+	if cap(x.ends) < len(b) {
+		x.ends = make([]int32, len(b))
+	}
+	x.ends = x.ends[:cap(x.ends)]
+	i := SkipWS(b, 0)
+	if i >= len(b) {
+		return false
+	}
+	i, ok := x.vAny(b, i)
+	if !ok || SkipWS(b, i) != len(b) {
+		return false
+	}
+	x.base, x.n = uintptr(unsafe.Pointer(unsafe.SliceData(b))), len(b)
+	return true
+}
+
+// Indexed reports whether a text is indexed (Valid returned true, and no
+// Clear since).
+func (x *Index) Indexed() bool { return x != nil && x.n > 0 }
+
+// Cap returns the capacity of the index's buffer, in entries (4 bytes each).
+func (x *Index) Cap() int { return cap(x.ends) }
+
+// Clear forgets the indexed text, and drops a buffer larger than 1 MiB of
+// text.
+func (x *Index) Clear() {
+	x.base, x.n = 0, 0
+	if cap(x.ends) > 1<<20 {
+		x.ends = nil
+	}
+}
+
+// End returns the recorded end (the index just after it, in b) of the
+// container opening at b[i], where b is the indexed text or a slice of it;
+// -1 when b[i] is not an indexed opening.
+func (x *Index) End(b []byte, i int) int {
+	if x == nil || x.n == 0 || i < 0 || i >= len(b) || (b[i] != '{' && b[i] != '[') {
+		return -1
+	}
+	off := uintptr(unsafe.Pointer(unsafe.SliceData(b))) + uintptr(i) - x.base
+	if off >= uintptr(x.n) {
+		return -1
+	}
+	// The bounds hold for every opening reached in valid JSON; they are
+	// checked anyway, so that no input can make the index point outside b.
+	if e := int(x.ends[off]); e > int(off) && e <= x.n && i+e-int(off) <= len(b) {
+		return i + e - int(off)
+	}
+	return -1
+}
+
+// SkipValue is the package's SkipValue, taking a container's end from the
+// index when b[i] is an opening of the indexed text. x may be nil.
+func (x *Index) SkipValue(b []byte, i int) int {
+	if x != nil && x.n > 0 {
+		if e := x.End(b, i); e >= 0 {
+			return e
+		}
+	}
+	return SkipValue(b, i)
+}
+
+// vAny validates the value starting at b[i] (not whitespace) and returns
+// the index after it. The v* functions follow gjson's validany and the
+// functions it calls, decision for decision.
+func (x *Index) vAny(b []byte, i int) (int, bool) {
+	switch b[i] {
+	case '{', '[':
+		return x.vContainer(b, i)
+	case '"':
+		return vString(b, i+1)
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return vNumber(b, i)
+	case 't':
+		return vLit(b, i, "true")
+	case 'f':
+		return vLit(b, i, "false")
+	case 'n':
+		return vLit(b, i, "null")
+	}
+	return i, false
+}
+
+// vContainer validates the object or array opening at b[open] and records
+// its end.
+func (x *Index) vContainer(b []byte, open int) (int, bool) {
+	obj, closer := b[open] == '{', byte(']')
+	if obj {
+		closer = '}'
+	}
+	i := SkipWS(b, open+1)
+	if i < len(b) && b[i] == closer {
+		x.ends[open] = int32(i + 1)
+		return i + 1, true
+	}
+	for {
+		var ok bool
+		if obj { // "key" :
+			if i >= len(b) || b[i] != '"' {
+				return i, false
+			}
+			if i, ok = vString(b, i+1); !ok {
+				return i, false
+			}
+			i = SkipWS(b, i)
+			if i >= len(b) || b[i] != ':' {
+				return i, false
+			}
+			i = SkipWS(b, i+1)
+		}
+		if i >= len(b) {
+			return i, false
+		}
+		if i, ok = x.vAny(b, i); !ok {
+			return i, false
+		}
+		i = SkipWS(b, i)
+		switch {
+		case i >= len(b):
+			return i, false
+		case b[i] == closer:
+			x.ends[open] = int32(i + 1)
+			return i + 1, true
+		case b[i] == ',':
+			i = SkipWS(b, i+1)
+		default:
+			return i, false
+		}
+	}
+}
+
+// vString validates a string whose opening quote is at b[i-1].
+func vString(b []byte, i int) (int, bool) {
+	for ; i < len(b); i++ {
+		switch c := b[i]; {
+		case c < ' ':
+			return i, false
+		case c == '\\':
+			i++
+			if i == len(b) {
+				return i, false
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				for range 4 {
+					i++
+					if i >= len(b) || !isHex(b[i]) {
+						return i, false
+					}
+				}
+			default:
+				return i, false
+			}
+		case c == '"':
+			return i + 1, true
+		}
+	}
+	return i, false
+}
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+
+// vNumber validates the number starting at b[i] ('-' or a digit).
+func vNumber(b []byte, i int) (int, bool) {
+	if b[i] == '-' {
+		i++
+		if i == len(b) || b[i] < '0' || b[i] > '9' {
+			return i, false
+		}
+	}
+	if b[i] == '0' {
+		i++
+	} else {
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i == len(b) || b[i] < '0' || b[i] > '9' {
+			return i, false
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i == len(b) || b[i] < '0' || b[i] > '9' {
+			return i, false
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	return i, true
+}
+
+// vLit validates the literal lit (true, false, null) at b[i].
+func vLit(b []byte, i int, lit string) (int, bool) {
+	if len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit {
+		return i + len(lit), true
+	}
+	return i, false
+}
