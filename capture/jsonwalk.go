@@ -126,17 +126,41 @@ func eachMember(obj string, fn func(key string, v gjson.Result) bool) {
 // eachMember is the package's eachMember, taking the ends of containers
 // from x (see containerEnds).
 func (x *containerEnds) eachMember(obj string, fn func(key string, v gjson.Result) bool) {
-	b := jsonscan.Bytes(obj)
+	// A loop over jsonscan's primitives rather than its ObjIter: this runs
+	// for every member of every chunk, and the iterator's calls cost more.
+	b, idx := jsonscan.Bytes(obj), x.index()
 	i := jsonscan.SkipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return
 	}
-	it := jsonscan.NewObjIter(b, i, x.index())
-	var m jsonscan.Member
-	for it.Next(&m) {
-		if !fn(obj[m.KeyStart+1:m.KeyEnd-1], rawValue(obj[m.ValStart:m.ValEnd])) {
+	i++
+	for {
+		i = jsonscan.SkipWS(b, i)
+		if i >= len(b) || b[i] != '"' {
+			return // '}' or malformed
+		}
+		end := jsonscan.SkipString(b, i)
+		if end < 0 {
 			return
 		}
+		key := obj[i+1 : end-1]
+		i = jsonscan.SkipWS(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return
+		}
+		i = jsonscan.SkipWS(b, i+1)
+		vend := idx.SkipValue(b, i)
+		if vend < 0 {
+			return
+		}
+		if !fn(key, rawValue(obj[i:vend])) {
+			return
+		}
+		i = jsonscan.SkipWS(b, vend)
+		if i >= len(b) || b[i] != ',' {
+			return
+		}
+		i++
 	}
 }
 
@@ -149,17 +173,29 @@ func eachElem(arr string, fn func(v gjson.Result) bool) {
 // eachElem is the package's eachElem, taking the ends of containers from x
 // (see containerEnds).
 func (x *containerEnds) eachElem(arr string, fn func(v gjson.Result) bool) {
-	b := jsonscan.Bytes(arr)
+	b, idx := jsonscan.Bytes(arr), x.index()
 	i := jsonscan.SkipWS(b, 0)
 	if i >= len(b) || b[i] != '[' {
 		return
 	}
-	it := jsonscan.NewArrIter(b, i, x.index())
+	i++
 	for {
-		s, e, ok := it.Next()
-		if !ok || !fn(rawValue(arr[s:e])) {
+		i = jsonscan.SkipWS(b, i)
+		if i >= len(b) || b[i] == ']' {
 			return
 		}
+		vend := idx.SkipValue(b, i)
+		if vend < 0 {
+			return
+		}
+		if !fn(rawValue(arr[i:vend])) {
+			return
+		}
+		i = jsonscan.SkipWS(b, vend)
+		if i >= len(b) || b[i] != ',' {
+			return
+		}
+		i++
 	}
 }
 

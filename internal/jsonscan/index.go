@@ -84,12 +84,19 @@ func (x *Index) End(b []byte, i int) int {
 // SkipValue is the package's SkipValue, taking a container's end from the
 // index when b[i] is an opening of the indexed text. x may be nil.
 func (x *Index) SkipValue(b []byte, i int) int {
-	if x != nil && x.n > 0 {
+	if i < 0 || i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return SkipString(b, i)
+	case '{', '[':
 		if e := x.End(b, i); e >= 0 {
 			return e
 		}
+		return SkipValue(b, i)
 	}
-	return SkipValue(b, i)
+	return skipScalar(b, i)
 }
 
 // vAny validates the value starting at b[i] (not whitespace) and returns

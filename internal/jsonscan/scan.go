@@ -73,12 +73,19 @@ func SkipValue(b []byte, i int) int {
 		}
 		return -1
 	}
+	return skipScalar(b, i)
+}
+
+// scalarStop marks the bytes that end a scalar (number, true, false, null).
+var scalarStop = [256]bool{
+	',': true, '}': true, ']': true, ':': true, '{': true, '[': true, '"': true,
+	' ': true, '\t': true, '\n': true, '\r': true,
+}
+
+// skipScalar returns the index after the scalar at b[i], or -1 when empty.
+func skipScalar(b []byte, i int) int {
 	j := i
-	for j < len(b) {
-		c := b[j]
-		if c == ',' || c == '}' || c == ']' || c == ':' || c == '{' || c == '[' || c == '"' || IsWS(c) {
-			break
-		}
+	for j < len(b) && !scalarStop[b[j]] {
 		j++
 	}
 	if j == i {
@@ -121,7 +128,18 @@ func NewObjIter(b []byte, open int, x *Index) ObjIter {
 
 // Next reads the next member into m; false at the end of the object or on
 // malformed input (then Bad is set).
-func (it *ObjIter) Next(m *Member) bool { return it.NextKey(m) && it.SkipVal(m) }
+func (it *ObjIter) Next(m *Member) bool {
+	if !it.NextKey(m) {
+		return false
+	}
+	i := it.x.SkipValue(it.b, m.ValStart)
+	if i < 0 {
+		it.Bad = true
+		return false
+	}
+	m.ValEnd, it.i = i, i
+	return true
+}
 
 // NextKey reads the next member's key into m and stops at its value
 // (m.ValStart; m.ValEnd is not set): the caller then calls SkipVal, or walks
