@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -46,6 +48,7 @@ type streamBody struct {
 	sawData  bool   // the backend sent an event with data
 	off      int
 	first    bool
+	flushed  bool  // a Read returned bytes: fasthttp has written and flushed its buffer since (see writeChunk)
 	eof      bool  // the backend stream ended (or failed, see rerr)
 	rerr     error // backend read error other than io.EOF
 	closed   bool
@@ -56,6 +59,9 @@ type streamBody struct {
 	conn     net.Conn  // the client connection, for write deadlines
 	deadline time.Time // when the write deadline was last moved
 }
+
+// maxBurstRead bounds the backend read buffer a burst grows it to (see fill).
+const maxBurstRead = 32 << 10
 
 var streamBodies = sync.Pool{New: func() any {
 	// Small buffers: an SSE event is a few hundred bytes, and 1,000 open
@@ -70,7 +76,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.sc.Reset()
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
-	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
+	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
 	b.upstream = resp.BodyStream()
 	b.peek, b.peekOK = peekerOf(resp, b.upstream)
@@ -92,24 +98,61 @@ func (b *streamBody) Read(p []byte) (n int, err error) {
 			n, err = 0, b.rerr
 		}
 	}()
-	for b.off >= len(b.out) {
-		if b.eof {
-			return 0, io.EOF
+	for {
+		for b.off >= len(b.out) {
+			if b.eof {
+				return 0, io.EOF
+			}
+			b.fill()
 		}
-		b.fill()
+		// These bytes are written next: give the client ClientWriteTimeout to
+		// take them, counted from now (the backend may have been silent long).
+		// Moving the deadline costs a timer update, so at most every 1/8 of it.
+		if b.conn != nil {
+			if now := time.Now(); now.Sub(b.deadline) > b.s.cfg.ClientWriteTimeout/8 {
+				b.deadline = now
+				b.s.writeDeadline(b.conn, now)
+			}
+		}
+		if len(b.out)-b.off <= len(p) || !b.flushed || b.conn == nil {
+			break
+		}
+		if err := b.writeChunk(); err != nil {
+			return 0, err
+		}
 	}
 	n = copy(p, b.out[b.off:])
 	b.off += n
-	// These bytes are written next: give the client ClientWriteTimeout to
-	// take them, counted from now (the backend may have been silent long).
-	// Moving the deadline costs a timer update, so at most every 1/8 of it.
-	if b.conn != nil {
-		if now := time.Now(); now.Sub(b.deadline) > b.s.cfg.ClientWriteTimeout/8 {
-			b.deadline = now
-			b.s.writeDeadline(b.conn, now)
-		}
-	}
+	b.flushed = true
 	return n, nil
+}
+
+// chunkRoom is the room fill leaves before the client bytes in out, for the
+// size line writeChunk puts in front of them.
+const chunkRoom = 16
+
+// writeChunk writes all the pending client bytes to the connection as one
+// HTTP chunk, in one write. fasthttp copies a body stream through a 4 KiB
+// buffer and writes and flushes each Read as its own chunk, so a fill of
+// events that arrived together (a burst, see fill) would otherwise leave in
+// one write per 4 KiB; nginx writes such a burst at once. It is called only
+// once a Read has returned bytes: fasthttp flushes its buffered writer after
+// each chunk (writeChunk in fasthttp's http.go, v1.69), so nothing of its
+// own is pending on the connection and the chunk goes out in order.
+// TestBurstForwardedInOneWrite checks the framing and the count of writes.
+func (b *streamBody) writeChunk() error {
+	var hex [16]byte
+	size := strconv.AppendInt(hex[:0], int64(len(b.out)-b.off), 16)
+	start := b.off - len(size) - 2
+	if start < 0 { // never: fill leaves chunkRoom, and off only grows
+		return errors.New("stream chunk without room for its size line")
+	}
+	copy(b.out[start:], size)
+	b.out[b.off-2], b.out[b.off-1] = '\r', '\n'
+	b.out = append(b.out, '\r', '\n')
+	_, err := b.conn.Write(b.out[start:])
+	b.off = len(b.out)
+	return err
 }
 
 // hold keeps an event's data payload until the bytes of this fill have been
@@ -137,11 +180,21 @@ func (b *streamBody) handHeld() {
 func (b *streamBody) fill() {
 	defer b.logIfEnded()
 	b.handHeld()
-	b.out, b.off = b.out[:0], 0
+	b.out, b.off = b.out[:chunkRoom], chunkRoom
 	pend := b.c.pend
 	n, err := b.upstream.Read(b.in)
-	// Events that arrived together leave together (see chunkPeek).
-	for err == nil && b.peekOK && n < len(b.in) && b.peek.ready() {
+	// Events that arrived together leave together (see chunkPeek): keep
+	// reading while the next chunk is already buffered, growing the read
+	// buffer for a burst (not for the first read: the first token is not
+	// held back for the rest of a burst).
+	for err == nil && b.peekOK && b.peek.ready() {
+		if n == len(b.in) {
+			if b.first || len(b.in) >= maxBurstRead {
+				break
+			}
+			b.in = append(b.in, make([]byte, len(b.in))...)
+			b.in = b.in[:cap(b.in)]
+		}
 		var m int
 		m, err = b.upstream.Read(b.in[n:])
 		n += m

@@ -1,0 +1,149 @@
+package gateway_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/gateway"
+)
+
+// lateBurstBackend answers a chat stream with one event, then, once next
+// is signalled (the client has that event), with n more events, a finish
+// event and [DONE] in one write: a burst of tens of KiB reaching the
+// gateway together after the first token.
+func lateBurstBackend(t *testing.T, n int, next <-chan struct{}) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	chunk := func(w *strings.Builder, s string) { fmt.Fprintf(w, "%x\r\n%s\r\n", len(s), s) }
+	event := func(i int) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"t` +
+			strconv.Itoa(i) + ` "},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+	}
+	var head, burst strings.Builder
+	head.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	chunk(&head, event(0))
+	for i := 1; i <= n; i++ {
+		chunk(&burst, event(i))
+	}
+	chunk(&burst, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n")
+	chunk(&burst, "data: [DONE]\n\n")
+	burst.WriteString("0\r\n\r\n")
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		if _, err := io.WriteString(c, head.String()); err != nil {
+			return
+		}
+		<-next
+		io.WriteString(c, burst.String())
+		io.Copy(io.Discard, c) // until the gateway closes or the test ends
+	}()
+	return "http://" + ln.Addr().String() + "/v1"
+}
+
+// TestLateBurstCoalesced: the first event is forwarded alone, at once (the
+// backend sends the rest only after the client has it); the burst that
+// follows leaves in chunks larger than fasthttp's 4 KiB copy buffer (one
+// write each, see streamBody.writeChunk) rather than one per 4 KiB, and the
+// client gets every byte in order, the call captured whole.
+func TestLateBurstCoalesced(t *testing.T) {
+	const n = 300 // ≈ 40 KiB of events
+	next := make(chan struct{})
+	url := lateBurstBackend(t, n, next)
+	store, err := sqlite.Open(t.TempDir() + "/burst.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	e := newEnv(t, store, func(c *gateway.Config) {
+		c.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "burst", URL: url, Kind: "openai"}}}}
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != 200 || len(res.TransferEncoding) == 0 {
+		t.Fatalf("status %d, transfer encoding %v", res.StatusCode, res.TransferEncoding)
+	}
+	var got strings.Builder
+	var sizes []int
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		size, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
+		if err != nil {
+			t.Fatalf("chunk size %q: %v", line, err)
+		}
+		if size == 0 {
+			break
+		}
+		buf := make([]byte, size+2)
+		if _, err := io.ReadFull(br, buf); err != nil {
+			t.Fatal(err)
+		}
+		if string(buf[size:]) != "\r\n" {
+			t.Fatalf("chunk %d not followed by CRLF: %q", len(sizes), buf[size:])
+		}
+		got.Write(buf[:size])
+		sizes = append(sizes, int(size))
+		if len(sizes) == 1 {
+			if !strings.Contains(got.String(), `"t0 "`) || strings.Count(got.String(), "data: ") != 1 {
+				t.Fatalf("first chunk %q, want the first event alone", got.String())
+			}
+			close(next)
+		}
+	}
+	out := got.String()
+	if events := strings.Count(out, "data: "); events != n+3 || !strings.HasSuffix(out, "data: [DONE]\n\n") {
+		t.Fatalf("client got %d events, want %d", events, n+3)
+	}
+	for i := range n + 1 {
+		if !strings.Contains(out, `"t`+strconv.Itoa(i)+` "`) {
+			t.Fatalf("event %d missing", i)
+		}
+	}
+	big := 0
+	for _, s := range sizes[1:] {
+		if s > 4096 {
+			big++
+		}
+	}
+	if big == 0 {
+		t.Fatalf("burst of %d bytes written in chunks of %v: none larger than fasthttp's 4 KiB copy buffer", len(out), sizes[1:])
+	}
+	t.Logf("burst of %d bytes in %d chunks: %v", len(out), len(sizes)-1, sizes[1:])
+	rows := e.waitCalls(res.Header.Get("x-request-id"), 1)
+	if !strings.Contains(rows[0].ResponseMessage, "t0 t1 t2 ") || !strings.Contains(rows[0].ResponseMessage, "t300 ") ||
+		rows[0].FinishReason != "stop" || rows[0].Error != "" {
+		t.Fatalf("captured %q finish %q error %q", rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
+	}
+}
