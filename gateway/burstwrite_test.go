@@ -92,37 +92,16 @@ func TestLateBurstCoalesced(t *testing.T) {
 	if res.StatusCode != 200 || len(res.TransferEncoding) == 0 {
 		t.Fatalf("status %d, transfer encoding %v", res.StatusCode, res.TransferEncoding)
 	}
-	var got strings.Builder
 	var sizes []int
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		size, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
-		if err != nil {
-			t.Fatalf("chunk size %q: %v", line, err)
-		}
-		if size == 0 {
-			break
-		}
-		buf := make([]byte, size+2)
-		if _, err := io.ReadFull(br, buf); err != nil {
-			t.Fatal(err)
-		}
-		if string(buf[size:]) != "\r\n" {
-			t.Fatalf("chunk %d not followed by CRLF: %q", len(sizes), buf[size:])
-		}
-		got.Write(buf[:size])
-		sizes = append(sizes, int(size))
+	out := readChunks(t, br, func(data string, size int) {
+		sizes = append(sizes, size)
 		if len(sizes) == 1 {
-			if !strings.Contains(got.String(), `"t0 "`) || strings.Count(got.String(), "data: ") != 1 {
-				t.Fatalf("first chunk %q, want the first event alone", got.String())
+			if !strings.Contains(data, `"t0 "`) || strings.Count(data, "data: ") != 1 {
+				t.Fatalf("first chunk %q, want the first event alone", data)
 			}
 			close(next)
 		}
-	}
-	out := got.String()
+	})
 	if events := strings.Count(out, "data: "); events != n+3 || !strings.HasSuffix(out, "data: [DONE]\n\n") {
 		t.Fatalf("client got %d events, want %d", events, n+3)
 	}
@@ -145,5 +124,36 @@ func TestLateBurstCoalesced(t *testing.T) {
 	if !strings.Contains(rows[0].ResponseMessage, "t0 t1 t2 ") || !strings.Contains(rows[0].ResponseMessage, "t300 ") ||
 		rows[0].FinishReason != "stop" || rows[0].Error != "" {
 		t.Fatalf("captured %q finish %q error %q", rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
+	}
+}
+
+// readChunks reads a chunked body by hand, calling each (when not nil) with
+// the body so far and the size of the chunk just read, and returns the body.
+func readChunks(t *testing.T, br *bufio.Reader, each func(data string, size int)) string {
+	t.Helper()
+	var got strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		size, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
+		if err != nil {
+			t.Fatalf("chunk size %q: %v", line, err)
+		}
+		if size == 0 {
+			return got.String()
+		}
+		buf := make([]byte, size+2)
+		if _, err := io.ReadFull(br, buf); err != nil {
+			t.Fatal(err)
+		}
+		if string(buf[size:]) != "\r\n" {
+			t.Fatalf("chunk not followed by CRLF: %q", buf[size:])
+		}
+		got.Write(buf[:size])
+		if each != nil {
+			each(got.String(), int(size))
+		}
 	}
 }

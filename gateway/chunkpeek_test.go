@@ -91,25 +91,7 @@ func TestBurstForwardedInOneWrite(t *testing.T) {
 		// Read the chunked framing by hand to count the chunks.
 		var chunks int
 		var got strings.Builder
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				t.Fatal(err)
-			}
-			size, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
-			if err != nil {
-				t.Fatalf("chunk size %q: %v", line, err)
-			}
-			if size == 0 {
-				break
-			}
-			buf := make([]byte, size+2)
-			if _, err := io.ReadFull(br, buf); err != nil {
-				t.Fatal(err)
-			}
-			got.Write(buf[:size])
-			chunks++
-		}
+		got.WriteString(readChunks(t, br, func(string, int) { chunks++ }))
 		conn.Close()
 		events := strings.Count(got.String(), "data: ")
 		if events != n+2 || !strings.Contains(got.String(), "t19 ") || !strings.HasSuffix(got.String(), "data: [DONE]\n\n") {
