@@ -213,3 +213,28 @@ func BenchmarkPendingStream256(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(payloads)), "ns/chunk")
 }
+
+// TestPendingHead: Head is the bytes before "choices" of the last chunk when
+// only id, object, created and model came before it, nil otherwise and
+// before any event.
+func TestPendingHead(t *testing.T) {
+	p := AcquirePending()
+	defer releasePending(p)
+	p.Endpoint = openai.ChatCompletions
+	if p.Head() != nil {
+		t.Fatal("head before any event")
+	}
+	const head = `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",`
+	p.AddEvent([]byte(head + `"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`))
+	if string(p.Head()) != head {
+		t.Fatalf("head %q, want %q", p.Head(), head)
+	}
+	p.AddEvent([]byte(head + `"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":null}]}`))
+	if string(p.Head()) != head {
+		t.Fatalf("head after a chunk read without it %q", p.Head())
+	}
+	p.AddEvent([]byte(`{"id":"c1","usage":{"prompt_tokens":1},"choices":[]}`))
+	if p.Head() != nil {
+		t.Fatalf("head %q after a chunk with another member before choices", p.Head())
+	}
+}

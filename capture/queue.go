@@ -158,6 +158,20 @@ func (p *Pending) AddEvent(data []byte) {
 	}
 }
 
+// Head returns the bytes that opened the last assembled stream chunk before
+// its "choices" member, when the members before it were only id, object,
+// created and model: the head vLLM and SGLang repeat in every chunk of a
+// chat or completions stream (see Assembler.head). nil when there is none.
+// The gateway's stripper skips these bytes in a chunk that starts with them
+// (rewrite.StripEventHead) instead of walking them again. The slice is
+// owned by p and valid until the next AddEvent.
+func (p *Pending) Head() []byte {
+	if p.nEvents == 0 || len(p.asm.head) == 0 {
+		return nil
+	}
+	return p.asm.head
+}
+
 // Streamed reports whether events were recorded.
 func (p *Pending) Streamed() bool { return p.nEvents > 0 }
 

@@ -40,12 +40,13 @@ type streamBody struct {
 	peek     chunkPeek // whether upstream has its next chunk buffered (peekOK)
 	peekOK   bool
 	sc       capture.SSEScanner
-	in       []byte // backend read buffer
-	out      []byte // bytes for the client, out[off:] not yet returned
-	scratch  []byte // StripEvent output
-	held     []byte // data payloads forwarded but not yet handed to capture
-	heldEnds []int  // end offset of each payload in held
-	sawData  bool   // the backend sent an event with data
+	in       []byte       // backend read buffer
+	out      []byte       // bytes for the client, out[off:] not yet returned
+	scratch  []byte       // StripEvent output
+	head     rewrite.Head // the chunks' repeated head, as capture found it: the stripper skips it
+	held     []byte       // data payloads forwarded but not yet handed to capture
+	heldEnds []int        // end offset of each payload in held
+	sawData  bool         // the backend sent an event with data
 	off      int
 	first    bool
 	flushed  bool  // a Read returned bytes: fasthttp has written and flushed its buffer since (see writeChunk)
@@ -76,6 +77,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.sc.Reset()
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
+	b.head.Set(nil)
 	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
 	b.upstream = resp.BodyStream()
@@ -182,6 +184,12 @@ func (b *streamBody) fill() {
 	b.handHeld()
 	b.out, b.off = b.out[:chunkRoom], chunkRoom
 	pend := b.c.pend
+	// The head capture found in the chunks so far (id, object, created,
+	// model, the same in every chunk): the stripper starts after it rather
+	// than walking it again.
+	if h := pend.Head(); !b.head.Matches(h) {
+		b.head.Set(h)
+	}
 	n, err := b.upstream.Read(b.in)
 	// Events that arrived together leave together (see chunkPeek): keep
 	// reading while the next chunk is already buffered, growing the read
@@ -221,7 +229,7 @@ func (b *streamBody) fill() {
 				b.out = append(b.out, ev.Raw...)
 				continue
 			}
-			o, drop := rewrite.StripEvent(b.scratch[:0], ev.Data, b.c.endpoint, b.inj)
+			o, drop := rewrite.StripEventHead(b.scratch[:0], ev.Data, b.c.endpoint, b.inj, &b.head)
 			if !sameStart(o, ev.Data) { // ev.Data is the scanner's buffer: never adopt it
 				b.scratch = o
 			}

@@ -57,6 +57,83 @@ func StripEvent(dst, data []byte, endpoint openai.Endpoint, inj Injected) (out [
 	return strip(dst, data, endpoint, inj, true)
 }
 
+// Head is the head of a chat or completions stream's chunks that the
+// stripper may skip (StripEventHead): '{' and members that are never
+// edited, ending after a comma. vLLM and SGLang repeat the same id, object,
+// created and model in every chunk, and capture's assembler finds them
+// (capture.Pending.Head). The zero value skips nothing.
+type Head struct {
+	b       []byte // the head, when usable
+	prevEnd int    // end of its last member's value
+}
+
+// Set makes h the head of the later chunks: a copy of head when it is '{'
+// and only id, object (not "chat.completion", whose chunk follows the
+// non-streaming rule), created and model members, each followed by a comma;
+// otherwise nothing. It walks head once; Set again only when head changes
+// (Matches).
+func (h *Head) Set(head []byte) {
+	h.b, h.prevEnd = h.b[:0], 0
+	if len(head) < 2 || head[0] != '{' {
+		return
+	}
+	prevEnd := 0
+	for i := 1; ; i++ {
+		if i = jsonscan.SkipWS(head, i); i == len(head) {
+			break
+		}
+		if head[i] != '"' {
+			return
+		}
+		ke := jsonscan.SkipString(head, i)
+		if ke < 0 {
+			return
+		}
+		key := string(head[i+1 : ke-1])
+		if key != "id" && key != "object" && key != "created" && key != "model" {
+			return
+		}
+		if i = jsonscan.SkipWS(head, ke); i >= len(head) || head[i] != ':' {
+			return
+		}
+		vs := jsonscan.SkipWS(head, i+1)
+		ve := jsonscan.SkipValue(head, vs)
+		if ve < 0 || key == "object" && string(head[vs:ve]) == `"chat.completion"` {
+			return
+		}
+		prevEnd = ve
+		if i = jsonscan.SkipWS(head, ve); i >= len(head) || head[i] != ',' {
+			return
+		}
+	}
+	if prevEnd > 0 {
+		h.b, h.prevEnd = append(h.b, head...), prevEnd
+	}
+}
+
+// Matches reports whether h was Set from these bytes (usable or not).
+func (h *Head) Matches(head []byte) bool { return h.prevEnd > 0 && bytes.Equal(h.b, head) }
+
+// StripEventHead is StripEvent for a chunk that may start with h: when data
+// starts with h's bytes and a member follows them, the walk starts there,
+// as if h's members (never edited) had been walked. The result is always
+// StripEvent's (FuzzStripHeadMatches).
+func StripEventHead(dst, data []byte, endpoint openai.Endpoint, inj Injected, h *Head) (out []byte, drop bool) {
+	if inj == 0 || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
+		return data, false
+	}
+	if inj&(ReturnTokenIDs|Logprobs) == 0 && !bytes.Contains(data, usageKey) {
+		return data, false
+	}
+	if h == nil || h.prevEnd == 0 || len(data) <= len(h.b) || !bytes.Equal(data[:len(h.b)], h.b) {
+		return strip(dst, data, endpoint, inj, true)
+	}
+	if i := jsonscan.SkipWS(data, len(h.b)); i >= len(data) || data[i] != '"' {
+		return strip(dst, data, endpoint, inj, true)
+	}
+	return stripFrom(dst, data, endpoint, inj, true, len(h.b), h.prevEnd)
+}
+
 var usageKey = []byte(`"usage"`)
 
 // writer splices edits into a copy of src appended to dst.
@@ -123,6 +200,13 @@ func (o *objEd) end(w *writer) {
 }
 
 func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool) ([]byte, bool) {
+	return stripFrom(dst, data, endpoint, inj, event, 0, 0)
+}
+
+// stripFrom is strip. With skip > 0, data[:skip] are members that stay as
+// they are (see StripEventHead), the last of them ending at prevEnd, and
+// the walk starts at skip.
+func stripFrom(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool, skip, prevEnd int) ([]byte, bool) {
 	open := jsonscan.SkipWS(data, 0)
 	if open >= len(data) || data[open] != '{' {
 		return data, false
@@ -139,6 +223,12 @@ func strip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bool)
 
 	top := jsonscan.NewObjIter(data, open, nil)
 	ed := newObjEd()
+	if skip > 0 {
+		// As if the head's members had been walked and kept: the next key
+		// starts at skip, without a comma before it.
+		top = jsonscan.NewObjIter(data, skip-1, nil)
+		ed.kept, ed.prevEnd = true, prevEnd
+	}
 	var m jsonscan.Member
 	for top.NextKey(&m) {
 		if string(m.Key(data)) == "choices" && m.ValStart < len(data) && data[m.ValStart] == '[' {

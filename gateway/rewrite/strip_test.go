@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -388,5 +389,49 @@ func BenchmarkStripEventKinds(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestHeadSet: Head takes the head vLLM and SGLang repeat (id, object,
+// created, model, each followed by a comma), and nothing else; a chunk
+// starting with it is stripped as StripEvent strips it.
+func TestHeadSet(t *testing.T) {
+	const vllm = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m",`
+	var h Head
+	h.Set([]byte(vllm))
+	if !h.Matches([]byte(vllm)) {
+		t.Fatal("the vLLM head was not taken")
+	}
+	for _, bad := range []string{
+		`{"id":"c","prompt_token_ids":[1],`,     // a member the stripper edits
+		`{"id":"c","object":"chat.completion",`, // the non-streaming rule
+		`{"id":"c","model":"m"`,                 // no comma after the last member
+		`{"id":"c",,`, `{"id" "c",`, `{"id":,`, `[1,`, `{`, ``,
+	} {
+		h.Set([]byte(bad))
+		if h.Matches([]byte(bad)) {
+			t.Errorf("head %q taken", bad)
+		}
+	}
+	h.Set([]byte(vllm))
+	for _, rt := range chatStreamTrips {
+		data := []byte(rt.with)
+		if rt.ep != openai.ChatCompletions || !bytes.HasPrefix(data, []byte(vllm)) {
+			continue
+		}
+		got, gotDrop := StripEventHead(nil, data, rt.ep, rt.inj, &h)
+		want, wantDrop := StripEvent(nil, data, rt.ep, rt.inj)
+		if gotDrop != wantDrop || !bytes.Equal(got, want) {
+			t.Errorf("%q: StripEventHead %q (drop %v), StripEvent %q (drop %v)", data, got, gotDrop, want, wantDrop)
+		}
+	}
+	data := []byte(vllm + `"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":[7]}],"prompt_token_ids":[1,2]}`)
+	got, _ := StripEventHead(nil, data, openai.ChatCompletions, ReturnTokenIDs|IncludeUsage, &h)
+	if want := vllm + `"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`; string(got) != want {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
+	dst := make([]byte, 0, len(data))
+	if n := testing.AllocsPerRun(100, func() { StripEventHead(dst, data, openai.ChatCompletions, ReturnTokenIDs|IncludeUsage, &h) }); n != 0 {
+		t.Fatalf("%v allocations per StripEventHead, want 0", n)
 	}
 }

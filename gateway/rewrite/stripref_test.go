@@ -311,6 +311,9 @@ func FuzzStripMatchesReference(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"a" 1},{"token_ids":[1]}],"usage":{}}`), uint8(openai.ChatCompletions), uint8(3), true)
 	f.Add([]byte(`{"choices":[{"delta":{"content":"\\\"]}"}},1,"x\""],"prompt_token_ids":[1]}`), uint8(openai.ChatCompletions), uint8(1), true)
 	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":1}}`), uint8(openai.Completions), uint8(2), true)
+	f.Add([]byte(`{"id":"c","object":"chat.completion","created":1, "model":"m","prompt_token_ids":[1],"choices":[{"index":0,"delta":{},"token_ids":[2],"finish_reason":null}]}`), uint8(openai.ChatCompletions), uint8(3), true)
+	f.Add([]byte(`{"id":"c","model":"m","prompt_token_ids":[1]}`), uint8(openai.ChatCompletions), uint8(1), true)
+	f.Add([]byte(`{"id":"c" , "model":"m",  "choices":[{"index":0,"delta":{"content":"a"},"token_ids":[2],"logprobs":{"content":[]}}],"prompt_token_ids":[1]}`), uint8(openai.ChatCompletions), uint8(19), true)
 	f.Fuzz(func(t *testing.T, data []byte, ep, inj uint8, event bool) {
 		endpoint, flags := openai.Endpoint(ep%5), Injected(inj&63)
 		var got, want []byte
@@ -331,6 +334,28 @@ func FuzzStripMatchesReference(f *testing.F) {
 		}
 		if gotDrop != wantDrop || !bytes.Equal(got, want) {
 			t.Fatalf("strip(%q, %v, %v, event=%v) = %q, drop %v; reference %q, drop %v", data, endpoint, flags, event, got, gotDrop, want, wantDrop)
+		}
+		if !event {
+			return
+		}
+		// StripEventHead gives the same for every head Set accepts: each
+		// prefix of data that ends after a comma (and after the whitespace
+		// following it).
+		var h Head
+		for k := 1; k < len(data); k++ {
+			if data[k-1] != ',' {
+				continue
+			}
+			for _, end := range []int{k, jsonscan.SkipWS(data, k)} {
+				h.Set(data[:end])
+				if !h.Matches(data[:end]) {
+					continue
+				}
+				hGot, hDrop := StripEventHead(nil, data, endpoint, flags, &h)
+				if hDrop != wantDrop || !bytes.Equal(hGot, want) {
+					t.Fatalf("StripEventHead(%q, head %q, %v, %v) = %q, drop %v; reference %q, drop %v", data, data[:end], endpoint, flags, hGot, hDrop, want, wantDrop)
+				}
+			}
 		}
 	})
 }
