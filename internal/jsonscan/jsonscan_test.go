@@ -184,3 +184,15 @@ func TestZeroAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per run, want 0", n)
 	}
 }
+
+// BenchmarkValid: validating and indexing a vLLM chat chunk.
+func BenchmarkValid(b *testing.B) {
+	doc := []byte(`{"id":"chatcmpl-7dcf599b48e72fe246eb1fb3fb3ff110","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":" stream"},"logprobs":null,"finish_reason":null,"token_ids":[1234]}]}`)
+	var x Index
+	b.SetBytes(int64(len(doc)))
+	for b.Loop() {
+		if !x.Valid(doc) {
+			b.Fatal("not valid")
+		}
+	}
+}
