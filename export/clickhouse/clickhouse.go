@@ -69,6 +69,7 @@ type Store struct {
 	features Features
 	mode     InsertMode
 	log      *slog.Logger
+	native   *nativeReader // llm_calls reads (native.go)
 }
 
 var _ export.Store = (*Store)(nil)
@@ -130,7 +131,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: connect %v: %w", chOpts.Addr, err)
 	}
-	s := &Store{conn: conn, db: db, version: version, features: features, log: log, mode: InsertExternal}
+	s := &Store{conn: conn, db: db, version: version, features: features, log: log, mode: InsertExternal, native: newNativeReader(chOpts, db)}
 	if !opt.ExternalInsert {
 		ok, err := s.probeBatch(ctx)
 		if err != nil {
@@ -178,6 +179,7 @@ func (s *Store) InsertMode() InsertMode { return s.mode }
 
 // Close releases the connections.
 func (s *Store) Close() error {
+	s.native.close()
 	if err := s.conn.Close(); err != nil {
 		return fmt.Errorf("clickhouse: close: %w", err)
 	}

@@ -1,9 +1,11 @@
 package clickhouse
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -164,30 +166,29 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	return out, err
 }
 
-func spanOf(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }
-
 // readCalls runs query (which selects FROM llm_calls and may end in WHERE
-// and ORDER BY clauses) with the select list of every column but those opt
-// omits (read as empty strings) and calls f with each row; f may keep the
-// call (not the pointer).
+// and ORDER BY clauses, ? placeholders bound to args) with the select list
+// of every column but those opt omits (read as empty strings) and calls f
+// with each row; f may keep the call (not the pointer). It reads through the
+// native reader (native.go): columns as the server holds them, arrays
+// copied as blocks of memory.
 func (s *Store) readCalls(ctx context.Context, query string, opt export.ReadOptions, args []any, f func(*export.Call)) error {
 	cols := export.CallTable.Columns
-	rows, err := s.conn.Query(ctx, "SELECT "+selectList(cols, opt.Omits)+" "+query, args...)
+	body, err := bindArgs("SELECT "+nativeSelectList(cols, opt.Omits)+" "+query, args)
+	if err == nil {
+		err = readNative(ctx, s.native, body, cols, f)
+	}
 	if err != nil {
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 	}
-	defer rows.Close()
-	sc := export.NewScanner(cols, export.IntsNative)
-	for rows.Next() {
-		if err := sc.Scan(rows, spanOf); err != nil {
-			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
-		}
-		f(&sc.Row)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
-	}
 	return nil
+}
+
+// compareCalls orders calls as Calls's ORDER BY does: by attempt, sequence
+// id, choice and span (strings bytewise, as ClickHouse compares them).
+func compareCalls(a, b export.Call) int {
+	return cmp.Or(strings.Compare(a.AttemptID, b.AttemptID), cmp.Compare(a.SequenceID, b.SequenceID),
+		cmp.Compare(a.ChoiceIndex, b.ChoiceIndex), strings.Compare(a.SpanID, b.SpanID))
 }
 
 // Rollout reads the latest row of every attempt of the rollout (by
@@ -240,7 +241,10 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 	}
 
-	err = s.readCalls(ctx, "FROM llm_calls WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, sequence_id, choice_index, span_id",
+	// No ORDER BY: sorting rows of several KB of arrays cost the server
+	// more than reading them (×3.7 at 25,000 calls on 18.16); a rollout's
+	// few calls are sorted here instead, in the order Calls gives.
+	err = s.readCalls(ctx, "FROM llm_calls WHERE rollout_id IN ?",
 		opt, []any{in}, func(c *export.Call) {
 			if d := out[c.RolloutID]; d != nil {
 				d.Calls = append(d.Calls, *c)
@@ -248,6 +252,9 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		})
 	if err != nil {
 		return nil, err
+	}
+	for _, d := range out {
+		slices.SortFunc(d.Calls, compareCalls)
 	}
 
 	rewardCols := export.RewardTable.Columns
