@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 )
@@ -59,36 +58,8 @@ func (s *Sample) ToRow() Row {
 	return r
 }
 
-// maskJSON renders response_mask as numbers ([]uint8 would marshal as base64).
-type maskJSON []uint8
-
-func (m maskJSON) MarshalJSON() ([]byte, error) {
-	b := make([]byte, 0, 2*len(m)+2)
-	b = append(b, '[')
-	for i, v := range m {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, '0'+v%10)
-	}
-	return append(b, ']'), nil
-}
-
-// jsonRow is Row with the mask rendered as numbers.
-type jsonRow struct {
-	rowAlias
-	ResponseMask maskJSON `json:"response_mask"`
-}
-
-type rowAlias Row
-
-func (s *Sample) jsonRow() jsonRow {
-	r := s.ToRow()
-	return jsonRow{rowAlias(r), maskJSON(r.ResponseMask)}
-}
-
 // MarshalJSON renders a sample as one JSONL line holds it (without the newline).
-func (s *Sample) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonRow()) }
+func (s *Sample) MarshalJSON() ([]byte, error) { return s.appendJSON(nil) }
 
 // SampleWriter writes samples one at a time (the streaming form of the
 // Write* functions); Close flushes what is buffered.
@@ -99,18 +70,22 @@ type SampleWriter interface {
 
 // NewJSONLWriter writes one JSON object per sample per line.
 func NewJSONLWriter(w io.Writer) SampleWriter {
-	bw := bufio.NewWriterSize(w, 1<<16)
-	return &jsonlWriter{bw: bw, enc: json.NewEncoder(bw)}
+	return &jsonlWriter{bw: bufio.NewWriterSize(w, 1<<16)}
 }
 
 type jsonlWriter struct {
-	bw  *bufio.Writer
-	enc *json.Encoder
-	n   int
+	bw   *bufio.Writer
+	line []byte
+	n    int
 }
 
 func (j *jsonlWriter) Write(s *Sample) error {
-	if err := j.enc.Encode(s.jsonRow()); err != nil {
+	line, err := s.appendJSON(j.line[:0])
+	if err != nil {
+		return fmt.Errorf("bridge: writing sample %d: %w", j.n, err)
+	}
+	j.line = append(line, '\n')
+	if _, err := j.bw.Write(j.line); err != nil {
 		return fmt.Errorf("bridge: writing sample %d: %w", j.n, err)
 	}
 	j.n++

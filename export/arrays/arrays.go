@@ -13,13 +13,18 @@ import (
 )
 
 // AppendUint32s appends ids as a JSON array: [1,2,3].
-func AppendUint32s(dst []byte, ids []uint32) []byte {
+func AppendUint32s(dst []byte, ids []uint32) []byte { return appendUints(dst, ids) }
+
+// AppendUint64s appends vs as a JSON array: [1,2,3].
+func AppendUint64s(dst []byte, vs []uint64) []byte { return appendUints(dst, vs) }
+
+func appendUints[T uint32 | uint64](dst []byte, vs []T) []byte {
 	dst = append(dst, '[')
-	for i, id := range ids {
+	for i, v := range vs {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = strconv.AppendUint(dst, uint64(id), 10)
+		dst = strconv.AppendUint(dst, uint64(v), 10)
 	}
 	return append(dst, ']')
 }
