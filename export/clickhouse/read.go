@@ -243,8 +243,11 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 
 	// No ORDER BY: sorting rows of several KB of arrays cost the server
 	// more than reading them (×3.7 at 25,000 calls on 18.16); a rollout's
-	// few calls are sorted here instead, in the order Calls gives.
-	err = s.readCalls(ctx, "FROM llm_calls WHERE rollout_id IN ?",
+	// few calls are sorted here instead, in the order Calls gives. PREWHERE:
+	// the ids are matched before the arrays of a granule are read, which
+	// halved the server's time for a chunk of 2,500 calls in 8,192-row
+	// granules (llm_calls is a MergeTree, or a Distributed table over them).
+	err = s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
 		opt, []any{in}, func(c *export.Call) {
 			if d := out[c.RolloutID]; d != nil {
 				d.Calls = append(d.Calls, *c)
