@@ -22,6 +22,9 @@ type spill struct {
 	r   *bufio.Reader
 	buf []byte
 	n   int64 // bytes written
+	// The previous sample's prompt and response, written and read: the
+	// next prompt is stored as the prefix it shares with them and the rest.
+	wprev, rprev []uint32
 }
 
 // newSpill creates the spill file in dir (os.TempDir when empty).
@@ -60,12 +63,21 @@ func (s *spill) write(x *Sample) error {
 	for _, v := range x.SequenceIDs {
 		s.putUvarint(v)
 	}
-	for _, ids := range [][]uint32{x.Prompt, x.Response} {
+	// The prompt as the length of its prefix shared with the previous
+	// sample's prompt and response, then the rest: an agent's next turn
+	// starts with its previous turn, so most of a prompt is written once.
+	shared := 0
+	for shared < len(x.Prompt) && shared < len(s.wprev) && x.Prompt[shared] == s.wprev[shared] {
+		shared++
+	}
+	s.putUvarint(uint64(shared))
+	for _, ids := range [][]uint32{x.Prompt[shared:], x.Response} {
 		s.putUvarint(uint64(len(ids)))
 		for _, v := range ids {
 			s.buf = binary.LittleEndian.AppendUint32(s.buf, v)
 		}
 	}
+	s.wprev = append(append(s.wprev[:0], x.Prompt...), x.Response...)
 	s.putUvarint(uint64(len(x.ResponseMask)))
 	s.buf = append(s.buf, x.ResponseMask...)
 	s.putUvarint(uint64(len(x.Logprobs)))
@@ -129,11 +141,19 @@ func (s *spill) read() (*Sample, error) {
 	for i := range x.SequenceIDs {
 		x.SequenceIDs[i] = d.uvarint()
 	}
-	for _, ids := range []*[]uint32{&x.Prompt, &x.Response} {
-		*ids = make([]uint32, d.count(4))
-		for i := range *ids {
-			(*ids)[i] = d.u32()
-		}
+	shared := d.uvarint()
+	if shared > uint64(len(s.rprev)) {
+		return nil, errSpillCorrupt
+	}
+	rest := d.count(4)
+	x.Prompt = make([]uint32, int(shared)+rest)
+	copy(x.Prompt, s.rprev[:shared])
+	for i := range rest {
+		x.Prompt[int(shared)+i] = d.u32()
+	}
+	x.Response = make([]uint32, d.count(4))
+	for i := range x.Response {
+		x.Response[i] = d.u32()
 	}
 	mask := d.bytes(d.count(1))
 	x.ResponseMask = make([]uint8, len(mask))
@@ -145,6 +165,7 @@ func (s *spill) read() (*Sample, error) {
 	if d.bad || len(d.b) != 0 {
 		return nil, errSpillCorrupt
 	}
+	s.rprev = append(append(s.rprev[:0], x.Prompt...), x.Response...)
 	return x, nil
 }
 

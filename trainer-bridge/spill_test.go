@@ -77,3 +77,52 @@ func TestSpillDecoderBounded(t *testing.T) {
 		t.Fatalf("inflated count = %d, bad = %v", n, d.bad)
 	}
 }
+
+// TestSpillSharedPrefix: turns whose prompt continues the previous turn's
+// prompt and response are stored once and read back whole, as are prompts
+// that diverge, shrink or start over.
+func TestSpillSharedPrefix(t *testing.T) {
+	sp, err := newSpill(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.close()
+	ids := func(from, n int) []uint32 {
+		v := make([]uint32, n)
+		for i := range v {
+			v[i] = uint32(from + i)
+		}
+		return v
+	}
+	turn1 := &Sample{Prompt: ids(0, 400), Response: ids(1000, 50)}
+	turn2 := &Sample{Prompt: append(append(ids(0, 400), ids(1000, 50)...), ids(2000, 10)...), Response: ids(3000, 5)}
+	diverged := &Sample{Prompt: append(ids(0, 100), 7), Response: ids(1, 1)}
+	shorter := &Sample{Prompt: ids(0, 50), Response: []uint32{}}
+	other := &Sample{Prompt: ids(9, 3), Response: []uint32{}}
+	want := []*Sample{turn1, turn2, diverged, shorter, other, turn1}
+	raw := 0
+	for _, s := range want {
+		s.SequenceIDs, s.ResponseMask, s.Logprobs = []uint64{}, []uint8{}, []float32{}
+		if err := sp.write(s); err != nil {
+			t.Fatal(err)
+		}
+		raw += 4 * (len(s.Prompt) + len(s.Response))
+	}
+	// Ids written: turn1 450, turn2 15, diverged 2, shorter 0, other 3,
+	// turn1 again 450 (its prefix with other's is empty).
+	if ids := 4 * (450 + 15 + 2 + 0 + 3 + 450); sp.n > int64(ids+200) || sp.n < int64(ids) {
+		t.Fatalf("spill holds %d bytes for %d bytes of ids (%d without sharing)", sp.n, ids, raw)
+	}
+	if err := sp.rewind(); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		got, err := sp.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, w) {
+			t.Fatalf("sample %d: prompt %v response %v, want %v %v", i, got.Prompt, got.Response, w.Prompt, w.Response)
+		}
+	}
+}
