@@ -2,6 +2,7 @@ package arrays
 
 import (
 	"math"
+	"strconv"
 	"testing"
 )
 
@@ -112,5 +113,40 @@ func BenchmarkAppendArrays(b *testing.B) {
 	for b.Loop() {
 		buf = AppendUint32s(buf[:0], ids)
 		buf = AppendFloat32s(buf[:0], vs)
+	}
+}
+
+// TestAppendUintsMatchesStrconv: AppendUint32s and AppendUint64s write
+// strconv's digits for every digit count and at the edges of the types.
+func TestAppendUintsMatchesStrconv(t *testing.T) {
+	var vs64 []uint64
+	for p := uint64(1); p < 1e19; p *= 10 {
+		vs64 = append(vs64, p-1, p, p+1, p*7+3)
+	}
+	vs64 = append(vs64, math.MaxUint64, math.MaxUint32, 0)
+	var vs32 []uint32
+	want32, want64 := []byte("["), []byte("[")
+	for i, v := range vs64 {
+		if i > 0 {
+			want64 = append(want64, ',')
+		}
+		want64 = strconv.AppendUint(want64, v, 10)
+		if v <= math.MaxUint32 {
+			if len(vs32) > 0 {
+				want32 = append(want32, ',')
+			}
+			vs32 = append(vs32, uint32(v))
+			want32 = strconv.AppendUint(want32, v, 10)
+		}
+	}
+	want32, want64 = append(want32, ']'), append(want64, ']')
+	if got := AppendUint64s([]byte("x"), vs64); string(got) != "x"+string(want64) {
+		t.Fatalf("AppendUint64s = %s, want x%s", got, want64)
+	}
+	if got := AppendUint32s(nil, vs32); string(got) != string(want32) {
+		t.Fatalf("AppendUint32s = %s, want %s", got, want32)
+	}
+	if got := AppendUint32s(nil, nil); string(got) != "[]" {
+		t.Fatalf("AppendUint32s(nil) = %s", got)
 	}
 }

@@ -32,11 +32,14 @@ func nativeSelectList[R any](cols []export.Column[R], omit func(string) bool) st
 // readNative runs the SELECT body on the native reader and calls f with each
 // row of cols, read into a fresh R (f may keep it, not the pointer).
 func readNative[R any](ctx context.Context, n *nativeReader, body string, cols []export.Column[R], f func(*R)) error {
-	var set []func(*R, int)
+	var (
+		set    []func(*R, int)
+		arrays []arrayColumn
+	)
 	return n.query(ctx, body, func(res proto.Results, rows int) error {
 		if set == nil {
 			var err error
-			if set, err = columnSetters(cols, res); err != nil {
+			if set, arrays, err = columnSetters(cols, res); err != nil {
 				return err
 			}
 		}
@@ -47,6 +50,9 @@ func readNative[R any](ctx context.Context, n *nativeReader, body string, cols [
 			}
 			f(&r)
 		}
+		for _, a := range arrays {
+			a.release() // the calls keep the block's arrays
+		}
 		return nil
 	})
 }
@@ -55,11 +61,12 @@ func readNative[R any](ctx context.Context, n *nativeReader, body string, cols [
 // its result column into the field of a row; the result's columns must have
 // the types the stores create (String or LowCardinality(String), UInt64,
 // UInt32, UInt16, UInt8 for bools, Float64, Array(UInt32), Array(Float32)).
-func columnSetters[R any](cols []export.Column[R], res proto.Results) ([]func(*R, int), error) {
+func columnSetters[R any](cols []export.Column[R], res proto.Results) ([]func(*R, int), []arrayColumn, error) {
 	if len(res) != len(cols) {
-		return nil, fmt.Errorf("%d columns in the result, %d selected", len(res), len(cols))
+		return nil, nil, fmt.Errorf("%d columns in the result, %d selected", len(res), len(cols))
 	}
 	out := make([]func(*R, int), len(cols))
+	var arrays []arrayColumn
 	for k, c := range cols {
 		field, data := c.Field, res[k].Data
 		var ok bool
@@ -83,15 +90,28 @@ func columnSetters[R any](cols []export.Column[R], res proto.Results) ([]func(*R
 				out[k] = func(r *R, i int) { *field(r).(*bool) = col.Row(i) != 0 }
 			}
 		case export.TypeUint32s:
-			out[k], ok = arraySetter[R, uint32](field, data)
+			var a arrayColumn
+			if out[k], a, ok = arraySetter[R, uint32](field, data); ok {
+				arrays = append(arrays, a)
+			}
 		case export.TypeFloat32s:
-			out[k], ok = arraySetter[R, float32](field, data)
+			var a arrayColumn
+			if out[k], a, ok = arraySetter[R, float32](field, data); ok {
+				arrays = append(arrays, a)
+			}
 		}
 		if !ok {
-			return nil, fmt.Errorf("column %s: the server sent %s, which is not %s", c.Name, data.Type(), c.ClickHouseType())
+			return nil, nil, fmt.Errorf("column %s: the server sent %s, which is not %s", c.Name, data.Type(), c.ClickHouseType())
 		}
 	}
-	return out, nil
+	return out, arrays, nil
+}
+
+// arrayColumn is an array column whose elements the rows read share.
+type arrayColumn struct {
+	// release gives the column new memory for the next block: the rows of
+	// this one keep its elements.
+	release func()
 }
 
 func numberSetter[R any, T uint64 | uint32 | uint16 | float64](field func(*R) any, data proto.ColResult) (func(*R, int), bool) {
@@ -102,33 +122,42 @@ func numberSetter[R any, T uint64 | uint32 | uint16 | float64](field func(*R) an
 	return func(r *R, i int) { *field(r).(*T) = col.Row(i) }, true
 }
 
-// arraySetter copies row i of an Array(UInt32) or Array(Float32) column, a
-// block of memory, into a new slice (empty, not nil, for an empty array).
-func arraySetter[R any, T uint32 | float32](field func(*R) any, data proto.ColResult) (func(*R, int), bool) {
+// arraySetter sets row i of an Array(UInt32) or Array(Float32) column as a
+// slice of the block's memory, its capacity cut at its end: no copy, and
+// the block is never overwritten (releaseBlock gives the next one memory of
+// its own).
+func arraySetter[R any, T uint32 | float32](field func(*R) any, data proto.ColResult) (func(*R, int), arrayColumn, bool) {
 	arr, ok := data.(*proto.ColArr[T])
 	if !ok {
-		return nil, false
+		return nil, arrayColumn{}, false
 	}
-	// The element column's memory, for a copy; ch-go decodes
-	// Array(UInt32) and Array(Float32) into these two.
-	var flat func(start, end uint64) []T
+	// The element column's memory; ch-go decodes Array(UInt32) and
+	// Array(Float32) into these two.
+	var (
+		flat func(start, end uint64) []T
+		col  arrayColumn
+	)
 	switch d := any(arr.Data).(type) {
 	case *proto.ColUInt32:
-		flat = func(start, end uint64) []T { return any([]uint32(*d)[start:end]).([]T) }
+		flat = func(start, end uint64) []T { return any([]uint32(*d)[start:end:end]).([]T) }
+		col.release = func() { *d = nil }
 	case *proto.ColFloat32:
-		flat = func(start, end uint64) []T { return any([]float32(*d)[start:end]).([]T) }
+		flat = func(start, end uint64) []T { return any([]float32(*d)[start:end:end]).([]T) }
+		col.release = func() { *d = nil }
 	default:
-		return nil, false
+		return nil, col, false
 	}
 	return func(r *R, i int) {
 		start := uint64(0)
 		if i > 0 {
 			start = arr.Offsets[i-1]
 		}
-		v := make([]T, arr.Offsets[i]-start)
-		copy(v, flat(start, arr.Offsets[i]))
+		v := flat(start, arr.Offsets[i])
+		if len(v) == 0 {
+			v = []T{} // empty, not nil, as the text route reads "[]"
+		}
 		*field(r).(*[]T) = v
-	}, true
+	}, col, true
 }
 
 // bindArgs replaces each ? of query, in order, with args as SQL literals:

@@ -48,7 +48,7 @@ func TestNativeHostileIDs(t *testing.T) {
 
 // TestNativeCallsOrder checks that a rollout's calls come back in Calls's
 // order (attempt, sequence id, choice, span) although the bulk read leaves
-// the sorting to the client.
+// the sorting to the client, each with its own arrays.
 func TestNativeCallsOrder(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t, Options{})
@@ -61,6 +61,8 @@ func TestNativeCallsOrder(t *testing.T) {
 	}{{"a2", 1, 0, "s1"}, {"a1", 3, 0, "s2"}, {"a1", 1, 1, "s3"}, {"a1", 1, 0, "s5"}, {"a1", 1, 0, "s4"}, {"a1", 20, 0, "s6"}} {
 		c := storetest.FullCall("r", k.attempt, k.seq, k.choice)
 		c.SpanID = k.span
+		c.PromptTokenIDs = []uint32{uint32(len(calls)), 1, 2, 3}
+		c.ResponseLogprobs = []float32{-float32(len(calls))}
 		calls = append(calls, c)
 		// One insert per call: parts of their own, as a live store has.
 		if err := s.Write(ctx, &export.Batch{Calls: []export.Call{c}}); err != nil {
@@ -77,6 +79,23 @@ func TestNativeCallsOrder(t *testing.T) {
 	}
 	if d := storetest.EqualCalls(got["r"].Calls, want); d != "" {
 		t.Fatal(d)
+	}
+	// One row per block: each call's arrays are still its own after the
+	// later blocks were read (they share a block's memory).
+	written := map[string]export.Call{}
+	for _, c := range calls {
+		written[c.SpanID] = c
+	}
+	var blocks []export.Call
+	cols := export.CallTable.Columns
+	if err := readNative(ctx, s.native, "SELECT "+nativeSelectList(cols, nil)+" FROM llm_calls ORDER BY span_id SETTINGS max_block_size = 1",
+		cols, func(c *export.Call) { blocks = append(blocks, *c) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(blocks, got["r"].Calls...) {
+		if d := storetest.EqualCalls([]export.Call{c}, []export.Call{written[c.SpanID]}); d != "" {
+			t.Fatalf("span %s: %s", c.SpanID, d)
+		}
 	}
 	var spans []string
 	for _, c := range want {
