@@ -405,10 +405,17 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			_ = keep(i, units.get(i), func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
 		}
 	} else {
-		// Hand the spilled samples out one by one, in the order they were built.
+		// Hand the spilled samples out one by one, in the order they were
+		// built, decoded by a goroutine while the previous ones are emitted.
 		if err := sp.rewind(); err != nil {
 			return nil, err
 		}
+		total := 0
+		for _, m := range units.meta {
+			total += int(m.spilled)
+		}
+		next := sp.readAhead(total)
+		defer next.stop()
 		emit := o.Emit
 		if o.Progress != nil {
 			prog.Phase = PhaseWrite
@@ -431,7 +438,7 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			u := units.get(i)
 			u.samples = make([]*Sample, u.spilled)
 			for k := range u.samples {
-				if u.samples[k], err = sp.read(); err != nil {
+				if u.samples[k], err = next.sample(); err != nil {
 					return nil, err
 				}
 			}

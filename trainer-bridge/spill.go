@@ -108,6 +108,7 @@ func (s *spill) rewind() error {
 		return fmt.Errorf("bridge: rewinding the sample spill: %w", err)
 	}
 	s.r = bufio.NewReaderSize(s.f, 1<<20)
+	s.rprev = s.rprev[:0]
 	return nil
 }
 
@@ -226,4 +227,71 @@ func (d *spillDecoder) u64() uint64 {
 		return binary.LittleEndian.Uint64(b)
 	}
 	return 0
+}
+
+// spillReader decodes a spill's samples in a goroutine of its own, a batch
+// ahead of the caller of sample.
+type spillReader struct {
+	batches chan spillBatch
+	done    chan struct{}
+	exited  chan struct{}
+	cur     spillBatch
+}
+
+type spillBatch struct {
+	samples []*Sample
+	err     error
+}
+
+// readAhead starts decoding the next n samples of the rewound spill. Call
+// stop when done with it (before close).
+func (s *spill) readAhead(n int) *spillReader {
+	const batch = 64
+	r := &spillReader{batches: make(chan spillBatch, 4), done: make(chan struct{}), exited: make(chan struct{})}
+	go func() {
+		defer close(r.exited)
+		defer close(r.batches)
+		for n > 0 {
+			b := spillBatch{samples: make([]*Sample, 0, min(n, batch))}
+			for len(b.samples) < cap(b.samples) && b.err == nil {
+				var x *Sample
+				if x, b.err = s.read(); b.err == nil {
+					b.samples = append(b.samples, x)
+				}
+			}
+			n -= len(b.samples)
+			select {
+			case r.batches <- b:
+			case <-r.done:
+				return
+			}
+			if b.err != nil {
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// sample returns the next sample, or the error that stopped the decoding.
+func (r *spillReader) sample() (*Sample, error) {
+	for len(r.cur.samples) == 0 {
+		if r.cur.err != nil {
+			return nil, r.cur.err
+		}
+		b, ok := <-r.batches
+		if !ok {
+			return nil, fmt.Errorf("bridge: reading the sample spill: %w", io.ErrUnexpectedEOF)
+		}
+		r.cur = b
+	}
+	x := r.cur.samples[0]
+	r.cur.samples = r.cur.samples[1:]
+	return x, nil
+}
+
+// stop ends the decoding and waits for its goroutine.
+func (r *spillReader) stop() {
+	close(r.done)
+	<-r.exited
 }

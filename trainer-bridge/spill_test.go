@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -125,4 +127,60 @@ func TestSpillSharedPrefix(t *testing.T) {
 			t.Fatalf("sample %d: prompt %v response %v, want %v %v", i, got.Prompt, got.Response, w.Prompt, w.Response)
 		}
 	}
+}
+
+// TestSpillReadAhead: the decoding goroutine hands out every sample in
+// order across batches, reports what it cannot read, and stops when told
+// to, also mid-spill.
+func TestSpillReadAhead(t *testing.T) {
+	sp, err := newSpill(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.close()
+	const n = 200
+	for i := range n {
+		if err := sp.write(&Sample{RolloutID: strconv.Itoa(i), Prompt: []uint32{uint32(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sp.rewind(); err != nil {
+		t.Fatal(err)
+	}
+	r := sp.readAhead(n)
+	for i := range n {
+		x, err := r.sample()
+		if err != nil || x.RolloutID != strconv.Itoa(i) || x.Prompt[0] != uint32(i) {
+			t.Fatalf("sample %d: %+v, %v", i, x, err)
+		}
+	}
+	if x, err := r.sample(); err == nil {
+		t.Fatalf("sample past the count: %+v", x)
+	}
+	r.stop()
+
+	// Asked for more than the spill holds: the read error comes out.
+	if err := sp.rewind(); err != nil {
+		t.Fatal(err)
+	}
+	r = sp.readAhead(n + 1)
+	for i := range n {
+		if _, err := r.sample(); err != nil {
+			t.Fatalf("sample %d: %v", i, err)
+		}
+	}
+	if _, err := r.sample(); err == nil || !strings.Contains(err.Error(), "reading the sample spill") {
+		t.Fatalf("read past the end: %v", err)
+	}
+	r.stop()
+
+	// Stopped after one sample, with the goroutine blocked on a full channel.
+	if err := sp.rewind(); err != nil {
+		t.Fatal(err)
+	}
+	r = sp.readAhead(n)
+	if _, err := r.sample(); err != nil {
+		t.Fatal(err)
+	}
+	r.stop()
 }
