@@ -1,10 +1,11 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,15 +87,14 @@ type AttemptRef struct {
 // llm_calls through Store.Query with SQL that SQLite and ClickHouse both run;
 // filtering happens here so no value is spliced into SQL.
 func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]AttemptRef, error) {
-	type key struct{ r, a string }
-	type info struct {
-		AttemptRef
-		updated   uint64
-		hasStatus bool
-		hasCalls  bool
+	if sel.Attempts != "" && sel.Attempts != AttemptsLatest && sel.Attempts != AttemptsAll {
+		return nil, fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
 	}
-	m := map[key]*info{}
-	groups := map[string]string{} // rollout -> group_id from any of its rows
+	// Every attempt in one slice, sorted and merged here rather than in
+	// maps: a few hundred bytes per attempt less at the peak (maps, one
+	// allocation per attempt and a second map per rollout held 640 bytes
+	// per attempt at 2×10^5 attempts).
+	var as []attemptRow
 	// Metadata only where group_id is empty: rows of older releases kept the
 	// group there alone (and metadata can be large).
 	err := queryEach(ctx, store, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
@@ -102,27 +102,18 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		if len(row) < 7 {
 			return fmt.Errorf("row with %d columns", len(row))
 		}
-		if g := row[5]; g != "" {
-			groups[row[0]] = g
-		} else if g := gjson.Get(row[6], "group_id"); g.Type == gjson.String && g.Str != "" {
-			groups[row[0]] = g.Str
-		}
 		upd, err := strconv.ParseUint(row[4], 10, 64)
 		if err != nil {
 			return fmt.Errorf("updated_unix_nano %q: %w", row[4], err)
 		}
-		k := key{row[0], row[1]}
-		in := m[k]
-		if in == nil {
-			in = &info{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
-			m[k] = in
-		}
-		if !in.hasStatus || upd >= in.updated { // latest row wins (ReplacingMergeTree may hold several)
-			in.Status, in.updated, in.hasStatus = row[3], upd, true
-			if row[2] != "" {
-				in.TaskID = row[2]
+		a := attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1], TaskID: row[2], Status: row[3], GroupID: row[5]},
+			updated: upd}
+		if a.GroupID == "" {
+			if g := gjson.Get(row[6], "group_id"); g.Type == gjson.String {
+				a.GroupID = g.Str
 			}
 		}
+		as = append(as, a)
 		return nil
 	})
 	if err != nil {
@@ -131,6 +122,17 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		}
 		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
 	}
+	// One entry per attempt: the latest row's status (ReplacingMergeTree may
+	// hold several rows), the latest task id that is not empty.
+	slices.SortFunc(as, func(a, b attemptRow) int {
+		return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), strings.Compare(a.AttemptID, b.AttemptID), cmp.Compare(a.updated, b.updated))
+	})
+	as = mergeRuns(as, sameAttempt, func(into *attemptRow, a attemptRow) {
+		task, group := cmp.Or(a.TaskID, into.TaskID), cmp.Or(a.GroupID, into.GroupID)
+		*into = a
+		into.TaskID, into.GroupID = task, group
+	})
+	listed := len(as)
 	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls GROUP BY rollout_id, attempt_id", func(row []string) error {
 		if len(row) < 4 {
 			return fmt.Errorf("row with %d columns", len(row))
@@ -142,20 +144,28 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		if row[0] == "" {
 			return nil // calls not attributed to any rollout
 		}
-		k := key{row[0], row[1]}
-		in := m[k]
-		if in == nil {
-			in = &info{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
-			m[k] = in
+		i, found := slices.BinarySearchFunc(as[:listed], [2]string{row[0], row[1]}, func(a attemptRow, k [2]string) int {
+			return cmp.Or(strings.Compare(a.RolloutID, k[0]), strings.Compare(a.AttemptID, k[1]))
+		})
+		if !found {
+			// An attempt never registered in the rollouts table.
+			as = append(as, attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}})
+			i = len(as) - 1
 		}
-		in.hasCalls, in.FirstCallUnixNano = true, first
-		if in.TaskID == "" {
-			in.TaskID = row[2]
+		a := &as[i]
+		a.hasCalls, a.FirstCallUnixNano = true, first
+		if a.TaskID == "" {
+			a.TaskID = row[2]
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
+	}
+	if len(as) > listed {
+		slices.SortFunc(as, func(a, b attemptRow) int {
+			return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), strings.Compare(a.AttemptID, b.AttemptID))
+		})
 	}
 	tasks := set(sel.TaskIDs)
 	rollouts := set(sel.RolloutIDs)
@@ -167,49 +177,82 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 	if !sel.Until.IsZero() {
 		until = uint64(sel.Until.UnixNano())
 	}
-	byRollout := map[string][]*info{}
-	for _, in := range m {
-		switch {
-		case !in.hasCalls,
-			len(tasks) > 0 && !tasks[in.TaskID],
-			len(rollouts) > 0 && !rollouts[in.RolloutID],
-			len(statuses) > 0 && !statuses[in.Status],
-			since != 0 && in.FirstCallUnixNano < since,
-			until != 0 && in.FirstCallUnixNano >= until:
-			continue
+	// Rollout by rollout: the group from any of its rows, then the attempts
+	// that pass the filters, all or the latest, marked chosen; counted first
+	// so that the list is allocated once.
+	chosen := 0
+	for start := 0; start < len(as); {
+		end := start + 1
+		for end < len(as) && as[end].RolloutID == as[start].RolloutID {
+			end++
 		}
-		byRollout[in.RolloutID] = append(byRollout[in.RolloutID], in)
-	}
-	var out []AttemptRef
-	for _, as := range byRollout {
-		if sel.Attempts == AttemptsAll {
-			for _, a := range as {
-				out = append(out, a.AttemptRef)
+		run := as[start:end]
+		start = end
+		group := ""
+		for _, a := range run {
+			group = cmp.Or(group, a.GroupID)
+		}
+		var best *attemptRow
+		for i := range run {
+			a := &run[i]
+			switch {
+			case !a.hasCalls,
+				len(tasks) > 0 && !tasks[a.TaskID],
+				len(rollouts) > 0 && !rollouts[a.RolloutID],
+				len(statuses) > 0 && !statuses[a.Status],
+				since != 0 && a.FirstCallUnixNano < since,
+				until != 0 && a.FirstCallUnixNano >= until:
+				continue
 			}
-			continue
-		}
-		if sel.Attempts != "" && sel.Attempts != AttemptsLatest {
-			return nil, fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
-		}
-		best := as[0]
-		for _, a := range as[1:] {
-			if later(a.updated, a.FirstCallUnixNano, a.AttemptID, best.updated, best.FirstCallUnixNano, best.AttemptID) {
+			a.GroupID = group
+			if sel.Attempts == AttemptsAll {
+				a.chosen = true
+				chosen++
+			} else if best == nil || later(a.updated, a.FirstCallUnixNano, a.AttemptID, best.updated, best.FirstCallUnixNano, best.AttemptID) {
 				best = a
 			}
 		}
-		out = append(out, best.AttemptRef)
-	}
-	for i := range out {
-		out[i].GroupID = groups[out[i].RolloutID]
-	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.RolloutID != b.RolloutID {
-			return a.RolloutID < b.RolloutID
+		if best != nil {
+			best.chosen = true
+			chosen++
 		}
-		return a.AttemptID < b.AttemptID
-	})
+	}
+	out := make([]AttemptRef, 0, chosen)
+	for _, a := range as {
+		if a.chosen {
+			out = append(out, a.AttemptRef)
+		}
+	}
 	return out, nil
+}
+
+// attemptRow is an attempt as the selection reads it.
+type attemptRow struct {
+	AttemptRef
+	updated  uint64
+	hasCalls bool
+	chosen   bool // selected
+}
+
+func sameAttempt(a, b *attemptRow) bool {
+	return a.RolloutID == b.RolloutID && a.AttemptID == b.AttemptID
+}
+
+// mergeRuns folds each run of neighbouring elements that same puts together
+// into its first element with merge (called with every later element in
+// order), in place, and returns the shortened slice.
+func mergeRuns[T any](xs []T, same func(a, b *T) bool, merge func(into *T, x T)) []T {
+	n := 0
+	for i := range xs {
+		if n > 0 && same(&xs[n-1], &xs[i]) {
+			merge(&xs[n-1], xs[i])
+			continue
+		}
+		xs[n] = xs[i]
+		n++
+	}
+	clear(xs[n:])
+	return xs[:n]
 }
 
 // queryEach hands the rows of query to f one at a time when the store can
