@@ -164,3 +164,21 @@ func TestNativeErrors(t *testing.T) {
 		t.Fatalf("bind = %s, %v", q, err)
 	}
 }
+
+// TestNativeLowCardinality: String columns that a newer server declares
+// LowCardinality(String) read as their strings, block after block (each with
+// its own dictionary).
+func TestNativeLowCardinality(t *testing.T) {
+	s := openStore(t, Options{})
+	type row struct{ S string }
+	cols := []export.Column[row]{export.Col("s", func(r *row) any { return &r.S })}
+	var got []string
+	err := readNative(context.Background(), s.native, "SELECT toLowCardinality(x) AS s FROM (SELECT arrayJoin(['a', 'b', 'a', '', 'c']) AS x)"+
+		" SETTINGS allow_experimental_low_cardinality_type = 1, max_block_size = 2", cols, func(r *row) { got = append(got, r.S) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := strings.Join(got, ","); g != "a,b,a,,c" {
+		t.Fatalf("strings %q", g)
+	}
+}
