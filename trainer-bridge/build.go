@@ -906,31 +906,56 @@ type chunk struct {
 	err error
 }
 
-// readAhead reads the rollouts of refs in chunks of bulkChunk refs, one
-// chunk ahead of its consumer: the store prepares and sends the next chunk
-// while the bridge builds the samples of this one. Memory holds at most three
-// chunks (one in use, one in the channel, one being read). The channel is
-// closed after the last chunk, after an error, or when ctx ends.
+// readAhead reads the rollouts of refs in chunks of bulkChunk refs, ahead
+// of their consumer, with readers queries in flight (the store prepares the
+// next chunks while the bridge builds the samples of this one; a server with
+// a core to spare runs two queries at once). Each reader holds at most one
+// chunk (read, or being read) until it is taken, so memory holds at most
+// readers+2 chunks (one more waiting to be taken in order, one in use). The
+// channel is closed after the last chunk, after an error, or when ctx ends.
 func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []AttemptRef, ro export.ReadOptions) <-chan chunk {
-	out := make(chan chunk, 1)
-	go func() {
-		defer close(out)
-		for i := 0; i < len(refs); i += bulkChunk {
-			ids := make([]string, 0, bulkChunk)
-			seen := map[string]bool{}
-			for _, r := range refs[i:min(len(refs), i+bulkChunk)] {
-				if !seen[r.RolloutID] {
-					seen[r.RolloutID] = true
-					ids = append(ids, r.RolloutID)
+	const readers = 2
+	out := make(chan chunk)
+	var lanes [readers]chan chunk
+	for w := range lanes {
+		lanes[w] = make(chan chunk)
+		go func(lane chan<- chunk, first int) {
+			defer close(lane)
+			for i := first; i < len(refs); i += readers * bulkChunk {
+				ids := make([]string, 0, bulkChunk)
+				seen := map[string]bool{}
+				for _, r := range refs[i:min(len(refs), i+bulkChunk)] {
+					if !seen[r.RolloutID] {
+						seen[r.RolloutID] = true
+						ids = append(ids, r.RolloutID)
+					}
+				}
+				m, err := bulk.Rollouts(ctx, ids, ro)
+				select {
+				case lane <- chunk{m, err}:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil {
+					return
 				}
 			}
-			m, err := bulk.Rollouts(ctx, ids, ro)
+		}(lanes[w], w*bulkChunk)
+	}
+	// The chunks in order: lane by lane in turn.
+	go func() {
+		defer close(out)
+		for k := 0; ; k++ {
+			c, ok := <-lanes[k%readers]
+			if !ok {
+				return
+			}
 			select {
-			case out <- chunk{m, err}:
+			case out <- c:
 			case <-ctx.Done():
 				return
 			}
-			if err != nil {
+			if c.err != nil {
 				return
 			}
 		}

@@ -39,14 +39,19 @@ const nativeRevision = 54412
 // info (system.query_log's client_name).
 const nativeClientName = "rollgate"
 
-// nativeReader dials the store's server and keeps one idle connection.
+// nativeReader dials the store's server and keeps up to maxIdle idle
+// connections.
 type nativeReader struct {
 	opts *clickhouse.Options
 	db   string
 
 	mu   sync.Mutex
-	idle *nativeConn
+	idle []*nativeConn
 }
+
+// maxIdle is how many idle connections a nativeReader keeps: one per query
+// the trainer bridge has in flight.
+const maxIdle = 2
 
 // nativeConn is one connection after the handshake.
 type nativeConn struct {
@@ -60,21 +65,23 @@ func newNativeReader(opts *clickhouse.Options, db string) *nativeReader {
 	return &nativeReader{opts: opts, db: db}
 }
 
-// close closes the idle connection.
+// close closes the idle connections.
 func (n *nativeReader) close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.idle != nil {
-		_ = n.idle.conn.Close()
-		n.idle = nil
+	for _, c := range n.idle {
+		_ = c.conn.Close()
 	}
+	n.idle = nil
 }
 
-// get returns the idle connection or dials a new one.
+// get returns an idle connection or dials a new one.
 func (n *nativeReader) get(ctx context.Context) (*nativeConn, error) {
 	n.mu.Lock()
-	c := n.idle
-	n.idle = nil
+	var c *nativeConn
+	if k := len(n.idle); k > 0 {
+		c, n.idle = n.idle[k-1], n.idle[:k-1]
+	}
 	n.mu.Unlock()
 	if c != nil {
 		return c, nil
@@ -82,14 +89,16 @@ func (n *nativeReader) get(ctx context.Context) (*nativeConn, error) {
 	return n.dial(ctx)
 }
 
-// put keeps c for the next query, closing the one kept before.
+// put keeps c for a later query, or closes it when maxIdle are kept.
 func (n *nativeReader) put(c *nativeConn) {
 	n.mu.Lock()
-	old := n.idle
-	n.idle = c
+	keep := len(n.idle) < maxIdle
+	if keep {
+		n.idle = append(n.idle, c)
+	}
 	n.mu.Unlock()
-	if old != nil {
-		_ = old.conn.Close()
+	if !keep {
+		_ = c.conn.Close()
 	}
 }
 
