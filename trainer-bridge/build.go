@@ -570,21 +570,21 @@ func unitsOf(a attemptOut, i int, ref AttemptRef, o *Options) []unit {
 func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, prog *Progress, f func(i int, a attemptOut) error) error {
 	read := store
 	cache := &prefetched{Store: store}
-	var chunks <-chan chunk
+	var nextChunk func() (chunk, bool)
 	if bulk, ok := store.(export.BulkRolloutReader); ok {
 		// The engine's raw answer is never read here; the request only to
 		// retokenize and by AIR rules that read it.
 		ro := export.ReadOptions{NoResponseBody: true, NoRequestBody: o.Retokenize == nil && (o.AIR == nil || !o.AIR.ReadsRequests())}
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel() // stops the reader when f fails
-		chunks = readAhead(ctx, bulk, refs, ro)
+		nextChunk = readAhead(ctx, bulk, refs, ro)
 	}
 	for i, ref := range refs {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if chunks != nil && i%bulkChunk == 0 {
-			c, ok := <-chunks
+		if nextChunk != nil && i%bulkChunk == 0 {
+			c, ok := nextChunk()
 			if !ok {
 				return ctx.Err()
 			}
@@ -907,15 +907,15 @@ type chunk struct {
 }
 
 // readAhead reads the rollouts of refs in chunks of bulkChunk refs, ahead
-// of their consumer, with readers queries in flight (the store prepares the
+// of their consumer, with two queries in flight (the store prepares the
 // next chunks while the bridge builds the samples of this one; a server with
-// a core to spare runs two queries at once). Each reader holds at most one
-// chunk (read, or being read) until it is taken, so memory holds at most
-// readers+2 chunks (one more waiting to be taken in order, one in use). The
-// channel is closed after the last chunk, after an error, or when ctx ends.
-func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []AttemptRef, ro export.ReadOptions) <-chan chunk {
+// a core to spare runs both at once). It returns next, which hands out the
+// chunks in order and false after the last one, after an error or when ctx
+// ends. Each reader holds at most one chunk (read, or being read) until next
+// takes it, so memory holds at most three chunks, one of them in use, as
+// with one reader a chunk ahead.
+func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []AttemptRef, ro export.ReadOptions) (next func() (chunk, bool)) {
 	const readers = 2
-	out := make(chan chunk)
 	var lanes [readers]chan chunk
 	for w := range lanes {
 		lanes[w] = make(chan chunk)
@@ -942,25 +942,17 @@ func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []Attemp
 			}
 		}(lanes[w], w*bulkChunk)
 	}
+	k, failed := 0, false
 	// The chunks in order: lane by lane in turn.
-	go func() {
-		defer close(out)
-		for k := 0; ; k++ {
-			c, ok := <-lanes[k%readers]
-			if !ok {
-				return
-			}
-			select {
-			case out <- c:
-			case <-ctx.Done():
-				return
-			}
-			if c.err != nil {
-				return
-			}
+	return func() (chunk, bool) {
+		if failed {
+			return chunk{}, false
 		}
-	}()
-	return out
+		c, ok := <-lanes[k%readers]
+		k++
+		failed = !ok || c.err != nil
+		return c, ok
+	}
 }
 
 // prefetched serves Rollout from a chunk read in bulk, and everything else

@@ -33,7 +33,8 @@ func TestReadAheadChunks(t *testing.T) {
 	}
 	bulk := s.(export.BulkRolloutReader)
 	n := 0
-	for c := range readAhead(ctx, bulk, refs, export.ReadOptions{}) {
+	next := readAhead(ctx, bulk, refs, export.ReadOptions{})
+	for c, ok := next(); ok; c, ok = next() {
 		if c.err != nil {
 			t.Fatal(c.err)
 		}
@@ -68,9 +69,11 @@ func TestReadAheadChunks(t *testing.T) {
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
-	chunks := readAhead(cctx, bulk, refs, export.ReadOptions{})
-	<-chunks
+	next = readAhead(cctx, bulk, refs, export.ReadOptions{})
+	if _, ok := next(); !ok {
+		t.Fatal("no first chunk")
+	}
 	cancel()
-	for range chunks { // closed once the readers see the cancellation
+	for _, ok := next(); ok; _, ok = next() { // ends once the readers see the cancellation
 	}
 }
