@@ -122,7 +122,11 @@ func (n *nativeReader) dial(ctx context.Context) (*nativeConn, error) {
 			conn, err = d.DialContext(dctx, "tcp", addr)
 		}
 		if err == nil && n.opts.TLS != nil {
-			tc := tls.Client(conn, n.opts.TLS.Clone())
+			cfg := n.opts.TLS.Clone()
+			if cfg.ServerName == "" { // as tls.Dial does, which clickhouse-go uses
+				cfg.ServerName, _, _ = net.SplitHostPort(addr)
+			}
+			tc := tls.Client(conn, cfg)
 			if err = tc.HandshakeContext(dctx); err != nil {
 				_ = conn.Close()
 			}
