@@ -146,10 +146,15 @@ func (n *nativeReader) dial(ctx context.Context) (*nativeConn, error) {
 }
 
 // hello runs the handshake on conn.
-func (n *nativeReader) hello(ctx context.Context, conn net.Conn) (*nativeConn, error) {
-	c := &nativeConn{conn: conn, r: proto.NewReader(bufio.NewReaderSize(conn, 1<<20))}
+func (n *nativeReader) hello(ctx context.Context, conn net.Conn) (c *nativeConn, err error) {
+	c = &nativeConn{conn: conn, r: proto.NewReader(bufio.NewReaderSize(conn, 1<<20))}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer stop()
+	defer func() {
+		if !stop() && err == nil { // the deadline is set: the connection is spent
+			_ = conn.Close()
+			c, err = nil, fmt.Errorf("hello: %w", ctx.Err())
+		}
+	}()
 	user := n.opts.Auth.Username
 	if user == "" {
 		user = "default" // as clickhouse-go
@@ -158,7 +163,7 @@ func (n *nativeReader) hello(ctx context.Context, conn net.Conn) (*nativeConn, e
 		Name: nativeClientName, Major: 1, Minor: 0, ProtocolVersion: nativeRevision,
 		Database: n.db, User: user, Password: n.opts.Auth.Password,
 	}.Encode(&c.buf)
-	err := c.flush()
+	err = c.flush()
 	var code byte
 	if err == nil {
 		code, err = c.r.UInt8()
@@ -212,15 +217,15 @@ func (n *nativeReader) query(ctx context.Context, body string, block func(cols p
 		return err
 	}
 	ok := false
+	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Now()) })
 	defer func() {
-		if ok {
+		// A connection whose deadline the cancellation set is not reused.
+		if stop() && ok {
 			n.put(c)
 		} else {
 			_ = c.conn.Close()
 		}
 	}()
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Now()) })
-	defer stop()
 	if err := c.send(body); err != nil {
 		return ctxOr(ctx, fmt.Errorf("send query: %w", err))
 	}
