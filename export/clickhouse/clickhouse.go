@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -34,6 +35,12 @@ type Options struct {
 	// ExternalInsert forces the external-table insert path even on servers
 	// that accept native batch inserts. Default false: Open decides by probing.
 	ExternalInsert bool
+	// TextReads reads llm_calls through clickhouse-go with arrays formatted
+	// as text by the server (toString), instead of the native reader
+	// (native.go). Slower (the server formats every id), but it is the
+	// driver's own protocol code: the store also falls back to it by itself
+	// when the native reader fails for a reason other than a server error.
+	TextReads bool
 	// DialTimeout bounds connecting to the server. 0 keeps the DSN's
 	// dial_timeout, or clickhouse-go's default (30 s).
 	DialTimeout time.Duration
@@ -70,6 +77,9 @@ type Store struct {
 	mode     InsertMode
 	log      *slog.Logger
 	native   *nativeReader // llm_calls reads (native.go)
+	// textReads is set by Options.TextReads or after the native reader
+	// failed at the protocol level: llm_calls are then read as text.
+	textReads atomic.Bool
 }
 
 var _ export.Store = (*Store)(nil)
@@ -132,6 +142,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("clickhouse: connect %v: %w", chOpts.Addr, err)
 	}
 	s := &Store{conn: conn, db: db, version: version, features: features, log: log, mode: InsertExternal, native: newNativeReader(chOpts, db)}
+	s.textReads.Store(opt.TextReads)
 	if !opt.ExternalInsert {
 		ok, err := s.probeBatch(ctx)
 		if err != nil {

@@ -204,8 +204,18 @@ func (c *nativeConn) exception() error {
 	if err := e.DecodeAware(c.r, c.rev); err != nil {
 		return fmt.Errorf("decode exception: %w", err)
 	}
-	return fmt.Errorf("server: code %d: %s", e.Code, e.Message)
+	return &serverError{code: int32(e.Code), msg: e.Message}
 }
+
+// serverError is an exception the server sent: the query's fault (or the
+// server's state), not the protocol's, so a read that fails with one is not
+// retried as text.
+type serverError struct {
+	code int32
+	msg  string
+}
+
+func (e *serverError) Error() string { return fmt.Sprintf("server: code %d: %s", e.code, e.msg) }
 
 // query runs a SELECT and calls block with the columns of each block that has
 // rows (the columns are reused by the next block: block copies what it

@@ -3,6 +3,7 @@ package clickhouse
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -171,18 +172,58 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 // of every column but those opt omits (read as empty strings) and calls f
 // with each row; f may keep the call (not the pointer). It reads through the
 // native reader (native.go): columns as the server holds them, arrays
-// copied as blocks of memory.
+// copied as blocks of memory. When that reader fails before any row for a
+// reason other than a server exception or the caller's cancellation (a
+// server that speaks the protocol differently), the read is done again as
+// text through clickhouse-go, and so are all later ones (logged once).
 func (s *Store) readCalls(ctx context.Context, query string, opt export.ReadOptions, args []any, f func(*export.Call)) error {
 	cols := export.CallTable.Columns
-	body, err := bindArgs("SELECT "+nativeSelectList(cols, opt.Omits)+" "+query, args)
-	if err == nil {
-		err = readNative(ctx, s.native, body, cols, f)
+	if !s.textReads.Load() {
+		body, err := bindArgs("SELECT "+nativeSelectList(cols, opt.Omits)+" "+query, args)
+		if err != nil {
+			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
+		}
+		delivered := false
+		err = readNative(ctx, s.native, body, cols, func(c *export.Call) { delivered = true; f(c) })
+		var se *serverError
+		switch {
+		case err == nil:
+			return nil
+		case delivered || ctx.Err() != nil || errors.As(err, &se):
+			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
+		}
+		if s.textReads.CompareAndSwap(false, true) {
+			s.log.Warn("clickhouse: the native reader of llm_calls failed; reading them as text from now on (slower; same rows)", "err", err)
+		}
 	}
+	return s.readCallsText(ctx, query, opt, args, f)
+}
+
+// readCallsText is readCalls through clickhouse-go, arrays as the server's
+// text (toString) parsed by package arrays.
+func (s *Store) readCallsText(ctx context.Context, query string, opt export.ReadOptions, args []any, f func(*export.Call)) error {
+	cols := export.CallTable.Columns
+	rows, err := s.conn.Query(ctx, "SELECT "+selectList(cols, opt.Omits)+" "+query, args...)
 	if err != nil {
+		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
+	}
+	defer rows.Close()
+	sc := export.NewScanner(cols, export.IntsNative)
+	for rows.Next() {
+		if err := sc.Scan(rows, spanOf); err != nil {
+			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
+		}
+		f(&sc.Row)
+	}
+	if err := rows.Err(); err != nil {
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 	}
 	return nil
 }
+
+// TextReads says whether llm_calls are read as text (Options.TextReads, or
+// since the native reader failed).
+func (s *Store) TextReads() bool { return s.textReads.Load() }
 
 // compareCalls orders calls as Calls's ORDER BY does: by attempt, sequence
 // id, choice and span (strings bytewise, as ClickHouse compares them).
@@ -281,3 +322,6 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 	}
 	return out, nil
 }
+
+// spanOf names a call in a scan error.
+func spanOf(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }

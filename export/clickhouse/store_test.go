@@ -186,3 +186,19 @@ func TestRolloutsReadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestConformanceTextReads runs the suite with llm_calls read as text
+// through clickhouse-go (Options.TextReads), the path the store falls back
+// to when its native reader fails.
+func TestConformanceTextReads(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) export.Store {
+		s, err := Open(context.Background(), freshDSN(t), Options{TextReads: true})
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		if !s.TextReads() {
+			t.Fatal("TextReads() = false with Options.TextReads")
+		}
+		return s
+	})
+}
