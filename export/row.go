@@ -82,6 +82,12 @@ type Call struct {
 	// proxy's per-mode overrides), with the values sent: request_body keeps
 	// what the client asked for. '' when nothing was forced. Extra column.
 	Overrides string
+	// BackendAttempts is how many times the gateway sent the call to a
+	// backend: 1 when the first attempt answered, more after retries (a
+	// refused connection, a retryable status on a route that retries them).
+	// 0 on rows written before the column existed and on calls that never
+	// reached a backend. Extra column.
+	BackendAttempts uint16
 	// ParentSpanID is the span id of the client's W3C traceparent ('' when
 	// none was sent), so exported spans nest under the caller's span. Not a
 	// stored column: it travels to the OTLP sink only.
@@ -128,6 +134,7 @@ var CallTable = NewTable("llm_calls",
 	Col("prompt_token_source", func(c *Call) any { return &c.PromptTokenSource }, LowCard, Since(3)),
 	Col("response_token_source", func(c *Call) any { return &c.ResponseTokenSource }, LowCard, Since(3)),
 	Col("overrides", func(c *Call) any { return &c.Overrides }, LowCard, Since(4)),
+	Col("backend_attempts", func(c *Call) any { return &c.BackendAttempts }, Since(5)),
 )
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

@@ -20,14 +20,24 @@ func TestRetryOnAnotherReplica(t *testing.T) {
 		c.HealthInterval = -1 // passive checks only, so the test sees them
 		c.Backends[0].Replicas = append([]gateway.Replica{{Name: "dead", URL: "http://127.0.0.1:1/v1", Kind: "vllm"}}, c.Backends[0].Replicas...)
 	})
+	retried := 0
 	for i := range 8 {
 		r := do(t, "POST", e.url+"/v1/chat/completions", chatBody)
 		if r.status != 200 {
 			t.Fatalf("call %d: %d %s", i, r.status, r.body)
 		}
-		if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; row.Backend != "mock-1" || row.Error != "" {
-			t.Fatalf("call %d row: backend %q error %q", i, row.Backend, row.Error)
+		row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]
+		if row.Backend != "mock-1" || row.Error != "" || row.BackendAttempts < 1 || row.BackendAttempts > 2 {
+			t.Fatalf("call %d row: backend %q error %q attempts %d", i, row.Backend, row.Error, row.BackendAttempts)
 		}
+		if row.BackendAttempts == 2 {
+			retried++
+		}
+	}
+	// The dead replica is marked unhealthy below only by a failed attempt,
+	// which the gateway retried on mock-1: that call's row counts 2 attempts.
+	if retried == 0 {
+		t.Fatal("no row counts the retry off the dead replica (backend_attempts 2)")
 	}
 	g := do(t, "GET", e.url+"/api/v1/backends", "")
 	if gjson.GetBytes(g.body, `backends.0.replicas.#(name=="dead").healthy`).Bool() ||

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"time"
 
@@ -192,6 +193,7 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		}
 		inj = injected
 		p.Meta.Backend = r.Name()
+		p.Meta.BackendAttempts = uint16(min(attempt+1, math.MaxUint16))
 		p.Meta.PolicyVersion = spec.PolicyVersion
 		p.Meta.Stream = info.Stream
 		p.N = info.N

@@ -2,6 +2,7 @@ package agl_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -478,8 +479,17 @@ func TestAGLRetries(t *testing.T) {
 		d.Get("prompt_token_ids").Raw != "[]" || d.Get("response_token_ids").Raw != "[]" {
 		t.Fatalf("error triplet: %s", d.Raw)
 	}
-	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 3 || rows[0].HTTPStatus != 503 || rows[1].HTTPStatus != 429 || !rows[1].Stream {
+	if rows := e.StoredCalls(export.CallFilter{RolloutID: "r1"}); len(rows) != 3 || rows[0].HTTPStatus != 503 || rows[1].HTTPStatus != 429 || !rows[1].Stream ||
+		rows[0].BackendAttempts != 6 || rows[1].BackendAttempts != 6 || rows[2].BackendAttempts != 1 {
 		t.Fatalf("rows: %+v", rows)
+	}
+	// The raw events carry AGL's retry_count: the attempts after the first.
+	var counts []int64
+	for _, ev := range e.events(t, "r1", "?event_type=model_request") {
+		counts = append(counts, ev.Get("data.retry_count").Int())
+	}
+	if fmt.Sprint(counts) != "[5 5 0]" {
+		t.Fatalf("retry_count of the model_request events: %v, want [5 5 0]", counts)
 	}
 }
 

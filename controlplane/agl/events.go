@@ -222,7 +222,7 @@ func modelRequestData(cl *export.Call) json.RawMessage {
 		"model": cl.Model, "model_version": version, "request": req, "response": resp,
 		"server":      map[string]any{"model": cl.Model, "endpoint": cl.Backend, "version": version},
 		"latency_ms":  float64(cl.EndTimeUnixNano-min(cl.StartTimeUnixNano, cl.EndTimeUnixNano)) / float64(time.Millisecond),
-		"http_status": int(cl.HTTPStatus), "status": status, "retry_count": 0, "usage": usage, "finish_reason": finish,
+		"http_status": int(cl.HTTPStatus), "status": status, "retry_count": retryCount(cl.BackendAttempts), "usage": usage, "finish_reason": finish,
 	}
 	if cl.Overrides != "" {
 		d["adjusted_params"] = json.RawMessage(cl.Overrides)
@@ -408,3 +408,7 @@ func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int6
 	}
 	return first, nil
 }
+
+// retryCount is AGL's retry_count: the backend attempts after the first
+// (0 on rows of releases that did not count them).
+func retryCount(attempts uint16) int { return max(int(attempts)-1, 0) }

@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
     api_key_name String,
     prompt_token_source String,
     response_token_source String,
-    overrides String
+    overrides String,
+    backend_attempts UInt16
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

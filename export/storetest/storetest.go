@@ -91,6 +91,7 @@ func FullCall(rollout, attempt string, seq uint64, choice uint32) export.Call {
 		TurnPrefixLen:      7,
 		TurnPrevSequenceID: 41,
 		APIKeyName:         "team-a",
+		BackendAttempts:    3,
 		FinishReason:       "stop",
 		PromptTokens:       uint32(len(prompt)),
 		CompletionTokens:   uint32(len(resp)),
