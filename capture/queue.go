@@ -204,43 +204,43 @@ type NamedSink struct {
 type Config struct {
 	// QueueSize is how many completed calls may wait for assembly (default 8192).
 	// When full, TryPush returns false and the call is counted as dropped.
-	QueueSize int
+	QueueSize int `yaml:"queue_size"`
 	// QueueBytes bounds the memory of the calls waiting for assembly
 	// (default 256 MiB): with long agent contexts a call is 100 KB or more,
 	// so QueueSize calls alone could take gigabytes when the store falls
 	// behind. Past it, TryPush refuses calls as when QueueSize is reached.
-	QueueBytes int
+	QueueBytes int `yaml:"queue_bytes"`
 	// BatchBytes makes the batcher write as soon as its rows hold this many
 	// bytes of bodies and ids (default 32 MiB), before BatchSize rows: a
 	// batch of 1,000 calls with long contexts would be hundreds of MiB, and
 	// a store's encoding of it as much again.
-	BatchBytes int
+	BatchBytes int `yaml:"batch_bytes"`
 	// Linger is how long a worker woken from idle waits before taking the
 	// calls queued, so that it takes several at once instead of being woken
 	// for every call (default 2ms; negative = do not wait). Under load the
 	// workers are never idle and never wait.
-	Linger time.Duration
+	Linger time.Duration `yaml:"-"`
 	// Workers assemble calls into rows (default 2).
-	Workers int
+	Workers int `yaml:"workers"`
 	// BatchSize is the number of rows that triggers a write (default 1000).
-	BatchSize int
+	BatchSize int `yaml:"batch_size"`
 	// FlushInterval is the longest a row waits before being written (default 200ms).
-	FlushInterval time.Duration
+	FlushInterval time.Duration `yaml:"flush_interval"`
 	// Fallback, when set, returns the id filler for the backend that served a
 	// call (nil: none). It runs for calls whose engine ids are missing or
 	// failed a check, off the hot path, before the rows are written.
-	Fallback func(backend string) IDFiller
+	Fallback func(backend string) IDFiller `yaml:"-"`
 	// Redact rewrites stored text (bodies, messages) before rows reach any
 	// sink; nil = no redaction.
-	Redact *Redactor
+	Redact *Redactor `yaml:"-"`
 	// Retries is how many times a failed batch write is retried, with
 	// exponential backoff from 100ms, before its rows are dropped and counted (default 5).
-	Retries int
+	Retries int `yaml:"-"`
 	// WAL, when set, logs every finished call before its answer completes
 	// and replays what an earlier, killed process left (see WAL and
 	// Pipeline.ReplayWAL); the pipeline closes it. nil = calls waiting in
 	// the queue are lost when the process is killed.
-	WAL *WAL
+	WAL *WAL `yaml:"-"`
 }
 
 func (c *Config) setDefaults() {

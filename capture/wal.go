@@ -83,31 +83,37 @@ var errWALFull = errors.New("capture WAL full")
 type WALConfig struct {
 	// Dir holds the segment files; created if missing. Only one process may
 	// use it: put it in the spool folder, whose lock keeps a second one out.
-	Dir string
+	Dir string `yaml:"-"`
 	// MaxBytes bounds the segments on disk (default 512 MiB). A call that
 	// does not fit is not logged (it is captured as usual, but a kill before
 	// its rows are stored loses it) and counted in
 	// rollgate_capture_wal_skipped_total{reason="full"}.
-	MaxBytes int64
+	MaxBytes int64 `yaml:"wal_max_bytes"`
 	// SegmentBytes is the size at which a new segment is started (default
 	// MaxBytes/8, at most 16 MiB).
-	SegmentBytes int64
+	SegmentBytes int64 `yaml:"-"`
 	// SyncInterval is how often the segment being written is fsynced when it
-	// has new records (0 = never; see the package notes on the fsync policy).
-	SyncInterval time.Duration
+	// has new records (0 = never; see the package notes on the fsync policy;
+	// RegisterFlags's default is DefaultWALSyncInterval).
+	SyncInterval time.Duration `yaml:"wal_sync_interval"`
 }
 
 func (c *WALConfig) setDefaults() error {
 	if c.Dir == "" {
 		return errors.New("capture WAL: WALConfig.Dir is required (it lives in --spool-dir)")
 	}
+	c.fillDefaults()
+	return nil
+}
+
+// fillDefaults sets the zero sizes to their defaults.
+func (c *WALConfig) fillDefaults() {
 	if c.MaxBytes <= 0 {
 		c.MaxBytes = 512 << 20
 	}
 	if c.SegmentBytes <= 0 {
 		c.SegmentBytes = min(c.MaxBytes/8, 16<<20)
 	}
-	return nil
 }
 
 // walRef names one record: its segment and its index in that segment.

@@ -138,7 +138,7 @@ type Config struct {
 	BridgeLeaseTTL time.Duration `yaml:"bridge_lease_ttl"`
 	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
 	// client did not; they are stripped from the client's copy. The zero
-	// Config leaves it off; rollgate serve turns it on unless
+	// Config leaves it off; RegisterFlags (rollgate serve) turns it on unless
 	// --inject-logprobs=false or the config file says inject_logprobs: false.
 	InjectLogprobs bool `yaml:"inject_logprobs"`
 	// CaptureEmbeddingBodies stores request/response bodies of embedding calls (default false).
@@ -226,6 +226,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxTrackedAttemptBytes <= 0 {
 		c.MaxTrackedAttemptBytes = defaultMaxTrackedAttemptBytes
+	}
+	if c.SequenceStoreTimeout <= 0 {
+		c.SequenceStoreTimeout = defaultSequenceStoreTimeout
 	}
 	if c.Routing == "" {
 		c.Routing = RoutingAffine

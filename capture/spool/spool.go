@@ -73,46 +73,53 @@ var (
 type Config struct {
 	// Dir holds the segment files. It is created if missing; only one
 	// process may use it at a time.
-	Dir string
+	Dir string `yaml:"dir"`
 	// MaxBytes bounds the spooled records' total size (default 1 GiB).
-	MaxBytes int64
+	MaxBytes int64 `yaml:"max_bytes"`
 	// SegmentBytes is the size at which a new segment file is started
 	// (default MaxBytes/8, at most 64 MiB). A segment is deleted once all
 	// its records are acknowledged.
-	SegmentBytes int64
+	SegmentBytes int64 `yaml:"-"`
 	// FullPolicy is Block (default) or Drop.
-	FullPolicy FullPolicy
+	FullPolicy FullPolicy `yaml:"full_policy"`
 	// SyncInterval is how often spooled records are fsynced. 0 (default)
 	// fsyncs every record before Write returns; > 0 fsyncs in the background
 	// at this interval (faster spilling; an OS crash may lose the last
 	// interval's records; a process kill loses nothing either way).
-	SyncInterval time.Duration
+	SyncInterval time.Duration `yaml:"sync_interval"`
 	// DirectTimeout bounds a direct sink write before the batch is spooled
 	// instead (default 5s).
-	DirectTimeout time.Duration
+	DirectTimeout time.Duration `yaml:"-"`
 	// ReplayTimeout bounds one replay write to the sink (default 30s).
-	ReplayTimeout time.Duration
+	ReplayTimeout time.Duration `yaml:"-"`
 	// RetryMin and RetryMax bound the replayer's exponential backoff after a
 	// failed replay (defaults 100ms and 10s).
-	RetryMin, RetryMax time.Duration
+	RetryMin, RetryMax time.Duration `yaml:"-"`
 }
 
 func (c *Config) setDefaults() error {
 	if c.Dir == "" {
 		return errors.New("spool: Config.Dir is required (e.g. --spool-dir /var/lib/rollgate/spool)")
 	}
+	c.fillDefaults()
+	switch c.FullPolicy {
+	case Block, Drop:
+	default:
+		return fmt.Errorf("spool: unknown full policy %q (use %q or %q)", c.FullPolicy, Block, Drop)
+	}
+	return nil
+}
+
+// fillDefaults sets the zero values to their defaults.
+func (c *Config) fillDefaults() {
 	if c.MaxBytes <= 0 {
 		c.MaxBytes = 1 << 30
 	}
 	if c.SegmentBytes <= 0 {
 		c.SegmentBytes = min(c.MaxBytes/8, 64<<20)
 	}
-	switch c.FullPolicy {
-	case "":
+	if c.FullPolicy == "" {
 		c.FullPolicy = Block
-	case Block, Drop:
-	default:
-		return fmt.Errorf("spool: unknown full policy %q (use %q or %q)", c.FullPolicy, Block, Drop)
 	}
 	if c.DirectTimeout <= 0 {
 		c.DirectTimeout = 5 * time.Second
@@ -126,7 +133,6 @@ func (c *Config) setDefaults() error {
 	if c.RetryMax < c.RetryMin {
 		c.RetryMax = max(10*time.Second, c.RetryMin)
 	}
-	return nil
 }
 
 // Stats is a snapshot of the spool's state and counters.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"log/slog"
 
 	"github.com/rollgate/rollgate/capture"
@@ -12,14 +11,6 @@ import (
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
-
-// addAGLFlags registers the --agl-* flags (the `agl:` block of the config
-// file; flags given win).
-func addAGLFlags(fs *flag.FlagSet) *agl.Config {
-	var c agl.Config
-	c.RegisterFlags(fs)
-	return &c
-}
 
 // mountAGL serves Agent Lightning's API gateway routes on srv when cfg
 // enables them. exposed: the gateway listens beyond loopback without

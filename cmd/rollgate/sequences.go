@@ -8,31 +8,22 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/seqstore"
 )
 
-// sequenceFlags are serve's flags of the sequence store.
-type sequenceFlags struct {
-	timeout, retention *time.Duration
+// sequenceConfig is the sequence store's setting of serve's config file
+// (the store itself is the --queue database, else a file beside --db).
+type sequenceConfig struct {
+	// Retention deletes an attempt's row once no id was reserved for it
+	// this long (0 = keep rows forever).
+	Retention time.Duration `yaml:"sequence_retention"`
 }
 
-// addSequenceFlags registers serve's sequence store flags on fs.
-func addSequenceFlags(fs *flag.FlagSet) sequenceFlags {
-	return sequenceFlags{
-		timeout: fs.Duration("sequence-timeout", 5*time.Second,
-			"longest a call waits for its sequence id to be reserved in the database (the first call of an attempt, one call per block of 16 to 1024 ids); past it the call gets 503 and counts in rollgate_calls_rejected_total{reason=\"sequence_store\"} (see also --queue, --db)"),
-		retention: fs.Duration("sequence-retention", 0,
-			"delete the rg_sequences row (180 B in SQLite, 270 B in PostgreSQL) of an attempt no sequence id was reserved for in this long, hourly; it must exceed the longest an attempt may still get calls, or its ids start again at 1 (0 = keep rows forever)"),
-	}
-}
-
-// apply sets cfg's sequence settings from the flags given or the defaults
-// the config file leaves unset.
-func (f sequenceFlags) apply(set map[string]bool, cfg *gateway.Config) {
-	if set["sequence-timeout"] || cfg.SequenceStoreTimeout == 0 {
-		cfg.SequenceStoreTimeout = *f.timeout
-	}
+// RegisterFlags registers --sequence-retention (--sequence-timeout is the
+// gateway's: gateway.Config.SequenceStoreTimeout).
+func (c *sequenceConfig) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.Retention, "sequence-retention", c.Retention,
+		"delete the rg_sequences row (180 B in SQLite, 270 B in PostgreSQL) of an attempt no sequence id was reserved for in this long, hourly; it must exceed the longest an attempt may still get calls, or its ids start again at 1 (0 = keep rows forever)")
 }
 
 // openSequenceStore opens where sequence ids are reserved: the task queue's
@@ -43,8 +34,7 @@ func (f sequenceFlags) apply(set map[string]bool, cfg *gateway.Config) {
 // survives a power loss) in groups, never wait behind the capture store's
 // batch writes for SQLite's single writer lock (measured with bench/ab: in
 // the store's own file, p99 rose from 31 to 90 ms at 32 agents).
-func openSequenceStore(ctx context.Context, queueDSN, dbPath string, f sequenceFlags, opt seqstore.Options) (seqstore.Store, error) {
-	opt.Retention = *f.retention
+func openSequenceStore(ctx context.Context, queueDSN, dbPath string, opt seqstore.Options) (seqstore.Store, error) {
 	if queueDSN == "" {
 		queueDSN = dbPath
 	}

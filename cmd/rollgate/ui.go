@@ -11,28 +11,28 @@ import (
 	"github.com/rollgate/rollgate/ui"
 )
 
-// uiFlags are the trajectory viewer's settings.
-type uiFlags struct {
-	enabled   *bool
-	tokenizer *string
+// uiConfig is the trajectory viewer's settings (ui, ui_tokenizer).
+type uiConfig struct {
+	// Enabled serves the viewer at /ui.
+	Enabled bool `yaml:"ui"`
+	// Tokenizer is a tokenizer.json the viewer decodes token ids with.
+	Tokenizer string `yaml:"ui_tokenizer"`
 }
 
-// registerUIFlags registers the viewer's flags on fs.
-func registerUIFlags(fs *flag.FlagSet) uiFlags {
-	return uiFlags{
-		enabled:   fs.Bool("ui", true, "serve the read-only trajectory viewer at /ui (behind --admin-token when one is set)"),
-		tokenizer: fs.String("ui-tokenizer", "", "tokenizer.json the viewer decodes token ids with (empty: ask the replica that served the call, POST /detokenize; ids alone when it cannot)"),
-	}
+// RegisterFlags registers the viewer's flags on fs.
+func (c *uiConfig) RegisterFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.Enabled, "ui", true, "serve the read-only trajectory viewer at /ui (behind --admin-token when one is set)")
+	fs.StringVar(&c.Tokenizer, "ui-tokenizer", c.Tokenizer, "tokenizer.json the viewer decodes token ids with (empty: ask the replica that served the call, POST /detokenize; ids alone when it cannot)")
 }
 
 // mount serves the viewer of store on srv's /ui.
-func (f uiFlags) mount(srv *gateway.Server, store export.Store, adminToken string, log *slog.Logger) error {
-	if !*f.enabled {
+func (c uiConfig) mount(srv *gateway.Server, store export.Store, adminToken string, log *slog.Logger) error {
+	if !c.Enabled {
 		return nil
 	}
 	cfg := ui.Config{AdminToken: adminToken, Logger: log}
-	if *f.tokenizer != "" {
-		t, err := hf.LoadFile(*f.tokenizer)
+	if c.Tokenizer != "" {
+		t, err := hf.LoadFile(c.Tokenizer)
 		if err != nil {
 			return fmt.Errorf("--ui-tokenizer: %w", err)
 		}

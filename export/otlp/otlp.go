@@ -107,15 +107,10 @@ type server struct {
 
 // New creates the exporter for cfg. It does not connect: the first Write does.
 func New(ctx context.Context, cfg Config) (*Sink, error) {
-	if cfg.ServiceName == "" {
-		cfg.ServiceName = "rollgate"
-	}
+	cfg.setDefaults()
 	exp, err := NewExporter(ctx, cfg)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = defaultTimeout
 	}
 	s := &Sink{
 		cfg:      cfg,
@@ -132,6 +127,19 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 }
 
 const defaultTimeout = 10 * time.Second
+
+// setDefaults fills the zero settings with their defaults.
+func (c *Config) setDefaults() {
+	if c.Protocol == "" {
+		c.Protocol = "http"
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = defaultTimeout
+	}
+	if c.ServiceName == "" {
+		c.ServiceName = "rollgate"
+	}
+}
 
 // NewExporter returns an OTLP span exporter for cfg's endpoint, protocol,
 // headers, TLS, timeout and compression, for other span sources sharing the

@@ -24,9 +24,13 @@ const (
 	Postgres
 )
 
+// DefaultLease is a task's lease length when neither Options.Lease nor the
+// task's lease_s sets one.
+const DefaultLease = time.Minute
+
 // Options tune a Queue.
 type Options struct {
-	// Lease is the default lease length (60 s when zero).
+	// Lease is the default lease length (DefaultLease when zero).
 	Lease time.Duration
 	// Now is the clock (time.Now when nil); tests move it.
 	Now func() time.Time
@@ -131,7 +135,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*Queue, error) {
 func New(ctx context.Context, db *sql.DB, d Dialect, opt Options) (*Queue, error) {
 	q := &Queue{db: db, dialect: d, lease: opt.Lease, now: opt.Now}
 	if q.lease <= 0 {
-		q.lease = time.Minute
+		q.lease = DefaultLease
 	}
 	if q.now == nil {
 		q.now = time.Now
