@@ -50,7 +50,7 @@ A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goe
 func runBridge(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bridge", bridgeSummary, stdout)
 	clickhouseDSN := fs.String("clickhouse", "", "ClickHouse DSN (empty = embedded store)")
-	dbPath := fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
+	dbPath := fs.String("db", defaultDB, "embedded SQLite store path, used when --clickhouse is empty")
 	out := fs.String("out", "", "output file (required; '-' = stdout, JSONL only)")
 	format := fs.String("format", "", "jsonl, parquet or safetensors (default: from the --out extension, else jsonl)")
 	padID := fs.Int64("pad-id", 0, "padding token id of safetensors batches (default: the pad_token of --tokenizer-config, else 0)")

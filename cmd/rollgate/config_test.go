@@ -60,6 +60,11 @@ func TestServeFlagsKept(t *testing.T) {
 // Lists and maps of structures are the file's only.
 func TestEveryFileSettingHasAFlag(t *testing.T) {
 	fileOnly := map[string]bool{"backends": true, "client_keys": true, "upstream_keys": true, "redact": true}
+	// A flag is named after its key (section as prefix, "_" as "-"), but
+	// for these older names (README, "Configuration").
+	older := map[string]string{"max_request_body_bytes": "max-body-bytes", "capture.queue_size": "capture-queue",
+		"queue.dsn": "queue", "queue.lease": "task-lease", "sequence_store_timeout": "sequence-timeout",
+		"tls_cert_file": "tls-cert", "tls_key_file": "tls-key"}
 	c, fs := serveFlagSet()
 	flags := config.FlagsOf(fs)
 	seen := map[string]bool{}
@@ -68,6 +73,13 @@ func TestEveryFileSettingHasAFlag(t *testing.T) {
 		switch {
 		case f != nil:
 			seen[f.Name] = true
+			want := strings.NewReplacer(".", "-", "_", "-").Replace(s.Path)
+			if o, ok := older[s.Path]; ok {
+				want = o
+			}
+			if f.Name != want {
+				t.Errorf("setting %s has flag --%s; name it --%s", s.Path, f.Name, want)
+			}
 		case !s.Scalar() && fileOnly[s.Path]:
 		case s.Scalar():
 			t.Errorf("setting %s has no flag: register one in its component's RegisterFlags", s.Path)
@@ -242,5 +254,30 @@ func TestListenFromFileDefaultIsLoopback(t *testing.T) {
 	c.Gateway.Listen = "0.0.0.0:8000"
 	if err := c.readSecrets(); err == nil || !strings.Contains(err.Error(), "--insecure-admin") {
 		t.Fatalf("a non-loopback listener without a token: %v", err)
+	}
+}
+
+// TestServeFileKeysKept: every key serve's config file had before its
+// settings moved into the components' Config structs still decodes.
+func TestServeFileKeysKept(t *testing.T) {
+	kept := strings.Fields(`listen public_url max_request_body_bytes max_response_body_bytes upstream_timeout
+		idle_timeout client_read_timeout client_write_timeout client_idle_timeout connect_timeout retries
+		retry_backoff unhealthy_after unhealthy_cooldown health_interval client_keys tls_cert_file tls_key_file
+		max_concurrency queue_timeout pause_max_hold max_tracked_attempts max_tracked_attempt_bytes
+		sequence_store_timeout upstream_keys forward_client_authorization disable_tokenize_fallback detok_check
+		bridge_lease_ttl inject_logprobs capture_embedding_bodies backends routing routing_load_factor
+		clickhouse clickhouse_ttl_days db spool.dir spool.max_bytes spool.full_policy spool.sync_interval
+		otlp.endpoint otlp.protocol otlp.headers otlp.insecure otlp.timeout otlp.compression otlp.service_name
+		otlp.provider_name otlp.gateway_sample_ratio queue.dsn queue.lease redact capture.queue_size
+		capture.queue_bytes capture.workers capture.batch_size capture.batch_bytes capture.flush_interval`)
+	c, _ := serveFlagSet()
+	have := map[string]bool{}
+	for _, s := range config.Settings(c) {
+		have[s.Path] = true
+	}
+	for _, k := range kept {
+		if !have[k] {
+			t.Errorf("config file key %s is gone", k)
+		}
 	}
 }

@@ -24,7 +24,7 @@ SQLite (arrays are JSON text); ClickHouse uses its own SQL dialect.`
 func runSQL(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("sql", sqlSummary, stdout)
 	clickhouseDSN := fs.String("clickhouse", "", "ClickHouse DSN (empty = embedded store)")
-	dbPath := fs.String("db", "./rollgate.db", "embedded SQLite store path, used when --clickhouse is empty")
+	dbPath := fs.String("db", defaultDB, "embedded SQLite store path, used when --clickhouse is empty")
 	timeout := fs.Duration("timeout", time.Minute, "query timeout")
 	_, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
