@@ -156,12 +156,18 @@ func ApplyEnv(fs *flag.FlagSet, skip map[string]bool) ([]string, error) {
 }
 
 // FlagsOf maps the address of each field a flag of fs is bound to (the
-// flag's Value is a pointer to it, as for every flag.XxxVar flag and the
-// Values of this package) to the flag.
+// flag's Value is a pointer to it, as for every flag.XxxVar flag and
+// StringMap and StringList, or has a Field method returning one, as
+// Float64Ptr and BoolPtr) to the flag. A flag made with fs.Func is bound
+// to no field: bind settings with the Var functions instead.
 func FlagsOf(fs *flag.FlagSet) map[uintptr]*flag.Flag {
 	m := map[uintptr]*flag.Flag{}
 	fs.VisitAll(func(f *flag.Flag) {
-		if v := reflect.ValueOf(f.Value); v.Kind() == reflect.Pointer && !v.IsNil() {
+		var target any = f.Value
+		if b, ok := f.Value.(interface{ Field() any }); ok {
+			target = b.Field()
+		}
+		if v := reflect.ValueOf(target); v.Kind() == reflect.Pointer && !v.IsNil() {
 			m[v.Pointer()] = f
 		}
 	})

@@ -32,6 +32,9 @@ type top struct {
 	Headers map[string]string `yaml:"headers"`
 	Hidden  string            `yaml:"-"`
 	Untag   int
+	Temp    *float64 `yaml:"temp"`
+	Logp    *bool    `yaml:"logp"`
+	Force   []string `yaml:"force"`
 }
 
 func (c *top) RegisterFlags(fs *flag.FlagSet) {
@@ -40,6 +43,9 @@ func (c *top) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Ratio, "ratio", 0.5, "")
 	StringMapVar(fs, &c.Headers, "headers", "")
 	fs.IntVar(&c.Untag, "untag", 3, "")
+	Float64PtrVar(fs, &c.Temp, "temp", "")
+	BoolPtrVar(fs, &c.Logp, "logp", "")
+	StringListVar(fs, &c.Force, "force", "")
 }
 
 type root struct {
@@ -224,9 +230,38 @@ func TestSettings(t *testing.T) {
 		}
 		got = append(got, s.Path+"="+name+map[bool]string{true: "", false: " (list)"}[s.Scalar()])
 	}
-	want := []string{"headers=headers (list)", "inner.every=inner-every", "inner.size=inner-size", "list=- (list)", "name=name", "on=on", "ratio=ratio", "untag=untag"}
+	want := []string{"force=force (list)", "headers=headers (list)", "inner.every=inner-every", "inner.size=inner-size", "list=- (list)", "logp=logp", "name=name", "on=on", "ratio=ratio", "temp=temp", "untag=untag"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("settings\n%q\nwant\n%q", got, want)
+	}
+}
+
+// TestOptionalAndListValues: pointer settings stay nil until a source
+// sets them; a list from the file is replaced by the environment's.
+func TestOptionalAndListValues(t *testing.T) {
+	r, fs := newRoot()
+	if _, err := Load(fs, nil, "config", r); err != nil || r.Top.Temp != nil || r.Top.Logp != nil || r.Top.Force != nil {
+		t.Fatalf("unset: %v %v %v %v", err, r.Top.Temp, r.Top.Logp, r.Top.Force)
+	}
+	t.Setenv("ROLLGATE_FORCE", "b, c,")
+	r, fs = newRoot()
+	p := writeFile(t, "temp: 0.7\nlogp: true\nforce: [a]\n")
+	res, err := Load(fs, []string{"--config", p, "--logp=false", "--temp", "1"}, "config", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *r.Top.Temp != 1 || *r.Top.Logp || !slices.Equal(r.Top.Force, []string{"b", "c"}) {
+		t.Fatalf("got %v %v %q", *r.Top.Temp, *r.Top.Logp, r.Top.Force)
+	}
+	if res.Sources["temp"] != Flag || res.Sources["force"] != Env {
+		t.Fatalf("sources %v", res.Sources)
+	}
+	r, fs = newRoot()
+	if _, err := Load(fs, []string{"--temp", "warm"}, "config", r); err == nil || !strings.Contains(err.Error(), "want a number") {
+		t.Fatalf("bad number: %v", err)
+	}
+	if _, err := Load(fs, []string{"--logp=maybe"}, "config", r); err == nil {
+		t.Fatal("bad bool accepted")
 	}
 }
 
