@@ -40,7 +40,7 @@ func (s *Server) leaseQueue() *lease.Queue {
 	s.leaseOnce.Do(func() {
 		ttl := s.cfg.BridgeLeaseTTL
 		if ttl <= 0 {
-			ttl = 5 * time.Minute
+			ttl = DefaultBridgeLeaseTTL
 		}
 		s.leases = lease.New(ttl, nil)
 	})

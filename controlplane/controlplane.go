@@ -9,6 +9,7 @@
 package controlplane
 
 import (
+	"flag"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -50,28 +51,48 @@ type Gateway interface {
 
 var _ Gateway = (*gateway.Server)(nil)
 
-// Config is the control plane's part of the gateway's configuration (the
-// fields of gateway.Config of the same names, defaults resolved).
+// Config is the control plane's configuration: its own settings, and
+// those it shares with the gateway (the fields of gateway.Config of the
+// same names, defaults resolved, taken by ConfigOf or Shared).
 type Config struct {
 	// AdminToken, when set, is required as "Authorization: Bearer ..." on
 	// every /api/v1 route. Empty: no check.
-	AdminToken string
+	AdminToken string `yaml:"-"`
 	// PublicURL is the base URL agents reach the gateway at, used in the
 	// per-rollout base URLs handed out.
-	PublicURL string
+	PublicURL string `yaml:"-"`
 	// MaxRequestBodyBytes bounds a decompressed OTLP body (larger: 413).
-	MaxRequestBodyBytes int
-	// BridgeLeaseTTL is how long a trainer's lease of samples lasts before
-	// they are handed out again (0: 5 minutes).
-	BridgeLeaseTTL time.Duration
+	MaxRequestBodyBytes int `yaml:"-"`
+	// BridgeLeaseTTL is how long a trainer's lease of samples from
+	// /api/v1/bridge/lease lasts before they are handed out again
+	// (0: DefaultBridgeLeaseTTL).
+	BridgeLeaseTTL time.Duration `yaml:"bridge_lease_ttl"`
+}
+
+// DefaultBridgeLeaseTTL is Config.BridgeLeaseTTL's default.
+const DefaultBridgeLeaseTTL = 5 * time.Minute
+
+// RegisterFlags registers the control plane's own settings' flags on fs,
+// bound to c's fields; registering writes the defaults into c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	ttl := c.BridgeLeaseTTL
+	if ttl <= 0 {
+		ttl = DefaultBridgeLeaseTTL
+	}
+	fs.DurationVar(&c.BridgeLeaseTTL, "bridge-lease-ttl", ttl, "how long a trainer's lease of samples from /api/v1/bridge/lease lasts before they return to the queue")
 }
 
 // ConfigOf takes the control plane's settings out of a gateway
-// configuration, defaults resolved as the gateway resolves them.
-func ConfigOf(c gateway.Config) Config {
-	c.SetDefaults()
-	return Config{AdminToken: c.AdminToken, PublicURL: c.PublicURL,
-		MaxRequestBodyBytes: c.MaxRequestBodyBytes, BridgeLeaseTTL: c.BridgeLeaseTTL}
+// configuration, defaults resolved as the gateway resolves them; its own
+// settings are their defaults.
+func ConfigOf(c gateway.Config) Config { return Config{}.Shared(c) }
+
+// Shared returns c with the settings it shares with the gateway taken from
+// g, defaults resolved as the gateway resolves them.
+func (c Config) Shared(g gateway.Config) Config {
+	g.SetDefaults()
+	c.AdminToken, c.PublicURL, c.MaxRequestBodyBytes = g.AdminToken, g.PublicURL, g.MaxRequestBodyBytes
+	return c
 }
 
 // Server is the control plane: it implements gateway.ControlPlane.

@@ -133,9 +133,6 @@ type Config struct {
 	// tokenizer.json; the decoded text is compared with the returned text and
 	// a mismatch adds "detok" to token_check (rollgate_detok_total). "" = off.
 	DetokCheck string `yaml:"detok_check"`
-	// BridgeLeaseTTL is how long a trainer's lease of samples from
-	// /api/v1/bridge/lease lasts before they return to the queue (default 5m).
-	BridgeLeaseTTL time.Duration `yaml:"bridge_lease_ttl"`
 	// InjectLogprobs asks the engine for logprobs of sampled tokens when the
 	// client did not; they are stripped from the client's copy. The zero
 	// Config leaves it off; RegisterFlags (rollgate serve) turns it on unless

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
+	"github.com/rollgate/rollgate/controlplane"
 	"github.com/rollgate/rollgate/controlplane/agl"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
@@ -28,6 +29,8 @@ import (
 // plugs in with a field here and one line in registerFlags.
 type fileConfig struct {
 	Gateway gateway.Config `yaml:",inline"`
+	// ControlPlane is the control plane's own settings (bridge_lease_ttl).
+	ControlPlane controlplane.Config `yaml:",inline"`
 	// AGL serves Agent Lightning v1.0's API gateway routes (controlplane/agl).
 	AGL agl.Config `yaml:"agl"`
 	// Store is where captured calls go (clickhouse, clickhouse_ttl_days, db).
@@ -58,6 +61,7 @@ type fileConfig struct {
 // registerFlags registers every component's flags on fs, bound to c.
 func (c *fileConfig) registerFlags(fs *flag.FlagSet) {
 	c.Gateway.RegisterFlags(fs)
+	c.ControlPlane.RegisterFlags(fs)
 	c.AGL.RegisterFlags(fs)
 	c.Store.RegisterFlags(fs)
 	c.Sequences.RegisterFlags(fs)

@@ -81,7 +81,7 @@ func (s *serving) start(c *fileConfig, stderr io.Writer) error {
 		return refused(err)
 	}
 	s.srv.SetStoreStatus(s.store.status)
-	s.cp = controlplane.New(controlplane.ConfigOf(s.cfg), s.srv, s.store.Store, s.pipe, m, s.log)
+	s.cp = controlplane.New(c.ControlPlane.Shared(s.cfg), s.srv, s.store.Store, s.pipe, m, s.log)
 	s.srv.SetControlPlane(s.cp)
 	if err := c.UI.mount(s.srv, s.store.Store, s.cfg.AdminToken, s.log); err != nil {
 		return refused(err)
