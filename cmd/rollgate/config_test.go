@@ -67,8 +67,12 @@ func TestEveryFileSettingHasAFlag(t *testing.T) {
 		"tls_cert_file": "tls-cert", "tls_key_file": "tls-key"}
 	c, fs := serveFlagSet()
 	flags := config.FlagsOf(fs)
-	seen := map[string]bool{}
+	seen, paths := map[string]bool{}, map[string]bool{}
 	for _, s := range config.Settings(c) {
+		if paths[s.Path] {
+			t.Errorf("two fields decode key %s (inlined structs share it)", s.Path)
+		}
+		paths[s.Path] = true
 		f := flags[s.Value.Addr().Pointer()]
 		switch {
 		case f != nil:

@@ -22,6 +22,8 @@ Usage:
   rollgate help [command]       show help for a command
 
 Every flag can also be set through the environment: --some-flag is ROLLGATE_SOME_FLAG.
+serve takes each setting from its flag, else its variable, else --config's file, else
+its default.
 Secrets belong in the environment: ROLLGATE_CLICKHOUSE (a DSN with a password),
 ROLLGATE_UPSTREAM_API_KEY (sent to --upstream as a bearer token), ROLLGATE_ADMIN_TOKEN
 (required as a bearer token on /api/v1 write routes when set), ROLLGATE_CLIENT_KEYS
