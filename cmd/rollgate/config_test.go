@@ -39,7 +39,7 @@ func TestServeFlagsKept(t *testing.T) {
 		"routing-load-factor": "1.25", "sequence-retention": "0s", "sequence-timeout": "5s",
 		"spool-dir": "", "spool-full-policy": "block", "spool-max-bytes": "1073741824",
 		"spool-sync-interval": "0s", "task-lease": "1m0s", "tls-cert": "", "tls-key": "",
-		"upstream": "", "upstream-kind": "auto", "upstream-timeout": "10m0s",
+		"upstream": "", "upstream-kind": "auto", "upstream-timeout": "10m0s", "ui": "true", "ui-tokenizer": "",
 	}
 	_, fs := serveFlagSet()
 	for name, def := range kept {
