@@ -40,6 +40,8 @@ func TestServeFlagsKept(t *testing.T) {
 		"spool-dir": "", "spool-full-policy": "block", "spool-max-bytes": "1073741824",
 		"spool-sync-interval": "0s", "task-lease": "1m0s", "tls-cert": "", "tls-key": "",
 		"upstream": "", "upstream-kind": "auto", "upstream-timeout": "10m0s", "ui": "true", "ui-tokenizer": "",
+		"agl": "false", "agl-key": "", "agl-model-name": "", "agl-train-temperature": "", "agl-val-temperature": "",
+		"agl-include-log-probs": "", "agl-force": "",
 	}
 	_, fs := serveFlagSet()
 	for name, def := range kept {
@@ -59,12 +61,13 @@ func TestServeFlagsKept(t *testing.T) {
 // a setting added to any component's Config without a flag fails here.
 // Lists and maps of structures are the file's only.
 func TestEveryFileSettingHasAFlag(t *testing.T) {
-	fileOnly := map[string]bool{"backends": true, "client_keys": true, "upstream_keys": true, "redact": true}
+	fileOnly := map[string]bool{"backends": true, "client_keys": true, "upstream_keys": true, "redact": true,
+		"force": true, "force_modes": true}
 	// A flag is named after its key (section as prefix, "_" as "-"), but
 	// for these older names (README, "Configuration").
 	older := map[string]string{"max_request_body_bytes": "max-body-bytes", "capture.queue_size": "capture-queue",
 		"queue.dsn": "queue", "queue.lease": "task-lease", "sequence_store_timeout": "sequence-timeout",
-		"tls_cert_file": "tls-cert", "tls_key_file": "tls-key"}
+		"tls_cert_file": "tls-cert", "tls_key_file": "tls-key", "agl.enabled": "agl"}
 	c, fs := serveFlagSet()
 	flags := config.FlagsOf(fs)
 	seen, paths := map[string]bool{}, map[string]bool{}

@@ -90,12 +90,7 @@ func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	if cfg.Retries == 0 {
-		cfg.Retries = 5
-	}
-	if cfg.RetryBackoff <= 0 {
-		cfg.RetryBackoff = 500 * time.Millisecond
-	}
+	cfg.setDefaults()
 	if cfg.Key == "" {
 		d.Log.Warn("agl: no key set (agl.key / --agl-key): the Agent Lightning routes answer without authentication")
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/config"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -48,70 +49,39 @@ type Config struct {
 // Field names Config.Force accepts.
 var forceable = []string{"model", "temperature", "return_token_ids", "logprobs"}
 
-// RegisterFlags adds the --agl-* flags, which write into c (call it before
-// fs.Parse; values already in c are the defaults shown).
+// Defaults of Retries and RetryBackoff (Agent Lightning's).
+const (
+	DefaultRetries      = 5
+	DefaultRetryBackoff = 500 * time.Millisecond
+)
+
+// RegisterFlags adds the --agl-* flags, bound to c's fields (registering
+// writes the defaults of Enabled, Key, ModelName, Retries and RetryBackoff
+// into c; the optional settings stay nil until a flag, variable or file
+// sets them). rollgate serve loads them with internal/config: a flag >
+// its ROLLGATE_AGL_* variable > the agl: block > the default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.BoolVar(&c.Enabled, "agl", c.Enabled, "serve Agent Lightning v1.0's API gateway routes (/api/rollouts, /api/models, /proxy/...): point AGL's trainer at this gateway's URL")
-	fs.StringVar(&c.Key, "agl-key", c.Key, "Agent Lightning's server key (AGL_KEY): required as Authorization: Bearer or x-api-key on its /api and /proxy routes; empty = no check")
-	fs.StringVar(&c.ModelName, "agl-model-name", c.ModelName, "Agent Lightning's default_proxy.model_name: the model its proxy route serves and sends")
-	fs.Func("agl-train-temperature", "temperature forced on train-mode proxy calls (default 1.0)", floatFlag(&c.TrainTemperature))
-	fs.Func("agl-val-temperature", "temperature forced on val-mode proxy calls (default 0.7)", floatFlag(&c.ValTemperature))
-	fs.Func("agl-include-log-probs", "force logprobs on train-mode proxy calls (default true)", func(s string) error {
-		var b bool
-		if _, err := fmt.Sscanf(s, "%t", &b); err != nil {
-			return fmt.Errorf("want true or false: %w", err)
-		}
-		c.IncludeLogProbs = &b
-		return nil
-	})
-	fs.Func("agl-force", "comma-separated fields the proxy route forces, of model,temperature,return_token_ids,logprobs (default all)", func(s string) error {
-		c.Force = nil
-		for _, f := range strings.Split(s, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				c.Force = append(c.Force, f)
-			}
-		}
-		return nil
-	})
+	d := *c
+	d.setDefaults()
+	fs.BoolVar(&c.Enabled, "agl", d.Enabled, "serve Agent Lightning v1.0's API gateway routes (/api/rollouts, /api/models, /proxy/...): point AGL's trainer at this gateway's URL")
+	fs.StringVar(&c.Key, "agl-key", d.Key, "Agent Lightning's server key (AGL_KEY): required as Authorization: Bearer or x-api-key on its /api and /proxy routes; empty = no check")
+	fs.StringVar(&c.ModelName, "agl-model-name", d.ModelName, "Agent Lightning's default_proxy.model_name: the model its proxy route serves and sends")
+	config.Float64PtrVar(fs, &c.TrainTemperature, "agl-train-temperature", "temperature forced on train-mode proxy calls (default 1.0)")
+	config.Float64PtrVar(fs, &c.ValTemperature, "agl-val-temperature", "temperature forced on val-mode proxy calls (default 0.7)")
+	config.BoolPtrVar(fs, &c.IncludeLogProbs, "agl-include-log-probs", "force logprobs on train-mode proxy calls (default true)")
+	config.StringListVar(fs, &c.Force, "agl-force", "comma-separated fields the proxy route forces, of model,temperature,return_token_ids,logprobs (default all)")
+	fs.IntVar(&c.Retries, "agl-retries", d.Retries, "more attempts a proxied call gets after a transport error or an answer of status 408, 409, 429 or 5xx (as AGL)")
+	fs.DurationVar(&c.RetryBackoff, "agl-retry-backoff", d.RetryBackoff, "wait before a proxied call's first retry, doubled up to 8s (as AGL)")
 }
 
-func floatFlag(dst **float64) func(string) error {
-	return func(s string) error {
-		var v float64
-		if _, err := fmt.Sscanf(s, "%g", &v); err != nil {
-			return fmt.Errorf("want a number: %w", err)
-		}
-		*dst = &v
-		return nil
+// setDefaults fills the zero Retries and RetryBackoff with their defaults.
+func (c *Config) setDefaults() {
+	if c.Retries == 0 {
+		c.Retries = DefaultRetries
 	}
-}
-
-// Merge returns c with every field that flags set explicitly (set holds the
-// flag names given on the command line) taken from flags: flags win over
-// the config file, as rollgate's other flags do.
-func (c Config) Merge(flags *Config, set map[string]bool) Config {
-	if set["agl"] {
-		c.Enabled = flags.Enabled
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = DefaultRetryBackoff
 	}
-	if set["agl-key"] {
-		c.Key = flags.Key
-	}
-	if set["agl-model-name"] {
-		c.ModelName = flags.ModelName
-	}
-	if set["agl-train-temperature"] {
-		c.TrainTemperature = flags.TrainTemperature
-	}
-	if set["agl-val-temperature"] {
-		c.ValTemperature = flags.ValTemperature
-	}
-	if set["agl-include-log-probs"] {
-		c.IncludeLogProbs = flags.IncludeLogProbs
-	}
-	if set["agl-force"] {
-		c.Force = flags.Force
-	}
-	return c
 }
 
 // forceSets are the forced fields of the proxy route, per mode and endpoint.

@@ -2,11 +2,12 @@ package agl
 
 import (
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
-	"gopkg.in/yaml.v3"
-
+	"github.com/rollgate/rollgate/internal/config"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -14,16 +15,19 @@ import (
 // each mode and endpoint gets (AGL's default_proxy semantics).
 func TestConfig(t *testing.T) {
 	var c Config
-	if err := yaml.Unmarshal([]byte("enabled: true\nkey: k\nmodel_name: m\nval_temperature: 0.6\nretry_backoff: 20ms\n"), &c); err != nil {
-		t.Fatal(err)
-	}
-	var flags Config
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	flags.RegisterFlags(fs)
-	if err := fs.Parse([]string{"--agl-val-temperature", "0.5", "--agl-include-log-probs=false"}); err != nil {
+	c.RegisterFlags(fs)
+	fs.String("config", "", "the agl: block")
+	path := filepath.Join(t.TempDir(), "agl.yaml")
+	if err := os.WriteFile(path, []byte("enabled: true\nkey: k\nmodel_name: m\nval_temperature: 0.6\nretry_backoff: 20ms\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c = c.Merge(&flags, map[string]bool{"agl-val-temperature": true})
+	if _, err := config.Load(fs, []string{"--config", path, "--agl-val-temperature", "0.5"}, "config", &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Retries != DefaultRetries {
+		t.Fatalf("retries %d, want the default %d", c.Retries, DefaultRetries)
+	}
 	if !c.Enabled || c.Key != "k" || *c.ValTemperature != 0.5 || c.IncludeLogProbs != nil || c.RetryBackoff.Milliseconds() != 20 {
 		t.Fatalf("merged config: %+v", c)
 	}
