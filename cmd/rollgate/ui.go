@@ -21,7 +21,7 @@ type uiConfig struct {
 
 // RegisterFlags registers the viewer's flags on fs.
 func (c *uiConfig) RegisterFlags(fs *flag.FlagSet) {
-	fs.BoolVar(&c.Enabled, "ui", true, "serve the read-only trajectory viewer at /ui (behind --admin-token when one is set)")
+	fs.BoolVar(&c.Enabled, "ui", true, "serve the read-only trajectory viewer at /ui (behind ROLLGATE_ADMIN_TOKEN when it is set)")
 	fs.StringVar(&c.Tokenizer, "ui-tokenizer", c.Tokenizer, "tokenizer.json the viewer decodes token ids with (empty: ask the replica that served the call, POST /detokenize; ids alone when it cannot)")
 }
 
