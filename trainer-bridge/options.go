@@ -88,7 +88,7 @@ type Options struct {
 	// Result.Samples: Build reads the store once and keeps the samples in a
 	// spill file (in SpillDir) until the batch-wide advantages are known,
 	// so memory stays flat whatever the size of the export; the file holds
-	// about the samples' ids, masks and logprobs (≈ 5 bytes per token) and
+	// about the samples' ids, masks and logprobs (at most ≈ 5 bytes per token) and
 	// is removed when Build returns.
 	Emit func(*Sample) error
 	// SpillDir is the folder of Emit's spill file ("" = os.TempDir()).

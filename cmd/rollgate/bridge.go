@@ -82,7 +82,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	maxPrompt := fs.Int("max-prompt", 0, "maximum prompt tokens (0 = no limit)")
 	maxResponse := fs.Int("max-response", 0, "maximum response tokens (0 = no limit)")
 	truncation := fs.String("truncation", bridge.TruncCut, "over a limit: cut (a response is cut at --max-response and kept, marked truncated; a prompt over --max-prompt excludes the sample: prompt_too_long), drop (exclude the sample) or trim (off-policy: also keeps the last --max-prompt prompt tokens, a context the policy never saw)")
-	spillDir := fs.String("spill-dir", "", "folder for the samples a streamed export (JSONL, Parquet, --explain) keeps on disk until the advantages are known, about 5 bytes per token, removed at the end (default: the output's folder, else $TMPDIR)")
+	spillDir := fs.String("spill-dir", "", "folder for the samples a streamed export (JSONL, Parquet, --explain) keeps on disk until the advantages are known, at most about 5 bytes per token (a prompt shared with the previous turn is stored once), removed at the end (default: the output's folder, else $TMPDIR)")
 	quiet := fs.Bool("quiet", false, "no progress bar on a terminal: a progress line every 10 s instead, as when stderr is not a terminal")
 	airOn := fs.Bool("air", true, "compute automatic intermediate rewards")
 	airWrite := fs.Bool("air-write", false, "store AIR outcomes in the rewards table (source = rule name)")
