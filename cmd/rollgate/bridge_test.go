@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -201,28 +202,30 @@ func TestBridgeServe(t *testing.T) {
 	go func() {
 		done <- run([]string{"bridge", "--db", db, "--serve", addr, "--lease-ttl", "200ms", "--estimator", "none"}, &stdout, stderr)
 	}()
-	lease := func(n int) (string, []map[string]any) {
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
-			r, err := http.Post("http://"+addr+"/lease", "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, n)))
-			if err != nil {
-				time.Sleep(20 * time.Millisecond) // not listening yet: polling interval of this wait on the listener
-				continue
-			}
-			defer r.Body.Close()
-			if r.StatusCode == 204 {
-				return "", nil
-			}
-			var l struct {
-				LeaseID string           `json:"lease_id"`
-				Samples []map[string]any `json:"samples"`
-			}
-			if err := json.NewDecoder(r.Body).Decode(&l); err != nil {
-				t.Fatal(err)
-			}
-			return l.LeaseID, l.Samples
+	waitUntil(t, "the bridge to listen", 15*time.Second, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
 		}
-		t.Fatalf("bridge did not serve:\n%s", stderr)
-		return "", nil
+		return err == nil
+	})
+	lease := func(n int) (string, []map[string]any) {
+		r, err := http.Post("http://"+addr+"/lease", "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, n)))
+		if err != nil {
+			t.Fatalf("lease: %v\n%s", err, stderr)
+		}
+		defer r.Body.Close()
+		if r.StatusCode == 204 {
+			return "", nil
+		}
+		var l struct {
+			LeaseID string           `json:"lease_id"`
+			Samples []map[string]any `json:"samples"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		return l.LeaseID, l.Samples
 	}
 	abandoned, first := lease(3)
 	if abandoned == "" || len(first) != 3 || first[0]["rollout_id"] != "ra1" {
@@ -247,24 +250,20 @@ func TestBridgeServe(t *testing.T) {
 		}
 	}
 	// The abandoned lease expires after 200ms: its 3 samples are served again.
-	for tries := 0; len(seen) < 8; tries++ {
-		if tries > 200 {
-			t.Fatalf("expired samples never came back: %v", seen)
-		}
+	waitUntil(t, "the expired samples to come back", 15*time.Second, func() bool {
 		id, s := lease(8)
-		if id == "" {
-			time.Sleep(50 * time.Millisecond) // polling interval of this wait on the lease's expiry (the served samples are the condition)
-			continue
+		if id != "" {
+			r, err := http.Post("http://"+addr+"/ack", "application/json", strings.NewReader(`{"lease_id":"`+id+`"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Body.Close()
+			for _, x := range s {
+				seen[fmt.Sprint(x["rollout_id"], x["sequence_ids"])]++
+			}
 		}
-		r, err := http.Post("http://"+addr+"/ack", "application/json", strings.NewReader(`{"lease_id":"`+id+`"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Body.Close()
-		for _, x := range s {
-			seen[fmt.Sprint(x["rollout_id"], x["sequence_ids"])]++
-		}
-	}
+		return len(seen) >= 8
+	})
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}

@@ -67,13 +67,7 @@ func getJSON(t *testing.T, url string) gjson.Result {
 
 func waitUntil(t *testing.T, what string, limit time.Duration, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval: f is the condition
-	}
+	testenv.WaitFor(t, limit, func() string { return what }, f)
 }
 
 // TestTrainingLoopWithRunners closes the loop with the real binary, the

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollgate/rollgate/internal/testenv"
 	"gopkg.in/yaml.v3"
 )
 
@@ -57,20 +58,20 @@ func start(t *testing.T, addr, path string, args ...string) (*exec.Cmd, *syncBuf
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var last error
+	testenv.WaitFor(t, 20*time.Second, func() string {
+		return fmt.Sprintf("%v to come up on %s: %v\n%s", args, addr, last, logs.String())
+	}, func() bool {
 		r, err := http.Get("http://" + addr + path)
-		if err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				return cmd, logs
-			}
+		if err != nil {
+			last = err
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v did not come up on %s: %v\n%s", args, addr, err, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval of this wait on GET path
-	}
+		r.Body.Close()
+		last = fmt.Errorf("status %d", r.StatusCode)
+		return r.StatusCode == 200
+	})
+	return cmd, logs
 }
 
 // syncBuffer is a bytes.Buffer safe for the child's output goroutine and the test.

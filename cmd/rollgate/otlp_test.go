@@ -36,27 +36,19 @@ func TestServeExportsOTLP(t *testing.T) {
 		t.Fatalf("status %d", status)
 	}
 	span := h.Get("x-request-id")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if b, ok := got.Load().([]byte); ok {
-			// Span ids travel as raw bytes in protobuf: compare the decoded hex.
-			raw := make([]byte, 8)
-			for i := range raw {
-				var v byte
-				for _, c := range span[2*i : 2*i+2] {
-					v = v<<4 | byte(strings.IndexRune("0123456789abcdef", c))
-				}
-				raw[i] = v
-			}
-			if !strings.Contains(string(b), string(raw)) {
-				t.Fatalf("exported spans lack span id %s", span)
-			}
-			return
+	waitUntil(t, "a span at the OTLP receiver", 10*time.Second, func() bool { _, ok := got.Load().([]byte); return ok })
+	b := got.Load().([]byte)
+	// Span ids travel as raw bytes in protobuf: compare the decoded hex.
+	raw := make([]byte, 8)
+	for i := range raw {
+		var v byte
+		for _, c := range span[2*i : 2*i+2] {
+			v = v<<4 | byte(strings.IndexRune("0123456789abcdef", c))
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no span reached the OTLP receiver")
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval of this wait on the receiver's spans
+		raw[i] = v
+	}
+	if !strings.Contains(string(b), string(raw)) {
+		t.Fatalf("exported spans lack span id %s", span)
 	}
 }
 
@@ -80,20 +72,13 @@ func TestServeGatewayTracing(t *testing.T) {
 	if status, _, _ := post(t, "http://"+addr+"/v1/chat/completions", `{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}`); status != 200 {
 		t.Fatalf("status %d", status)
 	}
-	deadline := time.Now().Add(15 * time.Second) // the SDK's batch timeout is 5s
-	for {
-		if b, ok := gwSpans.Load().([]byte); ok {
-			for _, want := range []string{"rollgate.backend_attempts", "rollgate.backend_attempt", "rollgate.request_id", "POST /v1/chat/completions"} {
-				if !strings.Contains(string(b), want) {
-					t.Errorf("gateway spans lack %q", want)
-				}
-			}
-			break
+	// the SDK's batch timeout is 5s
+	waitUntil(t, "a gateway span at the OTLP receiver", 15*time.Second, func() bool { _, ok := gwSpans.Load().([]byte); return ok })
+	b := gwSpans.Load().([]byte)
+	for _, want := range []string{"rollgate.backend_attempts", "rollgate.backend_attempt", "rollgate.request_id", "POST /v1/chat/completions"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("gateway spans lack %q", want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no gateway span reached the OTLP receiver")
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval of this wait on the receiver's spans
 	}
 
 	for _, tc := range []struct {

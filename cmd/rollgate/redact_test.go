@@ -42,14 +42,10 @@ func TestRedactionRules(t *testing.T) {
 	}
 	span := h.Get("x-request-id")
 	var out string
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	waitUntil(t, "the call's row", 15*time.Second, func() bool {
 		out = runCmd(t, "sql", "--db", db, "SELECT request_body FROM llm_calls WHERE span_id = '"+span+"'")
-		if strings.Contains(out, "(1 row)") || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // polling interval of this wait on the stored row
-	}
+		return strings.Contains(out, "(1 row)")
+	})
 	if !strings.Contains(out, "[REDACTED_KEY]") || !strings.Contains(out, "[EMAIL]") || strings.Contains(out, secret) || strings.Contains(out, "ann@example.org") {
 		t.Fatalf("stored request body not redacted:\n%s", out)
 	}

@@ -190,23 +190,20 @@ func Do(t *testing.T, method, url, body string, headers ...string) Resp {
 // WaitCalls polls the store until n rows with the span id are there.
 func (e *Env) WaitCalls(spanID string, n int) []export.Call {
 	e.T.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		rows, err := e.Store.Calls(context.Background(), export.CallFilter{SpanID: spanID})
-		if err != nil {
+	var rows []export.Call
+	testenv.WaitFor(e.T, 15*time.Second, func() string {
+		return fmt.Sprintf("span %s: %d rows stored, want %d", spanID, len(rows), n)
+	}, func() bool {
+		var err error
+		if rows, err = e.Store.Calls(context.Background(), export.CallFilter{SpanID: spanID}); err != nil {
 			e.T.Fatalf("reading calls: %v", err)
 		}
-		if len(rows) >= n {
-			if len(rows) > n {
-				e.T.Fatalf("span %s: %d rows stored, want %d", spanID, len(rows), n)
-			}
-			return rows
-		}
-		if time.Now().After(deadline) {
-			e.T.Fatalf("span %s: %d rows stored after 15s, want %d", spanID, len(rows), n)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval of this wait on the stored rows
+		return len(rows) >= n
+	})
+	if len(rows) > n {
+		e.T.Fatalf("span %s: %d rows stored, want %d", spanID, len(rows), n)
 	}
+	return rows
 }
 
 // SSEData returns the data payloads of an SSE body.
@@ -246,13 +243,7 @@ func (e *Env) StoredCalls(f export.CallFilter) []export.Call {
 // WaitFor polls f until it is true or 15 s pass.
 func WaitFor(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval: f is the condition
-	}
+	testenv.WaitFor(t, 15*time.Second, func() string { return what }, f)
 }
 
 // GrepLines returns the lines of s that contain sub.
