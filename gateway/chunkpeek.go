@@ -6,7 +6,6 @@ import (
 	"io"
 	"reflect"
 	"sync"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -26,17 +25,26 @@ import (
 // fasthttp does not export its stream's read buffer, so chunkPeek finds it
 // by reflection on the types of fasthttp v1.69 (the closeReader around the
 // requestStream holding the *bufio.Reader and the bytes left of the current
-// chunk). When those types look different it is off (ok false) and every
-// chunk is forwarded alone, as before; TestBurstForwardedInOneWrite fails
-// then, so an upgrade that moves them is noticed.
+// chunk) and of the standard library's bufio.Reader (its buffer and read and
+// write positions), read-only and without unsafe. When those types look
+// different it is off (ok false) and every chunk is forwarded alone, as
+// before; TestBurstForwardedInOneWrite fails then, so an upgrade that moves
+// them is noticed.
 type chunkPeek struct {
-	br   *bufio.Reader
-	left *int // bytes of the current chunk not read yet
+	br   reflect.Value // the stream's bufio.Reader (a struct, read in place)
+	left reflect.Value // the stream's chunkLeft: bytes of the current chunk not read yet
 }
 
 // closeReaderLayout is where fasthttp's client keeps the requestStream in the
 // closeReader it returns from BodyStream; streamLayout is where the
-// requestStream keeps its read buffer and the bytes left of its chunk.
+// requestStream keeps its read buffer and the bytes left of its chunk, and
+// readerLayout where bufio.Reader keeps its buffer and read and write
+// positions.
+//
+// Everything is read through reflect's read-only accessors (Int, Bytes,
+// Elem, Field), which the language allows on unexported fields: no unsafe,
+// nothing written, and a field that is not there or has another type turns
+// the peek off instead of reading wrong memory.
 var (
 	closeReaderLayout struct {
 		once  sync.Once
@@ -48,6 +56,20 @@ var (
 		typ           reflect.Type // *fasthttp.requestStream
 		reader, chunk int          // its reader *bufio.Reader and chunkLeft int
 	}
+	readerLayout = sync.OnceValue(func() (l struct {
+		ok        bool
+		buf, r, w int // bufio.Reader's buf []byte and r, w int
+	}) {
+		t := reflect.TypeFor[bufio.Reader]()
+		b, ok1 := t.FieldByName("buf")
+		r, ok2 := t.FieldByName("r")
+		w, ok3 := t.FieldByName("w")
+		if ok1 && ok2 && ok3 && b.Type == reflect.TypeFor[[]byte]() && r.Type.Kind() == reflect.Int && w.Type.Kind() == reflect.Int &&
+			len(b.Index) == 1 && len(r.Index) == 1 && len(w.Index) == 1 {
+			l.ok, l.buf, l.r, l.w = true, b.Index[0], r.Index[0], w.Index[0]
+		}
+		return l
+	})
 )
 
 // fasthttpStruct reports whether t is a pointer to a struct of fasthttp named name.
@@ -98,7 +120,7 @@ func streamPeeker(r io.Reader) (chunkPeek, bool) {
 			l.typ, l.reader, l.chunk = t, rd.Index[0], cl.Index[0]
 		}
 	})
-	if r == nil || l.typ == nil || reflect.TypeOf(r) != l.typ {
+	if r == nil || l.typ == nil || reflect.TypeOf(r) != l.typ || !readerLayout().ok {
 		return chunkPeek{}, false
 	}
 	v := reflect.ValueOf(r)
@@ -106,11 +128,23 @@ func streamPeeker(r io.Reader) (chunkPeek, bool) {
 		return chunkPeek{}, false
 	}
 	s := v.Elem()
-	br := *(**bufio.Reader)(unsafe.Pointer(s.Field(l.reader).UnsafeAddr()))
-	if br == nil {
+	br := s.Field(l.reader)
+	if br.IsNil() {
 		return chunkPeek{}, false
 	}
-	return chunkPeek{br: br, left: (*int)(unsafe.Pointer(s.Field(l.chunk).UnsafeAddr()))}, true
+	return chunkPeek{br: br.Elem(), left: s.Field(l.chunk)}, true
+}
+
+// buffered returns the bytes the stream's bufio.Reader holds and has not
+// handed out yet (what Peek(Buffered()) returns, without calling it).
+func (p chunkPeek) buffered() []byte {
+	l := readerLayout()
+	r, w := int(p.br.Field(l.r).Int()), int(p.br.Field(l.w).Int())
+	buf := p.br.Field(l.buf).Bytes()
+	if r < 0 || r > w || w > len(buf) {
+		return nil
+	}
+	return buf[r:w]
 }
 
 // ready reports whether the next Read returns without reading the socket:
@@ -118,16 +152,13 @@ func streamPeeker(r io.Reader) (chunkPeek, bool) {
 // line, data, CRLF), is buffered. The last chunk (size 0) is never reported:
 // reading it parses trailers, which may want more bytes.
 func (p chunkPeek) ready() bool {
-	n := p.br.Buffered()
+	b := p.buffered()
+	n := len(b)
 	if n == 0 {
 		return false
 	}
-	if left := *p.left; left > 0 {
+	if left := int(p.left.Int()); left > 0 {
 		return n >= left+2
-	}
-	b, err := p.br.Peek(n) // n <= Buffered: never reads
-	if err != nil {
-		return false
 	}
 	eol := bytes.IndexByte(b, '\r')
 	if eol <= 0 || eol+1 >= len(b) || b[eol+1] != '\n' {

@@ -67,3 +67,26 @@ func FuzzChunkPeekReady(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkChunkPeekReady: one ready() on a stream with a whole next chunk
+// buffered (the question fill asks after every chunk it reads).
+func BenchmarkChunkPeekReady(b *testing.B) {
+	body := "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+	br := bufio.NewReaderSize(&socket{bytes.NewReader([]byte(body))}, 8<<10)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	resp.StreamBody = true
+	if err := resp.Read(br); err != nil {
+		b.Fatal(err)
+	}
+	p, ok := streamPeeker(resp.BodyStream())
+	if !ok || !p.ready() {
+		b.Fatal("no peek, or the buffered chunk not seen")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if !p.ready() {
+			b.Fatal("not ready")
+		}
+	}
+}

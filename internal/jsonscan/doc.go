@@ -13,7 +13,6 @@
 //     Index);
 //   - zero-copy views between string and []byte (String, Bytes, Offset).
 //
-// It is the only package of the module that imports unsafe for JSON work:
-// the views and Index's lookup by address live here (gateway/chunkpeek.go's
-// reflection on fasthttp is the one other use, see TestUnsafeOnlyHere).
+// It is the only package of the module that imports unsafe: the views and
+// Index's lookup by address live here (TestUnsafeOnlyHere).
 package jsonscan
