@@ -193,8 +193,15 @@ func FuzzPendingEvents(f *testing.F) {
 
 // BenchmarkPendingStream256 is record assembly of a 256-token chat stream as
 // the gateway hands it over: one AddEvent per SSE payload, then Rows.
-func BenchmarkPendingStream256(b *testing.B) {
-	payloads := streamPayloads(benchChatStream(256))
+func BenchmarkPendingStream256(b *testing.B) { benchPendingStream(b, false) }
+
+// BenchmarkPendingStream256Logprobs is BenchmarkPendingStream256 with the
+// sampled token's logprobs in every chunk, as the gateway asks vLLM and
+// SGLang for them by default.
+func BenchmarkPendingStream256Logprobs(b *testing.B) { benchPendingStream(b, true) }
+
+func benchPendingStream(b *testing.B, logprobs bool) {
+	payloads := streamPayloads(string(benchStreamOf(256, logprobs)))
 	req := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	var a Assembler
 	b.ReportAllocs()
@@ -206,7 +213,7 @@ func BenchmarkPendingStream256(b *testing.B) {
 		for _, d := range payloads {
 			p.AddEvent(d)
 		}
-		if rows := Rows(p, &a); len(rows) != 1 || len(rows[0].ResponseTokenIDs) != 256 {
+		if rows := Rows(p, &a); len(rows) != 1 || len(rows[0].ResponseTokenIDs) != 256 || logprobs != (len(rows[0].ResponseLogprobs) == 256) {
 			b.Fatalf("rows %+v", rows)
 		}
 		releasePending(p)

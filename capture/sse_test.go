@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -271,7 +272,12 @@ func FuzzSSEScanner(f *testing.F) {
 
 // benchStream is a realistic vLLM chat stream of n token chunks (with
 // return_token_ids and include_usage), some tokens needing JSON escapes.
-func benchStream(n int) []byte {
+func benchStream(n int) []byte { return benchStreamOf(n, false) }
+
+// benchStreamOf is benchStream; with logprobs, every token's chunk carries
+// its sampled token's logprobs entry, as vLLM sends them when the gateway
+// asks for them ("logprobs": true, no alternatives).
+func benchStreamOf(n int, logprobs bool) []byte {
 	var b bytes.Buffer
 	b.WriteString(`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1730000000,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[151644,8948,198,2610,525,264,10950,17847,13,151645,198,151644,872,198]}` + "\n\n")
 	for i := range n {
@@ -282,7 +288,17 @@ func benchStream(n int) []byte {
 		case 6:
 			content = " café"
 		}
-		fmt.Fprintf(&b, `data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1730000000,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null,"token_ids":[%d]}]}`+"\n\n", content, 1000+i)
+		lp := "null"
+		if logprobs {
+			raw, _ := strconv.Unquote(`"` + content + `"`)
+			bs := make([]string, len(raw))
+			for j := range len(raw) {
+				bs[j] = strconv.Itoa(int(raw[j]))
+			}
+			lp = fmt.Sprintf(`{"content":[{"token":"%s","logprob":%s,"bytes":[%s],"top_logprobs":[]}]}`,
+				content, strconv.FormatFloat(-float64(i%17)/7, 'f', -1, 64), strings.Join(bs, ","))
+		}
+		fmt.Fprintf(&b, `data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1730000000,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"content":"%s"},"logprobs":%s,"finish_reason":null,"token_ids":[%d]}]}`+"\n\n", content, lp, 1000+i)
 	}
 	b.WriteString(`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1730000000,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[]}]}` + "\n\n")
 	fmt.Fprintf(&b, `data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1730000000,"model":"Qwen/Qwen3-8B","choices":[],"usage":{"prompt_tokens":14,"total_tokens":%d,"completion_tokens":%d}}`+"\n\n", 14+n, n)
