@@ -72,6 +72,9 @@ RETURNING next_id, block, prev_holder`
 // instead of queueing for one each behind SQLite's single writer.
 type SQLite struct {
 	sqlStore
+	// stmt is the reservation statement, prepared once by the group writer
+	// (SQLite would otherwise compile it for every reservation).
+	stmt      *sql.Stmt
 	reqs      chan *sqliteReq
 	stopGroup chan struct{}
 	stopOnce  sync.Once
@@ -187,6 +190,16 @@ func (s *SQLite) commitGroup(group []*sqliteReq) {
 		done(fmt.Errorf("seqstore: reserving sequence ids (check the database is up and writable): %w", err))
 		return
 	}
+	if s.stmt == nil {
+		if s.stmt, err = s.db.PrepareContext(ctx, s.reserve); err != nil {
+			tx.Rollback()
+			s.m.errors.Inc()
+			done(fmt.Errorf("seqstore: preparing the reservation of sequence ids (check the database is up and writable): %w", err))
+			return
+		}
+	}
+	stmt := tx.StmtContext(ctx, s.stmt)
+	defer stmt.Close()
 	now := s.opt.Now().UnixNano()
 	for _, r := range group {
 		if r.ctx.Err() != nil {
@@ -195,7 +208,7 @@ func (s *SQLite) commitGroup(group []*sqliteReq) {
 		}
 		var next, size int64
 		var prev string
-		err := tx.QueryRowContext(ctx, s.reserve, r.rollout, r.attempt, int64(s.opt.firstBlock(r.rollout, r.attempt)), s.instance,
+		err := stmt.QueryRowContext(ctx, r.rollout, r.attempt, int64(s.opt.firstBlock(r.rollout, r.attempt)), s.instance,
 			int64(s.opt.MaxBlock), now).Scan(&next, &size, &prev)
 		if err == nil {
 			r.b, err = blockOf(next, size)
@@ -353,6 +366,9 @@ func (s *sqlStore) closeSQL() error {
 func (s *SQLite) Close() error {
 	s.stopOnce.Do(func() { close(s.stopGroup) })
 	<-s.groupDone
+	if s.stmt != nil {
+		s.stmt.Close()
+	}
 	return s.closeSQL()
 }
 
