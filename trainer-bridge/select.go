@@ -3,9 +3,10 @@ package bridge
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,24 +82,53 @@ type AttemptRef struct {
 }
 
 // SelectAttempts lists the attempts sel chooses, ordered by rollout and
-// attempt: the order of the stores' primary keys, so that reading them in
-// chunks reads neighbouring rows (ClickHouse reads whole granules of 8,192
-// rows: in task order, each rollout of a chunk cost a granule of its own). It reads the rollouts table and a per-attempt aggregate of
-// llm_calls through Store.Query with SQL that SQLite and ClickHouse both run;
-// filtering happens here so no value is spliced into SQL.
+// attempt (see selectEach; Build does not hold this list).
 func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]AttemptRef, error) {
+	var out []AttemptRef
+	err := selectEach(ctx, store, sel, "", func(a AttemptRef) error {
+		out = append(out, a)
+		return nil
+	})
+	return out, err
+}
+
+// selectEach hands f the attempts sel chooses, one at a time, ordered by
+// rollout and attempt: the order of the stores' primary keys, so that
+// reading them in chunks reads neighbouring rows (ClickHouse reads whole
+// granules of 8,192 rows: in task order, each rollout of a chunk cost a
+// granule of its own). It reads the rollouts table and a per-attempt
+// aggregate of llm_calls through Store.Query with SQL that SQLite and
+// ClickHouse both run, each in key order, and merges them as they come:
+// the rollouts rows (one per attempt once merged) wait in a temporary file
+// in dir while the aggregate is read, so memory holds one rollout's
+// attempts, not the selection. Filtering happens here so no value is
+// spliced into SQL.
+func selectEach(ctx context.Context, store export.Store, sel Selection, dir string, f func(AttemptRef) error) error {
 	if sel.Attempts != "" && sel.Attempts != AttemptsLatest && sel.Attempts != AttemptsAll {
-		return nil, fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
+		return fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
 	}
-	// Every attempt in one slice, sorted and merged here rather than in
-	// maps: a few hundred bytes per attempt less at the peak (maps, one
-	// allocation per attempt and a second map per rollout held 640 bytes
-	// per attempt at 2×10^5 attempts).
-	var as []attemptRow
+	listed, err := newRecordFile(dir, "selection", 64<<10)
+	if err != nil {
+		return err
+	}
+	defer listed.close()
+	var rec recordEncoder
+	write := func(a *attemptRow) error {
+		rec = rec[:0]
+		for _, v := range []string{a.RolloutID, a.AttemptID, a.TaskID, a.Status, a.GroupID} {
+			rec.string(v)
+		}
+		rec.uvarint(a.updated)
+		return listed.append(rec)
+	}
+	// One entry per attempt: the latest row's status (ReplacingMergeTree may
+	// hold several rows), the latest task id and group that are not empty.
+	var cur attemptRow
+	have := false
 	// Metadata only where group_id is empty: rows of older releases kept the
 	// group there alone (and metadata can be large).
-	err := queryEach(ctx, store, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
-		" CASE WHEN group_id = '' THEN metadata ELSE '' END FROM rollouts", func(row []string) error {
+	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
+		" CASE WHEN group_id = '' THEN metadata ELSE '' END FROM rollouts ORDER BY rollout_id, attempt_id, updated_unix_nano", func(row []string) error {
 		if len(row) < 7 {
 			return fmt.Errorf("row with %d columns", len(row))
 		}
@@ -113,27 +143,77 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 				a.GroupID = g.Str
 			}
 		}
-		as = append(as, a)
+		if have {
+			switch c := compareAttempts(&cur, &a); {
+			case c == 0 && cur.updated <= a.updated:
+				task, group := cmp.Or(a.TaskID, cur.TaskID), cmp.Or(a.GroupID, cur.GroupID)
+				cur = a
+				cur.TaskID, cur.GroupID = task, group
+				return nil
+			case c >= 0:
+				return errOrder
+			}
+			if err := write(&cur); err != nil {
+				return err
+			}
+		}
+		cur, have = a, true
 		return nil
 	})
+	if err == nil && have {
+		err = write(&cur)
+	}
 	if err != nil {
 		if strings.Contains(err.Error(), "group_id") {
-			return nil, fmt.Errorf("bridge: listing rollouts: the rollouts table has no group_id (made by an older rollgate; opening it with this one adds the column, on a cluster see deploy/clickhouse/cluster.sql): %w", err)
+			return fmt.Errorf("bridge: listing rollouts: the rollouts table has no group_id (made by an older rollgate; opening it with this one adds the column, on a cluster see deploy/clickhouse/cluster.sql): %w", err)
 		}
-		return nil, fmt.Errorf("bridge: listing rollouts: %w", err)
+		return fmt.Errorf("bridge: listing rollouts: %w", err)
 	}
-	// One entry per attempt: the latest row's status (ReplacingMergeTree may
-	// hold several rows), the latest task id that is not empty.
-	slices.SortFunc(as, func(a, b attemptRow) int {
-		return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), strings.Compare(a.AttemptID, b.AttemptID), cmp.Compare(a.updated, b.updated))
-	})
-	as = mergeRuns(as, sameAttempt, func(into *attemptRow, a attemptRow) {
-		task, group := cmp.Or(a.TaskID, into.TaskID), cmp.Or(a.GroupID, into.GroupID)
-		*into = a
-		into.TaskID, into.GroupID = task, group
-	})
-	listed := len(as)
-	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls GROUP BY rollout_id, attempt_id", func(row []string) error {
+	if err := listed.rewind(); err != nil {
+		return err
+	}
+	// The listed attempts, read back one ahead of the aggregate's rows.
+	var next *attemptRow
+	advance := func() error {
+		b, err := listed.next()
+		if err == io.EOF {
+			next = nil
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		d := spillDecoder{b: b}
+		a := &attemptRow{}
+		for _, v := range []*string{&a.RolloutID, &a.AttemptID, &a.TaskID, &a.Status, &a.GroupID} {
+			*v = d.string()
+		}
+		a.updated = d.uvarint()
+		if d.bad || len(d.b) != 0 {
+			return listed.readErr(errSpillCorrupt)
+		}
+		next = a
+		return nil
+	}
+	if err := advance(); err != nil {
+		return err
+	}
+	choose := chooser(sel, f)
+	var run []attemptRow // the attempts of one rollout
+	add := func(a attemptRow) error {
+		if len(run) > 0 && run[0].RolloutID != a.RolloutID {
+			if err := choose(run); err != nil {
+				return err
+			}
+			clear(run)
+			run = run[:0]
+		}
+		run = append(run, a)
+		return nil
+	}
+	var last attemptRow
+	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls"+
+		" GROUP BY rollout_id, attempt_id ORDER BY rollout_id, attempt_id", func(row []string) error {
 		if len(row) < 4 {
 			return fmt.Errorf("row with %d columns", len(row))
 		}
@@ -144,29 +224,58 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 		if row[0] == "" {
 			return nil // calls not attributed to any rollout
 		}
-		i, found := slices.BinarySearchFunc(as[:listed], [2]string{row[0], row[1]}, func(a attemptRow, k [2]string) int {
-			return cmp.Or(strings.Compare(a.RolloutID, k[0]), strings.Compare(a.AttemptID, k[1]))
-		})
-		if !found {
-			// An attempt never registered in the rollouts table.
-			as = append(as, attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}})
-			i = len(as) - 1
+		a := attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
+		if last.RolloutID != "" && compareAttempts(&last, &a) >= 0 {
+			return errOrder
 		}
-		a := &as[i]
+		last = a
+		// Listed attempts before this one have no calls.
+		for next != nil && compareAttempts(next, &a) < 0 {
+			if err := add(*next); err != nil {
+				return err
+			}
+			if err := advance(); err != nil {
+				return err
+			}
+		}
+		if next != nil && compareAttempts(next, &a) == 0 {
+			a = *next
+			if err := advance(); err != nil {
+				return err
+			}
+		} // else an attempt never registered in the rollouts table
 		a.hasCalls, a.FirstCallUnixNano = true, first
 		if a.TaskID == "" {
 			a.TaskID = row[2]
 		}
-		return nil
+		return add(a)
 	})
+	for err == nil && next != nil {
+		if err = add(*next); err == nil {
+			err = advance()
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
+		return fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
 	}
-	if len(as) > listed {
-		slices.SortFunc(as, func(a, b attemptRow) int {
-			return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), strings.Compare(a.AttemptID, b.AttemptID))
-		})
+	if len(run) > 0 {
+		return choose(run)
 	}
+	return nil
+}
+
+// errOrder is a store handing out rows out of the order asked for.
+var errOrder = errors.New("rows out of order (the store does not sort strings byte by byte?)")
+
+// compareAttempts orders attempts by rollout id, then attempt id.
+func compareAttempts(a, b *attemptRow) int {
+	return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), strings.Compare(a.AttemptID, b.AttemptID))
+}
+
+// chooser returns what selectEach does with the attempts of one rollout,
+// in attempt order: the group from any of them, then the attempts that
+// pass sel's filters, all or the latest, handed to f.
+func chooser(sel Selection, f func(AttemptRef) error) func(run []attemptRow) error {
 	tasks := set(sel.TaskIDs)
 	rollouts := set(sel.RolloutIDs)
 	statuses := set(sel.Statuses)
@@ -177,17 +286,8 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 	if !sel.Until.IsZero() {
 		until = uint64(sel.Until.UnixNano())
 	}
-	// Rollout by rollout: the group from any of its rows, then the attempts
-	// that pass the filters, all or the latest, marked chosen; counted first
-	// so that the list is allocated once.
-	chosen := 0
-	for start := 0; start < len(as); {
-		end := start + 1
-		for end < len(as) && as[end].RolloutID == as[start].RolloutID {
-			end++
-		}
-		run := as[start:end]
-		start = end
+	return func(run []attemptRow) error {
+		held("rollout", len(run))
 		group := ""
 		for _, a := range run {
 			group = cmp.Or(group, a.GroupID)
@@ -206,24 +306,18 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 			}
 			a.GroupID = group
 			if sel.Attempts == AttemptsAll {
-				a.chosen = true
-				chosen++
+				if err := f(a.AttemptRef); err != nil {
+					return err
+				}
 			} else if best == nil || later(a.updated, a.FirstCallUnixNano, a.AttemptID, best.updated, best.FirstCallUnixNano, best.AttemptID) {
 				best = a
 			}
 		}
 		if best != nil {
-			best.chosen = true
-			chosen++
+			return f(best.AttemptRef)
 		}
+		return nil
 	}
-	out := make([]AttemptRef, 0, chosen)
-	for _, a := range as {
-		if a.chosen {
-			out = append(out, a.AttemptRef)
-		}
-	}
-	return out, nil
 }
 
 // attemptRow is an attempt as the selection reads it.
@@ -231,28 +325,6 @@ type attemptRow struct {
 	AttemptRef
 	updated  uint64
 	hasCalls bool
-	chosen   bool // selected
-}
-
-func sameAttempt(a, b *attemptRow) bool {
-	return a.RolloutID == b.RolloutID && a.AttemptID == b.AttemptID
-}
-
-// mergeRuns folds each run of neighbouring elements that same puts together
-// into its first element with merge (called with every later element in
-// order), in place, and returns the shortened slice.
-func mergeRuns[T any](xs []T, same func(a, b *T) bool, merge func(into *T, x T)) []T {
-	n := 0
-	for i := range xs {
-		if n > 0 && same(&xs[n-1], &xs[i]) {
-			merge(&xs[n-1], xs[i])
-			continue
-		}
-		xs[n] = xs[i]
-		n++
-	}
-	clear(xs[n:])
-	return xs[:n]
 }
 
 // queryEach hands the rows of query to f one at a time when the store can

@@ -1,13 +1,11 @@
 package bridge
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"os"
 )
 
 // spill keeps the samples a streamed Build assembled in its one pass over
@@ -17,11 +15,8 @@ import (
 // The file is private to one Build and removed by close; its format is
 // internal (little-endian, length-prefixed), written and read in order.
 type spill struct {
-	f   *os.File
-	w   *bufio.Writer
-	r   *bufio.Reader
+	*recordFile
 	buf []byte
-	n   int64 // bytes written
 	// The previous sample's prompt and response, written and read: the
 	// next prompt is stored as the prefix it shares with them and the rest.
 	wprev, rprev []uint32
@@ -29,11 +24,11 @@ type spill struct {
 
 // newSpill creates the spill file in dir (os.TempDir when empty).
 func newSpill(dir string) (*spill, error) {
-	f, err := os.CreateTemp(dir, "rollgate-bridge-spill-*")
+	f, err := newRecordFile(dir, "sample spill", 1<<20)
 	if err != nil {
-		return nil, fmt.Errorf("bridge: creating a spill file for the samples (point --spill-dir or TMPDIR at a folder with room): %w", err)
+		return nil, err
 	}
-	return &spill{f: f, w: bufio.NewWriterSize(f, 1<<20)}, nil
+	return &spill{recordFile: f}, nil
 }
 
 func (s *spill) putUvarint(v uint64) { s.buf = binary.AppendUvarint(s.buf, v) }
@@ -84,32 +79,13 @@ func (s *spill) write(x *Sample) error {
 	for _, v := range x.Logprobs {
 		s.buf = binary.LittleEndian.AppendUint32(s.buf, math.Float32bits(v))
 	}
-	var head [binary.MaxVarintLen64]byte
-	if _, err := s.w.Write(head[:binary.PutUvarint(head[:], uint64(len(s.buf)))]); err != nil {
-		return s.writeErr(err)
-	}
-	if _, err := s.w.Write(s.buf); err != nil {
-		return s.writeErr(err)
-	}
-	s.n += int64(len(s.buf))
-	return nil
-}
-
-func (s *spill) writeErr(err error) error {
-	return fmt.Errorf("bridge: writing the sample spill %s (%d bytes so far; free disk space or point --spill-dir or TMPDIR elsewhere): %w", s.f.Name(), s.n, err)
+	return s.append(s.buf)
 }
 
 // rewind ends writing and starts reading from the first sample.
 func (s *spill) rewind() error {
-	if err := s.w.Flush(); err != nil {
-		return s.writeErr(err)
-	}
-	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("bridge: rewinding the sample spill: %w", err)
-	}
-	s.r = bufio.NewReaderSize(s.f, 1<<20)
 	s.rprev = s.rprev[:0]
-	return nil
+	return s.recordFile.rewind()
 }
 
 // errSpillCorrupt means the spill did not read back as written.
@@ -117,16 +93,12 @@ var errSpillCorrupt = errors.New("bridge: the sample spill does not read back as
 
 // read returns the next sample.
 func (s *spill) read() (*Sample, error) {
-	n, err := binary.ReadUvarint(s.r)
+	b, err := s.next()
+	if err == io.EOF {
+		return nil, fmt.Errorf("bridge: reading the sample spill: %w", io.ErrUnexpectedEOF)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("bridge: reading the sample spill: %w", err)
-	}
-	if cap(s.buf) < int(n) {
-		s.buf = make([]byte, n)
-	}
-	b := s.buf[:n]
-	if _, err := io.ReadFull(s.r, b); err != nil {
-		return nil, fmt.Errorf("bridge: reading the sample spill: %w", err)
+		return nil, err
 	}
 	d := spillDecoder{b: b}
 	x := &Sample{}
@@ -168,12 +140,6 @@ func (s *spill) read() (*Sample, error) {
 	}
 	s.rprev = append(append(s.rprev[:0], x.Prompt...), x.Response...)
 	return x, nil
-}
-
-// close removes the spill file.
-func (s *spill) close() {
-	s.f.Close()
-	os.Remove(s.f.Name())
 }
 
 // spillDecoder reads the fields of one spilled sample; a short or malformed
