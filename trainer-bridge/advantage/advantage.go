@@ -21,6 +21,7 @@ package advantage
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -132,111 +133,163 @@ func Compute(e Estimator, in Input, opt Options) (*Result, error) {
 		}
 		members[g] = append(members[g], i)
 	}
+	var scores, adv []float64
 	for _, g := range order {
 		idx := members[g]
-		drop := false
-		if opt.DropZeroVariance && len(idx) > 1 {
-			drop = true
-			for _, i := range idx[1:] {
-				if in.Scores[i] != in.Scores[idx[0]] {
-					drop = false
-					break
-				}
-			}
+		scores, adv = scores[:0], adv[:0]
+		for _, i := range idx {
+			scores = append(scores, in.Scores[i])
+			adv = append(adv, 0)
 		}
-		if drop {
+		dropped, err := Group(e, scores, adv, opt)
+		if err != nil {
+			return nil, err
+		}
+		if dropped {
 			res.DroppedGroups++
 			continue
 		}
-		for _, i := range idx {
-			res.Keep[i] = true
-		}
-		mean, std := groupStats(in.Scores, idx)
-		k := float64(len(idx))
-		for _, i := range idx {
-			s := in.Scores[i]
-			switch e {
-			case GRPO:
-				res.Advantages[i] = (s - mean) / (std + GRPOEps)
-			case DrGRPO, ReinforcePP:
-				res.Advantages[i] = s - mean
-			case RLOO:
-				if len(idx) > 1 {
-					res.Advantages[i] = k / (k - 1) * (s - mean)
-				} else {
-					res.Advantages[i] = s
-				}
-			case None:
-				res.Advantages[i] = s
-			default:
-				return nil, fmt.Errorf("advantage: unknown estimator %q", e)
-			}
+		for k, i := range idx {
+			res.Keep[i], res.Advantages[i] = true, adv[k]
 		}
 	}
 	if e == ReinforcePP {
-		if err := whiten(res, in.Tokens); err != nil {
+		var w Whitener
+		for i, a := range res.Advantages {
+			if res.Keep[i] {
+				w.Add(a, weight(in.Tokens, i))
+			}
+		}
+		if err := w.Mean(); err != nil {
 			return nil, err
+		}
+		for i, a := range res.Advantages {
+			if res.Keep[i] {
+				w.AddDeviation(a, weight(in.Tokens, i))
+			}
+		}
+		w.Scale()
+		for i, a := range res.Advantages {
+			if res.Keep[i] {
+				res.Advantages[i] = w.Apply(a, weight(in.Tokens, i))
+			}
 		}
 	}
 	return res, nil
 }
 
-// groupStats is verl's group mean and unbiased std; a group of one has mean 0, std 1.
-func groupStats(scores []float64, idx []int) (mean, std float64) {
-	if len(idx) == 1 {
-		return 0, 1
+// Group computes into adv (as long as scores) the advantages of one group's
+// scores, in the group's order; with REINFORCE++-baseline they are the
+// centred scores, whitened over the batch by a Whitener afterwards. dropped
+// says the group was dropped for zero variance (its advantages stay 0).
+// Compute is Group over each group of a batch; callers that see a batch
+// group by group (the trainer bridge, with more samples than it keeps in
+// memory) call it directly.
+func Group(e Estimator, scores, adv []float64, opt Options) (dropped bool, err error) {
+	switch e {
+	case GRPO, DrGRPO, ReinforcePP, RLOO, None:
+	default:
+		return false, fmt.Errorf("advantage: unknown estimator %q", e)
 	}
-	for _, i := range idx {
-		mean += scores[i]
+	for i, s := range scores {
+		if math.IsNaN(s) || math.IsInf(s, 0) {
+			return false, fmt.Errorf("advantage: score %d of the group is %v", i, s)
+		}
 	}
-	mean /= float64(len(idx))
-	var ss float64
-	for _, i := range idx {
-		d := scores[i] - mean
-		ss += d * d
+	if opt.DropZeroVariance && len(scores) > 1 && !slices.ContainsFunc(scores[1:], func(s float64) bool { return s != scores[0] }) {
+		return true, nil
 	}
-	return mean, math.Sqrt(ss / float64(len(idx)-1))
+	mean, std := groupStats(scores)
+	k := float64(len(scores))
+	for i, s := range scores {
+		switch e {
+		case GRPO:
+			adv[i] = (s - mean) / (std + GRPOEps)
+		case DrGRPO, ReinforcePP:
+			adv[i] = s - mean
+		case RLOO:
+			if len(scores) > 1 {
+				adv[i] = k / (k - 1) * (s - mean)
+			} else {
+				adv[i] = s
+			}
+		case None:
+			adv[i] = s
+		}
+	}
+	return false, nil
 }
 
-// whiten applies verl's masked_whiten over the kept samples, each weighted
-// by its masked token count: mu = masked mean, var = masked variance times
-// N/(N-1), x' = (x - mu) / sqrt(var + 1e-8).
-func whiten(res *Result, tokens []int) error {
-	var n, sum float64
-	for i, a := range res.Advantages {
-		if !res.Keep[i] {
-			continue
-		}
-		w := weight(tokens, i)
-		n += w
-		sum += w * a
+// groupStats is verl's group mean and unbiased std; a group of one has mean 0, std 1.
+func groupStats(scores []float64) (mean, std float64) {
+	if len(scores) == 1 {
+		return 0, 1
 	}
-	if n == 0 {
-		return nil // nothing kept
+	for _, s := range scores {
+		mean += s
 	}
-	if n < 2 {
-		return fmt.Errorf("advantage: REINFORCE++-baseline whitening needs at least 2 masked tokens in the batch, got %v", n)
-	}
-	mu := sum / n
+	mean /= float64(len(scores))
 	var ss float64
-	for i, a := range res.Advantages {
-		if res.Keep[i] {
-			d := a - mu
-			ss += weight(tokens, i) * d * d
-		}
+	for _, s := range scores {
+		d := s - mean
+		ss += d * d
 	}
-	v := ss / n * (n / (n - 1))
-	inv := 1 / math.Sqrt(v+WhitenEps)
-	for i, a := range res.Advantages {
-		if res.Keep[i] {
-			if weight(tokens, i) == 0 {
-				res.Advantages[i] = 0 // verl multiplies by the response mask
-				continue
-			}
-			res.Advantages[i] = (a - mu) * inv
-		}
+	return mean, math.Sqrt(ss / float64(len(scores)-1))
+}
+
+// Whitener is REINFORCE++-baseline's batch whitening, verl's masked_whiten
+// over the kept samples, each weighted by its masked token count: mu =
+// masked mean, var = masked variance times N/(N-1), x' = (x - mu) /
+// sqrt(var + 1e-8). It takes the batch in three passes, in the same order
+// each time: Add every kept advantage, Mean; AddDeviation every one,
+// Scale; then Apply to each.
+type Whitener struct {
+	n, sum, mu, ss, inv float64
+	empty               bool
+}
+
+// Add counts one kept advantage a of a sample with w masked tokens.
+func (x *Whitener) Add(a, w float64) {
+	x.n += w
+	x.sum += w * a
+}
+
+// Mean ends the first pass: an error when the batch has fewer than 2
+// masked tokens (but some).
+func (x *Whitener) Mean() error {
+	if x.n == 0 {
+		x.empty = true // nothing kept
+		return nil
 	}
+	if x.n < 2 {
+		return fmt.Errorf("advantage: REINFORCE++-baseline whitening needs at least 2 masked tokens in the batch, got %v", x.n)
+	}
+	x.mu = x.sum / x.n
 	return nil
+}
+
+// AddDeviation counts one kept advantage's squared deviation from the mean.
+func (x *Whitener) AddDeviation(a, w float64) {
+	d := a - x.mu
+	x.ss += w * d * d
+}
+
+// Scale ends the second pass.
+func (x *Whitener) Scale() {
+	v := x.ss / x.n * (x.n / (x.n - 1))
+	x.inv = 1 / math.Sqrt(v+WhitenEps)
+}
+
+// Apply returns the whitened advantage a of a kept sample with w masked
+// tokens (0 without any: verl multiplies by the response mask).
+func (x *Whitener) Apply(a, w float64) float64 {
+	if x.empty {
+		return a
+	}
+	if w == 0 {
+		return 0
+	}
+	return (a - x.mu) * x.inv
 }
 
 func weight(tokens []int, i int) float64 {
