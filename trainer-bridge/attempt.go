@@ -46,64 +46,72 @@ func unitsOf(a attemptOut, i int, ref AttemptRef, o *Options) []unit {
 	return us
 }
 
-// eachAttempt builds the samples of every ref in order and calls f for
-// every selected attempt (those excluded for a missing reward are counted in
-// st instead). Stores that read many rollouts at once (ClickHouse) are read
-// in chunks instead of a round trip per rollout.
-func eachAttempt(ctx context.Context, store export.Store, refs []AttemptRef, o Options, st *Stats, prog *Progress, f func(i int, a attemptOut) error) error {
-	read := store
+// eachAttempt builds the samples of every attempt that refs hands out (up
+// to n at a time, none at the end), in order, and calls f for every
+// selected attempt with its index (those excluded for a missing reward are
+// counted in st instead). Stores that read many rollouts at once
+// (ClickHouse) are read in chunks instead of a round trip per rollout.
+func eachAttempt(ctx context.Context, store export.Store, refs func(n int) ([]AttemptRef, error), o Options, st *Stats, prog *Progress, f func(i int, ref AttemptRef, a attemptOut) error) error {
 	cache := &prefetched{Store: store}
-	var nextChunk func() (chunk, bool)
+	chunks := func() ([]AttemptRef, error) { return refs(bulkChunk) }
+	next := func() (chunk, bool) {
+		rs, err := chunks()
+		return chunk{refs: rs, err: err}, err != nil || len(rs) > 0
+	}
 	if bulk, ok := store.(export.BulkRolloutReader); ok {
 		// The engine's raw answer is never read here; the request only to
 		// retokenize and by AIR rules that read it.
 		ro := export.ReadOptions{NoResponseBody: true, NoRequestBody: o.Retokenize == nil && (o.AIR == nil || !o.AIR.ReadsRequests())}
 		ctx, cancel := context.WithCancel(ctx)
-		defer cancel() // stops the reader when f fails
-		nextChunk = readAhead(ctx, bulk, refs, ro)
+		var wait func()
+		next, wait = readAhead(ctx, bulk, chunks, ro)
+		defer wait()
+		defer cancel() // stops the readers when f fails
+
 	}
-	for i, ref := range refs {
-		if err := ctx.Err(); err != nil {
-			return err
+	i := 0
+	for c, ok := next(); ok; c, ok = next() {
+		if c.err != nil {
+			return fmt.Errorf("bridge: reading rollouts: %w", c.err)
 		}
-		if nextChunk != nil && i%bulkChunk == 0 {
-			c, ok := nextChunk()
-			if !ok {
-				return ctx.Err()
+		cache.m = c.m
+		for _, ref := range c.refs {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			if c.err != nil {
-				return fmt.Errorf("bridge: reading rollouts: %w", c.err)
+			if err := eachOne(ctx, cache, i, ref, o, st, prog, f); err != nil {
+				return err
 			}
-			cache.m, read = c.m, cache
-		}
-		a, err := buildAttempt(ctx, read, ref, o, st)
-		if err != nil {
-			return err
-		}
-		if o.Progress != nil {
-			prog.Attempts, prog.Calls = i+1, st.Calls
-			o.Progress(prog)
-		}
-		if !a.rewarded {
-			if a.report != nil {
-				a.report.Reason = ExclNoReward
-				if err := f(i, a); err != nil { // reported, no unit
-					return err
-				}
-			}
-			continue // counted as no_reward
-		}
-		if len(a.samples) == 0 {
-			st.Excluded[ExclNoSample]++
-			if a.report != nil {
-				a.report.Reason = ExclNoSample
-			}
-		}
-		if err := f(i, a); err != nil {
-			return err
+			i++
 		}
 	}
-	return nil
+	return ctx.Err()
+}
+
+// eachOne builds attempt i of eachAttempt and calls f.
+func eachOne(ctx context.Context, read export.Store, i int, ref AttemptRef, o Options, st *Stats, prog *Progress, f func(i int, ref AttemptRef, a attemptOut) error) error {
+	a, err := buildAttempt(ctx, read, ref, o, st)
+	if err != nil {
+		return err
+	}
+	if o.Progress != nil {
+		prog.Attempts, prog.Calls = i+1, st.Calls
+		o.Progress(prog)
+	}
+	if !a.rewarded {
+		if a.report != nil {
+			a.report.Reason = ExclNoReward
+			return f(i, ref, a) // reported, no unit
+		}
+		return nil // counted as no_reward
+	}
+	if len(a.samples) == 0 {
+		st.Excluded[ExclNoSample]++
+		if a.report != nil {
+			a.report.Reason = ExclNoSample
+		}
+	}
+	return f(i, ref, a)
 }
 
 // groupOf is the GRPO group key: with GroupGroup the rollout's group_id when

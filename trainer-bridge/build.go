@@ -1,8 +1,10 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -64,8 +66,24 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	refs, err := SelectAttempts(ctx, store, o.Selection)
+	// The selection waits in a file: memory holds a chunk of it at a time.
+	refs, err := newRecordFile(o.SpillDir, "selection", 64<<10)
 	if err != nil {
+		return nil, err
+	}
+	defer refs.close()
+	selected := 0
+	var rec recordEncoder
+	err = selectEach(ctx, store, o.Selection, o.SpillDir, func(a AttemptRef) error {
+		selected++
+		rec = rec[:0]
+		encodeRef(&rec, &a, a.FirstCallUnixNano)
+		return refs.append(rec)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := refs.rewind(); err != nil {
 		return nil, err
 	}
 	if o.AIR != nil && o.AIR.Enabled(air.RuleToolSpan) {
@@ -73,10 +91,11 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			return nil, err
 		}
 	}
-	res := &Result{Stats: Stats{Attempts: len(refs), Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
+	res := &Result{Stats: Stats{Attempts: selected, Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
 	// One pass over the store: every selected attempt's samples, kept in
 	// memory, or, when streaming, in a spill file until the advantages are
-	// known.
+	// known; its units (what an advantage is computed for) go to a sorter
+	// by group, so the group statistics see one group at a time.
 	var sp *spill
 	if o.Emit != nil {
 		if sp, err = newSpill(o.SpillDir); err != nil {
@@ -84,19 +103,28 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		}
 		defer sp.close()
 	}
-	units := &unitTable{groupIx: map[string]int32{}, keepSamples: sp == nil, keepDec: o.Report}
-	reports := make([]*AttemptReport, len(refs))
-	prog := &Progress{Phase: PhaseRead, TotalAttempts: len(refs)}
-	err = eachAttempt(ctx, store, refs, o, &res.Stats, prog, func(i int, a attemptOut) error {
+	units := newSorter(o.SpillDir, "advantage units", byGroup, encodeUnit, decodeUnit)
+	defer units.close()
+	var (
+		kept    [][]*Sample // per unit, unless the samples are spilled
+		dec     [][]int     // per unit, with Options.Report
+		reports []*AttemptReport
+		spilled int
+		nUnits  int
+	)
+	prog := &Progress{Phase: PhaseRead, TotalAttempts: selected}
+	err = eachAttempt(ctx, store, func(n int) ([]AttemptRef, error) { return readRefs(refs, n) }, o, &res.Stats, prog, func(i int, ref AttemptRef, a attemptOut) error {
 		if a.report != nil {
-			a.report.Group = groupOf(refs[i], a, o.GroupBy)
+			a.report.Group = groupOf(ref, a, o.GroupBy)
+			reports = append(reports, make([]*AttemptReport, i+1-len(reports))...)
 			reports[i] = a.report
 		}
 		if !a.rewarded {
 			return nil // reported only
 		}
-		for _, u := range unitsOf(a, i, refs[i], &o) {
+		for _, u := range unitsOf(a, i, ref, &o) {
 			for _, s := range u.samples {
+				s.GroupUID = u.group
 				for _, m := range s.ResponseMask {
 					u.tokens += int(m)
 				}
@@ -107,77 +135,142 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 						return err
 					}
 				}
-				u.spilled, u.samples = len(u.samples), nil
+				spilled += len(u.samples)
+			} else {
+				kept = append(kept, u.samples)
 			}
-			units.add(u)
+			if o.Report {
+				dec = append(dec, u.dec)
+			}
+			err := units.add(unitRec{group: u.group, idx: nUnits, value: u.score, tokens: int32(u.tokens), ref: int32(i), n: int32(len(u.samples)), missing: u.missing})
+			if err != nil {
+				return err
+			}
+			nUnits++
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	// Groups as sampled: every unit counts, also those whose samples were
-	// all left out, so no exclusion moves a sibling's baseline.
-	size := map[string]int{}
-	unrewarded := map[string]bool{}
-	for i := range units.meta {
-		u := units.get(i)
-		size[u.group]++
-		if u.missing {
-			unrewarded[u.group] = true
+	// Groups as sampled, one at a time: every unit counts, also those whose
+	// samples were all left out, so no exclusion moves a sibling's
+	// baseline. Each unit's outcome is sorted back into build order.
+	outcomes := newSorter(o.SpillDir, "advantages", byIndex, encodeUnit, decodeUnit)
+	defer outcomes.close()
+	var (
+		members     []unitRec
+		scores, adv []float64
+		toWrite     int
+	)
+	group := func() error {
+		held("group", len(members))
+		scores, adv = scores[:0], adv[:0]
+		unrewarded := false
+		for _, m := range members {
+			scores, adv = append(scores, m.value), append(adv, 0)
+			unrewarded = unrewarded || m.missing
 		}
-	}
-	for _, n := range size {
-		if n < o.MinGroupSize {
+		small := len(members) < o.MinGroupSize
+		if small {
 			res.Stats.SmallGroups++
 		}
-	}
-	n := len(units.meta)
-	in := advantage.Input{Scores: make([]float64, n), GroupIndex: make([]int32, n), Tokens: make([]int, n)}
-	for i, m := range units.meta {
-		in.Scores[i], in.GroupIndex[i], in.Tokens[i] = m.score, m.group, int(m.tokens)
-	}
-	adv, err := advantage.Compute(o.Estimator, in, advantage.Options{DropZeroVariance: o.DropZeroVariance})
-	if err != nil {
-		return nil, fmt.Errorf("bridge: %w", err)
-	}
-	res.Stats.DroppedGroups = adv.DroppedGroups
-	groups := map[string]bool{}
-	tasks := taskAccumulator{}
-	reason := func(i int, u unit) string {
-		switch {
-		case o.MissingReward == MissingDropGroup && unrewarded[u.group]:
-			return ExclMissingGroup
-		case size[u.group] < o.MinGroupSize:
-			return ExclSmallGroup
-		case !adv.Keep[i]:
-			return ExclZeroVariance
+		dropped, err := advantage.Group(o.Estimator, scores, adv, advantage.Options{DropZeroVariance: o.DropZeroVariance})
+		if err != nil {
+			return fmt.Errorf("bridge: group %q: %w", members[0].group, err)
 		}
-		return ""
-	}
-	keep := func(i int, u unit, emit func(*Sample) error) error {
-		why := reason(i, u)
-		if why == ExclZeroVariance {
-			res.Stats.DroppedSamples += len(u.samples)
+		if dropped {
+			res.Stats.DroppedGroups++
 		}
-		if rep := reports[u.ref]; rep != nil {
-			if why != "" && o.Level == LevelRollout {
-				rep.Reason = why
+		counted := false
+		for k, m := range members {
+			why := reasonNone
+			switch {
+			case o.MissingReward == MissingDropGroup && unrewarded:
+				why = reasonMissingGroup
+			case small:
+				why = reasonSmallGroup
+			case dropped:
+				why = reasonZeroVariance
 			}
-			for _, d := range u.dec {
-				rep.Items[d].Included, rep.Items[d].Reason, rep.Items[d].Advantage = why == "", why, adv.Advantages[i]
+			if why == reasonNone && m.n > 0 {
+				toWrite += int(m.n)
+				if !counted {
+					res.Stats.Groups++
+					counted = true
+				}
+			}
+			if err := outcomes.add(unitRec{idx: m.idx, value: adv[k], tokens: m.tokens, n: m.n, ref: m.ref, reason: uint8(why)}); err != nil {
+				return err
+			}
+		}
+		clear(members)
+		members = members[:0]
+		return nil
+	}
+	err = units.each(func(u *unitRec) error {
+		if len(members) > 0 && members[0].group != u.group {
+			if err := group(); err != nil {
+				return err
+			}
+		}
+		members = append(members, *u)
+		return nil
+	})
+	if err == nil && len(members) > 0 {
+		err = group()
+	}
+	if err != nil {
+		return nil, err
+	}
+	units.close()
+	// REINFORCE++-baseline whitens over the whole batch, in build order.
+	var white advantage.Whitener
+	if o.Estimator == advantage.ReinforcePP {
+		for k, pass := range []func(a, w float64){white.Add, white.AddDeviation} {
+			err := outcomes.each(func(x *unitRec) error {
+				if x.reason != reasonZeroVariance {
+					pass(x.value, float64(x.tokens))
+				}
+				return nil
+			})
+			if err == nil && k == 0 {
+				if err = white.Mean(); err != nil {
+					err = fmt.Errorf("bridge: %w", err)
+				}
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		white.Scale()
+	}
+	tasks := taskAccumulator{}
+	keep := func(x *unitRec, samples []*Sample, emit func(*Sample) error) error {
+		why := reasons[x.reason]
+		a := x.value
+		if o.Estimator == advantage.ReinforcePP && x.reason != reasonZeroVariance {
+			a = white.Apply(a, float64(x.tokens))
+		}
+		if why == ExclZeroVariance {
+			res.Stats.DroppedSamples += len(samples)
+		}
+		if o.Report {
+			if rep := reports[x.ref]; rep != nil {
+				if why != "" && o.Level == LevelRollout {
+					rep.Reason = why
+				}
+				for _, d := range dec[x.idx] {
+					rep.Items[d].Included, rep.Items[d].Reason, rep.Items[d].Advantage = why == "", why, a
+				}
 			}
 		}
 		if why != "" {
-			res.Stats.Excluded[why] += len(u.samples)
+			res.Stats.Excluded[why] += len(samples)
 			return nil
 		}
-		if len(u.samples) == 0 {
-			return nil
-		}
-		groups[u.group] = true
-		for _, s := range u.samples {
-			s.Advantage, s.GroupUID = adv.Advantages[i], u.group
+		for _, s := range samples {
+			s.Advantage = a
 			tasks.add(s)
 			res.Stats.Samples++
 			if s.TokenSource == export.TokenSourceRetokenized {
@@ -190,8 +283,11 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		return nil
 	}
 	if o.Emit == nil {
-		for i := range units.meta {
-			_ = keep(i, units.get(i), func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
+		err = outcomes.each(func(x *unitRec) error {
+			return keep(x, kept[x.idx], func(s *Sample) error { res.Samples = append(res.Samples, s); return nil })
+		})
+		if err != nil {
+			return nil, err
 		}
 	} else {
 		// Hand the spilled samples out one by one, in the order they were
@@ -199,20 +295,11 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 		if err := sp.rewind(); err != nil {
 			return nil, err
 		}
-		total := 0
-		for _, m := range units.meta {
-			total += int(m.spilled)
-		}
-		next := sp.readAhead(total)
+		next := sp.readAhead(spilled)
 		defer next.stop()
 		emit := o.Emit
 		if o.Progress != nil {
-			prog.Phase = PhaseWrite
-			for i := range units.meta {
-				if u := units.get(i); reason(i, u) == "" {
-					prog.TotalSamples += u.spilled
-				}
-			}
+			prog.Phase, prog.TotalSamples = PhaseWrite, toWrite
 			o.Progress(prog)
 			emit = func(s *Sample) error {
 				if err := o.Emit(s); err != nil {
@@ -223,23 +310,25 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 				return nil
 			}
 		}
-		for i := range units.meta {
-			u := units.get(i)
-			u.samples = make([]*Sample, u.spilled)
-			for k := range u.samples {
-				if u.samples[k], err = next.sample(); err != nil {
-					return nil, err
+		var samples []*Sample
+		err = outcomes.each(func(x *unitRec) error {
+			samples = samples[:0]
+			for range x.n {
+				s, err := next.sample()
+				if err != nil {
+					return err
 				}
+				samples = append(samples, s)
 			}
-			if err := keep(i, u, emit); err != nil {
-				return nil, err
-			}
+			return keep(x, samples, emit)
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
-	res.Stats.Groups = len(groups)
 	res.Stats.Tasks = tasks.stats()
 	if o.Report {
-		res.Report = make([]AttemptReport, 0, len(refs))
+		res.Report = make([]AttemptReport, 0, len(reports))
 		for _, r := range reports {
 			if r != nil {
 				res.Report = append(res.Report, *r)
@@ -261,61 +350,108 @@ type unit struct {
 	missing bool  // the attempt had no episode reward (filled with 0)
 	ref     int   // index of the attempt in the selection
 	dec     []int // indices in the attempt's report items of the unit's samples
-	spilled int   // samples written to the spill (streamed Build) instead of kept in samples
 }
 
-// unitTable holds a Build's units compactly: once the samples are spilled
-// (Options.Emit), this bookkeeping is what grows with the size of an export,
-// about 40 bytes per unit here and in the advantage step, where a []unit
-// held over 100. Samples and report indices are kept only when needed.
-type unitTable struct {
-	meta        []unitMeta
-	samples     [][]*Sample // per unit, unless the samples are spilled
-	dec         [][]int     // per unit, with Options.Report
-	groups      []string    // group keys by index
-	groupIx     map[string]int32
-	keepSamples bool
-	keepDec     bool
-}
-
-// unitMeta is a unit without its samples and report indices.
-type unitMeta struct {
-	score   float64
+// unitRec is a unit as Build sorts it, first by group for the group
+// statistics (value is its score), then back into build order (value is
+// its advantage before any batch whitening, reason why its samples are left
+// out, if they are): what the statistics need, without the samples.
+type unitRec struct {
+	group   string // "" once sorted back
+	idx     int    // position in build order
+	value   float64
 	tokens  int32
-	group   int32 // index in unitTable.groups
-	ref     int32
-	spilled int32
+	ref     int32 // index of the attempt in the selection
+	n       int32 // samples
 	missing bool
+	reason  uint8 // index in reasons
 }
 
-// add appends u.
-func (t *unitTable) add(u unit) {
-	g, ok := t.groupIx[u.group]
-	if !ok {
-		g = int32(len(t.groups))
-		t.groupIx[u.group] = g
-		t.groups = append(t.groups, u.group)
-	}
-	t.meta = append(t.meta, unitMeta{score: u.score, tokens: int32(u.tokens), group: g, ref: int32(u.ref), spilled: int32(u.spilled), missing: u.missing})
-	if t.keepSamples {
-		t.samples = append(t.samples, u.samples)
-	}
-	if t.keepDec {
-		t.dec = append(t.dec, u.dec)
-	}
+// Reasons a whole group is left out, in unitRec.reason.
+const (
+	reasonNone = iota
+	reasonMissingGroup
+	reasonSmallGroup
+	reasonZeroVariance
+)
+
+var reasons = [...]string{reasonNone: "", reasonMissingGroup: ExclMissingGroup, reasonSmallGroup: ExclSmallGroup, reasonZeroVariance: ExclZeroVariance}
+
+func byGroup(a, b *unitRec) int {
+	return cmp.Or(strings.Compare(a.group, b.group), cmp.Compare(a.idx, b.idx))
 }
 
-// get returns unit i as it was added (without spilled samples).
-func (t *unitTable) get(i int) unit {
-	m := t.meta[i]
-	u := unit{score: m.score, tokens: int(m.tokens), group: t.groups[m.group], ref: int(m.ref), spilled: int(m.spilled), missing: m.missing}
-	if t.keepSamples {
-		u.samples = t.samples[i]
+func byIndex(a, b *unitRec) int { return cmp.Compare(a.idx, b.idx) }
+
+func encodeUnit(e *recordEncoder, u *unitRec) {
+	e.string(u.group)
+	e.uvarint(uint64(u.idx))
+	e.float64(u.value)
+	for _, v := range []int32{u.tokens, u.ref, u.n} {
+		e.uvarint(uint64(v))
 	}
-	if t.keepDec {
-		u.dec = t.dec[i]
+	e.uvarint(boolBit(u.missing))
+	e.uvarint(uint64(u.reason))
+}
+
+func decodeUnit(d *spillDecoder) unitRec {
+	u := unitRec{group: d.string(), idx: int(d.uvarint()), value: math.Float64frombits(d.u64()), tokens: int32(d.uvarint()),
+		ref: int32(d.uvarint()), n: int32(d.uvarint()), missing: d.uvarint() != 0}
+	if r := d.uvarint(); r < uint64(len(reasons)) {
+		u.reason = uint8(r)
+	} else {
+		d.bad = true
 	}
 	return u
+}
+
+func boolBit(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// encodeRef and decodeRef keep an attempt in a recordFile, with one more
+// number (the selection's update time, or the first call's).
+func encodeRef(e *recordEncoder, a *AttemptRef, extra uint64) {
+	for _, v := range []string{a.RolloutID, a.AttemptID, a.TaskID, a.Status, a.GroupID} {
+		e.string(v)
+	}
+	e.uvarint(extra)
+}
+
+func decodeRef(b []byte) (a AttemptRef, extra uint64, err error) {
+	d := spillDecoder{b: b}
+	for _, v := range []*string{&a.RolloutID, &a.AttemptID, &a.TaskID, &a.Status, &a.GroupID} {
+		*v = d.string()
+	}
+	extra = d.uvarint()
+	if d.bad || len(d.b) != 0 {
+		return a, 0, errSpillCorrupt
+	}
+	return a, extra, nil
+}
+
+// readRefs reads up to n more attempts of the selection (none at its end).
+func readRefs(f *recordFile, n int) ([]AttemptRef, error) {
+	var out []AttemptRef
+	for len(out) < n {
+		b, err := f.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		a, first, err := decodeRef(b)
+		if err != nil {
+			return nil, f.readErr(err)
+		}
+		a.FirstCallUnixNano = first
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // taskAccumulator sums sample rewards per task for Stats.Tasks.
@@ -368,49 +504,77 @@ func failedToolSpans(ctx context.Context, store export.Store) (map[[2]string][]e
 // bulkChunk is how many rollouts Build reads per query from a bulk reader.
 const bulkChunk = 500
 
-// chunk is the details of the rollouts of bulkChunk refs, or why they could
-// not be read.
+// chunk is up to bulkChunk selected attempts and, from a bulk reader,
+// the details of their rollouts, or why they could not be read.
 type chunk struct {
-	m   map[string]*export.RolloutDetail
-	err error
+	refs []AttemptRef
+	m    map[string]*export.RolloutDetail
+	err  error
 }
 
-// readAhead reads the rollouts of refs in chunks of bulkChunk refs, ahead
-// of their consumer, with two queries in flight (the store prepares the
-// next chunks while the bridge builds the samples of this one; a server with
-// a core to spare runs both at once). It returns next, which hands out the
-// chunks in order and false after the last one, after an error or when ctx
-// ends. Each reader holds at most one chunk (read, or being read) until next
-// takes it, so memory holds at most three chunks, one of them in use, as
-// with one reader a chunk ahead.
-func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []AttemptRef, ro export.ReadOptions) (next func() (chunk, bool)) {
+// readAhead reads the rollouts of the chunks of attempts that refs hands
+// out (none at the end), ahead of their consumer, with two queries in
+// flight (the store prepares the next chunks while the bridge builds the
+// samples of this one; a server with a core to spare runs both at once).
+// It returns next, which hands out the chunks in order and false after the
+// last one, after an error or when ctx ends. Each reader holds at most one
+// chunk (read, or being read) until next takes it, so memory holds at most
+// three chunks, one of them in use, and one list of attempts waiting for a
+// reader. Once ctx ends, wait returns when refs is no longer called.
+func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs func() ([]AttemptRef, error), ro export.ReadOptions) (next func() (chunk, bool), wait func()) {
 	const readers = 2
-	var lanes [readers]chan chunk
+	var jobs, lanes [readers]chan chunk
 	for w := range lanes {
-		lanes[w] = make(chan chunk)
-		go func(lane chan<- chunk, first int) {
+		jobs[w], lanes[w] = make(chan chunk), make(chan chunk)
+		go func(jobs <-chan chunk, lane chan<- chunk) {
 			defer close(lane)
-			for i := first; i < len(refs); i += readers * bulkChunk {
-				ids := make([]string, 0, bulkChunk)
-				seen := map[string]bool{}
-				for _, r := range refs[i:min(len(refs), i+bulkChunk)] {
-					if !seen[r.RolloutID] {
-						seen[r.RolloutID] = true
-						ids = append(ids, r.RolloutID)
+			for c := range jobs {
+				if c.err == nil {
+					ids := make([]string, 0, len(c.refs))
+					seen := map[string]bool{}
+					for _, r := range c.refs {
+						if !seen[r.RolloutID] {
+							seen[r.RolloutID] = true
+							ids = append(ids, r.RolloutID)
+						}
 					}
+					c.m, c.err = bulk.Rollouts(ctx, ids, ro)
 				}
-				m, err := bulk.Rollouts(ctx, ids, ro)
 				select {
-				case lane <- chunk{m, err}:
+				case lane <- c:
 				case <-ctx.Done():
 					return
 				}
-				if err != nil {
+				if c.err != nil {
 					return
 				}
 			}
-		}(lanes[w], w*bulkChunk)
+		}(jobs[w], lanes[w])
 	}
+	// The lists of attempts, to the readers in turn.
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		defer func() {
+			for _, j := range jobs {
+				close(j)
+			}
+		}()
+		for w := 0; ; w = (w + 1) % readers {
+			rs, err := refs()
+			if err == nil && len(rs) == 0 {
+				return
+			}
+			select {
+			case jobs[w] <- chunk{refs: rs, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	k, failed := 0, false
 	// The chunks in order: lane by lane in turn.
 	return func() (chunk, bool) {
@@ -421,7 +585,7 @@ func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs []Attemp
 		k++
 		failed = !ok || c.err != nil
 		return c, ok
-	}
+	}, func() { <-fed }
 }
 
 // prefetched serves Rollout from a chunk read in bulk, and everything else

@@ -396,22 +396,7 @@ func TestBuildStreamingMatches(t *testing.T) {
 						t.Fatal(err)
 					}
 					name := fmt.Sprint(est, "/", level, "/", mode, "/drop=", drop)
-					if res.Samples != nil {
-						t.Fatalf("%s: streaming returned samples too", name)
-					}
-					if len(got) == 0 || len(got) != len(want.Samples) {
-						t.Fatalf("%s: streamed %d samples, built %d", name, len(got), len(want.Samples))
-					}
-					for i := range got {
-						a, _ := json.Marshal(got[i].ToRow())
-						b, _ := json.Marshal(want.Samples[i].ToRow())
-						if string(a) != string(b) {
-							t.Fatalf("%s: sample %d differs:\n%s\n%s", name, i, a, b)
-						}
-					}
-					if fmt.Sprint(res.Stats) != fmt.Sprint(want.Stats) {
-						t.Fatalf("%s: stats differ:\n%+v\n%+v", name, res.Stats, want.Stats)
-					}
+					sameOutput(t, name, got, res, want)
 				}
 			}
 		}

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/rollgate/rollgate/export"
@@ -33,12 +34,15 @@ func TestReadAheadChunks(t *testing.T) {
 	}
 	bulk := s.(export.BulkRolloutReader)
 	n := 0
-	next := readAhead(ctx, bulk, refs, export.ReadOptions{})
+	next, wait := readAhead(ctx, bulk, chunksOf(refs), export.ReadOptions{})
 	for c, ok := next(); ok; c, ok = next() {
 		if c.err != nil {
 			t.Fatal(c.err)
 		}
 		want := refs[n*bulkChunk : min(len(refs), (n+1)*bulkChunk)]
+		if !slices.Equal(c.refs, want) {
+			t.Fatalf("chunk %d: attempts %d..., want %d", n, len(c.refs), len(want))
+		}
 		if len(c.m) != len(want) {
 			t.Fatalf("chunk %d: %d rollouts, want %d", n, len(c.m), len(want))
 		}
@@ -52,6 +56,7 @@ func TestReadAheadChunks(t *testing.T) {
 	if n != 3 {
 		t.Fatalf("%d chunks, want 3", n)
 	}
+	wait()
 
 	var order []string
 	res, err := Build(ctx, s, Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, SpillDir: t.TempDir(),
@@ -69,11 +74,21 @@ func TestReadAheadChunks(t *testing.T) {
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
-	next = readAhead(cctx, bulk, refs, export.ReadOptions{})
+	next, wait = readAhead(cctx, bulk, chunksOf(refs), export.ReadOptions{})
 	if _, ok := next(); !ok {
 		t.Fatal("no first chunk")
 	}
 	cancel()
 	for _, ok := next(); ok; _, ok = next() { // ends once the readers see the cancellation
+	}
+	wait()
+}
+
+// chunksOf hands out refs bulkChunk at a time, as Build's selection file does.
+func chunksOf(refs []AttemptRef) func() ([]AttemptRef, error) {
+	return func() ([]AttemptRef, error) {
+		c := refs[:min(len(refs), bulkChunk)]
+		refs = refs[len(c):]
+		return c, nil
 	}
 }

@@ -115,10 +115,7 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 	var rec recordEncoder
 	write := func(a *attemptRow) error {
 		rec = rec[:0]
-		for _, v := range []string{a.RolloutID, a.AttemptID, a.TaskID, a.Status, a.GroupID} {
-			rec.string(v)
-		}
-		rec.uvarint(a.updated)
+		encodeRef(&rec, &a.AttemptRef, a.updated)
 		return listed.append(rec)
 	}
 	// One entry per attempt: the latest row's status (ReplacingMergeTree may
@@ -183,14 +180,9 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 		if err != nil {
 			return err
 		}
-		d := spillDecoder{b: b}
 		a := &attemptRow{}
-		for _, v := range []*string{&a.RolloutID, &a.AttemptID, &a.TaskID, &a.Status, &a.GroupID} {
-			*v = d.string()
-		}
-		a.updated = d.uvarint()
-		if d.bad || len(d.b) != 0 {
-			return listed.readErr(errSpillCorrupt)
+		if a.AttemptRef, a.updated, err = decodeRef(b); err != nil {
+			return listed.readErr(err)
 		}
 		next = a
 		return nil
