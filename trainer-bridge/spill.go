@@ -20,6 +20,7 @@ type spill struct {
 	// The previous sample's prompt and response, written and read: the
 	// next prompt is stored as the prefix it shares with them and the rest.
 	wprev, rprev []uint32
+	rstr         [7]string // the previous sample's strings, read
 }
 
 // newSpill creates the spill file in dir (os.TempDir when empty).
@@ -84,7 +85,7 @@ func (s *spill) write(x *Sample) error {
 
 // rewind ends writing and starts reading from the first sample.
 func (s *spill) rewind() error {
-	s.rprev = s.rprev[:0]
+	s.rprev, s.rstr = s.rprev[:0], [7]string{}
 	return s.recordFile.rewind()
 }
 
@@ -102,8 +103,15 @@ func (s *spill) read() (*Sample, error) {
 	}
 	d := spillDecoder{b: b}
 	x := &Sample{}
-	for _, v := range []*string{&x.RolloutID, &x.AttemptID, &x.TaskID, &x.AgentName, &x.PolicyVersion, &x.GroupUID, &x.TokenSource} {
-		*v = d.string()
+	// A field equal to the previous sample's shares its string: the
+	// samples of a rollout repeat them.
+	for i, v := range []*string{&x.RolloutID, &x.AttemptID, &x.TaskID, &x.AgentName, &x.PolicyVersion, &x.GroupUID, &x.TokenSource} {
+		if b := d.bytes(d.count(1)); string(b) == s.rstr[i] {
+			*v = s.rstr[i]
+		} else {
+			*v = string(b)
+			s.rstr[i] = *v
+		}
 	}
 	flags := d.uvarint()
 	x.Trimmed, x.Truncated, x.HasLogprobs = flags&1 != 0, flags&2 != 0, flags&4 != 0
