@@ -91,7 +91,10 @@ type Options struct {
 	// about the samples' ids, masks and logprobs (at most ≈ 5 bytes per token) and
 	// is removed when Build returns.
 	Emit func(*Sample) error
-	// SpillDir is the folder of Emit's spill file ("" = os.TempDir()).
+	// SpillDir is the folder of Emit's spill file and of every Build's
+	// other temporary files: the selection (about 60 bytes per selected
+	// attempt) and the sorted runs of the group statistics (about 50 bytes
+	// per unit, twice) ("" = os.TempDir()).
 	SpillDir string
 }
 
