@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,6 +67,40 @@ func lateBurstBackend(t *testing.T, n int, next <-chan struct{}) string {
 // write each, see streamBody.writeChunk) rather than one per 4 KiB, and the
 // client gets every byte in order, the call captured whole.
 func TestLateBurstCoalesced(t *testing.T) {
+	sizes, out := lateBurstChunks(t, 0)
+	big := 0
+	for _, s := range sizes[1:] {
+		if s > 4096 {
+			big++
+		}
+		if s > 8<<10 {
+			t.Fatalf("a chunk of %d bytes from an 8 KiB backend read buffer (chunks %v)", s, sizes[1:])
+		}
+	}
+	if big == 0 {
+		t.Fatalf("burst of %d bytes written in chunks of %v: none larger than fasthttp's 4 KiB copy buffer", len(out), sizes[1:])
+	}
+	t.Logf("burst of %d bytes in %d chunks: %v", len(out), len(sizes)-1, sizes[1:])
+}
+
+// TestBackendReadBufferWidensBurst: with --backend-read-buffer 64 KiB the
+// same burst leaves in chunks larger than the default 8 KiB read buffer
+// allows (a fill takes what one read buffered, up to 32 KiB).
+func TestBackendReadBufferWidensBurst(t *testing.T) {
+	sizes, out := lateBurstChunks(t, 64<<10)
+	largest := slices.Max(sizes[1:])
+	if largest <= 8<<10 {
+		t.Fatalf("burst of %d bytes written in chunks of %v: none larger than 8 KiB with a 64 KiB read buffer", len(out), sizes[1:])
+	}
+	t.Logf("burst of %d bytes in %d chunks: %v", len(out), len(sizes)-1, sizes[1:])
+}
+
+// lateBurstChunks runs lateBurstBackend's stream through a gateway whose
+// backend read buffer is readBuffer bytes (0: the default) and returns the
+// sizes of the chunks the client got and what it read; it checks the
+// events and the captured row.
+func lateBurstChunks(t *testing.T, readBuffer int) ([]int, string) {
+	t.Helper()
 	const n = 300 // ≈ 40 KiB of events
 	next := make(chan struct{})
 	url := lateBurstBackend(t, n, next)
@@ -76,6 +111,7 @@ func TestLateBurstCoalesced(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	e := newEnv(t, store, func(c *gateway.Config) {
 		c.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "burst", URL: url, Kind: "openai"}}}}
+		c.BackendReadBuffer = readBuffer
 	})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
 	if err != nil {
@@ -110,21 +146,12 @@ func TestLateBurstCoalesced(t *testing.T) {
 			t.Fatalf("event %d missing", i)
 		}
 	}
-	big := 0
-	for _, s := range sizes[1:] {
-		if s > 4096 {
-			big++
-		}
-	}
-	if big == 0 {
-		t.Fatalf("burst of %d bytes written in chunks of %v: none larger than fasthttp's 4 KiB copy buffer", len(out), sizes[1:])
-	}
-	t.Logf("burst of %d bytes in %d chunks: %v", len(out), len(sizes)-1, sizes[1:])
 	rows := e.waitCalls(res.Header.Get("x-request-id"), 1)
 	if !strings.Contains(rows[0].ResponseMessage, "t0 t1 t2 ") || !strings.Contains(rows[0].ResponseMessage, "t300 ") ||
 		rows[0].FinishReason != "stop" || rows[0].Error != "" {
 		t.Fatalf("captured %q finish %q error %q", rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
 	}
+	return sizes, out
 }
 
 // readChunks reads a chunked body by hand, calling each (when not nil) with

@@ -25,6 +25,11 @@ type Config struct {
 	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
 	// MaxResponseBodyBytes bounds non-streamed upstream responses (default 256 MiB).
 	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
+	// BackendReadBuffer is the read buffer of each backend connection, in
+	// bytes (default 8 KiB). It bounds what one read of a stream takes off
+	// the socket, and so how many events that arrived together leave in one
+	// write to the client; every open stream holds one.
+	BackendReadBuffer int `yaml:"backend_read_buffer"`
 	// UpstreamTimeout bounds a whole upstream call, stream included (default 10m).
 	// A call that has sent nothing when it expires gets 504.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
@@ -175,6 +180,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxResponseBodyBytes <= 0 {
 		c.MaxResponseBodyBytes = 256 << 20
+	}
+	if c.BackendReadBuffer <= 0 {
+		c.BackendReadBuffer = 8 << 10
 	}
 	if c.UpstreamTimeout <= 0 {
 		c.UpstreamTimeout = 10 * time.Minute

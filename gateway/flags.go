@@ -20,6 +20,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "base URL agents reach the gateway at, used in returned base_url (default http://LISTEN)")
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-body-bytes", d.MaxRequestBodyBytes, "largest request body accepted; larger ones get 413")
 	fs.IntVar(&c.MaxResponseBodyBytes, "max-response-body-bytes", d.MaxResponseBodyBytes, "largest non-streamed backend response accepted; a larger one is a 502")
+	fs.IntVar(&c.BackendReadBuffer, "backend-read-buffer", d.BackendReadBuffer, "read buffer of each backend connection in bytes: what one read of a stream takes off the socket, so how many events that arrived together leave in one write to the client (every open stream holds one)")
 	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", d.UpstreamTimeout, "longest a backend call may take, stream included; 504 if nothing was sent by then")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", d.IdleTimeout, "longest a backend may send nothing: before the response headers (504) and between chunks of a stream (the client then gets an SSE error event)")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", d.ConnectTimeout, "longest dialing a backend may take; a failed dial is 502")

@@ -70,6 +70,7 @@ func (s *Server) backendClients() backends.ClientConfig {
 	connectTimeout, idle := s.cfg.ConnectTimeout, s.cfg.IdleTimeout
 	return backends.ClientConfig{
 		MaxResponseBodyBytes: s.cfg.MaxResponseBodyBytes,
+		ReadBufferSize:       s.cfg.BackendReadBuffer,
 		Transport:            &s.transport,
 		Dial: func(addr string) (net.Conn, error) {
 			conn, err := fasthttp.DialTimeout(addr, connectTimeout)

@@ -1,6 +1,7 @@
 package backends
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"iter"
@@ -230,6 +231,9 @@ func (t *Table) View() []PoolView {
 type ClientConfig struct {
 	// MaxResponseBodyBytes bounds a response read whole (not streamed).
 	MaxResponseBodyBytes int
+	// ReadBufferSize is each connection's read buffer (0: 8 KiB): response
+	// headers must fit, and a streamed body is read through it.
+	ReadBufferSize int
 	// Transport is every client's RoundTripper (nil: fasthttp's default).
 	Transport fasthttp.RoundTripper
 	// Dial opens a connection to a backend (nil: fasthttp's default dialer).
@@ -273,7 +277,7 @@ func (c *clientCache) get(u *url.URL) *fasthttp.HostClient {
 		MaxConns:                      16384,
 		MaxIdleConnDuration:           90 * time.Second,
 		MaxResponseBodySize:           c.cfg.MaxResponseBodyBytes,
-		ReadBufferSize:                8 << 10, // response headers; bodies stream past it
+		ReadBufferSize:                cmp.Or(c.cfg.ReadBufferSize, 8<<10), // response headers; streamed bodies pass through it
 		WriteBufferSize:               4 << 10,
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
