@@ -99,6 +99,17 @@ func (x *Index) SkipValue(b []byte, i int) int {
 	return skipScalar(b, i)
 }
 
+// ValidValue validates the JSON value starting at b[i] (not whitespace) as
+// gjson.Valid validates a value there, without indexing it, and returns the
+// index just after it. A text is valid JSON when it is whitespace, one value
+// that ValidValue accepts, and whitespace.
+func ValidValue(b []byte, i int) (int, bool) {
+	if i < 0 || i >= len(b) {
+		return i, false
+	}
+	return (*Index)(nil).vAny(b, i)
+}
+
 // vAny validates the value starting at b[i] (not whitespace) and returns
 // the index after it. The v* functions follow gjson's validany and the
 // functions it calls, decision for decision.
@@ -121,7 +132,7 @@ func (x *Index) vAny(b []byte, i int) (int, bool) {
 }
 
 // vContainer validates the object or array opening at b[open] and records
-// its end.
+// its end (x may be nil: nothing is recorded).
 func (x *Index) vContainer(b []byte, open int) (int, bool) {
 	obj, closer := b[open] == '{', byte(']')
 	if obj {
@@ -129,7 +140,9 @@ func (x *Index) vContainer(b []byte, open int) (int, bool) {
 	}
 	i := SkipWS(b, open+1)
 	if i < len(b) && b[i] == closer {
-		x.ends[open] = int32(i + 1)
+		if x != nil {
+			x.ends[open] = int32(i + 1)
+		}
 		return i + 1, true
 	}
 	for {
@@ -158,7 +171,9 @@ func (x *Index) vContainer(b []byte, open int) (int, bool) {
 		case i >= len(b):
 			return i, false
 		case b[i] == closer:
-			x.ends[open] = int32(i + 1)
+			if x != nil {
+				x.ends[open] = int32(i + 1)
+			}
 			return i + 1, true
 		case b[i] == ',':
 			i = SkipWS(b, i+1)

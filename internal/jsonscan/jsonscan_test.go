@@ -8,7 +8,8 @@ import (
 
 // FuzzValidIndex: Index.Valid accepts exactly what gjson.Valid accepts, and
 // every end it records is where SkipValue finds that container's end.
-// (Moved from capture, where the index was born.)
+// ValidValue decides the same as Valid. (Moved from capture, where the
+// index was born.)
 func FuzzValidIndex(f *testing.F) {
 	for _, s := range []string{
 		`{"a":[1,2,{"b":"c\"]"}],"d":{}}`, ` [ ] `, `{"a":1,}`, `[1,]`, `01`, `-`, `-0.5e+3`, `1.`, `1e`,
@@ -23,6 +24,15 @@ func FuzzValidIndex(f *testing.F) {
 		got, want := x.Valid(b), gjson.Valid(s)
 		if got != want {
 			t.Fatalf("Valid %v, gjson.Valid %v", got, want)
+		}
+		// ValidValue, between whitespace, decides the same.
+		i := SkipWS(b, 0)
+		end, ok := ValidValue(b, i)
+		if vv := ok && SkipWS(b, end) == len(b); vv != want {
+			t.Fatalf("ValidValue %v (end %d), gjson.Valid %v", vv, end, want)
+		}
+		if ok && want && i < len(b) && (b[i] == '{' || b[i] == '[') && x.End(b, i) != end {
+			t.Fatalf("ValidValue end %d, indexed end %d", end, x.End(b, i))
 		}
 		if !got {
 			if x.Indexed() {
