@@ -131,9 +131,16 @@ type Assembler struct {
 
 	// ends indexes the ends of the current chunk's objects and arrays while
 	// addChunk walks it (empty otherwise), so that nested walks do not
-	// rescan values; noIndex turns it off (tests compare against that).
+	// rescan values; noIndex turns it off, and the fast path with it (tests
+	// compare against that).
 	ends    containerEnds
 	noIndex bool
+
+	// fast stages a regular chat or completions chunk read in one pass
+	// (fastChunk) instead of the general path; noFast turns it off (tests
+	// compare against that).
+	fast   fastState
+	noFast bool
 
 	res Assembled
 }
@@ -153,6 +160,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.prompt = trimU32(a.prompt)
 	a.hasPmt = false
 	a.head = a.head[:0]
+	a.fast.trim()
 	a.errMsg = a.errMsg[:0]
 	a.dropped, a.droppedT = 0, 0
 	a.n = 0
@@ -165,7 +173,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 // footprint is roughly the bytes the Assembler's buffers hold (their
 // capacities), for a pool deciding whether to keep it.
 func (a *Assembler) footprint() int {
-	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap()
+	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap() + a.fast.footprint()
 	for i := range a.choices {
 		c := &a.choices[i]
 		n += cap(c.content) + cap(c.reasoning) + 4*cap(c.tokenIDs) + 4*cap(c.promptIDs) + 4*cap(c.logprobs) +
@@ -215,6 +223,12 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	if sameHead {
 		i := jsonscan.SkipWS(data, len(a.head))
 		sameHead = i < len(data) && data[i] == '"'
+	}
+	// A regular chunk is read in one pass, without copying (fastChunk).
+	if !a.noFast && !a.noIndex && (a.kind == openai.ChatCompletions || a.kind == openai.Completions) {
+		if took, may := a.fastChunk(data, sameHead); took {
+			return may
+		}
 	}
 	if sameHead {
 		a.tail = append(append(a.tail[:0], '{'), data[len(a.head):]...)

@@ -186,6 +186,16 @@ func FuzzPendingEvents(f *testing.F) {
 		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.5,"bytes":[97],"top_logprobs":[{"token":"a","logprob":-0.5}]}]},"token_ids":[5]}]}`,
 		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":{"content":[{"logprob":-0,"logprob":-2},{"logprob":1e400},{"logprob":"x"},{"log\u0070rob":-3},[1],"s",{}]}}]}`,
 		`[DONE]`)), uint8(1))
+	// The regular shapes the fast path takes (assemble_fast_test.go), and
+	// small deviations it must leave to the general path or read alike: an
+	// extra key, keys reordered, escapes, whitespace, n=2, logprobs null,
+	// the completions shape, a duplicate key.
+	f.Add([]byte(sse(fastVLLMRole, fastVLLMLP, fastVLLMLP, fastVLLMEnd, fastUsage, "[DONE]")), uint8(1))
+	f.Add([]byte(sse(fastVLLMRole, fastVLLM, strings.Replace(fastVLLM, `"token_ids"`, `"extra":[{}],"token_ids"`, 1),
+		strings.Replace(fastVLLM, `"index":0,"delta":{"content":" x"}`, `"delta":{"content":"\u00e9\n"}, "index":0`, 1),
+		strings.ReplaceAll(fastVLLM, ",", " ,\t"), fastN2, fastVLLMEnd)), uint8(1))
+	f.Add([]byte(sse(fastSGLang, fastLlama, fastTools, strings.Replace(fastVLLMLP, `"index":0,`, `"index":0,"index":1,`, 1))), uint8(1))
+	f.Add([]byte(sse(fastCompl, fastComplLP, strings.Replace(fastCompl, `"text":" x"`, `"text":"y","text":"z"`, 1))), uint8(2))
 	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
 		checkPendingStream(t, openai.Endpoint(ep%5), linePayloads(in))
 	})

@@ -1,0 +1,175 @@
+package capture
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/openai"
+)
+
+// Chunks of the shapes engines stream (bench/mock, docs/engines.md), which
+// the fast path must take.
+const (
+	fastHead     = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1730000000,"model":"m",`
+	fastVLLMLP   = fastHead + `"choices":[{"index":0,"delta":{"content":" x"},"logprobs":{"content":[{"token":" x","logprob":-1.2,"bytes":[32,120],"top_logprobs":[]}]},"finish_reason":null,"token_ids":[461]}]}`
+	fastVLLM     = fastHead + `"choices":[{"index":0,"delta":{"content":" x"},"logprobs":null,"finish_reason":null,"token_ids":[461]}]}`
+	fastVLLMRole = fastHead + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3]}`
+	fastVLLMEnd  = fastHead + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[]}]}`
+	fastUsage    = fastHead + `"choices":[],"usage":{"prompt_tokens":14,"total_tokens":16,"completion_tokens":2}}`
+	fastSGLang   = fastHead + `"choices":[{"index":0,"delta":{"role":null,"content":"x","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}`
+	fastLlama    = `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"x"}}],"created":1730000000,"id":"chatcmpl-1","model":"m","system_fingerprint":"b1","object":"chat.completion.chunk","timings":{"prompt_n":3,"cache_n":1,"predicted_n":1}}`
+	fastCompl    = `{"id":"cmpl-1","object":"text_completion","created":1730000000,"model":"m","choices":[{"index":0,"text":" x","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[5],"prompt_token_ids":null}],"usage":null}`
+	fastComplLP  = `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" x","logprobs":{"text_offset":[0],"token_logprobs":[-0.5],"tokens":[" x"],"top_logprobs":[null]},"finish_reason":null}]}`
+	fastTools    = fastHead + `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\""}}]},"logprobs":null,"finish_reason":null}]}`
+	fastN2       = fastHead + `"choices":[{"index":1,"delta":{"content":"b"},"token_ids":[2]},{"index":0,"delta":{"reasoning":"a\n"},"token_ids":[1]}]}`
+)
+
+// TestFastPathTakes: the regular shapes go through the fast path, and what
+// it does not understand goes to the general path.
+func TestFastPathTakes(t *testing.T) {
+	for _, c := range []struct {
+		chunk string
+		take  bool
+	}{
+		{fastVLLMLP, true}, {fastVLLM, true}, {fastVLLMRole, true}, {fastVLLMEnd, true}, {fastUsage, true},
+		{fastSGLang, true}, {fastLlama, true}, {fastCompl, true}, {fastComplLP, true}, {fastTools, true}, {fastN2, true},
+		{" \t" + fastVLLM + "\r\n", true},
+		{strings.ReplaceAll(fastVLLMLP, ",", " ,\n\t"), true},
+		{strings.ReplaceAll(fastVLLMLP, `" x"`, `"\u0020x"`), true},
+		{strings.Replace(fastVLLM, `"token_ids"`, `"extra":{"a":[1,{"b":null}]},"token_ids"`, 1), true},
+		// Not taken.
+		{`{}`, true},
+		{`[1]`, false},
+		{strings.Replace(fastVLLM, `"index":0,`, `"index":0,"index":1,`, 1), false},       // duplicate key
+		{strings.Replace(fastVLLM, `"model":"m",`, `"model":"m","model":"m",`, 1), false}, // duplicate key
+		{strings.Replace(fastVLLM, `"index"`, `"ind\u0065x"`, 1), false},                  // escaped key
+		{strings.Replace(fastVLLM, `"delta"`, `"message"`, 1), false},                     // whole message
+		{strings.Replace(fastVLLM, `"chat.completion.chunk"`, `"error"`, 1), false},       // flat error
+		{strings.Replace(fastVLLM, `"chat.completion.chunk"`, `"\u0065rror"`, 1), false},  // flat error, escaped
+		{strings.Replace(fastVLLM, `"created":`, `"error":null,"created":`, 1), false},
+		{strings.Replace(fastVLLM, `[{"index"`, `[1,{"index"`, 1), false}, // an element that is not an object
+		{strings.Replace(fastVLLM, `"choices":[`, `"choices":[],"choices":[`, 1), false},
+		{strings.Replace(fastVLLM, `"choices":[{`, `"choices":{"a":{`, 1) + "}", false},
+		{strings.Replace(fastVLLMLP, `"logprobs":{`, `"logprobs":{"content":null,`, 1), true},
+		{strings.Replace(fastVLLMLP, `"logprobs":{`, `"logprobs":{"content":[],`, 1), false},
+		{strings.Replace(fastVLLMLP, `"content":[{`, `"content":[1,{`, 1), false},
+		{strings.Replace(fastVLLM, `"content":" x"`, `"content":" x","content":"y"`, 1), false},
+		{strings.Replace(fastVLLM, `"content":" x"`, `"reasoning":" x","reasoning_content":"y"`, 1), false},
+		{fastVLLM[:len(fastVLLM)-1], false},                  // truncated
+		{fastVLLM + "x", false},                              // trailing bytes
+		{strings.Replace(fastVLLM, `461`, `0461`, 1), false}, // invalid number
+		{strings.Replace(fastVLLM, `" x"`, "\" \x01\"", 1), false},
+	} {
+		var a Assembler
+		a.Reset(openai.ChatCompletions)
+		data := bytes.TrimSpace([]byte(c.chunk))
+		took, _ := a.fastChunk(data, false)
+		if took != c.take {
+			t.Errorf("fastChunk took %v, want %v: %s", took, c.take, c.chunk)
+		}
+		if took && !gjson.ValidBytes(data) {
+			t.Errorf("took invalid JSON %s", c.chunk)
+		}
+		checkFastSame(t, openai.ChatCompletions, [][]byte{[]byte(c.chunk), []byte(c.chunk)})
+	}
+}
+
+// TestFastPathSameHead: a chunk repeating the previous chunk's head is read
+// from after the head, without copying it.
+func TestFastPathSameHead(t *testing.T) {
+	var a Assembler
+	a.Reset(openai.ChatCompletions)
+	a.AddChunk([]byte(fastVLLMRole))
+	if string(a.head) != fastHead {
+		t.Fatalf("head %q", a.head)
+	}
+	if took, _ := a.fastChunk([]byte(fastVLLMLP), true); !took {
+		t.Fatal("a chunk after the head not taken")
+	}
+	if len(a.tail) != 0 {
+		t.Fatal("the chunk was copied")
+	}
+	checkFastSame(t, openai.ChatCompletions, [][]byte{[]byte(fastVLLMRole), []byte(fastVLLMLP), []byte(fastVLLMEnd), []byte(fastUsage), []byte("[DONE]")})
+}
+
+// checkFastSame feeds payloads to two Pendings, one reading chunks through
+// the fast path where it can and one always through the general path, and
+// fails unless each event has the same effects on both: kept payloads (what
+// addChunk returns), Head, and in the end Result and Rows.
+func checkFastSame(t *testing.T, endpoint openai.Endpoint, payloads [][]byte) {
+	t.Helper()
+	fast, slow := AcquirePending(), AcquirePending()
+	defer releasePending(fast)
+	defer releasePending(slow)
+	fast.Endpoint, slow.Endpoint = endpoint, endpoint
+	fast.asm.noFast, slow.asm.noFast = false, true
+	defer func() { slow.asm.noFast = false }()
+	for i, d := range payloads {
+		fast.AddEvent(d)
+		slow.AddEvent(d)
+		if len(fast.eventEnds) != len(slow.eventEnds) {
+			t.Fatalf("event %d (%q): kept %v by the fast path, %v by the general path", i, d, len(fast.eventEnds), len(slow.eventEnds))
+		}
+		if !bytes.Equal(fast.Head(), slow.Head()) {
+			t.Fatalf("event %d (%q): head %q by the fast path, %q by the general path", i, d, fast.Head(), slow.Head())
+		}
+		if fast.asm.dropped != slow.asm.dropped || fast.asm.droppedT != slow.asm.droppedT || fast.asm.n != slow.asm.n {
+			t.Fatalf("event %d (%q): choices differ", i, d)
+		}
+	}
+	if !bytes.Equal(fast.events, slow.events) {
+		t.Fatal("kept payloads differ")
+	}
+	if len(payloads) == 0 {
+		return
+	}
+	if msg := diffAssembled(fast.asm.Result(), slow.asm.Result()); msg != "" {
+		t.Fatalf("fast path differs: %s", msg)
+	}
+	var a Assembler
+	fr, sr := Rows(fast, &a), Rows(slow, &a)
+	if len(fr) != len(sr) {
+		t.Fatalf("%d rows by the fast path, %d by the general path", len(fr), len(sr))
+	}
+	for i := range fr {
+		x, y := fr[i], sr[i]
+		if x.ResponseBody != y.ResponseBody || x.ResponseMessage != y.ResponseMessage || x.Error != y.Error ||
+			!slices.Equal(x.ResponseTokenIDs, y.ResponseTokenIDs) || x.FinishReason != y.FinishReason ||
+			x.TokenSource != y.TokenSource || x.TokenCheck != y.TokenCheck {
+			t.Fatalf("row %d differs:\n%+v\n%+v", i, x, y)
+		}
+	}
+}
+
+// FuzzFastPath: reading a stream's chunks through the fast path has the
+// effects the general path has (checkFastSame), on any input.
+func FuzzFastPath(f *testing.F) {
+	for _, s := range []string{
+		sse(fastVLLMRole, fastVLLMLP, fastVLLMLP, fastVLLMEnd, fastUsage, "[DONE]"),
+		sse(fastVLLMRole, fastVLLM, fastVLLMEnd, fastUsage),
+		sse(fastSGLang, fastSGLang, strings.Replace(fastSGLang, `"content":"x","reasoning_content":null`, `"content":null,"reasoning_content":"r"`, 1)),
+		sse(fastLlama, fastLlama),
+		sse(fastCompl, fastComplLP, fastCompl),
+		sse(fastTools, strings.Replace(fastTools, `"id":"call_1","type":"function",`, ``, 1)),
+		sse(fastN2, fastN2, strings.Replace(fastN2, `"index":1`, `"index":2`, 1)),
+		sse(fastVLLMLP, strings.Replace(fastVLLMLP, `"logprob":-1.2`, `"logprob":-0,"logprob":1e400`, 1),
+			strings.Replace(fastVLLMLP, `"logprob":-1.2`, `"logprob":"x"`, 1),
+			strings.Replace(fastVLLMLP, `"token":" x"`, `"token":"\n\"\\u"`, 1),
+			strings.Replace(fastVLLMLP, `-1.2`, `-123456789012345678901234567890.5e-3`, 1)),
+		sse(fastVLLM, strings.Replace(fastVLLM, `"index":0`, `"index":4294967296`, 1),
+			strings.Replace(fastVLLM, `"index":0`, `"index":-0`, 1), strings.Replace(fastVLLM, `"index":0`, `"index":1.5`, 1),
+			strings.Replace(fastVLLM, `"index":0`, `"index":"1"`, 1)),
+		sse(fastVLLM, strings.Replace(fastVLLM, `"created"`, ` "created" `, 1), "  "+fastVLLM, strings.Replace(fastVLLM, `"choices"`, `"extra":1,"choices"`, 1)),
+		sse(`{ "choices":[{"delta":{"content":"a"}}]}`, `{ "choices":[{"delta":{"content":"b"}}]}`, `{"choices":[]}`),
+	} {
+		f.Add([]byte(s), uint8(1))
+	}
+	f.Add([]byte(sse(fastCompl, fastComplLP)), uint8(0))
+	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
+		checkFastSame(t, openai.Endpoint(ep%5), linePayloads(in))
+	})
+}
