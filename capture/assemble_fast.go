@@ -440,8 +440,7 @@ func (a *Assembler) applyFastChoice(data []byte, fc *fastChoice) (hasLogprobs bo
 			for _, e := range a.fast.entries[fc.e0:fc.e1] {
 				l := float32(math.NaN())
 				if e.logprob.ok() && isNumberStart(data[e.logprob.s]) {
-					v, _ := strconv.ParseFloat(str(e.logprob), 64)
-					l = float32(v)
+					l = float32(parseFloat(str(e.logprob)))
 				}
 				c.logprobs = append(c.logprobs, l)
 				c.lpChat = appendElem(c.lpChat, str(e.raw))
@@ -480,4 +479,46 @@ func fastIndex(raw string) uint32 {
 		return v
 	}
 	return clampU32(rawValue(raw))
+}
+
+// pow10 are the powers of ten a float64 holds exactly.
+var pow10 = [...]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10,
+	1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
+
+// parseFloat is strconv.ParseFloat(raw, 64) of a valid JSON number (what
+// numOf returns): a short plain decimal (-1.25, at most 15 digits, no
+// exponent) is an exact integer divided by an exact power of ten, which
+// IEEE division rounds correctly as ParseFloat does (strconv's own exact
+// path); anything else goes to ParseFloat.
+func parseFloat(raw string) float64 {
+	i, neg := 0, false
+	if len(raw) > 0 && raw[0] == '-' {
+		i, neg = 1, true
+	}
+	var m uint64
+	digits, frac, dot := 0, 0, false
+	for ; i < len(raw); i++ {
+		c := raw[i]
+		switch {
+		case c >= '0' && c <= '9':
+			m = m*10 + uint64(c-'0')
+			digits++
+			if dot {
+				frac++
+			}
+		case c == '.' && !dot:
+			dot = true
+		default:
+			digits = 99 // an exponent: not the plain form
+		}
+	}
+	if digits == 0 || digits > 15 {
+		f, _ := strconv.ParseFloat(raw, 64)
+		return f
+	}
+	f := float64(m) / pow10[frac]
+	if neg {
+		f = -f
+	}
+	return f
 }

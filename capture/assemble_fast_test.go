@@ -2,7 +2,10 @@ package capture
 
 import (
 	"bytes"
+	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -172,4 +175,35 @@ func FuzzFastPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, ep uint8) {
 		checkFastSame(t, openai.Endpoint(ep%5), linePayloads(in))
 	})
+}
+
+// TestParseFloat: parseFloat is strconv.ParseFloat, to the bit.
+func TestParseFloat(t *testing.T) {
+	check := func(raw string) {
+		t.Helper()
+		want, _ := strconv.ParseFloat(raw, 64)
+		if got := parseFloat(raw); math.Float64bits(got) != math.Float64bits(want) {
+			t.Fatalf("parseFloat(%s) = %v, ParseFloat %v", raw, got, want)
+		}
+	}
+	for _, s := range []string{"0", "-0", "-0.0", "1", "-1.2", "0.1", "-9999.999999", "123456789012345", "-12345678901234.5",
+		"1234567890123456", "0.000000000000001", "-0.0000000000000001", "1e5", "-1.5E-3", "1e400", "-1e-400", "9007199254740993"} {
+		check(s)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200000 {
+		d := r.IntN(16) + 1
+		m := r.Uint64N(uint64(math.Pow10(d)))
+		s := strconv.FormatUint(m, 10)
+		if p := r.IntN(len(s) + 1); p < len(s) {
+			s = s[:p] + "." + s[p:]
+			if p == 0 {
+				s = "0" + s
+			}
+		}
+		if r.IntN(2) == 0 {
+			s = "-" + s
+		}
+		check(s)
+	}
 }
