@@ -207,3 +207,25 @@ func TestParseFloat(t *testing.T) {
 		check(s)
 	}
 }
+
+// FuzzFastPathEdit is FuzzFastPath on regular chunks with one edit: ins
+// inserted at pos (and del bytes removed there), so that the fuzzer tries
+// small deviations from the shapes the fast path takes (a member added or
+// duplicated, an escape, whitespace) without having to find those shapes.
+func FuzzFastPathEdit(f *testing.F) {
+	for i, ins := range []string{`"id":"y",`, `"index":1,`, `"logprob":-3,`, `"content":"z",`, `"reasoning":"r",`,
+		`"error":null,`, `"message":{},`, `"usage":{},`, `"choices":[],`, `\u0041`, " \t", `{},`, `"tool_calls":[{"index":0}],`,
+		`"token_logprobs":[1],`, `"object":"error",`, `"prompt_token_ids":[7],`, `"stop_reason":7,`, `"text":"t",`} {
+		f.Add(uint8(i), uint16(i*37), uint8(0), []byte(ins))
+	}
+	f.Fuzz(func(t *testing.T, tmpl uint8, pos uint16, del uint8, ins []byte) {
+		chunks := [...]string{fastVLLMLP, fastVLLM, fastVLLMRole, fastVLLMEnd, fastUsage, fastSGLang, fastLlama,
+			fastCompl, fastComplLP, fastTools, fastN2}
+		c := chunks[int(tmpl)%len(chunks)]
+		p := int(pos) % (len(c) + 1)
+		q := min(len(c), p+int(del%8))
+		edited := c[:p] + string(ins) + c[q:]
+		payloads := [][]byte{[]byte(c), []byte(edited), []byte(c), []byte(edited), []byte(fastVLLMEnd)}
+		checkFastSame(t, openai.Endpoint(1+tmpl/128), payloads)
+	})
+}
