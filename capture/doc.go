@@ -49,7 +49,9 @@
 // assemble_build.go (non-streamed bodies; messages and the assembled body)
 // and jsonwalk.go (the raw JSON walkers and value readers, over
 // internal/jsonscan, whose Index lets a stream chunk's nested walks share
-// one scan of it). rows.go,
+// one scan of it). assemble_fast.go reads the regular chunks of chat and
+// completions streams in one pass (validating them as it stages the values
+// it needs) and leaves every other chunk to that general path. rows.go,
 // redact.go and sse.go hold Rows, the Redactor and the SSEScanner.
 //
 // On the gateway's hot path run only Pending.AddEvent (the Assembler, one
