@@ -138,9 +138,10 @@ type Assembler struct {
 
 	// fast stages a regular chat or completions chunk read in one pass
 	// (fastChunk) instead of the general path; noFast turns it off (tests
-	// compare against that).
+	// compare against that); nFast counts the chunks it took since Reset.
 	fast   fastState
 	noFast bool
+	nFast  int
 
 	res Assembled
 }
@@ -161,6 +162,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.hasPmt = false
 	a.head = a.head[:0]
 	a.fast.trim()
+	a.nFast = 0
 	a.errMsg = a.errMsg[:0]
 	a.dropped, a.droppedT = 0, 0
 	a.n = 0
@@ -227,6 +229,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	// A regular chunk is read in one pass, without copying (fastChunk).
 	if !a.noFast && !a.noIndex && (a.kind == openai.ChatCompletions || a.kind == openai.Completions) {
 		if took, may := a.fastChunk(data, sameHead); took {
+			a.nFast++
 			return may
 		}
 	}

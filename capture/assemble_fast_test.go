@@ -81,6 +81,32 @@ func TestFastPathTakes(t *testing.T) {
 	}
 }
 
+// TestFastPathBenchStreams: the fast path takes every chunk of the
+// benchmarks' streams, and they assemble without allocating per chunk.
+func TestFastPathBenchStreams(t *testing.T) {
+	for _, logprobs := range []bool{false, true} {
+		payloads := streamPayloads(string(benchStreamOf(256, logprobs)))
+		var a Assembler
+		run := func() {
+			a.Reset(openai.ChatCompletions)
+			for _, p := range payloads {
+				a.AddChunk(p)
+			}
+			if r := a.Result(); len(r.Choices[0].TokenIDs) != 256 || logprobs != (len(r.Choices[0].Logprobs) == 256) {
+				t.Fatalf("%d ids, %d logprobs", len(r.Choices[0].TokenIDs), len(r.Choices[0].Logprobs))
+			}
+		}
+		run()
+		if a.nFast != len(payloads)-1 { // all but [DONE]
+			t.Errorf("logprobs %v: the fast path took %d of %d chunks", logprobs, a.nFast, len(payloads)-1)
+		}
+		if n := testing.AllocsPerRun(20, run); n > 2 {
+			t.Errorf("logprobs %v: %v allocations per stream, want <= 2", logprobs, n)
+		}
+		checkFastSame(t, openai.ChatCompletions, payloads)
+	}
+}
+
 // TestFastPathSameHead: a chunk repeating the previous chunk's head is read
 // from after the head, without copying it.
 func TestFastPathSameHead(t *testing.T) {
