@@ -188,6 +188,7 @@ func FuzzFastPath(f *testing.F) {
 		sse(fastVLLMLP, strings.Replace(fastVLLMLP, `"logprob":-1.2`, `"logprob":-0,"logprob":1e400`, 1),
 			strings.Replace(fastVLLMLP, `"logprob":-1.2`, `"logprob":"x"`, 1),
 			strings.Replace(fastVLLMLP, `"token":" x"`, `"token":"\n\"\\u"`, 1),
+			strings.Replace(fastVLLMLP, `"token":" x","logprob":-1.2`, `"token":"\n","logprob":-1.5,"logprob":-2`, 1),
 			strings.Replace(fastVLLMLP, `-1.2`, `-123456789012345678901234567890.5e-3`, 1)),
 		sse(fastVLLM, strings.Replace(fastVLLM, `"index":0`, `"index":4294967296`, 1),
 			strings.Replace(fastVLLM, `"index":0`, `"index":-0`, 1), strings.Replace(fastVLLM, `"index":0`, `"index":1.5`, 1),
