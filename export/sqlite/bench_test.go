@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/rollgate/rollgate/export"
@@ -85,49 +83,4 @@ func BenchmarkWriteBatch(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(next-start), "ns/row")
-}
-
-// BenchmarkWriteBigRows measures Write of 200-row batches of calls shaped
-// like 256-token streamed answers with logprobs (≈22 KB a row: a 14 KB
-// response body, 640 prompt and 256 output ids), the rows bench/ab stores,
-// with the writing connection's page cache at SQLite's default 2 MiB and at
-// WriterCacheKiB. Besides ns/op (wall time per batch) it reports the
-// process's CPU and system time per row (getrusage), which hold up better
-// than wall time when other work shares the cores.
-func BenchmarkWriteBigRows(b *testing.B) {
-	for _, kib := range []int{2 << 10, WriterCacheKiB} {
-		b.Run(fmt.Sprintf("cache=%dMiB", kib>>10), func(b *testing.B) {
-			defer func(old int) { writerCacheKiB = old }(writerCacheKiB)
-			writerCacheKiB = kib
-			s, err := Open(filepath.Join(b.TempDir(), "bench.db"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			const n = 200
-			batch := &export.Batch{Calls: make([]export.Call, n)}
-			body := `{"id":"chatcmpl-x","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("lorem ipsum ", 1200) + `"},"finish_reason":"stop"}]}`
-			next := 0
-			var r0, r1 syscall.Rusage
-			syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
-			b.ReportAllocs()
-			for b.Loop() {
-				for i := range batch.Calls {
-					c := benchCall(next)
-					c.ResponseBody = body
-					c.PromptTokenIDs = slices.Repeat(c.PromptTokenIDs, 4)
-					c.ResponseTokenIDs = slices.Repeat(c.ResponseTokenIDs, 8)
-					c.ResponseLogprobs = slices.Repeat(c.ResponseLogprobs, 8)
-					batch.Calls[i] = c
-					next++
-				}
-				if err := s.Write(context.Background(), batch); err != nil {
-					b.Fatal(err)
-				}
-			}
-			syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
-			b.ReportMetric(float64(r1.Utime.Nano()+r1.Stime.Nano()-r0.Utime.Nano()-r0.Stime.Nano())/1e3/float64(b.N*n), "cpu-µs/row")
-			b.ReportMetric(float64(r1.Stime.Nano()-r0.Stime.Nano())/1e3/float64(b.N*n), "sys-µs/row")
-		})
-	}
 }

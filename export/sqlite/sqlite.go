@@ -40,27 +40,9 @@ type Store struct {
 	db   *sql.DB
 	path string
 	// writeMu serialises this process's write transactions so they queue
-	// here instead of spinning on SQLite's busy handler, and guards writer.
+	// here instead of spinning on SQLite's busy handler.
 	writeMu sync.Mutex
-	// writer is the connection Write commits on, taken out of db's pool
-	// when first needed, with a page cache of WriterCacheKiB (see there).
-	writer *sql.Conn
 }
-
-// WriterCacheKiB is the page cache of the connection the captured batches
-// are written on (SQLite's default, which the other connections keep, is
-// 2 MiB). A capture batch of 256-token calls is 2 to 5 MB; when a
-// transaction outgrows the cache, SQLite spills dirty pages to the WAL
-// before the commit and, when it changes them again, rewrites those frames
-// and reads the transaction's frames back to recompute their checksums. A
-// batch of 200 such calls (BenchmarkWriteBigRows) took 97,069 pwrite and
-// 47,251 pread calls per 4,200 rows with 2 MiB, 75,410 and 25,126 with
-// 16 MiB. The cache is filled only as batches need it; it costs at most
-// this much memory once, on one connection.
-const WriterCacheKiB = 16 << 10
-
-// writerCacheKiB is WriterCacheKiB; BenchmarkWriteBigRows sets it.
-var writerCacheKiB = WriterCacheKiB
 
 var _ export.Store = (*Store)(nil)
 
@@ -119,9 +101,6 @@ func (s *Store) DB() *sql.DB { return s.db }
 
 // Close closes the database.
 func (s *Store) Close() error {
-	s.writeMu.Lock()
-	s.dropWriter()
-	s.writeMu.Unlock()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("sqlite: close %s: %w", s.path, err)
 	}
@@ -186,14 +165,8 @@ func (s *Store) Write(ctx context.Context, b *export.Batch) error {
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	w, err := s.writerConn(ctx)
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
-	}
-	tx, err := w.BeginTx(ctx, nil)
-	if err != nil {
-		// The connection may be what failed: the next Write takes a new one.
-		s.dropWriter()
 		return fmt.Errorf("sqlite: begin: %w", err)
 	}
 	if err := writeTx(ctx, tx, b); err != nil {
@@ -204,33 +177,6 @@ func (s *Store) Write(ctx context.Context, b *export.Batch) error {
 		return fmt.Errorf("sqlite: commit: %w", err)
 	}
 	return nil
-}
-
-// writerConn returns the write connection, taking one from the pool and
-// giving it its cache when there is none. The caller holds writeMu.
-func (s *Store) writerConn(ctx context.Context) (*sql.Conn, error) {
-	if s.writer != nil {
-		return s.writer, nil
-	}
-	c, err := s.db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: connection for writing %s: %w", s.path, err)
-	}
-	if _, err := c.ExecContext(ctx, "PRAGMA cache_size = -"+strconv.Itoa(writerCacheKiB)); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("sqlite: page cache of the writing connection to %s: %w", s.path, err)
-	}
-	s.writer = c
-	return c, nil
-}
-
-// dropWriter returns the write connection to the pool. The caller holds
-// writeMu.
-func (s *Store) dropWriter() {
-	if s.writer != nil {
-		s.writer.Close()
-		s.writer = nil
-	}
 }
 
 func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
