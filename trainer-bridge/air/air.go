@@ -177,6 +177,7 @@ type parsed struct {
 	reqMsgs   []message
 	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema)
 	toolsSeen bool                      // the request declared tools
+	reqDone   bool                      // reqMsgs, tools and toolsSeen are read (request)
 }
 
 type message struct {
@@ -214,9 +215,22 @@ func (m message) text() string {
 	return string(m.Content)
 }
 
+// parse reads the response message; the request body is read by request,
+// when a rule first needs it (a call with tool calls, or the request after
+// one): most calls make no tool calls, and their request bodies, which
+// repeat the whole conversation so far, are never decoded.
 func parse(c export.Call) parsed {
 	p := parsed{c: c}
 	_ = json.Unmarshal([]byte(c.ResponseMessage), &p.msg)
+	return p
+}
+
+// request decodes p's request body (messages and declared tools) once.
+func (p *parsed) request() {
+	if p.reqDone {
+		return
+	}
+	p.reqDone = true
 	var req struct {
 		Messages []message `json:"messages"`
 		Tools    []struct {
@@ -226,7 +240,7 @@ func parse(c export.Call) parsed {
 			} `json:"function"`
 		} `json:"tools"`
 	}
-	d := json.NewDecoder(strings.NewReader(c.RequestBody))
+	d := json.NewDecoder(strings.NewReader(p.c.RequestBody))
 	d.UseNumber()
 	if d.Decode(&req) == nil {
 		p.reqMsgs = req.Messages
@@ -238,7 +252,6 @@ func parse(c export.Call) parsed {
 			}
 		}
 	}
-	return p
 }
 
 func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) []export.Reward {
@@ -275,7 +288,8 @@ func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) [
 	}
 	prevSig, run := "", 0
 	var prevSeq uint64
-	for i, p := range ps {
+	for i := range ps {
+		p := &ps[i]
 		c := p.c
 		failed := c.Error != "" || c.HTTPStatus >= 300
 		if e.on(RuleBackendError) && (failed || (p.msg.text() == "" && len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0)) {
@@ -290,7 +304,7 @@ func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) [
 		if e.on(RuleToolArgs) && e.badToolArgs(p) {
 			add(c.SequenceID, RuleToolArgs)
 		}
-		if e.on(RuleToolFailure) && next[i] < len(ps) && e.toolFailed(p, ps[next[i]]) {
+		if e.on(RuleToolFailure) && next[i] < len(ps) && e.toolFailed(p, &ps[next[i]]) {
 			add(c.SequenceID, RuleToolFailure)
 		}
 		if e.on(RuleRepeat) && c.ChoiceIndex == 0 {
@@ -363,7 +377,10 @@ func ruleIndex(name string) int {
 
 // badToolArgs: a tool call whose arguments are not a JSON object, name a tool
 // the request did not declare, or do not match its parameters schema.
-func (e *Engine) badToolArgs(p parsed) bool {
+func (e *Engine) badToolArgs(p *parsed) bool {
+	if len(p.msg.ToolCalls) > 0 {
+		p.request()
+	}
 	for _, tc := range p.msg.ToolCalls {
 		d := json.NewDecoder(strings.NewReader(tc.Function.Arguments))
 		d.UseNumber()
@@ -390,10 +407,11 @@ func (e *Engine) badToolArgs(p parsed) bool {
 
 // toolFailed: one of p's tool calls has, in the next request, a tool message
 // (matched by tool_call_id) whose content matches a failure pattern.
-func (e *Engine) toolFailed(p, next parsed) bool {
+func (e *Engine) toolFailed(p, next *parsed) bool {
 	if len(p.msg.ToolCalls) == 0 {
 		return false
 	}
+	next.request()
 	ids := map[string]bool{}
 	for _, tc := range p.msg.ToolCalls {
 		ids[tc.ID] = true
