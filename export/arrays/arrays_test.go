@@ -150,3 +150,64 @@ func TestAppendUintsMatchesStrconv(t *testing.T) {
 		t.Fatalf("AppendUint32s(nil) = %s", got)
 	}
 }
+
+// BenchmarkAppendUint32s: token ids as a tokenizer's vocabulary spreads them
+// (1 to 6 digits), strconv.AppendUint per id against AppendUint32s.
+func BenchmarkAppendUint32s(b *testing.B) {
+	ids := make([]uint32, 640)
+	for i := range ids {
+		ids[i] = uint32(i*7919) % 152000
+	}
+	buf := make([]byte, 0, 8192)
+	b.Run("strconv", func(b *testing.B) {
+		for b.Loop() {
+			buf = appendUints(buf[:0], ids)
+		}
+	})
+	b.Run("table", func(b *testing.B) {
+		for b.Loop() {
+			buf = AppendUint32s(buf[:0], ids)
+		}
+	})
+}
+
+// FuzzAppendUint32s: AppendUint32s writes what strconv.AppendUint does, id
+// by id, after whatever dst held.
+func FuzzAppendUint32s(f *testing.F) {
+	f.Add([]byte{}, uint32(0), uint32(9), uint32(10), uint32(9999), uint32(10000))
+	f.Add([]byte("x"), uint32(99999999), uint32(1e8), uint32(math.MaxUint32), uint32(151643), uint32(100))
+	f.Fuzz(func(t *testing.T, dst []byte, a, b, c, d, e uint32) {
+		ids := []uint32{a, b, c, d, e, a % 10, b % 100, c % 1000, d % 10000, e % 100000, a % 1e6, b % 1e7}
+		for n := range len(ids) + 1 {
+			want := append(append([]byte(nil), dst...), '[')
+			for i, v := range ids[:n] {
+				if i > 0 {
+					want = append(want, ',')
+				}
+				want = strconv.AppendUint(want, uint64(v), 10)
+			}
+			want = append(want, ']')
+			if got := AppendUint32s(append([]byte(nil), dst...), ids[:n]); string(got) != string(want) {
+				t.Fatalf("AppendUint32s(%v) = %s, want %s", ids[:n], got, want)
+			}
+		}
+	})
+}
+
+// TestAppendUint32sEvery: every id below 10^6 and around each power of ten
+// is written as strconv writes it.
+func TestAppendUint32sEvery(t *testing.T) {
+	ids := make([]uint32, 0, 1e6+100)
+	for v := range uint32(1e6) {
+		ids = append(ids, v)
+	}
+	for p := uint64(10); p <= math.MaxUint32; p *= 10 {
+		for d := uint64(0); d < 3; d++ {
+			ids = append(ids, uint32(p-1-d), uint32(p+d))
+		}
+	}
+	ids = append(ids, math.MaxUint32, math.MaxUint32-1)
+	if got, want := AppendUint32s(nil, ids), appendUints(nil, ids); string(got) != string(want) {
+		t.Fatal("AppendUint32s differs from strconv.AppendUint")
+	}
+}
