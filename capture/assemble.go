@@ -143,6 +143,13 @@ type Assembler struct {
 	noFast bool
 	nFast  int
 
+	// noLogprobIDs: a chat logprobs entry of a choice this Assembler keeps
+	// (so a row of the call) certainly carries no token id — no "id" member
+	// and no "token_id:NNN" token (tokenize/fallback.LogprobIDs' rules). The
+	// fallback's output side then fails for the call whatever else the
+	// stream holds, so Pending stops keeping payloads for it.
+	noLogprobIDs bool
+
 	res Assembled
 }
 
@@ -163,6 +170,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.head = a.head[:0]
 	a.fast.trim()
 	a.nFast = 0
+	a.noLogprobIDs = false
 	a.errMsg = a.errMsg[:0]
 	a.dropped, a.droppedT = 0, 0
 	a.n = 0

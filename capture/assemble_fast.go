@@ -437,6 +437,7 @@ func (a *Assembler) applyFastChoice(data []byte, fc *fastChoice) (hasLogprobs bo
 			a.mergeLogprobs(c, rawValue(str(fc.logprobs)), true)
 		} else if fc.lpContent {
 			c.hasLP = true
+			plain := !a.noLogprobIDs && plainIndex(data, fc.index)
 			for _, e := range a.fast.entries[fc.e0:fc.e1] {
 				l := float32(math.NaN())
 				if e.logprob.ok() && isNumberStart(data[e.logprob.s]) {
@@ -444,6 +445,9 @@ func (a *Assembler) applyFastChoice(data []byte, fc *fastChoice) (hasLogprobs bo
 				}
 				c.logprobs = append(c.logprobs, l)
 				c.lpChat = appendElem(c.lpChat, str(e.raw))
+				if plain && !mayCarryID(data[e.raw.s:e.raw.e]) {
+					a.noLogprobIDs, plain = true, false
+				}
 			}
 		}
 	}
@@ -522,3 +526,34 @@ func parseFloat(raw string) float64 {
 	}
 	return f
 }
+
+// plainIndex reports whether a choice's "index" is a plain decimal integer
+// of at most 9 digits: the same choice for the assembler (clampU32) and for
+// tokenize/fallback.LogprobIDs (which skips a choice without a usable index).
+func plainIndex(data []byte, p span) bool {
+	if !p.ok() || p.e-p.s > 9 {
+		return false
+	}
+	for _, c := range data[p.s:p.e] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// mayCarryID reports whether a chat logprobs entry (raw, from a chunk the
+// fast path took: its keys are unescaped and unique) might give
+// tokenize/fallback.LogprobIDs a token id: an "id" member, or a "token"
+// that reads "token_id:NNN". It is false only when neither can be there:
+// no "id" anywhere in it, no "token_id:", and no escape that could spell
+// them.
+func mayCarryID(raw []byte) bool {
+	return bytes.Contains(raw, idKey) || bytes.Contains(raw, tokenIDPrefix) || bytes.IndexByte(raw, '\\') >= 0
+}
+
+// Byte patterns mayCarryID looks for.
+var (
+	idKey         = []byte(`"id"`)
+	tokenIDPrefix = []byte(`token_id:`)
+)

@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/internal/openai"
+	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
 // Chunks of the shapes engines stream (bench/mock, docs/engines.md), which
@@ -140,7 +141,13 @@ func checkFastSame(t *testing.T, endpoint openai.Endpoint, payloads [][]byte) {
 	for i, d := range payloads {
 		fast.AddEvent(d)
 		slow.AddEvent(d)
-		if len(fast.eventEnds) != len(slow.eventEnds) {
+		// Once the fast path saw a logprobs entry without an id, it keeps
+		// nothing (Assembler.noLogprobIDs, checked below); until then both
+		// keep the same payloads.
+		if fast.asm.noLogprobIDs && len(fast.eventEnds) != 0 {
+			t.Fatalf("event %d (%q): %d payloads kept after a logprobs entry without an id", i, d, len(fast.eventEnds))
+		}
+		if !fast.asm.noLogprobIDs && len(fast.eventEnds) != len(slow.eventEnds) {
 			t.Fatalf("event %d (%q): kept %v by the fast path, %v by the general path", i, d, len(fast.eventEnds), len(slow.eventEnds))
 		}
 		if !bytes.Equal(fast.Head(), slow.Head()) {
@@ -150,7 +157,21 @@ func checkFastSame(t *testing.T, endpoint openai.Endpoint, payloads [][]byte) {
 			t.Fatalf("event %d (%q): choices differ", i, d)
 		}
 	}
-	if !bytes.Equal(fast.events, slow.events) {
+	if fast.asm.noLogprobIDs {
+		// The fallback reading what the general path kept must fail for a
+		// choice that is a row: that is what made dropping them right.
+		var lp fallback.LogprobIDs
+		slow.eachEvent(lp.Add)
+		failed := false
+		for _, c := range fast.asm.Result().Choices {
+			if _, ok := lp.IDs(c.Index); !ok {
+				failed = true
+			}
+		}
+		if !failed {
+			t.Fatalf("payloads dropped, but the fallback reads ids for every choice from the general path's (choices %v)", lp.Choices())
+		}
+	} else if !bytes.Equal(fast.events, slow.events) {
 		t.Fatal("kept payloads differ")
 	}
 	if len(payloads) == 0 {
@@ -255,4 +276,30 @@ func FuzzFastPathEdit(f *testing.F) {
 		payloads := [][]byte{[]byte(c), []byte(edited), []byte(c), []byte(edited), []byte(fastVLLMEnd)}
 		checkFastSame(t, openai.Endpoint(1+tmpl/128), payloads)
 	})
+}
+
+// TestPendingDropsPayloadsWithoutLogprobIDs: a stream whose logprobs
+// entries carry no token id (vLLM without return_tokens_as_token_ids) keeps
+// no payload for the token-id fallback once such an entry is seen; entries
+// with an "id" (llama.cpp) or a "token_id:NNN" token keep every payload, and
+// so do entries whose escapes could spell either.
+func TestPendingDropsPayloadsWithoutLogprobIDs(t *testing.T) {
+	f := func(entry string, wantKept int) {
+		t.Helper()
+		p := AcquirePending()
+		defer releasePending(p)
+		p.Endpoint = openai.ChatCompletions
+		chunk := strings.Replace(fastVLLMLP, `{"token":" x","logprob":-1.2,"bytes":[32,120],"top_logprobs":[]}`, entry, 1)
+		p.AddEvent([]byte(fastVLLMRole))
+		p.AddEvent([]byte(chunk))
+		p.AddEvent([]byte(chunk))
+		if len(p.eventEnds) != wantKept {
+			t.Fatalf("%s: %d payloads kept, want %d", entry, len(p.eventEnds), wantKept)
+		}
+		checkFastSame(t, openai.ChatCompletions, [][]byte{[]byte(fastVLLMRole), []byte(chunk), []byte(chunk)})
+	}
+	f(`{"token":" x","logprob":-1.2,"bytes":[32,120],"top_logprobs":[]}`, 0)
+	f(`{"token":"token_id:461","logprob":-1.2,"bytes":[32,120],"top_logprobs":[]}`, 2)
+	f(`{"id":461,"token":" x","logprob":-1.2,"bytes":[32,120],"top_logprobs":[]}`, 2)
+	f(`{"token":"\u0074oken_id:461","logprob":-1.2,"top_logprobs":[]}`, 2)
 }

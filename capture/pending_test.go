@@ -41,6 +41,19 @@ func checkPendingStream(t *testing.T, endpoint openai.Endpoint, payloads [][]byt
 	var kept fallback.LogprobIDs
 	nKept := 0
 	p.eachEvent(func(d []byte) { kept.Add(d); nKept++ })
+	if p.asm.noLogprobIDs {
+		// Pending kept nothing because the fallback, reading every payload,
+		// fails for some choice that is a row of the call: it must.
+		if nKept != 0 {
+			t.Fatalf("%d payloads kept after a logprobs entry without an id", nKept)
+		}
+		for _, c := range p.asm.Result().Choices {
+			if _, ok := all.IDs(c.Index); !ok {
+				return
+			}
+		}
+		t.Fatalf("payloads dropped, but the fallback reads ids for every choice from all of them (choices %v)", all.Choices())
+	}
 	if !slices.Equal(kept.Choices(), all.Choices()) {
 		t.Fatalf("fallback choices from the %d kept payloads %v, from all %d %v", nKept, kept.Choices(), len(payloads), all.Choices())
 	}

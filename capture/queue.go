@@ -152,7 +152,13 @@ func (p *Pending) AddEvent(data []byte) {
 		p.raw = append(p.raw, data...)
 		p.rawEnds = append(p.rawEnds, len(p.raw))
 	}
-	if p.asm.addChunk(data) {
+	keep := p.asm.addChunk(data)
+	switch {
+	case p.asm.noLogprobIDs:
+		// The token-id fallback cannot complete this call's output from its
+		// logprobs (see Assembler.noLogprobIDs): nothing kept is of use.
+		p.events, p.eventEnds = p.events[:0], p.eventEnds[:0]
+	case keep:
 		p.events = append(p.events, data...)
 		p.eventEnds = append(p.eventEnds, len(p.events))
 	}
@@ -176,7 +182,10 @@ func (p *Pending) Head() []byte {
 func (p *Pending) Streamed() bool { return p.nEvents > 0 }
 
 // eachEvent calls f with every kept payload in order: every payload from
-// which tokenize/fallback.LogprobIDs could read ids (see Assembler.addChunk).
+// which tokenize/fallback.LogprobIDs could read ids (see Assembler.addChunk),
+// or none once a choice of the call has a logprobs entry without an id (the
+// fallback's output side fails for the call then, see
+// Assembler.noLogprobIDs).
 func (p *Pending) eachEvent(f func(data []byte)) {
 	start := 0
 	for _, end := range p.eventEnds {
