@@ -91,7 +91,7 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))
 ORDER BY (rollout_id, attempt_id, sequence_id, choice_index)
-SETTINGS index_granularity = 8192;
+SETTINGS index_granularity = 1024;
 
 CREATE TABLE IF NOT EXISTS rollgate.llm_calls ON CLUSTER '{cluster}' AS rollgate.llm_calls_local
 ENGINE = Distributed('{cluster}', rollgate, llm_calls_local,

@@ -12,6 +12,11 @@ import (
 //go:embed sql/*.sql
 var ddlFS embed.FS
 
+// LLMCallsGranularity is the index_granularity of llm_calls (sql/llm_calls.sql
+// and deploy/clickhouse/cluster.sql): rows per granule, the unit the server
+// reads. See RenderDDL.
+const LLMCallsGranularity = 1024
+
 // tableOrder is the order in which the tables are created.
 var tableOrder = []string{"llm_calls", "rewards", "rollouts", "agent_spans"}
 
@@ -71,6 +76,15 @@ func (p ddlParams) Table(name string) string {
 // The templates in sql/ give each table's engine, partitioning, order and
 // TTL; {{columns "table"}} lists its columns from export's column table.
 // ttlDays > 0 adds a TTL clause when f.TTL; 0 means keep rows forever.
+//
+// llm_calls has granules of 1,024 rows (LLMCallsGranularity), not the
+// usual 8,192: a row holds several KB of bodies and arrays, and a reader
+// of some rollouts (the trainer bridge's chunks of 500, the viewer's one)
+// decompresses every granule its ids touch. With 8,192-row granules a
+// chunk of 2,500 calls read 3-6 times its own rows (150 ms of the server's
+// time for the chunk on 18.16 against 12 ms with 1,024, bench/RESULTS.md
+// §5f). ClickHouse cannot change a table's granularity after it is made,
+// so tables created before keep 8,192 until they are recreated.
 func RenderDDL(f Features, db string, ttlDays int) ([]string, error) {
 	if err := checkIdent(db); err != nil {
 		return nil, err

@@ -1,6 +1,9 @@
 package clickhouse
 
 import (
+	"context"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -91,5 +94,29 @@ func TestRenderDDLRejectsBadInput(t *testing.T) {
 	}
 	if _, err := RenderDDL(Features{}, "ok", -1); err == nil {
 		t.Error("RenderDDL(ttl -1): no error")
+	}
+}
+
+// TestLLMCallsGranularity checks that the server makes llm_calls with
+// LLMCallsGranularity-row granules, and that the cluster DDL a deployment
+// runs says the same.
+func TestLLMCallsGranularity(t *testing.T) {
+	s := openStore(t, Options{})
+	var engine string
+	if err := s.conn.QueryRow(context.Background(), "SELECT engine_full FROM system.tables WHERE database = currentDatabase() AND name = 'llm_calls'").Scan(&engine); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("index_granularity = %d", LLMCallsGranularity)
+	if !strings.Contains(engine, want) {
+		t.Errorf("llm_calls engine %q lacks %q", engine, want)
+	}
+	cluster, err := os.ReadFile("../../deploy/clickhouse/cluster.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(cluster), "llm_calls_local', '{replica}')")
+	settings, _, _ := strings.Cut(rest, ";")
+	if !ok || !strings.Contains(settings, want) {
+		t.Errorf("deploy/clickhouse/cluster.sql's llm_calls_local lacks %q before its end: %q", want, settings)
 	}
 }

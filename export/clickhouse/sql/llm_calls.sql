@@ -7,4 +7,4 @@ ORDER BY (rollout_id, attempt_id, sequence_id, choice_index)
 {{- if .TTL}}
 TTL toDateTime(intDiv(start_time_unix_nano, 1000000000)) + INTERVAL {{.TTLDays}} DAY
 {{- end}}
-SETTINGS index_granularity = 8192
+SETTINGS index_granularity = 1024
