@@ -2,8 +2,10 @@ package capture
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -266,5 +268,48 @@ func TestPendingHead(t *testing.T) {
 	p.AddEvent([]byte(`{"id":"c1","usage":{"prompt_tokens":1},"choices":[]}`))
 	if p.Head() != nil {
 		t.Fatalf("head %q after a chunk with another member before choices", p.Head())
+	}
+}
+
+// benchAgentRequest is a chat request as an agent sends it a few turns in:
+// a system prompt and six turns, about 8 KB.
+func benchAgentRequest() []byte {
+	var b strings.Builder
+	b.WriteString(`{"model":"Qwen/Qwen3-8B","stream":true,"stream_options":{"include_usage":true},"logprobs":true,"max_tokens":256,"messages":[`)
+	b.WriteString(`{"role":"system","content":"` + strings.Repeat("You are a careful agent. ", 40) + `"}`)
+	for i := range 6 {
+		b.WriteString(`,{"role":"user","content":"` + strings.Repeat(`observation \"x\"\n`, 50) + `"}`)
+		b.WriteString(`,{"role":"assistant","content":"` + strings.Repeat("thought ", 30) + strconv.Itoa(i) + `"}`)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// BenchmarkRowsStream256Logprobs is Rows alone on a finished 256-token chat
+// stream with logprobs and an 8 KB agent request: the assembled body and
+// message built and turned into the row's strings, the request copied into
+// it. The events are fed once; each iteration makes the Assembler build its
+// result again, as for a new call.
+func BenchmarkRowsStream256Logprobs(b *testing.B) {
+	payloads := streamPayloads(string(benchStreamOf(256, true)))
+	p := AcquirePending()
+	p.Endpoint = openai.ChatCompletions
+	p.Meta.HTTPStatus = 200
+	p.Request = append(p.Request[:0], benchAgentRequest()...)
+	if !json.Valid(p.Request) {
+		b.Fatal("invalid request")
+	}
+	for _, d := range payloads {
+		p.AddEvent(d)
+	}
+	var a Assembler
+	b.ReportAllocs()
+	for b.Loop() {
+		p.asm.built, p.N = false, 0
+		rows := Rows(p, &a)
+		if len(rows) != 1 || len(rows[0].ResponseTokenIDs) != 256 || len(rows[0].ResponseLogprobs) != 256 ||
+			len(rows[0].RequestBody) < 8000 || len(rows[0].ResponseBody) < 15000 {
+			b.Fatalf("rows %d, body %d", len(rows), len(rows[0].ResponseBody))
+		}
 	}
 }
