@@ -28,7 +28,9 @@ const (
 
 // Assembled is what one call's response yields. Its slices point into the
 // Assembler's buffers: they are valid until the next Reset, SetBody, AddChunk
-// or Result call on the Assembler; copy what must outlive that.
+// or Result call on the Assembler; copy what must outlive that. They must not
+// be modified: the body and messages assembled from a chat or completions
+// stream are views of strings (which Rows puts in the rows as they are).
 type Assembled struct {
 	// ResponseBody is the response JSON: the body itself for a non-streamed
 	// response; for a stream, the equivalent non-streaming JSON assembled from
@@ -56,6 +58,11 @@ type Assembled struct {
 	Error string
 	// Model and ID are the response's "model" and "id".
 	Model, ID string
+
+	// body is ResponseBody as a string when it was assembled from a chat or
+	// completions stream ("" otherwise): its own memory, never written
+	// again, so Rows keeps it without a copy.
+	body string
 }
 
 // ChoiceResult is one choice of a response.
@@ -81,6 +88,11 @@ type ChoiceResult struct {
 	// FinishReason is as returned; for the Responses API, the
 	// incomplete_details.reason or else the status ("completed", ...).
 	FinishReason string
+
+	// msg is Message as a string when it was assembled from a stream
+	// (chat: a substring of Assembled.body), "" otherwise; see
+	// Assembled.body.
+	msg string
 }
 
 // Assembler turns one call's response — a non-streaming JSON body, or the data
@@ -100,7 +112,9 @@ type Assembler struct {
 	stream   bool
 	built    bool
 
-	body     []byte // non-stream: copy of the body; stream: assembled body
+	body     []byte // non-stream: copy of the body
+	bodyStr  string // chat or completions stream: the assembled body (buildBody)
+	idText   []byte // scratch: an id array formatted for bodyStr
 	respBody []byte // Responses stream: the final response object
 	id       []byte // raw JSON token
 	model    []byte // raw JSON token
@@ -159,6 +173,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.endpoint, a.kind = endpoint, endpoint
 	a.stream, a.built = false, false
 	a.body = trimBuf(a.body)
+	a.bodyStr = ""
 	a.respBody = trimBuf(a.respBody)
 	a.id = a.id[:0]
 	a.model = a.model[:0]
@@ -183,7 +198,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 // footprint is roughly the bytes the Assembler's buffers hold (their
 // capacities), for a pool deciding whether to keep it.
 func (a *Assembler) footprint() int {
-	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap() + a.fast.footprint()
+	n := cap(a.body) + cap(a.idText) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap() + a.fast.footprint()
 	for i := range a.choices {
 		c := &a.choices[i]
 		n += cap(c.content) + cap(c.reasoning) + 4*cap(c.tokenIDs) + 4*cap(c.promptIDs) + 4*cap(c.logprobs) +
@@ -387,15 +402,13 @@ func (a *Assembler) Result() *Assembled {
 		}
 	}
 	a.sortChoices()
-	if a.stream && a.kind != openai.Responses {
-		for i := range a.n {
-			a.buildMessage(&a.choices[i])
-		}
-		a.buildBody()
-	}
+	r.body = ""
 	switch {
 	case a.stream && a.kind == openai.Responses:
 		r.ResponseBody = a.respBody
+	case a.stream:
+		a.buildBody()
+		r.ResponseBody, r.body = jsonscan.Bytes(a.bodyStr), a.bodyStr
 	default:
 		r.ResponseBody = a.body
 	}
@@ -404,6 +417,7 @@ func (a *Assembler) Result() *Assembled {
 		cr := ChoiceResult{
 			Index:        c.index,
 			Message:      c.view,
+			msg:          c.msgStr,
 			HasTokenIDs:  c.hasTokenIDs,
 			FinishReason: internFinish(c.finish),
 		}

@@ -6,6 +6,7 @@ package capture
 import (
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -140,147 +141,247 @@ func cmpChoice(x, y choiceState) int {
 	return 0
 }
 
-// buildMessage writes the message of a streamed choice into c.message.
-func (a *Assembler) buildMessage(c *choiceState) {
-	m := c.message[:0]
-	if a.kind == openai.Completions {
-		m = append(m, `{"text":"`...)
-		m = append(m, c.content...)
-		m = append(m, `"}`...)
-		c.message, c.view = m, m
-		return
-	}
-	m = append(m, `{"role":"assistant","content":`...)
-	if c.hasContent && (len(c.content) > 0 || len(c.tools) == 0) {
-		m = append(m, '"')
-		m = append(m, c.content...)
-		m = append(m, '"')
-	} else {
-		m = append(m, "null"...)
-	}
-	if c.hasReason {
-		m = append(m, `,"`...)
-		m = append(m, c.reasoningKey...)
-		m = append(m, `":"`...)
-		m = append(m, c.reasoning...)
-		m = append(m, '"')
-	}
-	m = append(m, `,"tool_calls":[`...)
-	slices.SortStableFunc(c.tools, func(x, y toolState) int {
-		return int(int64(x.index) - int64(y.index))
-	})
-	for i := range c.tools {
-		t := &c.tools[i]
-		if i > 0 {
-			m = append(m, ',')
-		}
-		m = append(m, '{')
-		if t.hasID {
-			m = append(m, `"id":"`...)
-			m = append(m, t.id...)
-			m = append(m, `",`...)
-		}
-		m = append(m, `"type":"`...)
-		if t.hasType {
-			m = append(m, t.typ...)
-		} else {
-			m = append(m, "function"...)
-		}
-		m = append(m, `","function":{"name":"`...)
-		m = append(m, t.name...)
-		m = append(m, `","arguments":"`...)
-		m = append(m, t.args...)
-		m = append(m, `"}}`...)
-	}
-	m = append(m, "]}"...)
-	c.message, c.view = m, m
-}
-
-// buildBody writes the non-streaming equivalent of a chat or completions
-// stream into a.body, in vLLM's shape.
+// buildBody builds the non-streaming equivalent of a chat or completions
+// stream, in vLLM's shape, into a.bodyStr, and each choice's message into
+// c.msgStr (for chat, the message as it stands in the body: a substring of
+// it). The body is written twice by writeBody: once to measure it, once into
+// a strings.Builder grown to that size, so it is built once, in memory of
+// its own that nothing writes again, and is the row's response_body without
+// a copy.
 func (a *Assembler) buildBody() {
 	chat := a.kind != openai.Completions
-	b := a.body[:0]
-	b = append(b, `{"id":`...)
-	b = appendRawOr(b, a.id, `""`)
 	if chat {
-		b = append(b, `,"object":"chat.completion","created":`...)
-	} else {
-		b = append(b, `,"object":"text_completion","created":`...)
+		for i := range a.n {
+			slices.SortStableFunc(a.choices[i].tools, func(x, y toolState) int {
+				return int(int64(x.index) - int64(y.index))
+			})
+		}
 	}
-	b = appendRawOr(b, a.created, "0")
-	b = append(b, `,"model":`...)
-	b = appendRawOr(b, a.model, `""`)
-	b = append(b, `,"choices":[`...)
+	w := bodyWriter{count: true, scratch: a.idText}
+	a.writeBody(&w, chat)
+	w.sb.Grow(w.n)
+	w.count = false
+	a.writeBody(&w, chat)
+	a.bodyStr, a.idText = w.sb.String(), w.scratch
+	for i := range a.n {
+		c := &a.choices[i]
+		if chat {
+			c.msgStr = a.bodyStr[c.msgAt:c.msgEnd]
+		} else {
+			c.msgStr = `{"text":"` + string(c.content) + `"}`
+		}
+		c.view = jsonscan.Bytes(c.msgStr)
+	}
+}
+
+// writeBody writes the body buildBody builds to w; in w's writing pass it
+// records where each chat message starts and ends in it.
+func (a *Assembler) writeBody(w *bodyWriter, chat bool) {
+	w.str(`{"id":`)
+	w.rawOr(a.id, `""`)
+	if chat {
+		w.str(`,"object":"chat.completion","created":`)
+	} else {
+		w.str(`,"object":"text_completion","created":`)
+	}
+	w.rawOr(a.created, "0")
+	w.str(`,"model":`)
+	w.rawOr(a.model, `""`)
+	w.str(`,"choices":[`)
 	for i := range a.n {
 		c := &a.choices[i]
 		if i > 0 {
-			b = append(b, ',')
+			w.char(',')
 		}
-		b = append(b, `{"index":`...)
-		b = strconv.AppendUint(b, uint64(c.index), 10)
+		w.str(`{"index":`)
+		w.uint(uint64(c.index))
 		if chat {
-			b = append(b, `,"message":`...)
-			b = append(b, c.message...)
+			w.str(`,"message":`)
+			at := w.len()
+			writeMessage(w, c)
+			if !w.count {
+				c.msgAt, c.msgEnd = at, w.len()
+			}
 		} else {
-			b = append(b, `,"text":"`...)
-			b = append(b, c.content...)
-			b = append(b, '"')
+			w.str(`,"text":"`)
+			w.raw(c.content)
+			w.char('"')
 		}
-		b = append(b, `,"logprobs":`...)
+		w.str(`,"logprobs":`)
 		switch {
 		case !c.hasLP:
-			b = append(b, "null"...)
+			w.str("null")
 		case chat:
-			b = append(b, `{"content":[`...)
-			b = append(b, c.lpChat...)
-			b = append(b, "]}"...)
+			w.str(`{"content":[`)
+			w.raw(c.lpChat)
+			w.str("]}")
 		default:
-			b = append(b, `{"tokens":[`...)
-			b = append(b, c.lpTokens...)
-			b = append(b, `],"token_logprobs":[`...)
-			b = append(b, c.lpTokLP...)
-			b = append(b, `],"text_offset":[`...)
-			b = append(b, c.lpOffset...)
-			b = append(b, `],"top_logprobs":[`...)
-			b = append(b, c.lpTop...)
-			b = append(b, "]}"...)
+			w.str(`{"tokens":[`)
+			w.raw(c.lpTokens)
+			w.str(`],"token_logprobs":[`)
+			w.raw(c.lpTokLP)
+			w.str(`],"text_offset":[`)
+			w.raw(c.lpOffset)
+			w.str(`],"top_logprobs":[`)
+			w.raw(c.lpTop)
+			w.str("]}")
 		}
-		b = append(b, `,"finish_reason":`...)
-		b = appendRawOr(b, c.finish, "null")
-		b = append(b, `,"stop_reason":`...)
-		b = appendRawOr(b, c.stopReason, "null")
+		w.str(`,"finish_reason":`)
+		w.rawOr(c.finish, "null")
+		w.str(`,"stop_reason":`)
+		w.rawOr(c.stopReason, "null")
 		if c.hasPrompt {
-			b = append(b, `,"prompt_token_ids":`...)
-			b = arrays.AppendUint32s(b, c.promptIDs)
+			w.str(`,"prompt_token_ids":`)
+			w.ids(c.promptIDs)
 		}
 		if c.hasTokenIDs {
-			b = append(b, `,"token_ids":`...)
-			b = arrays.AppendUint32s(b, c.tokenIDs)
+			w.str(`,"token_ids":`)
+			w.ids(c.tokenIDs)
 		}
-		b = append(b, '}')
+		w.char('}')
 	}
-	b = append(b, ']')
+	w.char(']')
 	if len(a.usage) > 0 {
-		b = append(b, `,"usage":`...)
-		b = append(b, a.usage...)
+		w.str(`,"usage":`)
+		w.raw(a.usage)
 	}
 	if len(a.timings) > 0 {
-		b = append(b, `,"timings":`...)
-		b = append(b, a.timings...)
+		w.str(`,"timings":`)
+		w.raw(a.timings)
 	}
 	if a.hasPmt {
-		b = append(b, `,"prompt_token_ids":`...)
-		b = arrays.AppendUint32s(b, a.prompt)
+		w.str(`,"prompt_token_ids":`)
+		w.ids(a.prompt)
 	}
-	b = append(b, '}')
-	a.body = b
+	w.char('}')
 }
 
-// appendRawOr appends raw, or def when raw is empty.
-func appendRawOr(dst, raw []byte, def string) []byte {
-	if len(raw) == 0 {
-		return append(dst, def...)
+// writeMessage writes the assistant message of a streamed chat choice (its
+// tools sorted by index).
+func writeMessage(w *bodyWriter, c *choiceState) {
+	w.str(`{"role":"assistant","content":`)
+	if c.hasContent && (len(c.content) > 0 || len(c.tools) == 0) {
+		w.char('"')
+		w.raw(c.content)
+		w.char('"')
+	} else {
+		w.str("null")
 	}
-	return append(dst, raw...)
+	if c.hasReason {
+		w.str(`,"`)
+		w.str(c.reasoningKey)
+		w.str(`":"`)
+		w.raw(c.reasoning)
+		w.char('"')
+	}
+	w.str(`,"tool_calls":[`)
+	for i := range c.tools {
+		t := &c.tools[i]
+		if i > 0 {
+			w.char(',')
+		}
+		w.char('{')
+		if t.hasID {
+			w.str(`"id":"`)
+			w.raw(t.id)
+			w.str(`",`)
+		}
+		w.str(`"type":"`)
+		if t.hasType {
+			w.raw(t.typ)
+		} else {
+			w.str("function")
+		}
+		w.str(`","function":{"name":"`)
+		w.raw(t.name)
+		w.str(`","arguments":"`)
+		w.raw(t.args)
+		w.str(`"}}`)
+	}
+	w.str("]}")
+}
+
+// bodyWriter is where writeBody writes: with count set it only adds up the
+// length (n) of what it is given; otherwise it appends it to sb. scratch is
+// the Assembler's buffer for formatting id arrays before they are appended
+// (never shared with sb: Write copies).
+type bodyWriter struct {
+	count   bool
+	n       int
+	sb      strings.Builder
+	scratch []byte
+}
+
+func (w *bodyWriter) str(s string) {
+	if w.count {
+		w.n += len(s)
+	} else {
+		w.sb.WriteString(s)
+	}
+}
+
+func (w *bodyWriter) raw(b []byte) {
+	if w.count {
+		w.n += len(b)
+	} else {
+		w.sb.Write(b)
+	}
+}
+
+func (w *bodyWriter) char(c byte) {
+	if w.count {
+		w.n++
+	} else {
+		w.sb.WriteByte(c)
+	}
+}
+
+// rawOr writes raw, or def when raw is empty.
+func (w *bodyWriter) rawOr(raw []byte, def string) {
+	if len(raw) == 0 {
+		w.str(def)
+	} else {
+		w.raw(raw)
+	}
+}
+
+// uint writes v in decimal.
+func (w *bodyWriter) uint(v uint64) {
+	if w.count {
+		w.n += decLen(v)
+		return
+	}
+	var d [20]byte
+	w.sb.Write(strconv.AppendUint(d[:0], v, 10))
+}
+
+// ids writes ids as a JSON array (arrays.AppendUint32s).
+func (w *bodyWriter) ids(ids []uint32) {
+	if w.count {
+		w.n += 2 + max(len(ids)-1, 0)
+		for _, v := range ids {
+			w.n += decLen(uint64(v))
+		}
+		return
+	}
+	w.scratch = arrays.AppendUint32s(w.scratch[:0], ids)
+	w.sb.Write(w.scratch)
+}
+
+// len is the length written so far.
+func (w *bodyWriter) len() int {
+	if w.count {
+		return w.n
+	}
+	return w.sb.Len()
+}
+
+// decLen is the number of decimal digits of v.
+func decLen(v uint64) int {
+	n := 1
+	for v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
 }

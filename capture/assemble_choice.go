@@ -50,8 +50,11 @@ type choiceState struct {
 
 	finish     []byte // raw JSON string token
 	stopReason []byte // raw JSON token, non-null
-	message    []byte // built message JSON (owned buffer)
-	view       []byte // what ChoiceResult.Message shows: message, or a slice of the body
+	message    []byte // non-stream completions: built message JSON (owned buffer)
+	view       []byte // what ChoiceResult.Message shows: message, msgStr, or a slice of the body
+	msgStr     string // stream: the message (buildBody), "" otherwise
+	msgAt      int    // stream, chat: where the message starts in the body...
+	msgEnd     int    // ...and ends
 }
 
 func (c *choiceState) reset(index uint32) {
@@ -77,7 +80,7 @@ func (c *choiceState) reset(index uint32) {
 	c.finish = c.finish[:0]
 	c.stopReason = c.stopReason[:0]
 	c.message = trimBuf(c.message)
-	c.view = nil
+	c.view, c.msgStr = nil, ""
 }
 
 // choice returns the state of the choice with this index, creating it; nil

@@ -40,6 +40,7 @@ func checkPendingStream(t *testing.T, endpoint openai.Endpoint, payloads [][]byt
 	if msg := diffAssembled(p.asm.Result(), ref.Result()); msg != "" {
 		t.Fatalf("incremental assembly differs: %s", msg)
 	}
+	checkBuiltStrings(t, p, ref.Result())
 	var kept fallback.LogprobIDs
 	nKept := 0
 	p.eachEvent(func(d []byte) { kept.Add(d); nKept++ })
@@ -64,6 +65,30 @@ func checkPendingStream(t *testing.T, endpoint openai.Endpoint, payloads [][]byt
 		ai, aok := all.IDs(i)
 		if kok != aok || !slices.Equal(ki, ai) {
 			t.Fatalf("choice %d: fallback ids from kept payloads %v %v, from all %v %v", i, ki, kok, ai, aok)
+		}
+	}
+}
+
+// checkBuiltStrings checks the strings a stream's assembly hands to the rows
+// without a copy: the body is measured exactly before it is built (one
+// allocation), and Rows puts in each row the same body and message as want.
+func checkBuiltStrings(t *testing.T, p *Pending, want *Assembled) {
+	t.Helper()
+	a := &p.asm
+	if a.kind != openai.Responses {
+		w := bodyWriter{count: true}
+		a.writeBody(&w, a.kind != openai.Completions)
+		if w.n != len(a.bodyStr) {
+			t.Fatalf("body measured %d bytes, built %d: %s", w.n, len(a.bodyStr), a.bodyStr)
+		}
+	}
+	rows := Rows(p, nil)
+	for i := range rows {
+		if rows[i].ResponseBody != string(want.ResponseBody) {
+			t.Fatalf("row %d: response_body %q, want %q", i, rows[i].ResponseBody, want.ResponseBody)
+		}
+		if len(want.Choices) > 0 && rows[i].ResponseMessage != string(want.Choices[i].Message) {
+			t.Fatalf("row %d: response_message %q, want %q", i, rows[i].ResponseMessage, want.Choices[i].Message)
 		}
 	}
 }

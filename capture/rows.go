@@ -2,6 +2,7 @@ package capture
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -29,9 +30,12 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 	base := p.Meta
 	if !p.NoBodies {
 		base.RequestBody = string(p.Request)
-		if p.Streamed() {
+		switch {
+		case res.body != "": // a string of its own already (Assembled.body)
+			base.ResponseBody = res.body
+		case p.Streamed():
 			base.ResponseBody = string(res.ResponseBody)
-		} else {
+		default:
 			base.ResponseBody = string(p.Body)
 		}
 	}
@@ -79,7 +83,16 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 		ch := &res.Choices[i]
 		r := base
 		r.ChoiceIndex = ch.Index
-		r.ResponseMessage = string(ch.Message)
+		switch {
+		case ch.msg == "":
+			r.ResponseMessage = string(ch.Message)
+		case p.NoBodies:
+			// A substring of the body would keep the whole body, which the
+			// row does not hold, alive with it.
+			r.ResponseMessage = strings.Clone(ch.msg)
+		default:
+			r.ResponseMessage = ch.msg
+		}
 		if len(ch.PromptTokenIDs) > 0 {
 			r.PromptTokenIDs = slices.Clone(ch.PromptTokenIDs)
 		} else {
