@@ -243,23 +243,32 @@ func FuzzPendingEvents(f *testing.F) {
 
 // BenchmarkPendingStream256 is record assembly of a 256-token chat stream as
 // the gateway hands it over: one AddEvent per SSE payload, then Rows.
-func BenchmarkPendingStream256(b *testing.B) { benchPendingStream(b, false) }
+func BenchmarkPendingStream256(b *testing.B) { benchPendingStream(b, false, nil) }
 
 // BenchmarkPendingStream256Logprobs is BenchmarkPendingStream256 with the
 // sampled token's logprobs in every chunk, as the gateway asks vLLM and
 // SGLang for them by default.
-func BenchmarkPendingStream256Logprobs(b *testing.B) { benchPendingStream(b, true) }
+func BenchmarkPendingStream256Logprobs(b *testing.B) { benchPendingStream(b, true, nil) }
 
-func benchPendingStream(b *testing.B, logprobs bool) {
+// BenchmarkPendingStream256LogprobsAgent is BenchmarkPendingStream256Logprobs
+// with an 8 KB agent request (benchAgentRequest), taken as the gateway takes
+// it.
+func BenchmarkPendingStream256LogprobsAgent(b *testing.B) {
+	benchPendingStream(b, true, benchAgentRequest())
+}
+
+func benchPendingStream(b *testing.B, logprobs bool, req []byte) {
 	payloads := streamPayloads(string(benchStreamOf(256, logprobs)))
-	req := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if req == nil {
+		req = []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	}
 	var a Assembler
 	b.ReportAllocs()
 	for b.Loop() {
 		p := AcquirePending()
 		p.Endpoint = openai.ChatCompletions
 		p.Meta.HTTPStatus = 200
-		p.Request = append(p.Request[:0], req...)
+		p.Request = string(req)
 		for _, d := range payloads {
 			p.AddEvent(d)
 		}
@@ -320,8 +329,8 @@ func BenchmarkRowsStream256Logprobs(b *testing.B) {
 	p := AcquirePending()
 	p.Endpoint = openai.ChatCompletions
 	p.Meta.HTTPStatus = 200
-	p.Request = append(p.Request[:0], benchAgentRequest()...)
-	if !json.Valid(p.Request) {
+	p.Request = string(benchAgentRequest())
+	if !json.Valid([]byte(p.Request)) {
 		b.Fatal("invalid request")
 	}
 	for _, d := range payloads {

@@ -25,8 +25,10 @@ type Pending struct {
 	Meta export.Call
 	// Endpoint tells the assembler how to read the response.
 	Endpoint openai.Endpoint
-	// Request is the request body as the client sent it.
-	Request []byte
+	// Request is the request body as the client sent it: a string, made by
+	// the one copy of the client's bytes the gateway takes, that Rows puts
+	// in request_body as it is.
+	Request string
 	// Body is the upstream response body of a non-streamed call (before any
 	// stripping), or the error body the gateway returned itself.
 	Body []byte
@@ -112,7 +114,7 @@ func ReleasePending(p *Pending) { releasePending(p) }
 
 func releasePending(p *Pending) {
 	const maxPooled = 1 << 20
-	if cap(p.Request) > maxPooled || cap(p.Body) > maxPooled || cap(p.events) > maxPooled || cap(p.raw) > maxPooled ||
+	if cap(p.Body) > maxPooled || cap(p.events) > maxPooled || cap(p.raw) > maxPooled ||
 		(p.nEvents > 0 && p.asm.footprint() > maxPooled) {
 		return
 	}
@@ -127,7 +129,7 @@ func (p *Pending) reset() {
 	p.NoBodies = false
 	p.N = 0
 	p.IDs = CallIDs{}
-	p.Request = p.Request[:0]
+	p.Request = ""
 	p.Body = p.Body[:0]
 	p.events = p.events[:0]
 	p.eventEnds = p.eventEnds[:0]
@@ -605,7 +607,9 @@ func (p *Pipeline) fill(c *Pending, rows []export.Call) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := f.Fill(ctx, rows, c.Request, func(fn func([]byte)) {
+	// A copy: the filler gets bytes it may keep or change, not a view of
+	// the rows' request_body.
+	out, err := f.Fill(ctx, rows, []byte(c.Request), func(fn func([]byte)) {
 		if c.Streamed() {
 			c.eachEvent(fn)
 		} else {

@@ -91,7 +91,7 @@ func TestPipelineFullQueueCountsDrops(t *testing.T) {
 func TestRowsVerdict(t *testing.T) {
 	var a Assembler
 	p := pending(1)
-	p.Request = append(p.Request[:0], `{"model":"m","messages":[]}`...)
+	p.Request = `{"model":"m","messages":[]}`
 	rows := Rows(p, &a)
 	if len(rows) != 1 {
 		t.Fatalf("%d rows", len(rows))
@@ -246,7 +246,7 @@ func TestPipelineQueueBytesBound(t *testing.T) {
 	accepted, refused := 0, 0
 	for i := range 100 {
 		c := pending(uint64(i + 1))
-		c.Request = append(c.Request[:0], `{"model":"m","messages":[{"role":"user","content":"`+big+`"}]}`...)
+		c.Request = `{"model":"m","messages":[{"role":"user","content":"` + big + `"}]}`
 		if p.TryPush(c) {
 			accepted++
 		} else {
@@ -271,7 +271,7 @@ func TestPipelineQueueBytesBound(t *testing.T) {
 		t.Fatalf("sink stored %d rows, want the %d accepted", got, accepted)
 	}
 	huge := pending(1000)
-	huge.Request = append(huge.Request[:0], strings.Repeat(" ", 10000)+`{}`...)
+	huge.Request = strings.Repeat(" ", 10000) + `{}`
 	if !p.TryPush(huge) {
 		t.Fatal("a call larger than QueueBytes was refused by an empty queue")
 	}

@@ -29,7 +29,7 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 
 	base := p.Meta
 	if !p.NoBodies {
-		base.RequestBody = string(p.Request)
+		base.RequestBody = p.Request
 		switch {
 		case res.body != "": // a string of its own already (Assembled.body)
 			base.ResponseBody = res.body
@@ -107,8 +107,8 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 }
 
 // requestN is the request's "n" (1 when absent or invalid).
-func requestN(req []byte) int {
-	n := gjson.GetBytes(req, "n")
+func requestN(req string) int {
+	n := gjson.Get(req, "n")
 	if n.Type != gjson.Number || n.Int() < 1 {
 		return 1
 	}

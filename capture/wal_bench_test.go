@@ -16,7 +16,7 @@ func BenchmarkWALCommit(b *testing.B) {
 		p := AcquirePending()
 		p.keepRaw = true
 		p.Endpoint = openai.ChatCompletions
-		p.Request = append(p.Request[:0], `{"model":"m","stream":true,"messages":[{"role":"user","content":"`+strings.Repeat("x", 2000)+`"}]}`...)
+		p.Request = `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`
 		for i := range 256 {
 			p.AddEvent(fmt.Appendf(nil, `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok%d "},"logprobs":{"content":[{"token":"tok","logprob":-0.5,"bytes":[116]}]},"token_ids":[%d],"finish_reason":null}]}`, i, i))
 		}

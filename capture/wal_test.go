@@ -31,7 +31,7 @@ func streamPending(seq uint64) *Pending {
 	copy(p.IDs.Span[:], fmt.Sprintf("%016x", seq))
 	copy(p.IDs.Trace[:], fmt.Sprintf("%032x", seq))
 	p.IDs.Set = true
-	p.Request = append(p.Request[:0], `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`...)
+	p.Request = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for _, ev := range []string{
 		`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"he"},"token_ids":[7],"logprobs":{"content":[{"token":"he","logprob":-0.5}]}}],"prompt_token_ids":[1,2]}`,
 		`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"llo"},"token_ids":[8],"finish_reason":"stop","logprobs":{"content":[{"token":"llo","logprob":-0.25}]}}]}`,

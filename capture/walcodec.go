@@ -90,7 +90,7 @@ func appendWALRecord(dst []byte, p *Pending, s *walScratch) []byte {
 	return dst
 }
 
-func appendWALBytes(dst, b []byte) []byte {
+func appendWALBytes[B []byte | string](dst []byte, b B) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	return append(dst, b...)
 }
@@ -196,7 +196,7 @@ func decodeWALRecord(payload []byte, p *Pending) error {
 	p.Endpoint = openai.Endpoint(ep)
 	p.NoBodies = flags&walFlagNoBodies != 0
 	p.N = int(n)
-	p.Request = append(p.Request[:0], req...)
+	p.Request = string(req)
 	p.Body = append(p.Body[:0], body...)
 	for range events {
 		data := d.bytes("event")

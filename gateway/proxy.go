@@ -90,7 +90,7 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	}
 
 	body := ctx.PostBody()
-	p.Request = append(p.Request[:0], body...)
+	p.Request = string(body) // the call's one copy of it (Pending.Request)
 	p.Meta.APIKeyName = name
 	p.NoBodies = ep == openai.Embeddings && !s.cfg.CaptureEmbeddingBodies
 	// One validation of the body for the whole call (Rewrite is told).

@@ -138,7 +138,7 @@ func TestCheckDetokenizationMock(t *testing.T) {
 			p := capture.AcquirePending()
 			p.Meta = export.Call{Endpoint: "/v1/chat/completions", HTTPStatus: 200}
 			p.Endpoint = openai.ChatCompletions
-			p.Request = []byte(req)
+			p.Request = req
 			if tc.stream {
 				for _, line := range bytes.Split(body, []byte("\n")) {
 					if d, ok := bytes.CutPrefix(line, []byte("data: ")); ok {

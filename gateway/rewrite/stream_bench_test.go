@@ -47,7 +47,7 @@ func BenchmarkSSEStream256(b *testing.B) {
 		p := capture.AcquirePending()
 		p.Endpoint = openai.ChatCompletions
 		p.Meta.HTTPStatus = 200
-		p.Request = append(p.Request[:0], req...)
+		p.Request = string(req)
 		sc.Reset()
 		for off := 0; off < len(stream); off += 4 << 10 {
 			sc.Feed(stream[off:min(off+4<<10, len(stream))])

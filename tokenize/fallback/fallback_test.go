@@ -90,7 +90,7 @@ func call(t *testing.T, base, path, request string) *captured {
 	p := capture.AcquirePending()
 	p.Meta = export.Call{RolloutID: "r", AttemptID: "a", SequenceID: 1, Endpoint: path, HTTPStatus: 200}
 	p.Endpoint = openai.EndpointOf(path)
-	p.Request = []byte(request)
+	p.Request = request
 	c := &captured{request: []byte(request)}
 	if gjson.Get(request, "stream").Bool() {
 		c.payloads = ssePayloads(body)
@@ -435,7 +435,7 @@ func TestLlamaCpp(t *testing.T) {
 	p := capture.AcquirePending()
 	p.Meta = export.Call{Endpoint: "/v1/chat/completions", HTTPStatus: 200}
 	p.Endpoint = openai.ChatCompletions
-	p.Request, p.Body = []byte(req), []byte(resp)
+	p.Request, p.Body = req, []byte(resp)
 	var a capture.Assembler
 	rows := capture.Rows(p, &a)
 	if rows[0].TokenSource != export.TokenSourceNone {
