@@ -417,9 +417,11 @@ func (a *Assembler) Result() *Assembled {
 		cr := ChoiceResult{
 			Index:        c.index,
 			Message:      c.view,
-			msg:          c.msgStr,
 			HasTokenIDs:  c.hasTokenIDs,
 			FinishReason: internFinish(c.finish),
+		}
+		if r.body != "" { // buildBody just built every message
+			cr.msg = c.msgStr
 		}
 		if c.hasTokenIDs {
 			cr.TokenIDs = c.tokenIDs
