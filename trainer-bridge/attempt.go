@@ -144,18 +144,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 	if err != nil {
 		return out, fmt.Errorf("bridge: reading rollout %s: %w", ref.RolloutID, err)
 	}
-	calls := make([]export.Call, 0, len(d.Calls))
-	for _, c := range d.Calls {
-		if c.AttemptID == ref.AttemptID {
-			calls = append(calls, c)
-		}
-	}
-	sort.SliceStable(calls, func(i, j int) bool {
-		if calls[i].SequenceID != calls[j].SequenceID {
-			return calls[i].SequenceID < calls[j].SequenceID
-		}
-		return calls[i].ChoiceIndex < calls[j].ChoiceIndex
-	})
+	calls := attemptCalls(d.Calls, ref.AttemptID)
 	st.Calls += len(calls)
 	if len(calls) > 0 {
 		out.policy = calls[0].PolicyVersion
@@ -243,7 +232,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		return out, fmt.Errorf("bridge: %w", err)
 	}
 
-	kept := calls[:0:0]
+	kept := make([]export.Call, 0, len(calls))
 	for _, c := range calls {
 		retokenizeFailed := false
 		selected := (o.Selection.AgentName == nil || o.Selection.AgentName.MatchString(c.AgentName)) &&
@@ -322,6 +311,38 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		out.report.Score = out.score
 	}
 	return out, nil
+}
+
+// attemptCalls returns the calls of the attempt among a rollout's, sorted
+// by sequence id then choice (stably): all of them, not copied, when they
+// are already (a store's usual answer for a rollout of one attempt; the
+// caller must not modify them), otherwise a sorted copy of those of the
+// attempt.
+func attemptCalls(all []export.Call, attemptID string) []export.Call {
+	less := func(a, b *export.Call) bool {
+		if a.SequenceID != b.SequenceID {
+			return a.SequenceID < b.SequenceID
+		}
+		return a.ChoiceIndex < b.ChoiceIndex
+	}
+	ready := true
+	for i := range all {
+		if all[i].AttemptID != attemptID || i > 0 && less(&all[i], &all[i-1]) {
+			ready = false
+			break
+		}
+	}
+	if ready {
+		return all
+	}
+	calls := make([]export.Call, 0, len(all))
+	for _, c := range all {
+		if c.AttemptID == attemptID {
+			calls = append(calls, c)
+		}
+	}
+	sort.SliceStable(calls, func(i, j int) bool { return less(&calls[i], &calls[j]) })
+	return calls
 }
 
 // retokenize fills c's ids with the retokenizer's and marks them

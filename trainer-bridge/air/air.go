@@ -148,6 +148,14 @@ func (e *Engine) EvaluateSpans(calls []export.Call, spans []export.Span, timeUni
 		k := key{s.RolloutID, s.AttemptID}
 		bySpan[k] = append(bySpan[k], s)
 	}
+	if len(calls) > 0 && oneAttemptInOrder(calls) {
+		// One attempt's calls in order (what the trainer bridge passes):
+		// read in place, not copied.
+		if out := e.attempt(calls, bySpan[key{calls[0].RolloutID, calls[0].AttemptID}], timeUnixNano); len(out) > 0 {
+			return out
+		}
+		return nil
+	}
 	groups := map[key][]export.Call{}
 	var keys []key
 	for _, c := range calls {
@@ -165,15 +173,36 @@ func (e *Engine) EvaluateSpans(calls []export.Call, spans []export.Span, timeUni
 	})
 	var out []export.Reward
 	for _, k := range keys {
-		out = append(out, e.attempt(groups[k], bySpan[key{k.r, k.a}], timeUnixNano)...)
+		g := groups[k]
+		sort.SliceStable(g, func(i, j int) bool { return callBefore(&g[i], &g[j]) })
+		out = append(out, e.attempt(g, bySpan[key{k.r, k.a}], timeUnixNano)...)
 	}
 	return out
 }
 
+// callBefore orders an attempt's calls by sequence id, then choice.
+func callBefore(a, b *export.Call) bool {
+	if a.SequenceID != b.SequenceID {
+		return a.SequenceID < b.SequenceID
+	}
+	return a.ChoiceIndex < b.ChoiceIndex
+}
+
+// oneAttemptInOrder reports whether calls are of one attempt and ordered by
+// callBefore (ties in any order).
+func oneAttemptInOrder(calls []export.Call) bool {
+	for i := 1; i < len(calls); i++ {
+		if calls[i].RolloutID != calls[0].RolloutID || calls[i].AttemptID != calls[0].AttemptID || callBefore(&calls[i], &calls[i-1]) {
+			return false
+		}
+	}
+	return true
+}
+
 // parsed is what the rules need from one call row.
 type parsed struct {
-	c         export.Call
-	msg       message // the response message
+	c         *export.Call // not modified
+	msg       message      // the response message
 	reqMsgs   []message
 	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema)
 	toolsSeen bool                      // the request declared tools
@@ -219,7 +248,7 @@ func (m message) text() string {
 // when a rule first needs it (a call with tool calls, or the request after
 // one): most calls make no tool calls, and their request bodies, which
 // repeat the whole conversation so far, are never decoded.
-func parse(c export.Call) parsed {
+func parse(c *export.Call) parsed {
 	p := parsed{c: c}
 	_ = json.Unmarshal([]byte(c.ResponseMessage), &p.msg)
 	return p
@@ -254,16 +283,12 @@ func (p *parsed) request() {
 	}
 }
 
+// attempt evaluates the calls of one attempt, ordered by callBefore, which
+// it does not modify.
 func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) []export.Reward {
-	sort.SliceStable(calls, func(i, j int) bool {
-		if calls[i].SequenceID != calls[j].SequenceID {
-			return calls[i].SequenceID < calls[j].SequenceID
-		}
-		return calls[i].ChoiceIndex < calls[j].ChoiceIndex
-	})
 	ps := make([]parsed, len(calls))
-	for i, c := range calls {
-		ps[i] = parse(c)
+	for i := range calls {
+		ps[i] = parse(&calls[i])
 	}
 	type hit struct {
 		seq  uint64

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -230,5 +232,34 @@ func TestToolSpanRule(t *testing.T) {
 	off, _ := New(Config{Rules: map[string]Rule{RuleToolSpan: {Enabled: false}}})
 	if rs := off.EvaluateSpans(calls, spans, 7); len(rs) != 0 {
 		t.Fatalf("rule off: %+v", rs)
+	}
+}
+
+// TestEvaluateInPlace checks that one attempt's calls in order (read in
+// place) and the same calls shuffled (copied and sorted) give the same
+// rewards, and that neither input is modified.
+func TestEvaluateInPlace(t *testing.T) {
+	e, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ordered []export.Call
+	for _, c := range scenario() {
+		if c.AttemptID == "a1" {
+			ordered = append(ordered, c)
+		}
+	}
+	shuffled := slices.Clone(ordered)
+	slices.Reverse(shuffled)
+	want := slices.Clone(shuffled)
+	inPlace, copied := e.Evaluate(ordered, 1), e.Evaluate(shuffled, 1)
+	if len(inPlace) == 0 || !reflect.DeepEqual(inPlace, copied) {
+		t.Fatalf("in order: %+v\nshuffled: %+v", inPlace, copied)
+	}
+	if !reflect.DeepEqual(shuffled, want) {
+		t.Fatal("Evaluate reordered its input")
+	}
+	if got := e.Evaluate(ordered[:0], 1); got != nil {
+		t.Fatalf("no calls: %+v", got)
 	}
 }
