@@ -30,7 +30,8 @@ func nativeSelectList[R any](cols []export.Column[R], omit func(string) bool) st
 }
 
 // readNative runs the SELECT body on the native reader and calls f with each
-// row of cols, read into a fresh R (f may keep it, not the pointer).
+// row of cols, read into a fresh R, which f may keep (the Rs of a block are
+// one slice, never reused).
 func readNative[R any](ctx context.Context, n *nativeReader, body string, cols []export.Column[R], f func(*R)) error {
 	var (
 		set    []func(*R, int)
@@ -43,12 +44,13 @@ func readNative[R any](ctx context.Context, n *nativeReader, body string, cols [
 				return err
 			}
 		}
-		for i := range rows {
-			var r R
+		block := make([]R, rows)
+		for i := range block {
+			r := &block[i]
 			for _, s := range set {
-				s(&r, i)
+				s(r, i)
 			}
-			f(&r)
+			f(r)
 		}
 		for _, a := range arrays {
 			a.release() // the calls keep the block's arrays

@@ -170,7 +170,7 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 // readCalls runs query (which selects FROM llm_calls and may end in WHERE
 // and ORDER BY clauses, ? placeholders bound to args) with the select list
 // of every column but those opt omits (read as empty strings) and calls f
-// with each row; f may keep the call (not the pointer). It reads through the
+// with each row; f may keep the call and the pointer. It reads through the
 // native reader (native.go): columns as the server holds them, arrays
 // copied as blocks of memory. When that reader fails before any row for a
 // reason other than a server exception or the caller's cancellation (a
@@ -213,7 +213,8 @@ func (s *Store) readCallsText(ctx context.Context, query string, opt export.Read
 		if err := sc.Scan(rows, spanOf); err != nil {
 			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 		}
-		f(&sc.Row)
+		c := sc.Row // the scanner reuses its row; f may keep the pointer
+		f(&c)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("clickhouse: read llm_calls: %w", err)
@@ -288,17 +289,43 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 	// the ids are matched before the arrays of a granule are read, which
 	// halved the server's time for a chunk of 2,500 calls in 8,192-row
 	// granules (llm_calls is a MergeTree, or a Distributed table over them).
+	// The calls as they come (pointers, which readCalls lets f keep), then
+	// each rollout's copied into its own run of one slice: no rollout's
+	// slice of large Call structs grows by reallocation.
+	at := make(map[string]int, len(ids)) // rollout -> index in ids
+	for k, id := range ids {
+		at[id] = k
+	}
+	var (
+		calls []*export.Call
+		of    []int32 // index in ids of each call's rollout
+		count = make([]int, len(ids)+1)
+	)
 	err = s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
 		opt, []any{in}, func(c *export.Call) {
-			if d := out[c.RolloutID]; d != nil {
-				d.Calls = append(d.Calls, *c)
+			if k, ok := at[c.RolloutID]; ok {
+				calls, of = append(calls, c), append(of, int32(k))
+				count[k+1]++
 			}
 		})
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range out {
-		slices.SortFunc(d.Calls, compareCalls)
+	for k := range ids {
+		count[k+1] += count[k] // count[k] is now where rollout k's calls start
+	}
+	all := make([]export.Call, len(calls))
+	next := slices.Clone(count[:len(ids)])
+	for i, c := range calls {
+		all[next[of[i]]] = *c
+		next[of[i]]++
+	}
+	for k, id := range ids {
+		if start, end := count[k], count[k+1]; end > start {
+			d := out[id]
+			d.Calls = all[start:end:end]
+			slices.SortFunc(d.Calls, compareCalls)
+		}
 	}
 
 	rewardCols := export.RewardTable.Columns
