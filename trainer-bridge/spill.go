@@ -127,12 +127,17 @@ func (s *spill) read() (*Sample, error) {
 		return nil, errSpillCorrupt
 	}
 	rest := d.count(4)
-	x.Prompt = make([]uint32, int(shared)+rest)
+	p := int(shared) + rest
+	restIDs := d.bytes(4 * rest)
+	r := d.count(4)
+	// Prompt and response in one allocation, each with its capacity cut
+	// at its end.
+	ids := make([]uint32, p+r)
+	x.Prompt, x.Response = ids[:p:p], ids[p:]
 	copy(x.Prompt, s.rprev[:shared])
 	for i := range rest {
-		x.Prompt[int(shared)+i] = d.u32()
+		x.Prompt[int(shared)+i] = binary.LittleEndian.Uint32(restIDs[4*i:])
 	}
-	x.Response = make([]uint32, d.count(4))
 	for i := range x.Response {
 		x.Response[i] = d.u32()
 	}
