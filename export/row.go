@@ -333,12 +333,6 @@ type ReadOptions struct {
 	// so far: the bridge needs it only to retokenize and for AIR rules that
 	// read the request).
 	NoRequestBody bool
-	// Arrays, when set, receives the memory of the calls' id and logprob
-	// arrays, which the read may take from its pool (memory a released
-	// lease gave back) instead of allocating: the caller releases it once
-	// it holds no slice of those calls. Readers that do not decode arrays
-	// in blocks leave it empty.
-	Arrays *ArrayLease
 }
 
 // Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.

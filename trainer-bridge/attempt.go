@@ -62,19 +62,9 @@ func eachAttempt(ctx context.Context, store export.Store, refs func(n int) ([]At
 		// The engine's raw answer is never read here; the request only to
 		// retokenize and by AIR rules that read it.
 		ro := export.ReadOptions{NoResponseBody: true, NoRequestBody: o.Retokenize == nil && (o.AIR == nil || !o.AIR.ReadsRequests())}
-		// Streamed, the samples are copied into the spill before f
-		// returns and nothing else keeps a call's ids or logprobs (the
-		// report keeps sequence ids): a chunk's arrays are no longer
-		// referred to once its attempts are built, and the next chunks
-		// are read into their memory. In memory, the samples keep their
-		// calls' prompt ids.
-		var pool *export.ArrayPool
-		if o.Emit != nil {
-			pool = &export.ArrayPool{Poison: poisonArrays}
-		}
 		ctx, cancel := context.WithCancel(ctx)
 		var wait func()
-		next, wait = readAhead(ctx, bulk, chunks, ro, pool)
+		next, wait = readAhead(ctx, bulk, chunks, ro)
 		defer wait()
 		defer cancel() // stops the readers when f fails
 
@@ -94,15 +84,9 @@ func eachAttempt(ctx context.Context, store export.Store, refs func(n int) ([]At
 			}
 			i++
 		}
-		cache.m = nil
-		c.arrays.Release()
 	}
 	return ctx.Err()
 }
-
-// poisonArrays makes the pool of a streamed Build fill released memory with
-// garbage (tests: a sample that still referred to it would differ).
-var poisonArrays = false
 
 // eachOne builds attempt i of eachAttempt and calls f.
 func eachOne(ctx context.Context, read export.Store, i int, ref AttemptRef, o Options, st *Stats, prog *Progress, f func(i int, ref AttemptRef, a attemptOut) error) error {

@@ -510,9 +510,6 @@ type chunk struct {
 	refs []AttemptRef
 	m    map[string]*export.RolloutDetail
 	err  error
-	// arrays holds the memory of the calls' arrays when they come from a
-	// pool (readAhead's pool), to be released once nothing refers to them.
-	arrays *export.ArrayLease
 }
 
 // readAhead reads the rollouts of the chunks of attempts that refs hands
@@ -523,10 +520,8 @@ type chunk struct {
 // last one, after an error or when ctx ends. Each reader holds at most one
 // chunk (read, or being read) until next takes it, so memory holds at most
 // three chunks, one of them in use, and one list of attempts waiting for a
-// reader. Once ctx ends, wait returns when refs is no longer called. With
-// a pool, each chunk's arrays are read into memory from it (chunk.arrays),
-// which the consumer releases when done with the chunk.
-func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs func() ([]AttemptRef, error), ro export.ReadOptions, pool *export.ArrayPool) (next func() (chunk, bool), wait func()) {
+// reader. Once ctx ends, wait returns when refs is no longer called.
+func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs func() ([]AttemptRef, error), ro export.ReadOptions) (next func() (chunk, bool), wait func()) {
 	const readers = 2
 	var jobs, lanes [readers]chan chunk
 	for w := range lanes {
@@ -542,11 +537,6 @@ func readAhead(ctx context.Context, bulk export.BulkRolloutReader, refs func() (
 							seen[r.RolloutID] = true
 							ids = append(ids, r.RolloutID)
 						}
-					}
-					ro := ro
-					if pool != nil {
-						c.arrays = pool.Lease()
-						ro.Arrays = c.arrays
 					}
 					c.m, c.err = bulk.Rollouts(ctx, ids, ro)
 				}

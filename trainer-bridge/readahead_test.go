@@ -15,15 +15,26 @@ import (
 // chunk; a streamed Build over them writes every sample in rollout order;
 // a cancelled read closes the channel.
 func TestReadAheadChunks(t *testing.T) {
-	s, rollouts := chunkedStore(t, 1)
+	s := openSelectStore(t, "clickhouse")
 	ctx := context.Background()
+	const rollouts = 2*bulkChunk + 234
+	b := &export.Batch{}
+	for r := range rollouts {
+		ro := fmt.Sprintf("r%05d", r)
+		b.Calls = append(b.Calls, cs{ro: ro, at: "a", task: fmt.Sprint("t", r%7), seq: 1, prompt: []uint32{uint32(r)}, resp: []uint32{1}, lp: []float32{-1}}.call())
+		b.Rollouts = append(b.Rollouts, export.Rollout{RolloutID: ro, AttemptID: "a", Status: "succeeded", Metadata: "{}", UpdatedUnixNano: 1})
+		b.Rewards = append(b.Rewards, export.Reward{RolloutID: ro, AttemptID: "a", Name: "primary", Value: float64(r % 2), Source: "api"})
+	}
+	if err := s.Write(ctx, b); err != nil {
+		t.Fatal(err)
+	}
 	refs, err := SelectAttempts(ctx, s, DefaultSelection())
 	if err != nil || len(refs) != rollouts {
 		t.Fatalf("%d refs, %v", len(refs), err)
 	}
 	bulk := s.(export.BulkRolloutReader)
 	n := 0
-	next, wait := readAhead(ctx, bulk, chunksOf(refs), export.ReadOptions{}, nil)
+	next, wait := readAhead(ctx, bulk, chunksOf(refs), export.ReadOptions{})
 	for c, ok := next(); ok; c, ok = next() {
 		if c.err != nil {
 			t.Fatal(c.err)
@@ -63,7 +74,7 @@ func TestReadAheadChunks(t *testing.T) {
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
-	next, wait = readAhead(cctx, bulk, chunksOf(refs), export.ReadOptions{}, nil)
+	next, wait = readAhead(cctx, bulk, chunksOf(refs), export.ReadOptions{})
 	if _, ok := next(); !ok {
 		t.Fatal("no first chunk")
 	}
@@ -80,55 +91,4 @@ func chunksOf(refs []AttemptRef) func() ([]AttemptRef, error) {
 		refs = refs[len(c):]
 		return c, nil
 	}
-}
-
-// TestBuildReusesArrays: a streamed Build on ClickHouse reads each chunk's
-// arrays into the memory of the chunks before it, poisoned when released;
-// its samples (transitions and trajectories, several chunks of rollouts of
-// three turns that extend each other) are those of an in-memory Build,
-// which reuses nothing.
-func TestBuildReusesArrays(t *testing.T) {
-	s, _ := chunkedStore(t, 3)
-	ctx := context.Background()
-	defer func() { poisonArrays = false }()
-	poisonArrays = true
-	for _, mode := range []string{ModeTransitions, ModeTrajectories} {
-		o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, Mode: mode, SpillDir: t.TempDir()}
-		want, err := Build(ctx, s, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []*Sample
-		o.Emit = func(x *Sample) error { got = append(got, x); return nil }
-		res, err := Build(ctx, s, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sameOutput(t, mode, got, res, want)
-	}
-}
-
-// chunkedStore is a ClickHouse store of more than two chunks of rollouts
-// of turns calls, each turn's prompt the previous prompt and response.
-func chunkedStore(t *testing.T, turns int) (export.Store, int) {
-	s := openSelectStore(t, "clickhouse")
-	const rollouts = 2*bulkChunk + 234
-	b := &export.Batch{}
-	for r := range rollouts {
-		ro := fmt.Sprintf("r%05d", r)
-		var prompt []uint32
-		for seq := range uint64(turns) {
-			prompt = append(prompt, uint32(r), uint32(seq))
-			resp := []uint32{uint32(r) + 7, uint32(seq) + 3}
-			b.Calls = append(b.Calls, cs{ro: ro, at: "a", task: fmt.Sprint("t", r%7), seq: seq + 1, prompt: slices.Clone(prompt), resp: resp,
-				lp: []float32{-float32(r) / 8, -float32(seq) / 4}}.call())
-			prompt = append(prompt, resp...)
-		}
-		b.Rollouts = append(b.Rollouts, export.Rollout{RolloutID: ro, AttemptID: "a", Status: "succeeded", Metadata: "{}", UpdatedUnixNano: 1})
-		b.Rewards = append(b.Rewards, export.Reward{RolloutID: ro, AttemptID: "a", Name: "primary", Value: float64(r % 3), Source: "api"})
-	}
-	if err := s.Write(context.Background(), b); err != nil {
-		t.Fatal(err)
-	}
-	return s, rollouts
 }

@@ -32,18 +32,11 @@ func nativeSelectList[R any](cols []export.Column[R], omit func(string) bool) st
 // readNative runs the SELECT body on the native reader and calls f with each
 // row of cols, read into a fresh R, which f may keep (the Rs of a block are
 // one slice, never reused).
-// The arrays' memory comes from lease (fresh when it is nil), which records
-// every block the rows refer to.
-func readNative[R any](ctx context.Context, n *nativeReader, body string, cols []export.Column[R], lease *export.ArrayLease, f func(*R)) error {
+func readNative[R any](ctx context.Context, n *nativeReader, body string, cols []export.Column[R], f func(*R)) error {
 	var (
 		set    []func(*R, int)
 		arrays []arrayColumn
 	)
-	defer func() {
-		for _, a := range arrays {
-			a.keep(lease) // a block taken for a next block that did not come
-		}
-	}()
 	return n.query(ctx, body, func(res proto.Results, rows int) error {
 		if set == nil {
 			var err error
@@ -60,8 +53,7 @@ func readNative[R any](ctx context.Context, n *nativeReader, body string, cols [
 			f(r)
 		}
 		for _, a := range arrays {
-			a.keep(lease) // the calls keep the block's arrays
-			a.next(lease)
+			a.release() // the calls keep the block's arrays
 		}
 		return nil
 	})
@@ -119,12 +111,9 @@ func columnSetters[R any](cols []export.Column[R], res proto.Results) ([]func(*R
 
 // arrayColumn is an array column whose elements the rows read share.
 type arrayColumn struct {
-	// keep records the column's block in a lease: the rows read keep its
-	// elements.
-	keep func(*export.ArrayLease)
-	// next gives the column other memory for the next block (from the
-	// lease's pool, or none: ch-go allocates it).
-	next func(*export.ArrayLease)
+	// release gives the column new memory for the next block: the rows of
+	// this one keep its elements.
+	release func()
 }
 
 func numberSetter[R any, T uint64 | uint32 | uint16 | float64](field func(*R) any, data proto.ColResult) (func(*R, int), bool) {
@@ -137,8 +126,8 @@ func numberSetter[R any, T uint64 | uint32 | uint16 | float64](field func(*R) an
 
 // arraySetter sets row i of an Array(UInt32) or Array(Float32) column as a
 // slice of the block's memory, its capacity cut at its end: no copy, and
-// the block is not overwritten until the lease that records it is released
-// (next gives the next block other memory).
+// the block is never overwritten (releaseBlock gives the next one memory of
+// its own).
 func arraySetter[R any, T uint32 | float32](field func(*R) any, data proto.ColResult) (func(*R, int), arrayColumn, bool) {
 	arr, ok := data.(*proto.ColArr[T])
 	if !ok {
@@ -153,12 +142,10 @@ func arraySetter[R any, T uint32 | float32](field func(*R) any, data proto.ColRe
 	switch d := any(arr.Data).(type) {
 	case *proto.ColUInt32:
 		flat = func(start, end uint64) []T { return any([]uint32(*d)[start:end:end]).([]T) }
-		col.keep = func(l *export.ArrayLease) { l.KeepUint32s(*d) }
-		col.next = func(l *export.ArrayLease) { *d = l.Uint32s(len(*d)) }
+		col.release = func() { *d = nil }
 	case *proto.ColFloat32:
 		flat = func(start, end uint64) []T { return any([]float32(*d)[start:end:end]).([]T) }
-		col.keep = func(l *export.ArrayLease) { l.KeepFloat32s(*d) }
-		col.next = func(l *export.ArrayLease) { *d = l.Float32s(len(*d)) }
+		col.release = func() { *d = nil }
 	default:
 		return nil, col, false
 	}

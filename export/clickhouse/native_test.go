@@ -88,33 +88,14 @@ func TestNativeCallsOrder(t *testing.T) {
 	}
 	var blocks []export.Call
 	cols := export.CallTable.Columns
-	oneRowBlocks := "SELECT " + nativeSelectList(cols, nil) + " FROM llm_calls ORDER BY span_id SETTINGS max_block_size = 1"
-	if err := readNative(ctx, s.native, oneRowBlocks, cols, nil, func(c *export.Call) { blocks = append(blocks, *c) }); err != nil {
+	if err := readNative(ctx, s.native, "SELECT "+nativeSelectList(cols, nil)+" FROM llm_calls ORDER BY span_id SETTINGS max_block_size = 1",
+		cols, func(c *export.Call) { blocks = append(blocks, *c) }); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range append(blocks, got["r"].Calls...) {
 		if d := storetest.EqualCalls([]export.Call{c}, []export.Call{written[c.SpanID]}); d != "" {
 			t.Fatalf("span %s: %s", c.SpanID, d)
 		}
-	}
-	// The same with the blocks from a pool, released (and poisoned) after
-	// each read: the next read decodes into them and reads the same calls.
-	pool := &export.ArrayPool{Poison: true}
-	for round := range 3 {
-		lease := pool.Lease()
-		blocks = blocks[:0]
-		if err := readNative(ctx, s.native, oneRowBlocks, cols, lease, func(c *export.Call) { blocks = append(blocks, *c) }); err != nil {
-			t.Fatal(err)
-		}
-		if len(blocks) != len(calls) {
-			t.Fatalf("round %d: %d calls", round, len(blocks))
-		}
-		for _, c := range blocks {
-			if d := storetest.EqualCalls([]export.Call{c}, []export.Call{written[c.SpanID]}); d != "" {
-				t.Fatalf("round %d, span %s: %s", round, c.SpanID, d)
-			}
-		}
-		lease.Release()
 	}
 	var spans []string
 	for _, c := range want {
@@ -152,12 +133,12 @@ func TestNativeErrors(t *testing.T) {
 	}
 	readsAgain("a server exception")
 
-	err = readNative(ctx, s.native, "SELECT 1 AS x", export.CallTable.Columns, nil, func(*export.Call) {})
+	err = readNative(ctx, s.native, "SELECT 1 AS x", export.CallTable.Columns, func(*export.Call) {})
 	if err == nil || !strings.Contains(err.Error(), "1 columns in the result") {
 		t.Fatalf("wrong shape: %v", err)
 	}
 	err = readNative(ctx, s.native, "SELECT "+strings.Repeat("toUInt8(1) AS x, ", len(export.CallTable.Columns)-1)+"toUInt8(1) AS y",
-		export.CallTable.Columns, nil, func(*export.Call) {})
+		export.CallTable.Columns, func(*export.Call) {})
 	if err == nil || !strings.Contains(err.Error(), "column span_id: the server sent UInt8, which is not String") {
 		t.Fatalf("wrong types: %v", err)
 	}
@@ -193,7 +174,7 @@ func TestNativeLowCardinality(t *testing.T) {
 	cols := []export.Column[row]{export.Col("s", func(r *row) any { return &r.S })}
 	var got []string
 	err := readNative(context.Background(), s.native, "SELECT toLowCardinality(x) AS s FROM (SELECT arrayJoin(['a', 'b', 'a', '', 'c']) AS x)"+
-		" SETTINGS allow_experimental_low_cardinality_type = 1, max_block_size = 2", cols, nil, func(r *row) { got = append(got, r.S) })
+		" SETTINGS allow_experimental_low_cardinality_type = 1, max_block_size = 2", cols, func(r *row) { got = append(got, r.S) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,7 +184,7 @@ func (s *Store) readCalls(ctx context.Context, query string, opt export.ReadOpti
 			return fmt.Errorf("clickhouse: read llm_calls: %w", err)
 		}
 		delivered := false
-		err = readNative(ctx, s.native, body, cols, opt.Arrays, func(c *export.Call) { delivered = true; f(c) })
+		err = readNative(ctx, s.native, body, cols, func(c *export.Call) { delivered = true; f(c) })
 		var se *serverError
 		switch {
 		case err == nil:
