@@ -232,8 +232,15 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		return out, fmt.Errorf("bridge: %w", err)
 	}
 
-	kept := make([]export.Call, 0, len(calls))
-	for _, c := range calls {
+	// kept is a view of calls while every call so far is kept as read,
+	// and a copy from the first call that is left out or retokenized.
+	kept, view := calls[:0:0], true
+	own := func(i int) {
+		if view {
+			kept, view = append(make([]export.Call, 0, len(calls)), calls[:i]...), false
+		}
+	}
+	for i, c := range calls {
 		retokenizeFailed := false
 		selected := (o.Selection.AgentName == nil || o.Selection.AgentName.MatchString(c.AgentName)) &&
 			!versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion)
@@ -245,6 +252,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 			} else {
 				st.Retokenized++
 			}
+			own(i)
 		}
 		switch {
 		case c.Error != "" || c.HTTPStatus >= 300:
@@ -259,8 +267,14 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		case versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion):
 			exclude(&c, ExclPolicyVersion)
 		default:
-			kept = append(kept, c)
+			if view {
+				kept = calls[: i+1 : i+1]
+			} else {
+				kept = append(kept, c)
+			}
+			continue
 		}
+		own(i)
 	}
 	samples, err := assemble(o.Mode, kept, st)
 	if err != nil {
