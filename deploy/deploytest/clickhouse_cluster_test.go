@@ -292,14 +292,19 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		serve.Dir = t.TempDir() // anything it writes by default stays in the test's folder
 		gw := startProcess(t, "rollgate serve", serve)
 		base := "http://" + addr
+		// Ready, and connected to the store: with --spool-dir the gateway
+		// is ready while ClickHouse is still connecting (calls wait in the
+		// spool), but rewards and status are stored directly, so the test
+		// waits for "store":"up" before posting them.
 		gw.waitUntil(t, 60*time.Second, func() error {
 			res, err := http.Get(base + "/readyz")
 			if err != nil {
 				return err
 			}
+			b, _ := io.ReadAll(res.Body)
 			res.Body.Close()
-			if res.StatusCode != 200 {
-				return fmt.Errorf("/readyz: %s", res.Status)
+			if res.StatusCode != 200 || !strings.Contains(string(b), `"store":"up"`) {
+				return fmt.Errorf("/readyz: %s %s", res.Status, b)
 			}
 			return nil
 		}, func() string { return "" })
