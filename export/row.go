@@ -8,7 +8,10 @@
 // reads captured data through the Store interface defined here.
 package export
 
-import "context"
+import (
+	"cmp"
+	"context"
+)
 
 // Token sources recorded in Call.TokenSource (docs/contract.md §3).
 const (
@@ -348,4 +351,11 @@ type Store interface {
 	Rollout(ctx context.Context, rolloutID string) (*RolloutDetail, error)
 	// Close flushes and releases the store.
 	Close() error
+}
+
+// CompareTurns orders two calls of one attempt as they were made: by
+// sequence id, then choice index. For sorting an attempt's calls (stable
+// sorts keep the store's order of ties).
+func CompareTurns(a, b *Call) int {
+	return cmp.Or(cmp.Compare(a.SequenceID, b.SequenceID), cmp.Compare(a.ChoiceIndex, b.ChoiceIndex))
 }

@@ -333,12 +333,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 // caller must not modify them), otherwise a sorted copy of those of the
 // attempt.
 func attemptCalls(all []export.Call, attemptID string) []export.Call {
-	less := func(a, b *export.Call) bool {
-		if a.SequenceID != b.SequenceID {
-			return a.SequenceID < b.SequenceID
-		}
-		return a.ChoiceIndex < b.ChoiceIndex
-	}
+	less := func(a, b *export.Call) bool { return export.CompareTurns(a, b) < 0 }
 	ready := true
 	for i := range all {
 		if all[i].AttemptID != attemptID || i > 0 && less(&all[i], &all[i-1]) {

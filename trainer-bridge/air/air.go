@@ -181,12 +181,7 @@ func (e *Engine) EvaluateSpans(calls []export.Call, spans []export.Span, timeUni
 }
 
 // callBefore orders an attempt's calls by sequence id, then choice.
-func callBefore(a, b *export.Call) bool {
-	if a.SequenceID != b.SequenceID {
-		return a.SequenceID < b.SequenceID
-	}
-	return a.ChoiceIndex < b.ChoiceIndex
-}
+func callBefore(a, b *export.Call) bool { return export.CompareTurns(a, b) < 0 }
 
 // oneAttemptInOrder reports whether calls are of one attempt and ordered by
 // callBefore (ties in any order).
