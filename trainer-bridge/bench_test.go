@@ -7,12 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
@@ -93,6 +96,18 @@ func benchBuild(b *testing.B, s export.Store, rollouts int, stream bool) {
 		}
 	}()
 	b.ReportAllocs()
+	if path := os.Getenv("ROLLGATE_BENCH_CPUPROFILE"); path != "" {
+		// The builds' profile alone, without the filling of the store
+		// that -test.cpuprofile would mix in.
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	b.ResetTimer()
 	cpu0 := processCPU()
 	for b.Loop() {
@@ -181,11 +196,61 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 		b.Fatalf("set %s to a ClickHouse server (scripts/test starts one)", testenv.EnvClickHouseDSN)
 	}
 	rollouts := benchRollouts()
-	s, err := clickhouse.Open(context.Background(), testenv.FreshDatabase(dsn, fmt.Sprint("bench_build_", rollouts, "_", time.Now().UnixNano())), clickhouse.Options{})
+	// ROLLGATE_BENCH_DATABASE names a database to keep between runs: it
+	// is filled when it does not hold the rollouts yet, else used as it is.
+	db := os.Getenv("ROLLGATE_BENCH_DATABASE")
+	if db == "" {
+		db = fmt.Sprint("bench_build_", rollouts, "_", time.Now().UnixNano())
+	}
+	s, err := clickhouse.Open(context.Background(), testenv.FreshDatabase(dsn, db), clickhouse.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	benchStore(b, s, rollouts)
+	res, err := s.Query(context.Background(), "SELECT count() FROM llm_calls")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.Rows[0][0] != strconv.Itoa(rollouts*5) {
+		if res.Rows[0][0] != "0" {
+			b.Fatalf("database %s holds %s calls, not %d: name another", db, res.Rows[0][0], rollouts*5)
+		}
+		benchStore(b, s, rollouts)
+		// The parts merged, as a server that is not inserting has them:
+		// no merge runs during the builds.
+		opts, err := ch.ParseDSN(testenv.FreshDatabase(dsn, db))
+		if err != nil {
+			b.Fatal(err)
+		}
+		conn, err := ch.Open(opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, t := range []string{"llm_calls", "rollouts", "rewards"} {
+			if err := conn.Exec(context.Background(), "OPTIMIZE TABLE "+t+" FINAL"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		conn.Close()
+	}
+	cpu0 := serverCPU(b, s)
 	benchBuild(b, s, rollouts, os.Getenv("ROLLGATE_BENCH_STREAM") != "")
+	// The server's CPU for the builds' queries (its query threads' user
+	// and system time, system.events), which shares the machine with the
+	// bridge when the server is local.
+	b.ReportMetric(float64(serverCPU(b, s)-cpu0)/float64(rollouts*5*b.N), "server-cpu-µs/transition")
+}
+
+// serverCPU is the user and system CPU time, in µs, that the ClickHouse
+// server's query threads have used since it started.
+func serverCPU(b *testing.B, s *clickhouse.Store) int64 {
+	res, err := s.Query(context.Background(), "SELECT toInt64(sum(value)) FROM system.events WHERE event IN ('UserTimeMicroseconds', 'SystemTimeMicroseconds')")
+	if err != nil || len(res.Rows) != 1 {
+		b.Fatalf("server CPU from system.events: %v", err)
+	}
+	n, err := strconv.ParseInt(res.Rows[0][0], 10, 64)
+	if err != nil {
+		b.Fatalf("server CPU from system.events: %v", err)
+	}
+	return n
 }
