@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/rollgate/rollgate/export"
 )
@@ -139,7 +140,7 @@ func assemble(mode string, calls []export.Call, st *Stats) ([]*Sample, error) {
 func newSample(c export.Call) *Sample {
 	return &Sample{RolloutID: c.RolloutID, AttemptID: c.AttemptID, TaskID: c.TaskID, AgentName: c.AgentName,
 		PolicyVersion: c.PolicyVersion, ChoiceIndex: c.ChoiceIndex, SequenceIDs: []uint64{c.SequenceID},
-		Prompt: c.PromptTokenIDs, Response: append([]uint32(nil), c.ResponseTokenIDs...),
+		Prompt: c.PromptTokenIDs, Response: slices.Clip(c.ResponseTokenIDs),
 		ResponseMask: ones(len(c.ResponseTokenIDs)), Logprobs: logprobs(c), TokenSource: c.TokenSource,
 		HasLogprobs: hasLogprobs(c)}
 }
@@ -156,9 +157,12 @@ func sameClass(a, b string) bool {
 }
 
 // logprobs are the call's response logprobs, zeros when missing or of the wrong length.
+// A sample's response and logprobs are the call's arrays, not copies,
+// their capacity clipped: a trajectory's next turn appended to them gets
+// memory of its own, and nothing writes into them in place.
 func logprobs(c export.Call) []float32 {
 	if len(c.ResponseLogprobs) == len(c.ResponseTokenIDs) {
-		return append([]float32(nil), c.ResponseLogprobs...)
+		return slices.Clip(c.ResponseLogprobs)
 	}
 	return make([]float32, len(c.ResponseTokenIDs))
 }
@@ -228,7 +232,7 @@ func truncate(s *Sample, maxPrompt, maxResponse int, policy string) (excluded st
 			s.Prompt = s.Prompt[len(s.Prompt)-maxPrompt:]
 		}
 		if overR {
-			s.Response, s.ResponseMask, s.Logprobs = s.Response[:maxResponse], s.ResponseMask[:maxResponse], s.Logprobs[:maxResponse]
+			s.Response, s.ResponseMask, s.Logprobs = s.Response[:maxResponse:maxResponse], s.ResponseMask[:maxResponse:maxResponse], s.Logprobs[:maxResponse:maxResponse]
 		}
 		s.Trimmed = true
 		return ""
@@ -246,7 +250,7 @@ func truncate(s *Sample, maxPrompt, maxResponse int, policy string) (excluded st
 	if n == 0 {
 		return ExclTruncDropped
 	}
-	s.Response, s.ResponseMask, s.Logprobs = s.Response[:n], s.ResponseMask[:n], s.Logprobs[:n]
+	s.Response, s.ResponseMask, s.Logprobs = s.Response[:n:n], s.ResponseMask[:n:n], s.Logprobs[:n:n]
 	s.Truncated = true
 	return ""
 }

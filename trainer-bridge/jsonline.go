@@ -74,6 +74,12 @@ func appendKeyString(b []byte, key, v string) []byte {
 // the shortest form, exponent only below 1e-6 or from 1e21, and the same
 // error for NaN and infinities.
 func appendFloat(b []byte, f float64, bits int) ([]byte, error) {
+	if f == 0 { // a token the engine was sure of: logprob 0, often
+		if math.Signbit(f) {
+			return append(b, '-', '0'), nil
+		}
+		return append(b, '0'), nil
+	}
 	if math.IsInf(f, 0) || math.IsNaN(f) {
 		return nil, &json.UnsupportedValueError{Value: reflect.ValueOf(f), Str: strconv.FormatFloat(f, 'g', -1, bits)}
 	}
