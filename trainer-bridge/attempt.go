@@ -61,7 +61,9 @@ func eachAttempt(ctx context.Context, store export.Store, refs func(n int) ([]At
 	if bulk, ok := store.(export.BulkRolloutReader); ok {
 		// The engine's raw answer is never read here; the request only to
 		// retokenize and by AIR rules that read it.
-		ro := export.ReadOptions{NoResponseBody: true, NoRequestBody: o.Retokenize == nil && (o.AIR == nil || !o.AIR.ReadsRequests())}
+		// Nor the rollouts rows: the selection has the attempts.
+		ro := export.ReadOptions{NoResponseBody: true, NoRequestBody: o.Retokenize == nil && (o.AIR == nil || !o.AIR.ReadsRequests()),
+			NoAttempts: true}
 		ctx, cancel := context.WithCancel(ctx)
 		var wait func()
 		next, wait = readAhead(ctx, bulk, chunks, ro)

@@ -182,3 +182,41 @@ func TestNativeLowCardinality(t *testing.T) {
 		t.Fatalf("strings %q", g)
 	}
 }
+
+// TestRolloutsNoAttempts checks that ReadOptions.NoAttempts leaves only the
+// attempts out of a bulk read: the calls and rewards are those of a full
+// read, and a full read still has the attempts.
+func TestRolloutsNoAttempts(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t, Options{})
+	b := &export.Batch{
+		Calls:    []export.Call{storetest.FullCall("r1", "a1", 1, 0), storetest.FullCall("r2", "a1", 1, 0)},
+		Rollouts: []export.Rollout{{RolloutID: "r1", AttemptID: "a1", Status: "succeeded", Metadata: "{}", UpdatedUnixNano: 5}},
+		Rewards:  []export.Reward{{RolloutID: "r1", AttemptID: "a1", Name: "primary", Value: 0.5, Source: "api"}},
+	}
+	if err := s.Write(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	full, err := s.Rollouts(ctx, []string{"r1", "r2"}, export.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lean, err := s.Rollouts(ctx, []string{"r1", "r2"}, export.ReadOptions{NoAttempts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(full["r1"].Attempts); n != 1 {
+		t.Fatalf("full read: %d attempts of r1, want 1", n)
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if n := len(lean[id].Attempts); n != 0 {
+			t.Errorf("NoAttempts: %d attempts of %s", n, id)
+		}
+		if d := storetest.EqualCalls(lean[id].Calls, full[id].Calls); d != "" || len(lean[id].Calls) != 1 {
+			t.Errorf("NoAttempts: calls of %s: %d, %s", id, len(lean[id].Calls), d)
+		}
+	}
+	if len(lean["r1"].Rewards) != 1 || lean["r1"].Rewards[0] != full["r1"].Rewards[0] {
+		t.Errorf("NoAttempts: rewards %+v, full read %+v", lean["r1"].Rewards, full["r1"].Rewards)
+	}
+}

@@ -272,25 +272,10 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		set[i] = id
 	}
 	in := clickhouse.GroupSet{Value: set} // binds as ('a', 'b', ...)
-	rolloutCols := export.RolloutTable.Columns
-	rows, err := s.conn.Query(ctx, "SELECT "+selectList(rolloutCols, nil)+
-		" FROM rollouts WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, updated_unix_nano DESC LIMIT 1 BY rollout_id, attempt_id", in)
-	if err != nil {
-		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
-	}
-	sc := export.NewScanner(rolloutCols, export.IntsNative)
-	for rows.Next() {
-		if err := sc.Scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
+	if !opt.NoAttempts {
+		if err := s.readAttempts(ctx, in, out); err != nil {
+			return nil, err
 		}
-		if d := out[sc.Row.RolloutID]; d != nil {
-			d.Attempts = append(d.Attempts, sc.Row)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("clickhouse: read rollouts: %w", err)
 	}
 
 	// No ORDER BY: sorting rows of several KB of arrays cost the server
@@ -311,7 +296,7 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		of    []int32 // index in ids of each call's rollout
 		count = make([]int, len(ids)+1)
 	)
-	err = s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
+	err := s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
 		opt, []any{in}, func(c *export.Call) {
 			if k, ok := at[c.RolloutID]; ok {
 				calls, of = append(calls, c), append(of, int32(k))
@@ -339,7 +324,7 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 	}
 
 	rewardCols := export.RewardTable.Columns
-	rows, err = s.conn.Query(ctx, "SELECT "+selectList(rewardCols, nil)+
+	rows, err := s.conn.Query(ctx, "SELECT "+selectList(rewardCols, nil)+
 		" FROM rewards WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, sequence_id, time_unix_nano, name", in)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
@@ -358,6 +343,31 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		return nil, fmt.Errorf("clickhouse: read rewards: %w", err)
 	}
 	return out, nil
+}
+
+// readAttempts adds the latest row of every attempt of the rollouts in to
+// their details in out.
+func (s *Store) readAttempts(ctx context.Context, in clickhouse.GroupSet, out map[string]*export.RolloutDetail) error {
+	rolloutCols := export.RolloutTable.Columns
+	rows, err := s.conn.Query(ctx, "SELECT "+selectList(rolloutCols, nil)+
+		" FROM rollouts WHERE rollout_id IN ? ORDER BY rollout_id, attempt_id, updated_unix_nano DESC LIMIT 1 BY rollout_id, attempt_id", in)
+	if err != nil {
+		return fmt.Errorf("clickhouse: read rollouts: %w", err)
+	}
+	defer rows.Close()
+	sc := export.NewScanner(rolloutCols, export.IntsNative)
+	for rows.Next() {
+		if err := sc.Scan(rows, func(r *export.Rollout) string { return fmt.Sprintf("attempt %q", r.AttemptID) }); err != nil {
+			return fmt.Errorf("clickhouse: read rollouts: %w", err)
+		}
+		if d := out[sc.Row.RolloutID]; d != nil {
+			d.Attempts = append(d.Attempts, sc.Row)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("clickhouse: read rollouts: %w", err)
+	}
+	return nil
 }
 
 // spanOf names a call in a scan error.
