@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 )
 
 // spill keeps the samples a streamed Build assembled in its one pass over
@@ -62,25 +63,44 @@ func (s *spill) write(x *Sample) error {
 	// The prompt as the length of its prefix shared with the previous
 	// sample's prompt and response, then the rest: an agent's next turn
 	// starts with its previous turn, so most of a prompt is written once.
-	shared := 0
-	for shared < len(x.Prompt) && shared < len(s.wprev) && x.Prompt[shared] == s.wprev[shared] {
-		shared++
-	}
+	shared := sharedPrefix(x.Prompt, s.wprev)
 	s.putUvarint(uint64(shared))
 	for _, ids := range [][]uint32{x.Prompt[shared:], x.Response} {
 		s.putUvarint(uint64(len(ids)))
-		for _, v := range ids {
-			s.buf = binary.LittleEndian.AppendUint32(s.buf, v)
-		}
+		s.buf = appendU32s(s.buf, ids, func(v uint32) uint32 { return v })
 	}
 	s.wprev = append(append(s.wprev[:0], x.Prompt...), x.Response...)
 	s.putUvarint(uint64(len(x.ResponseMask)))
 	s.buf = append(s.buf, x.ResponseMask...)
 	s.putUvarint(uint64(len(x.Logprobs)))
-	for _, v := range x.Logprobs {
-		s.buf = binary.LittleEndian.AppendUint32(s.buf, math.Float32bits(v))
-	}
+	s.buf = appendU32s(s.buf, x.Logprobs, math.Float32bits)
 	return s.append(s.buf)
+}
+
+// sharedPrefix is the length of the prefix p and prev share. The usual
+// cases, p extending prev (an agent's next turn) or p a prefix of prev
+// (the same prompt again), are compared as whole runs of memory.
+func sharedPrefix(p, prev []uint32) int {
+	n := min(len(p), len(prev))
+	if slices.Equal(p[:n], prev[:n]) {
+		return n
+	}
+	i := 0
+	for i < n && p[i] == prev[i] {
+		i++
+	}
+	return i
+}
+
+// appendU32s appends the 32 bits bits gives of each of vs, little-endian.
+func appendU32s[T uint32 | float32](b []byte, vs []T, bits func(T) uint32) []byte {
+	at := len(b)
+	b = slices.Grow(b, 4*len(vs))[:at+4*len(vs)]
+	out := b[at:]
+	for i, v := range vs {
+		binary.LittleEndian.PutUint32(out[4*i:4*i+4], bits(v))
+	}
+	return b
 }
 
 // rewind ends writing and starts reading from the first sample.
@@ -138,15 +158,17 @@ func (s *spill) read() (*Sample, error) {
 	for i := range rest {
 		x.Prompt[int(shared)+i] = binary.LittleEndian.Uint32(restIDs[4*i:])
 	}
+	respIDs := d.bytes(4 * r)
 	for i := range x.Response {
-		x.Response[i] = d.u32()
+		x.Response[i] = binary.LittleEndian.Uint32(respIDs[4*i : 4*i+4])
 	}
 	mask := d.bytes(d.count(1))
 	x.ResponseMask = make([]uint8, len(mask))
 	copy(x.ResponseMask, mask)
-	x.Logprobs = make([]float32, d.count(4))
+	lp := d.bytes(4 * d.count(4))
+	x.Logprobs = make([]float32, len(lp)/4)
 	for i := range x.Logprobs {
-		x.Logprobs[i] = math.Float32frombits(d.u32())
+		x.Logprobs[i] = math.Float32frombits(binary.LittleEndian.Uint32(lp[4*i : 4*i+4]))
 	}
 	if d.bad || len(d.b) != 0 {
 		return nil, errSpillCorrupt
