@@ -248,10 +248,11 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 	}
 	rollouts, mode := benchRollouts(), benchDataMode(b)
 	// ROLLGATE_BENCH_DATABASE names a database to keep between runs: it
-	// is filled when it does not hold the rollouts yet, else used as it is.
+	// is filled when it does not hold the rollouts yet, else used as it is
+	// (when it holds the same data mode).
 	db := os.Getenv("ROLLGATE_BENCH_DATABASE")
 	if db == "" {
-		db = fmt.Sprint("bench_build_", rollouts, "_", time.Now().UnixNano())
+		db = fmt.Sprint("bench_build_", mode, "_", rollouts, "_", time.Now().UnixNano())
 	}
 	s, err := clickhouse.Open(context.Background(), testenv.FreshDatabase(dsn, db), clickhouse.Options{})
 	if err != nil {
@@ -283,6 +284,13 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 			}
 		}
 		conn.Close()
+	}
+	res, err = s.Query(context.Background(), "SELECT metadata FROM rollouts LIMIT 1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(res.Rows) != 1 || res.Rows[0][0] != benchMetadata(mode) {
+		b.Fatalf("database %s was not filled with ROLLGATE_BENCH_DATA=%s (a rollout's metadata is %v, not %s): name another", db, mode, res.Rows, benchMetadata(mode))
 	}
 	cpu0 := serverCPU(b, s)
 	benchBuild(b, s, rollouts, os.Getenv("ROLLGATE_BENCH_STREAM") != "")
