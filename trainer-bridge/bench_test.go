@@ -25,35 +25,76 @@ import (
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
-// benchStore fills store with rollouts x 5 calls (512-token prompts,
-// 128-token responses, logprobs), one succeeded attempt and reward each.
-func benchStore(b *testing.B, s export.Store, rollouts int) {
+// benchStore fills store with rollouts x 5 calls, one succeeded attempt and
+// reward each, of the data mode (benchDataMode): the default's calls all
+// have the same 512-token prompt and 128-token response; agentic's are
+// agenticData's trajectories, and their rollouts' metadata names the mode
+// (benchMetadata).
+func benchStore(b testing.TB, s export.Store, rollouts int, mode string) {
 	const turns = 5
 	prompt, resp, lp := make([]uint32, 512), make([]uint32, 128), make([]float32, 128)
 	for i := range prompt {
 		prompt[i] = uint32(i)
 	}
+	var gen *agenticData
+	if mode == benchDataAgentic {
+		gen = newAgenticData()
+	}
 	batch := &export.Batch{}
+	size := 0 // the batch's calls' ids, logprobs and bodies, in bytes
 	for r := range rollouts {
 		ro := fmt.Sprintf("r%06d", r)
-		for t := range turns {
-			batch.Calls = append(batch.Calls, export.Call{SpanID: fmt.Sprint(ro, t), RolloutID: ro, AttemptID: "a", TaskID: fmt.Sprint("t", r%100),
-				SequenceID: uint64(t + 1), StartTimeUnixNano: uint64(r*10 + t), HTTPStatus: 200, TokenSource: export.TokenSourceEngine,
-				RequestBody: `{"messages":[{"role":"user","content":"hi"}]}`, ResponseMessage: `{"role":"assistant","content":"answer"}`,
-				PromptTokenIDs: prompt, ResponseTokenIDs: resp, ResponseLogprobs: lp, FinishReason: "stop"})
+		if gen != nil {
+			n := len(batch.Calls)
+			batch.Calls = gen.rollout(batch.Calls, r, ro)
+			for _, c := range batch.Calls[n:] {
+				size += 4*(len(c.PromptTokenIDs)+len(c.ResponseTokenIDs)+len(c.ResponseLogprobs)) + len(c.RequestBody) + len(c.ResponseMessage)
+			}
+		} else {
+			for t := range turns {
+				batch.Calls = append(batch.Calls, export.Call{SpanID: fmt.Sprint(ro, t), RolloutID: ro, AttemptID: "a", TaskID: fmt.Sprint("t", r%100),
+					SequenceID: uint64(t + 1), StartTimeUnixNano: uint64(r*10 + t), HTTPStatus: 200, TokenSource: export.TokenSourceEngine,
+					RequestBody: `{"messages":[{"role":"user","content":"hi"}]}`, ResponseMessage: `{"role":"assistant","content":"answer"}`,
+					PromptTokenIDs: prompt, ResponseTokenIDs: resp, ResponseLogprobs: lp, FinishReason: "stop"})
+			}
 		}
-		batch.Rollouts = append(batch.Rollouts, export.Rollout{RolloutID: ro, AttemptID: "a", Status: "succeeded", Metadata: "{}", UpdatedUnixNano: 1})
+		batch.Rollouts = append(batch.Rollouts, export.Rollout{RolloutID: ro, AttemptID: "a", Status: "succeeded", Metadata: benchMetadata(mode), UpdatedUnixNano: 1})
 		batch.Rewards = append(batch.Rewards, export.Reward{RolloutID: ro, AttemptID: "a", Name: "primary", Value: float64(r % 3), Source: "api"})
-		if len(batch.Calls) >= 5000 {
+		// 5000 calls, or fewer when they are large (agentic: about 1,000).
+		if len(batch.Calls) >= 5000 || size >= 32<<20 {
 			if err := s.Write(context.Background(), batch); err != nil {
 				b.Fatal(err)
 			}
-			batch = &export.Batch{}
+			batch, size = &export.Batch{}, 0
 		}
 	}
 	if err := s.Write(context.Background(), batch); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// benchDataMode is ROLLGATE_BENCH_DATA: benchDataDefault (unset) or
+// benchDataAgentic.
+func benchDataMode(b *testing.B) string {
+	switch m := os.Getenv("ROLLGATE_BENCH_DATA"); m {
+	case "", benchDataDefault:
+		return benchDataDefault
+	case benchDataAgentic:
+		return m
+	default:
+		b.Fatalf("ROLLGATE_BENCH_DATA=%q: want %s (or unset) or %s", m, benchDataDefault, benchDataAgentic)
+		return ""
+	}
+}
+
+// benchMetadata is the rollouts' metadata in a data mode: the default's is
+// "{}" as it always was, the others name their mode, so that a kept
+// database (ROLLGATE_BENCH_DATABASE) tells which data it holds.
+func benchMetadata(mode string) string {
+	if mode == benchDataDefault {
+		return "{}"
+	}
+	return `{"bench_data":"` + mode + `"}`
 }
 
 // benchRollouts is 2000 unless ROLLGATE_BENCH_ROLLOUTS says otherwise
@@ -65,11 +106,17 @@ func benchRollouts() int {
 	return 2000
 }
 
+// benchOptions are the benchmarks' Build options: GRPO, AIR on (its
+// default rules), every other option its default.
+func benchOptions() Options {
+	e, _ := air.New(air.DefaultConfig())
+	return Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, AIR: e}
+}
+
 // benchBuild times Build (GRPO, AIR on) and reports transitions/s and the
 // peak Go heap in use during the builds.
 func benchBuild(b *testing.B, s export.Store, rollouts int, stream bool) {
-	e, _ := air.New(air.DefaultConfig())
-	o := Options{Selection: DefaultSelection(), Estimator: advantage.GRPO, AIR: e}
+	o := benchOptions()
 	var emitted int
 	if stream {
 		w := NewJSONLWriter(io.Discard)
@@ -162,15 +209,19 @@ func vmHWM() int {
 
 // BenchmarkBuildSQLite assembles transitions (GRPO, AIR on) from an embedded
 // store of 2000 rollouts x 5 calls (512-token prompts, 128-token responses);
-// ROLLGATE_BENCH_ROLLOUTS sets another number of rollouts.
+// ROLLGATE_BENCH_ROLLOUTS sets another number of rollouts, and
+// ROLLGATE_BENCH_DATA=agentic multi-turn tool-using trajectories instead
+// (agenticData: prompts growing from about 512 to at most 1,504 tokens,
+// 64-256-token responses, ids over Qwen's vocabulary, negative logprobs,
+// requests repeating the conversation).
 func BenchmarkBuildSQLite(b *testing.B) {
-	rollouts := benchRollouts()
+	rollouts, mode := benchRollouts(), benchDataMode(b)
 	s, err := sqlite.Open(filepath.Join(b.TempDir(), "bench.db"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	benchStore(b, s, rollouts)
+	benchStore(b, s, rollouts, mode)
 	benchBuild(b, s, rollouts, false)
 }
 
@@ -178,13 +229,13 @@ func BenchmarkBuildSQLite(b *testing.B) {
 // goes (Options.Emit): one pass over the store, the samples in a spill file
 // until the advantages are known, memory flat.
 func BenchmarkBuildSQLiteStream(b *testing.B) {
-	rollouts := benchRollouts()
+	rollouts, mode := benchRollouts(), benchDataMode(b)
 	s, err := sqlite.Open(filepath.Join(b.TempDir(), "bench.db"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	benchStore(b, s, rollouts)
+	benchStore(b, s, rollouts, mode)
 	benchBuild(b, s, rollouts, true)
 }
 
@@ -195,12 +246,13 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 	if dsn == "" {
 		b.Fatalf("set %s to a ClickHouse server (scripts/test starts one)", testenv.EnvClickHouseDSN)
 	}
-	rollouts := benchRollouts()
+	rollouts, mode := benchRollouts(), benchDataMode(b)
 	// ROLLGATE_BENCH_DATABASE names a database to keep between runs: it
-	// is filled when it does not hold the rollouts yet, else used as it is.
+	// is filled when it does not hold the rollouts yet, else used as it is
+	// (when it holds the same data mode).
 	db := os.Getenv("ROLLGATE_BENCH_DATABASE")
 	if db == "" {
-		db = fmt.Sprint("bench_build_", rollouts, "_", time.Now().UnixNano())
+		db = fmt.Sprint("bench_build_", mode, "_", rollouts, "_", time.Now().UnixNano())
 	}
 	s, err := clickhouse.Open(context.Background(), testenv.FreshDatabase(dsn, db), clickhouse.Options{})
 	if err != nil {
@@ -215,7 +267,7 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 		if res.Rows[0][0] != "0" {
 			b.Fatalf("database %s holds %s calls, not %d: name another", db, res.Rows[0][0], rollouts*5)
 		}
-		benchStore(b, s, rollouts)
+		benchStore(b, s, rollouts, mode)
 		// The parts merged, as a server that is not inserting has them:
 		// no merge runs during the builds.
 		opts, err := ch.ParseDSN(testenv.FreshDatabase(dsn, db))
@@ -232,6 +284,13 @@ func BenchmarkBuildClickHouse(b *testing.B) {
 			}
 		}
 		conn.Close()
+	}
+	res, err = s.Query(context.Background(), "SELECT metadata FROM rollouts LIMIT 1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(res.Rows) != 1 || res.Rows[0][0] != benchMetadata(mode) {
+		b.Fatalf("database %s was not filled with ROLLGATE_BENCH_DATA=%s (a rollout's metadata is %v, not %s): name another", db, mode, res.Rows, benchMetadata(mode))
 	}
 	cpu0 := serverCPU(b, s)
 	benchBuild(b, s, rollouts, os.Getenv("ROLLGATE_BENCH_STREAM") != "")
