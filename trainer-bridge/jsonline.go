@@ -55,6 +55,21 @@ func (s *Sample) appendJSON(b []byte) ([]byte, error) {
 	return append(b, "]}"...), nil
 }
 
+// jsonError is the error appendJSON returns for s, found without writing
+// the line: nil unless a reward, advantage or logprob is NaN or infinite.
+func (s *Sample) jsonError() error {
+	finite := func(f float64) bool { return !math.IsInf(f, 0) && !math.IsNaN(f) }
+	ok := finite(s.Reward) && finite(s.Advantage)
+	for _, v := range s.Logprobs {
+		ok = ok && finite(float64(v))
+	}
+	if ok {
+		return nil
+	}
+	_, err := s.appendJSON(nil)
+	return err
+}
+
 // appendKeyString appends key and v as a JSON string: plain printable ASCII
 // as it is, anything else through encoding/json (its escapes, HTML-safe).
 func appendKeyString(b []byte, key, v string) []byte {

@@ -3,7 +3,10 @@ package bridge
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -101,4 +104,86 @@ func FuzzAppendJSON(f *testing.F) {
 		checkLine(t, &Sample{RolloutID: id, TaskID: task, GroupUID: id + task, Prompt: []uint32{tok}, Response: []uint32{tok, tok},
 			Logprobs: []float32{math.Float32frombits(lpBits), float32(reward)}, ResponseMask: []uint8{mask}, Reward: reward, Advantage: reward / 3})
 	})
+}
+
+// TestJSONLWriterBatches checks the batched writer against the reference
+// lines over several batches (and a partial last one), a sample that JSON
+// cannot hold in the middle (its Write fails, the lines before it are all
+// written) and a failing destination (an error, not a partial success).
+func TestJSONLWriterBatches(t *testing.T) {
+	samples := make([]*Sample, 5*jsonlBatch+7)
+	var want bytes.Buffer
+	for i := range samples {
+		samples[i] = &Sample{RolloutID: fmt.Sprint("r", i), Prompt: []uint32{uint32(i), 2, 3}, Response: []uint32{uint32(i)},
+			ResponseMask: []uint8{1}, Logprobs: []float32{-float32(i) / 7}, Reward: float64(i), Advantage: -float64(i) / 3}
+		line, err := refLine(samples[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want.Write(line)
+	}
+	var got bytes.Buffer
+	if err := WriteJSONL(&got, samples); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Fatalf("%d bytes, want %d (first difference at %d)", got.Len(), want.Len(), firstDiff(got.Bytes(), want.Bytes()))
+	}
+
+	bad := 3*jsonlBatch + 5
+	got.Reset()
+	w := NewJSONLWriter(&got)
+	for i, s := range samples {
+		if i == bad {
+			s = &Sample{Advantage: math.NaN()}
+		}
+		err := w.Write(s)
+		if (err != nil) != (i == bad) {
+			t.Fatalf("sample %d: Write error %v", i, err)
+		}
+		if err != nil {
+			if !strings.Contains(err.Error(), fmt.Sprint("sample ", bad)) {
+				t.Errorf("error %q does not name sample %d", err, bad)
+			}
+			break
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(got.Bytes(), []byte("\n")); n != bad || !bytes.HasPrefix(want.Bytes(), got.Bytes()) {
+		t.Fatalf("after a failed Write: %d lines written, want the %d before it", n, bad)
+	}
+
+	w = NewJSONLWriter(failAfter{n: 100})
+	var werr error
+	for _, s := range samples {
+		if werr = w.Write(s); werr != nil {
+			break
+		}
+	}
+	if cerr := w.Close(); cerr == nil || (werr != nil && !errors.Is(werr, errDisk)) || !errors.Is(cerr, errDisk) {
+		t.Fatalf("failing destination: Write %v, Close %v", werr, cerr)
+	}
+}
+
+var errDisk = errors.New("disk full")
+
+// failAfter accepts n bytes, then fails.
+type failAfter struct{ n int }
+
+func (f failAfter) Write(p []byte) (int, error) {
+	if len(p) > f.n {
+		return 0, errDisk
+	}
+	return len(p), nil
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }
