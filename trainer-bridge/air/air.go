@@ -208,13 +208,15 @@ type message struct {
 	Role       string          `json:"role"`
 	Content    json.RawMessage `json:"content"`
 	ToolCallID string          `json:"tool_call_id"`
-	ToolCalls  []struct {
-		ID       string `json:"id"`
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	} `json:"tool_calls"`
+	ToolCalls  []toolCall      `json:"tool_calls"`
+}
+
+type toolCall struct {
+	ID       string `json:"id"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
 }
 
 // text is the content as plain text: a string, or the text parts of a list.
@@ -242,10 +244,11 @@ func (m message) text() string {
 // parse reads the response message; the request body is read by request,
 // when a rule first needs it (a call with tool calls, or the request after
 // one): most calls make no tool calls, and their request bodies, which
-// repeat the whole conversation so far, are never decoded.
+// repeat the whole conversation so far, are never decoded. The response
+// message is decoded as json.Unmarshal decodes it (decodeMessage).
 func parse(c *export.Call) parsed {
 	p := parsed{c: c}
-	_ = json.Unmarshal([]byte(c.ResponseMessage), &p.msg)
+	decodeMessage(c.ResponseMessage, &p.msg)
 	return p
 }
 
