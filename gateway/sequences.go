@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -262,36 +263,77 @@ func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 // its first id (or an id of a block another call reserved meanwhile). A call
 // that waited while another's reservation failed fails with it, so that
 // calls queued on a down store wait one timeout, not one each.
+//
+// A call whose entry left the table (dropped or evicted) before its
+// reservation returned takes its id from the attempt's current entry
+// instead, as a call arriving now would, and the block it reserved is
+// abandoned: the store orders concurrent reservations, not their arrival,
+// so that block may be above one reserved meanwhile for the attempt's new
+// entry, whose lower ids the table would then hand out after this call's
+// higher one, to the same sequential caller.
 func (s *sequences) refill(e *seqEntry) (*seqEntry, uint64, error) {
+	id, err := s.reserve(e)
+	if err == errEntryRemoved {
+		return s.assign([]byte(e.rollout), []byte(e.attempt))
+	}
+	return e, id, err
+}
+
+// errEntryRemoved tells refill that its entry left the table.
+var errEntryRemoved = errors.New("gateway: sequence entry removed")
+
+// reserve is refill on e alone: an id of e's block, or of a block it
+// reserves and stores in e while e is in the table (errEntryRemoved once
+// e is not).
+func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 	rs := e.rs
 	tried := rs.tries.Load()
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if b := e.blk.Load(); b != nil {
 		if id := b.n.Add(1); id <= b.last {
-			return e, id, nil
+			return id, nil
 		}
 	}
 	if rs.tries.Load() != tried && rs.lastFail != nil {
-		return e, 0, rs.lastFail
+		return 0, rs.lastFail
+	}
+	if !s.holds(e) { // no reservation for a removed entry (see refill)
+		return 0, errEntryRemoved
 	}
 	rs.tries.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
 	blk, err := s.store.Reserve(ctx, e.rollout, e.attempt)
 	cancel()
 	if rs.lastFail = err; err != nil {
-		return e, 0, err // seqstore's errors name the attempt and what to check
+		return 0, err // seqstore's errors name the attempt and what to check
 	}
 	b := &seqBlock{last: blk.Last}
 	b.n.Store(blk.First)
+	// Stored under the read lock, so no removal comes between the check
+	// and the store: an entry inserted after e's removal reserves after
+	// this block.
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.m[e.key] != e {
+		return 0, errEntryRemoved
+	}
 	e.blk.Store(b)
-	return e, blk.First, nil
+	return blk.First, nil
+}
+
+// holds tells whether e is (still) in the table.
+func (s *sequences) holds(e *seqEntry) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.m[e.key] == e
 }
 
 // drop forgets (rollout, attempt), or every attempt when both are "": the
 // store says another gateway took it over (or it cannot tell). The next
 // call of the attempt reserves a new block. Calls already past the lookup
-// may still take ids of the old block: they arrived before the takeover.
+// may still take ids of the old block: they arrived before the takeover;
+// none reserves a new block for the old entry (see refill).
 func (s *sequences) drop(rollout, attempt string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

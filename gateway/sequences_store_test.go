@@ -190,6 +190,141 @@ func TestSequenceStoreTwoGateways(t *testing.T) {
 	wg.Wait()
 }
 
+// gatedStore reserves from inner, or when inner is nil hands out blocks of
+// 4 ids in the order its reservations are let through (the database's
+// order), not the order they arrive. While hold is set, the next
+// reservation waits at the gate (entered is signalled) until release is
+// closed.
+type gatedStore struct {
+	inner   seqstore.Store
+	mu      sync.Mutex
+	next    uint64
+	hold    atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newGatedStore(inner seqstore.Store) *gatedStore {
+	return &gatedStore{inner: inner, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *gatedStore) Reserve(ctx context.Context, r, a string) (seqstore.Block, error) {
+	if g.hold.CompareAndSwap(true, false) {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	if g.inner != nil {
+		return g.inner.Reserve(ctx, r, a)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	first := g.next + 1
+	g.next += 4
+	return seqstore.Block{First: first, Last: g.next}, nil
+}
+
+func (g *gatedStore) OnTakeover(drop func(string, string)) {
+	if g.inner != nil {
+		g.inner.OnTakeover(drop)
+	}
+}
+
+func (g *gatedStore) Close() error { return nil }
+
+// heldCall starts s.next("r", "a") in a goroutine, holds its reservation at
+// g's gate, and returns the call's result once g.release is closed.
+func heldCall(t *testing.T, s *sequences, g *gatedStore) func() uint64 {
+	t.Helper()
+	g.hold.Store(true)
+	type res struct {
+		id  uint64
+		err error
+	}
+	c := make(chan res)
+	go func() {
+		id, err := s.next("r", "a")
+		c <- res{id, err}
+	}()
+	<-g.entered
+	return func() uint64 {
+		t.Helper()
+		close(g.release)
+		r := <-c
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r.id
+	}
+}
+
+// TestSequenceStoreDroppedRefillDoesNotOvertake: a call whose entry is
+// dropped (its attempt taken over) or evicted while its reservation is
+// under way, and whose reservation the store then orders after that of a
+// later call (on the attempt's new entry), must not leave the table handing
+// out the later call's lower block after it answered with the higher one:
+// the caller, sequential, would see its next id go backwards.
+func TestSequenceStoreDroppedRefillDoesNotOvertake(t *testing.T) {
+	for _, how := range []string{"drop", "evict"} {
+		t.Run(how, func(t *testing.T) {
+			g := newGatedStore(nil)
+			s := newStoreTable(g, 2)
+			for i := 1; i <= 4; i++ { // the first block, exhausted
+				if id, err := s.next("r", "a"); err != nil || id != uint64(i) {
+					t.Fatalf("call %d: %d, %v", i, id, err)
+				}
+			}
+			answer := heldCall(t, s, g) // the sequential caller: its reservation is held
+			switch how {
+			case "drop": // another gateway takes the attempt over
+				s.drop("r", "a")
+			case "evict":
+				s.next("r", "b")
+				s.next("r", "c") // evicts "a", the least recently used
+			}
+			// Another caller of the attempt: a new entry, whose reservation
+			// the store orders first.
+			other, err := s.next("r", "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := answer()
+			// The sequential caller's next call, after its answer.
+			if id, err := s.next("r", "a"); err != nil || id <= first {
+				t.Fatalf("sequential caller: id %d (%v) after %d (a concurrent caller got %d)", id, err, first, other)
+			}
+		})
+	}
+}
+
+// TestSequenceStoreTwoGatewaysDroppedRefill (PostgreSQL) is
+// TestSequenceStoreDroppedRefillDoesNotOvertake's drop across two real
+// gateways: gateway a's reservation is held while b takes the attempt
+// over (a drops it) and a's next caller takes it back; the held
+// reservation, ordered last by the database, must not make a's next answer
+// to its caller go backwards.
+func TestSequenceStoreTwoGatewaysDroppedRefill(t *testing.T) {
+	dsn := postgresDSN(t)
+	g := newGatedStore(openSeqStore(t, dsn))
+	a, b := newStoreTable(g, 0), newStoreTable(openSeqStore(t, dsn), 0)
+	for i := 1; i <= 16; i++ { // a's first block, exhausted
+		if id, err := a.next("r", "a"); err != nil || id != uint64(i) {
+			t.Fatalf("call %d: %d, %v", i, id, err)
+		}
+	}
+	answer := heldCall(t, a, g)
+	if id, err := b.next("r", "a"); err != nil || id != 17 { // the takeover: a drops the attempt
+		t.Fatalf("takeover: %d, %v, want 17", id, err)
+	}
+	other, err := a.next("r", "a") // taken back, on a new entry of a
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := answer()
+	if id, err := a.next("r", "a"); err != nil || id <= first {
+		t.Fatalf("sequential caller: id %d (%v) after %d (a concurrent caller got %d)", id, err, first, other)
+	}
+}
+
 // hugeBlocks is a store whose blocks never run out: the fast path only.
 type hugeBlocks struct{ n atomic.Uint64 }
 
