@@ -76,6 +76,7 @@ func DefaultConfig() Config {
 type Engine struct {
 	cfg      Config
 	patterns []*regexp.Regexp
+	decls    *declCache // tool declarations decoded lately (read-only, shared by the requests that repeat them)
 }
 
 // New compiles cfg.
@@ -89,7 +90,7 @@ func New(cfg Config) (*Engine, error) {
 	if len(pats) == 0 {
 		pats = DefaultFailurePatterns
 	}
-	e := &Engine{cfg: cfg}
+	e := &Engine{cfg: cfg, decls: &declCache{}}
 	for _, p := range pats {
 		re, err := regexp.Compile(p)
 		if err != nil {
@@ -199,7 +200,7 @@ type parsed struct {
 	c         *export.Call // not modified
 	msg       message      // the response message
 	reqMsgs   []message
-	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema)
+	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema); read-only, shared with other calls (declCache)
 	toolsSeen bool                      // the request declared tools
 	reqDone   bool                      // reqMsgs, tools and toolsSeen are read (request)
 }
@@ -250,35 +251,6 @@ func parse(c *export.Call) parsed {
 	p := parsed{c: c}
 	decodeMessage(c.ResponseMessage, &p.msg)
 	return p
-}
-
-// request decodes p's request body (messages and declared tools) once.
-func (p *parsed) request() {
-	if p.reqDone {
-		return
-	}
-	p.reqDone = true
-	var req struct {
-		Messages []message `json:"messages"`
-		Tools    []struct {
-			Function struct {
-				Name       string         `json:"name"`
-				Parameters map[string]any `json:"parameters"`
-			} `json:"function"`
-		} `json:"tools"`
-	}
-	d := json.NewDecoder(strings.NewReader(p.c.RequestBody))
-	d.UseNumber()
-	if d.Decode(&req) == nil {
-		p.reqMsgs = req.Messages
-		if len(req.Tools) > 0 {
-			p.toolsSeen = true
-			p.tools = map[string]map[string]any{}
-			for _, t := range req.Tools {
-				p.tools[t.Function.Name] = t.Function.Parameters
-			}
-		}
-	}
 }
 
 // attempt evaluates the calls of one attempt, ordered by callBefore, which
@@ -402,7 +374,7 @@ func ruleIndex(name string) int {
 // the request did not declare, or do not match its parameters schema.
 func (e *Engine) badToolArgs(p *parsed) bool {
 	if len(p.msg.ToolCalls) > 0 {
-		p.request()
+		p.request(e.decls)
 	}
 	for _, tc := range p.msg.ToolCalls {
 		d := json.NewDecoder(strings.NewReader(tc.Function.Arguments))
@@ -434,7 +406,7 @@ func (e *Engine) toolFailed(p, next *parsed) bool {
 	if len(p.msg.ToolCalls) == 0 {
 		return false
 	}
-	next.request()
+	next.request(e.decls)
 	ids := map[string]bool{}
 	for _, tc := range p.msg.ToolCalls {
 		ids[tc.ID] = true
