@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // Rule names (the Source of the reward rows).
@@ -221,7 +222,19 @@ type toolCall struct {
 }
 
 // text is the content as plain text: a string, or the text parts of a list.
+// A string is unquoted as json.Unmarshal unquotes it; the rest is
+// textDecoded's.
 func (m message) text() string {
+	if len(m.Content) > 0 && m.Content[0] == '"' {
+		if end, ok := jsonscan.ValidValue(m.Content, 0); ok && end == len(m.Content) {
+			return unquote(m.Content[1 : end-1])
+		}
+	}
+	return m.textDecoded()
+}
+
+// textDecoded is text, with encoding/json.
+func (m message) textDecoded() string {
 	if len(m.Content) == 0 || string(m.Content) == "null" {
 		return ""
 	}
@@ -287,7 +300,7 @@ func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) [
 		p := &ps[i]
 		c := p.c
 		failed := c.Error != "" || c.HTTPStatus >= 300
-		if e.on(RuleBackendError) && (failed || (p.msg.text() == "" && len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0)) {
+		if e.on(RuleBackendError) && (failed || (len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0 && p.msg.text() == "")) {
 			add(c.SequenceID, RuleBackendError)
 		}
 		if failed {

@@ -16,12 +16,16 @@ import (
 const agenticTools = `[{"type":"function","function":{"name":"run_shell","description":"Run a shell command in the repository and return its standard output and standard error.","parameters":{"type":"object","properties":{"command":{"type":"string","description":"the command line"}},"required":["command"]}}},` +
 	`{"type":"function","function":{"name":"read_file","description":"Read a file of the repository, fifty lines from a line offset.","parameters":{"type":"object","properties":{"path":{"type":"string"},"offset":{"type":"integer"}},"required":["path"]}}}]`
 
-// agenticRequest is the request body of turn turn (0..4) of a coding
-// agent's conversation, as the trainer bridge's agentic benchmark data has
-// them: a system and a user message, then per earlier turn the assistant's
+// agenticRequest is the request body of turn turn (0..4) of
+// agenticAttempt (turn 4: about 5 kB).
+func agenticRequest(turn int) string { return agenticAttempt()[turn].RequestBody }
+
+// agenticAttempt is the five calls of a coding agent's attempt, as the
+// trainer bridge's agentic benchmark data has them: turn t's request holds
+// a system and a user message, then per earlier turn the assistant's
 // reasoning and tool call and the tool's result, the tools declared, and
-// sampling options (turn 4: about 5 kB).
-func agenticRequest(turn int) string {
+// sampling options; turns 0..3 call a tool, turn 4 answers.
+func agenticAttempt() []export.Call {
 	words := strings.Fields(`the a of to in and is for file function return value test tests module import class def
 		self config options list dict string index parse input output result check update fix line lines call args path
 		src main util handler request response json field name count let me look at now then so this that should we
@@ -40,19 +44,26 @@ func agenticRequest(turn int) string {
 	}
 	msgs := []string{`{"role":"system","content":"You are a coding agent. ` + text(800) + `"}`,
 		`{"role":"user","content":"Task 7: ` + text(500) + `"}`}
-	for t := range turn {
+	var calls []export.Call
+	for t := range 5 {
+		body := `{"model":"Qwen/Qwen2.5-7B-Instruct","messages":[` + strings.Join(msgs, ",") + `],"tools":` + agenticTools +
+			`,"temperature":1.0,"top_p":1.0,"max_tokens":2048,"logprobs":true}`
+		if t == 4 {
+			calls = append(calls, call("a", uint64(t+1), 0, body, `{"role":"assistant","content":"`+text(700)+`"}`, "stop"))
+			break
+		}
 		id := "call_r000007_" + strconv.Itoa(t)
 		args := `{\"command\":\"sed -n ` + strconv.Itoa(50*t+1) + `,` + strconv.Itoa(50*t+50) + `p src/util/config.py\"}`
 		name := "run_shell"
 		if t%2 == 1 {
 			args, name = `{\"path\":\"src/main/handler.py\",\"offset\":`+strconv.Itoa(50*t)+`}`, "read_file"
 		}
-		msgs = append(msgs, `{"role":"assistant","content":"`+text(350)+`","tool_calls":[{"id":"`+id+
-			`","type":"function","function":{"name":"`+name+`","arguments":"`+args+`"}}]}`,
-			`{"role":"tool","tool_call_id":"`+id+`","content":"`+text(200)+`"}`)
+		resp := `{"role":"assistant","content":"` + text(350) + `","tool_calls":[{"id":"` + id +
+			`","type":"function","function":{"name":"` + name + `","arguments":"` + args + `"}}]}`
+		calls = append(calls, call("a", uint64(t+1), 0, body, resp, "tool_calls"))
+		msgs = append(msgs, resp, `{"role":"tool","tool_call_id":"`+id+`","content":"`+text(200)+`"}`)
 	}
-	return `{"model":"Qwen/Qwen2.5-7B-Instruct","messages":[` + strings.Join(msgs, ",") + `],"tools":` + agenticTools +
-		`,"temperature":1.0,"top_p":1.0,"max_tokens":2048,"logprobs":true}`
+	return calls
 }
 
 // benchRequests are request bodies of the shapes the bridge reads: a small
@@ -93,7 +104,18 @@ func BenchmarkRequest(b *testing.B) {
 	}
 }
 
-// TestBenchRequests: the benchmark's bodies are valid and of their sizes.
+// BenchmarkEvaluateAgentic times Evaluate on agenticAttempt (no hits).
+func BenchmarkEvaluateAgentic(b *testing.B) {
+	calls := agenticAttempt()
+	e, _ := New(DefaultConfig())
+	b.ReportAllocs()
+	for b.Loop() {
+		e.Evaluate(calls, 0)
+	}
+}
+
+// TestBenchRequests: the benchmark's bodies are valid and of their sizes,
+// and the agentic attempt hits no rule.
 func TestBenchRequests(t *testing.T) {
 	for _, r := range benchRequests() {
 		p := parsed{c: &export.Call{RequestBody: r.body}}
@@ -104,6 +126,13 @@ func TestBenchRequests(t *testing.T) {
 	}
 	if n := len(agenticRequest(4)); n < 4800 || n > 5300 {
 		t.Errorf("agentic request of %d bytes", n)
+	}
+	e, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := e.Evaluate(agenticAttempt(), 0); len(rs) > 0 {
+		t.Errorf("agentic attempt: AIR hits %+v", rs)
 	}
 }
 
