@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -76,7 +75,7 @@ func DefaultConfig() Config {
 // Engine evaluates a Config.
 type Engine struct {
 	cfg      Config
-	patterns []*regexp.Regexp
+	patterns []pattern
 	decls    *declCache // tool declarations decoded lately (read-only, shared by the requests that repeat them)
 }
 
@@ -93,11 +92,11 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, decls: &declCache{}}
 	for _, p := range pats {
-		re, err := regexp.Compile(p)
+		pat, err := compilePattern(p)
 		if err != nil {
 			return nil, fmt.Errorf("air: failure pattern %q: %w", p, err)
 		}
-		e.patterns = append(e.patterns, re)
+		e.patterns = append(e.patterns, pat)
 	}
 	if e.cfg.MinRepeats < 2 {
 		e.cfg.MinRepeats = 2
@@ -424,13 +423,14 @@ func (e *Engine) toolFailed(p, next *parsed) bool {
 	for _, tc := range p.msg.ToolCalls {
 		ids[tc.ID] = true
 	}
+	var mt matcher
 	for _, m := range next.reqMsgs {
 		if m.Role != "tool" || !ids[m.ToolCallID] {
 			continue
 		}
-		t := m.text()
-		for _, re := range e.patterns {
-			if re.MatchString(t) {
+		mt.reset(m.text())
+		for i := range e.patterns {
+			if mt.match(&e.patterns[i]) {
 				return true
 			}
 		}

@@ -105,8 +105,10 @@ func BenchmarkRequest(b *testing.B) {
 }
 
 // BenchmarkEvaluateAgentic times Evaluate on agenticAttempt (no hits).
-func BenchmarkEvaluateAgentic(b *testing.B) {
-	calls := agenticAttempt()
+func BenchmarkEvaluateAgentic(b *testing.B) { benchEvaluate(b, agenticAttempt()) }
+
+// benchEvaluate times Evaluate (the default rules) on calls.
+func benchEvaluate(b *testing.B, calls []export.Call) {
 	e, _ := New(DefaultConfig())
 	b.ReportAllocs()
 	for b.Loop() {
