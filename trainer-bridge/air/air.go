@@ -389,13 +389,8 @@ func (e *Engine) badToolArgs(p *parsed) bool {
 		p.request(e.decls)
 	}
 	for _, tc := range p.msg.ToolCalls {
-		d := json.NewDecoder(strings.NewReader(tc.Function.Arguments))
-		d.UseNumber()
-		var v any
-		if err := d.Decode(&v); err != nil || d.More() {
-			return true
-		}
-		if _, ok := v.(map[string]any); !ok {
+		v, ok := toolArgs(tc.Function.Arguments)
+		if !ok {
 			return true
 		}
 		if !p.toolsSeen {
