@@ -11,11 +11,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // Rule names (the Source of the reward rows).
@@ -75,7 +75,8 @@ func DefaultConfig() Config {
 // Engine evaluates a Config.
 type Engine struct {
 	cfg      Config
-	patterns []*regexp.Regexp
+	patterns []pattern
+	decls    *declCache // tool declarations decoded lately (read-only, shared by the requests that repeat them)
 }
 
 // New compiles cfg.
@@ -89,13 +90,13 @@ func New(cfg Config) (*Engine, error) {
 	if len(pats) == 0 {
 		pats = DefaultFailurePatterns
 	}
-	e := &Engine{cfg: cfg}
+	e := &Engine{cfg: cfg, decls: &declCache{}}
 	for _, p := range pats {
-		re, err := regexp.Compile(p)
+		pat, err := compilePattern(p)
 		if err != nil {
 			return nil, fmt.Errorf("air: failure pattern %q: %w", p, err)
 		}
-		e.patterns = append(e.patterns, re)
+		e.patterns = append(e.patterns, pat)
 	}
 	if e.cfg.MinRepeats < 2 {
 		e.cfg.MinRepeats = 2
@@ -199,7 +200,7 @@ type parsed struct {
 	c         *export.Call // not modified
 	msg       message      // the response message
 	reqMsgs   []message
-	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema)
+	tools     map[string]map[string]any // declared tool name -> parameters schema (nil = no schema); read-only, shared with other calls (declCache)
 	toolsSeen bool                      // the request declared tools
 	reqDone   bool                      // reqMsgs, tools and toolsSeen are read (request)
 }
@@ -220,7 +221,19 @@ type toolCall struct {
 }
 
 // text is the content as plain text: a string, or the text parts of a list.
+// A string is unquoted as json.Unmarshal unquotes it; the rest is
+// textDecoded's.
 func (m message) text() string {
+	if len(m.Content) > 0 && m.Content[0] == '"' {
+		if end, ok := jsonscan.ValidValue(m.Content, 0); ok && end == len(m.Content) {
+			return unquote(m.Content[1 : end-1])
+		}
+	}
+	return m.textDecoded()
+}
+
+// textDecoded is text, with encoding/json.
+func (m message) textDecoded() string {
 	if len(m.Content) == 0 || string(m.Content) == "null" {
 		return ""
 	}
@@ -250,35 +263,6 @@ func parse(c *export.Call) parsed {
 	p := parsed{c: c}
 	decodeMessage(c.ResponseMessage, &p.msg)
 	return p
-}
-
-// request decodes p's request body (messages and declared tools) once.
-func (p *parsed) request() {
-	if p.reqDone {
-		return
-	}
-	p.reqDone = true
-	var req struct {
-		Messages []message `json:"messages"`
-		Tools    []struct {
-			Function struct {
-				Name       string         `json:"name"`
-				Parameters map[string]any `json:"parameters"`
-			} `json:"function"`
-		} `json:"tools"`
-	}
-	d := json.NewDecoder(strings.NewReader(p.c.RequestBody))
-	d.UseNumber()
-	if d.Decode(&req) == nil {
-		p.reqMsgs = req.Messages
-		if len(req.Tools) > 0 {
-			p.toolsSeen = true
-			p.tools = map[string]map[string]any{}
-			for _, t := range req.Tools {
-				p.tools[t.Function.Name] = t.Function.Parameters
-			}
-		}
-	}
 }
 
 // attempt evaluates the calls of one attempt, ordered by callBefore, which
@@ -315,7 +299,7 @@ func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) [
 		p := &ps[i]
 		c := p.c
 		failed := c.Error != "" || c.HTTPStatus >= 300
-		if e.on(RuleBackendError) && (failed || (p.msg.text() == "" && len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0)) {
+		if e.on(RuleBackendError) && (failed || (len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0 && p.msg.text() == "")) {
 			add(c.SequenceID, RuleBackendError)
 		}
 		if failed {
@@ -402,16 +386,11 @@ func ruleIndex(name string) int {
 // the request did not declare, or do not match its parameters schema.
 func (e *Engine) badToolArgs(p *parsed) bool {
 	if len(p.msg.ToolCalls) > 0 {
-		p.request()
+		p.request(e.decls)
 	}
 	for _, tc := range p.msg.ToolCalls {
-		d := json.NewDecoder(strings.NewReader(tc.Function.Arguments))
-		d.UseNumber()
-		var v any
-		if err := d.Decode(&v); err != nil || d.More() {
-			return true
-		}
-		if _, ok := v.(map[string]any); !ok {
+		v, ok := toolArgs(tc.Function.Arguments)
+		if !ok {
 			return true
 		}
 		if !p.toolsSeen {
@@ -434,18 +413,19 @@ func (e *Engine) toolFailed(p, next *parsed) bool {
 	if len(p.msg.ToolCalls) == 0 {
 		return false
 	}
-	next.request()
+	next.request(e.decls)
 	ids := map[string]bool{}
 	for _, tc := range p.msg.ToolCalls {
 		ids[tc.ID] = true
 	}
+	var mt matcher
 	for _, m := range next.reqMsgs {
 		if m.Role != "tool" || !ids[m.ToolCallID] {
 			continue
 		}
-		t := m.text()
-		for _, re := range e.patterns {
-			if re.MatchString(t) {
+		mt.reset(m.text())
+		for i := range e.patterns {
+			if mt.match(&e.patterns[i]) {
 				return true
 			}
 		}

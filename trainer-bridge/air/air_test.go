@@ -192,14 +192,7 @@ func FuzzEvaluate(f *testing.F) {
 	})
 }
 
-func BenchmarkEvaluate(b *testing.B) {
-	calls := scenario()
-	e, _ := New(DefaultConfig())
-	b.ReportAllocs()
-	for b.Loop() {
-		e.Evaluate(calls, 0)
-	}
-}
+func BenchmarkEvaluate(b *testing.B) { benchEvaluate(b, scenario()) }
 
 // TestToolSpanRule: failed tool spans the agent reported are hits on the call
 // that asked for the tool, by tool call id or else by time.

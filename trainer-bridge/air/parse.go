@@ -70,7 +70,15 @@ func fastMessage(b []byte, m *message) bool {
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	i = members(b, i, messageFields[:], func(f, v int) int {
+	i = messageAt(b, i, m)
+	return i >= 0 && jsonscan.SkipWS(b, i) == len(b)
+}
+
+// messageAt decodes the object opening at b[i] into *m (zero), as
+// fastMessage decodes a whole text, and returns the offset after it, or -1
+// (then *m is in any state). The caller bounds the nesting (shallow).
+func messageAt(b []byte, i int, m *message) int {
+	return members(b, i, messageFields[:], func(f, v int) int {
 		switch f {
 		case 0:
 			return str(b, v, &m.Role)
@@ -88,7 +96,6 @@ func fastMessage(b []byte, m *message) bool {
 		}
 		return skip(b, v)
 	})
-	return i >= 0 && jsonscan.SkipWS(b, i) == len(b)
 }
 
 // toolCalls decodes the tool_calls value at b[i] into *tcs (nil) and returns

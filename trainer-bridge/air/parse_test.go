@@ -190,3 +190,21 @@ func TestParseDepth(t *testing.T) {
 		t.Error("the depth limit is not encoding/json's")
 	}
 }
+
+// FuzzTextMatchesEncodingJSON: text reads every content as textDecoded
+// (encoding/json) does.
+func FuzzTextMatchesEncodingJSON(f *testing.F) {
+	for _, s := range []string{
+		``, `null`, `""`, `"answer"`, `"a\nb\"c\\d\/e\u00e9\ud83d\ude00 \ud83d \udfff"`, "\"\xff\xc3(\"", "\"\x01\"", `"\x"`,
+		` "x"`, `"x" `, `"x`, `"a"b"`, `"a""b"`, `5`, `[{"type":"text","text":"a"},{"text":"b"}]`, `[1]`, `{"text":"a"}`, `"\u12G4"`,
+		`"assistant"`, `"` + strings.Repeat(`Error: x\n`, 100) + `"`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, content string) {
+		m := message{Content: json.RawMessage(content)}
+		if got, want := m.text(), m.textDecoded(); got != want {
+			t.Fatalf("%q: text %q, encoding/json %q", content, got, want)
+		}
+	})
+}
