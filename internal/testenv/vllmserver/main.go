@@ -1,0 +1,41 @@
+// Command vllmserver starts one real vLLM (CPU) for a whole test run
+// (scripts/test): testenv.StartVLLM on a free loopback port, serving
+// SmolLM2-135M-Instruct as testenv.VLLMModel. When it answers it prints two
+// lines on stdout, the base URL (http://127.0.0.1:PORT/v1) and the model's
+// folder, and stops the server when it receives SIGINT/SIGTERM or its stdin
+// closes. Arguments are appended to vLLM's.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/rollgate/rollgate/internal/testenv"
+)
+
+func main() {
+	os.Unsetenv(testenv.EnvVLLMURL) // always start a server of our own
+	v, err := testenv.StartVLLM(os.Args[1:]...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vllmserver:", err)
+		os.Exit(1)
+	}
+	fmt.Println(v.URL)
+	fmt.Println(v.ModelDir)
+	done := make(chan struct{}, 2)
+	go func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+		<-sig
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		done <- struct{}{}
+	}()
+	<-done
+	v.Stop()
+}
