@@ -61,7 +61,7 @@ func RepoRoot() string {
 // server, which Stop leaves running. Otherwise it makes the engine environment
 // and the model (scripts/pyenv engine, scripts/model: both cached outside the
 // repository), starts `python -m vllm.entrypoints.openai.api_server` on a free
-// loopback port with the hermes tool parser and extra appended to its
+// loopback port with the hermes tool parser, run-time LoRA adapters and extra appended to its
 // arguments, and waits up to VLLMStartTimeout for /v1/models. Errors say
 // what is missing and the command that installs it.
 func StartVLLM(extra ...string) (*VLLM, error) {
@@ -94,6 +94,11 @@ func StartVLLM(extra ...string) (*VLLM, error) {
 		"--max-model-len", "2048",
 		"--seed", "0",
 		"--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+		// LoRA adapters loaded at run time (POST /v1/load_lora_adapter, with
+		// load_inplace to replace one): how examples/train-cpu hands each
+		// step's weights to the engine while the base model, which the
+		// other tests call, stays as it is.
+		"--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
 		"--disable-uvicorn-access-log",
 	}, extra...)
 	// `vllm serve` would need a "vllm" distribution's metadata, which the
@@ -104,6 +109,7 @@ func StartVLLM(extra ...string) (*VLLM, error) {
 		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", // nothing from a model hub
 		"VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1",
 		"VLLM_CPU_KVCACHE_SPACE=1", // GiB of KV cache: plenty for a 135M model at 2,048 tokens
+		"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
 		"PYTHONUNBUFFERED=1",
 	)
 	cmd.Stdout = log
