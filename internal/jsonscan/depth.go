@@ -19,7 +19,7 @@ const MaxDepth = 512
 
 // ErrTooDeep is what Validate reports for a text nested deeper than
 // MaxDepth; the error names the limit.
-var ErrTooDeep = fmt.Errorf("JSON nested more than %d levels deep (objects and arrays inside one another; rollgate's limit, jsonscan.MaxDepth): flatten the document", MaxDepth)
+var ErrTooDeep = fmt.Errorf("JSON nested more than %d levels deep (rollgate's limit on objects and arrays inside one another)", MaxDepth)
 
 // ErrInvalid is what Validate reports for a text that is not valid JSON.
 var ErrInvalid = errors.New("invalid JSON")

@@ -166,7 +166,7 @@ func TestDepthLimit(t *testing.T) {
 	f("brackets in strings do not count", []byte(`["`+strings.Repeat("[", 10*MaxDepth)+`"]`), nil)
 	f("siblings do not add up", []byte("["+strings.Repeat("[[]],", 4*MaxDepth)+"[]]"), nil)
 	f("invalid before the limit", []byte(`[1 `+strings.Repeat("[", MaxDepth)), ErrInvalid)
-	f("unterminated, too deep", []byte(`{"model":"m","x":`+strings.Repeat("[", 5<<20)), ErrTooDeep)
+	f("unterminated, too deep", []byte(`{"model":"m","x":`+strings.Repeat("[", 10<<20)), ErrTooDeep)
 	if !strings.Contains(ErrTooDeep.Error(), "512") {
 		t.Fatalf("ErrTooDeep does not name the limit: %q", ErrTooDeep)
 	}
