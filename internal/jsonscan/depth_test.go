@@ -29,21 +29,10 @@ func refValidate(b []byte) error {
 }
 
 func refAny(b []byte, i, depth int) (int, error) {
-	ok := false
-	switch b[i] {
-	case '{', '[':
+	if b[i] == '{' || b[i] == '[' {
 		return refContainer(b, i, depth+1)
-	case '"':
-		i, ok = vString(b, i+1)
-	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
-		i, ok = vNumber(b, i)
-	case 't':
-		i, ok = vLit(b, i, "true")
-	case 'f':
-		i, ok = vLit(b, i, "false")
-	case 'n':
-		i, ok = vLit(b, i, "null")
 	}
+	i, ok := vScalar(b, i)
 	if !ok {
 		return i, ErrInvalid
 	}

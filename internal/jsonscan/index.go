@@ -114,8 +114,7 @@ func (x *Index) vAny(b []byte, i int) (int, error) {
 	)
 value: // b[i] starts a value (not whitespace, i < len(b))
 	for {
-		switch c := b[i]; c {
-		case '{', '[':
+		if c := b[i]; c == '{' || c == '[' {
 			if depth == MaxDepth {
 				return i, ErrTooDeep
 			}
@@ -131,33 +130,23 @@ value: // b[i] starts a value (not whitespace, i < len(b))
 				parent = i
 			}
 			i = SkipWS(b, i+1)
-			if i < len(b) && (b[i] == '}' && obj || b[i] == ']' && !obj) {
-				parent = x.close(parent, i)
-				depth--
-				i, ok = i+1, true
-				break // the empty container is the value
-			}
-			if obj {
-				if i, ok = vKey(b, i); !ok {
+			if i >= len(b) || !(b[i] == '}' && obj || b[i] == ']' && !obj) {
+				if obj {
+					if i, ok = vKey(b, i); !ok {
+						return i, ErrInvalid
+					}
+				}
+				if i >= len(b) {
 					return i, ErrInvalid
 				}
+				continue
 			}
-			if i >= len(b) {
-				return i, ErrInvalid
-			}
-			continue
-		case '"':
-			i, ok = vString(b, i+1)
-		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
-			i, ok = vNumber(b, i)
-		case 't':
-			i, ok = vLit(b, i, "true")
-		case 'f':
-			i, ok = vLit(b, i, "false")
-		case 'n':
-			i, ok = vLit(b, i, "null")
-		default:
-			ok = false
+			// An empty container: it is the value.
+			parent = x.close(parent, i)
+			depth--
+			i, ok = i+1, true
+		} else {
+			i, ok = vScalar(b, i)
 		}
 		if !ok {
 			return i, ErrInvalid
@@ -193,6 +182,24 @@ value: // b[i] starts a value (not whitespace, i < len(b))
 		}
 		return i, nil
 	}
+}
+
+// vScalar validates the string, number or literal starting at b[i] and
+// returns the index after it.
+func vScalar(b []byte, i int) (int, bool) {
+	switch b[i] {
+	case '"':
+		return vString(b, i+1)
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return vNumber(b, i)
+	case 't':
+		return vLit(b, i, "true")
+	case 'f':
+		return vLit(b, i, "false")
+	case 'n':
+		return vLit(b, i, "null")
+	}
+	return i, false
 }
 
 // close records that the open container at offset open (see vAny) ends
