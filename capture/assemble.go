@@ -2,6 +2,7 @@ package capture
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 	"strings"
 
@@ -63,6 +64,10 @@ type Assembled struct {
 	// completions stream ("" otherwise): its own memory, never written
 	// again, so Rows keeps it without a copy.
 	body string
+	// tooDeep: the non-streamed body nests deeper than jsonscan.MaxDepth
+	// (Error says so); Rows stores no response_body for it, so that no
+	// reader of the stored row meets it.
+	tooDeep bool
 }
 
 // ChoiceResult is one choice of a response.
@@ -164,6 +169,10 @@ type Assembler struct {
 	// stream holds, so Pending stops keeping payloads for it.
 	noLogprobIDs bool
 
+	// tooDeep: the non-streamed body nests deeper than jsonscan.MaxDepth;
+	// it was not read, and the row leaves it out (Assembled.tooDeep).
+	tooDeep bool
+
 	res Assembled
 }
 
@@ -186,6 +195,7 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.fast.trim()
 	a.nFast = 0
 	a.noLogprobIDs = false
+	a.tooDeep = false
 	a.errMsg = a.errMsg[:0]
 	a.dropped, a.droppedT = 0, 0
 	a.n = 0
@@ -215,7 +225,14 @@ func (a *Assembler) footprint() int {
 func (a *Assembler) SetBody(body []byte) {
 	a.built = false
 	a.body = append(a.body[:0], body...)
-	if !gjson.ValidBytes(a.body) {
+	if err := jsonscan.Validate(a.body); err != nil {
+		if errors.Is(err, jsonscan.ErrTooDeep) {
+			// Nothing reads it further, and the row does not keep it
+			// (Assembled.tooDeep): any recursive reader would overflow.
+			a.tooDeep = true
+			a.setErr("response body not captured: " + err.Error())
+			return
+		}
 		a.setErr("invalid JSON in response body")
 		return
 	}
@@ -262,15 +279,20 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	}
 	// One scan validates the chunk and finds every container's end for the
 	// walks below (containerEnds).
-	var valid bool
+	var err error
 	if a.noIndex {
-		valid = gjson.ValidBytes(data)
-	} else if valid = a.ends.Valid(data); valid {
+		err = jsonscan.Validate(data)
+	} else if err = a.ends.Validate(data); err == nil {
 		defer a.ends.Clear()
 	}
-	if !valid {
-		// The raw payload is not valid JSON either: LogprobIDs skips it.
-		a.setErr("invalid JSON in stream event")
+	if err != nil {
+		// The raw payload is not valid JSON either (or nested too deep
+		// for any recursive reader): LogprobIDs never sees it.
+		if errors.Is(err, jsonscan.ErrTooDeep) {
+			a.setErr("stream event not captured: " + err.Error())
+		} else {
+			a.setErr("invalid JSON in stream event")
+		}
 		return false
 	}
 	top := gjson.Parse(jsonscan.String(data))
@@ -403,6 +425,7 @@ func (a *Assembler) Result() *Assembled {
 	}
 	a.sortChoices()
 	r.body = ""
+	r.tooDeep = a.tooDeep
 	switch {
 	case a.stream && a.kind == openai.Responses:
 		r.ResponseBody = a.respBody

@@ -110,7 +110,8 @@ func appendElems(dst []byte, rawArray string) []byte {
 }
 
 // The JSON walkers below (over internal/jsonscan) run on input already
-// checked with gjson.Valid (or jsonscan.Index.Valid, which accepts the same). They
+// checked with jsonscan.Validate or jsonscan.Index.Valid (gjson.Valid's verdict,
+// nested at most jsonscan.MaxDepth deep). They
 // differ from gjson's ForEach in one way: string values are not unescaped
 // (an allocation per escaped string, e.g. every token containing a newline);
 // the raw token is what the assembler copies. They never read out of bounds,

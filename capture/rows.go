@@ -31,6 +31,7 @@ func Rows(p *Pending, a *Assembler) []export.Call {
 	if !p.NoBodies {
 		base.RequestBody = p.Request
 		switch {
+		case res.tooDeep: // not kept (Assembled.tooDeep); Error says why
 		case res.body != "": // a string of its own already (Assembled.body)
 			base.ResponseBody = res.body
 		case p.Streamed():

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -27,6 +28,14 @@ func (s *Server) ServeAPI(ctx *fasthttp.RequestCtx, sub string) {
 	if len(parts) >= 2 && parts[0] == "rollouts" && !gateway.ValidID([]byte(parts[1])) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid rollout id in the path: use "+gateway.IDCharset)
 		return
+	}
+	// Every body is bounded in depth before a route decodes it (and before
+	// what it stores reaches any recursive reader).
+	if body := ctx.PostBody(); len(body) > 0 {
+		if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid JSON body: "+err.Error())
+			return
+		}
 	}
 	switch {
 	case strings.HasPrefix(sub, "/bridge/"):

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // Attribute keys that attribute an agent span to a rollout (span attributes
@@ -141,6 +142,9 @@ func DecodeOTLPTraces(body []byte, isJSON bool) (*coltrace.ExportTraceServiceReq
 			return nil, fmt.Errorf("bad OTLP protobuf body: %w", err)
 		}
 		return req, nil
+	}
+	if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
+		return nil, fmt.Errorf("bad OTLP JSON body: %w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()

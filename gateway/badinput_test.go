@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // TestBadInputAnsweredAndCaptured sends the inputs issue 4 names (malformed
@@ -16,7 +18,10 @@ import (
 func TestBadInputAnsweredAndCaptured(t *testing.T) {
 	s, _ := openSQLite(t)
 	e := newEnv(t, s, nil)
-	deep := strings.Repeat(`{"a":`, 5000) + "1" + strings.Repeat("}", 5000)
+	// The deepest nesting allowed (jsonscan.MaxDepth, the body's own object
+	// included); deeper bodies are refused before admission, not captured
+	// (TestDeepRequestBodiesRefused in cmd/rollgate; issue 36).
+	deep := strings.Repeat(`{"a":`, jsonscan.MaxDepth-1) + "1" + strings.Repeat("}", jsonscan.MaxDepth-1)
 	for _, tc := range []struct {
 		name, path, body string
 		status           int // 0: any 4xx; -1: passed through, any answer

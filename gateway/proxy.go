@@ -15,6 +15,7 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 )
@@ -94,8 +95,14 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	p.Meta.APIKeyName = name
 	p.NoBodies = ep == openai.Embeddings && !s.cfg.CaptureEmbeddingBodies
 	// One validation of the body for the whole call (Rewrite is told).
-	modelRaw, isObject := rewrite.Inspect(body)
-	if !isObject {
+	modelRaw, err := rewrite.Inspect(body)
+	switch {
+	case errors.Is(err, jsonscan.ErrTooDeep):
+		// Refused, not captured: a stored body this deep would reach every
+		// reader of request_body (issue 36: it killed the gateway).
+		s.reject(ctx, &c, rejectTooDeep, fasthttp.StatusBadRequest, errInvalidRequest, "request body: "+err.Error())
+		return
+	case err != nil:
 		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,
 			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
 		return
@@ -518,6 +525,7 @@ const (
 	rejectConcurrency     = "concurrency_limit"
 	rejectPaused          = "paused"
 	rejectSequenceStore   = "sequence_store" // no sequence id could be reserved
+	rejectTooDeep         = "json_depth"     // the body nests deeper than jsonscan.MaxDepth
 )
 
 // admissible checks what a call must pass before anything of it is kept:

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // message is one chat message of an agent's conversation.
@@ -214,7 +216,7 @@ func readJSON(r io.Reader, c *Call) (message, error) {
 	if err != nil {
 		return message{}, fmt.Errorf("reading body: %w", err)
 	}
-	if !gjson.ValidBytes(b) {
+	if jsonscan.Validate(b) != nil {
 		return message{}, fmt.Errorf("body is not JSON: %.80q", b)
 	}
 	res := gjson.ParseBytes(b)
@@ -259,7 +261,7 @@ func readStream(r io.Reader, start time.Time, c *Call) (message, error) {
 			done = true
 			continue
 		}
-		if !gjson.ValidBytes(data) {
+		if jsonscan.Validate(data) != nil {
 			return message{}, fmt.Errorf("stream event is not JSON: %.80q", data)
 		}
 		ev := gjson.ParseBytes(data)

@@ -4,6 +4,8 @@ import (
 	"math"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // fields are the request fields the mock understands, read in one pass over the body.
@@ -31,8 +33,8 @@ const unset = -1
 func parseFields(body []byte, f *fields) {
 	*f = fields{n: 1, maxTokens: unset, maxCompletion: unset, maxOutput: unset, topLogprobs: unset, addGenPrompt: true}
 	js := b2s(body)
-	if !gjson.Valid(js) {
-		f.err = "JSON decode error: the request body is not valid JSON"
+	if jsonscan.Validate(body) != nil { // gjson.Valid recurses without a depth limit
+		f.err = "JSON decode error: the request body is not valid JSON (or nested more than 512 levels deep)"
 		return
 	}
 	root := gjson.Parse(js)

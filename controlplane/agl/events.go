@@ -15,6 +15,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -188,11 +189,11 @@ func policyVersion(v string) any {
 // captured row of the call's first choice.
 func modelRequestData(cl *export.Call) json.RawMessage {
 	resp := json.RawMessage(cl.ResponseBody)
-	if !gjson.Valid(cl.ResponseBody) || !gjson.Parse(cl.ResponseBody).IsObject() {
+	if jsonscan.Validate(jsonscan.Bytes(cl.ResponseBody)) != nil || !gjson.Parse(cl.ResponseBody).IsObject() {
 		resp = json.RawMessage("{}")
 	}
 	req := json.RawMessage(cl.RequestBody)
-	if !gjson.Valid(cl.RequestBody) {
+	if jsonscan.Validate(jsonscan.Bytes(cl.RequestBody)) != nil {
 		req = json.RawMessage("{}")
 	} else if cl.Overrides != "" {
 		// The request as sent: the agent's body with the forced fields.

@@ -2,6 +2,7 @@ package agl
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -289,9 +291,14 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 	if !ok {
 		return
 	}
-	if body := ctx.PostBody(); len(body) > 0 && !gjson.ValidBytes(body) {
-		detail(ctx, fasthttp.StatusBadRequest, "Invalid JSON in request body")
-		return
+	if body := ctx.PostBody(); len(body) > 0 {
+		if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
+			detail(ctx, fasthttp.StatusBadRequest, "Invalid JSON in request body: "+err.Error())
+			return
+		} else if err != nil {
+			detail(ctx, fasthttp.StatusBadRequest, "Invalid JSON in request body")
+			return
+		}
 	}
 	if len(ctx.PostBody()) == 0 {
 		ctx.Request.SetBodyString("{}")

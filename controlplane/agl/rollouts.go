@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
@@ -210,7 +211,7 @@ func view(st *tasks.State) rolloutView {
 // dataID is AGL's data_id of a rollout input: the first truthy of
 // input.data_id and input.instance_id, as text, else "".
 func dataID(input []byte) string {
-	if !gjson.ValidBytes(input) || !gjson.ParseBytes(input).IsObject() {
+	if jsonscan.Validate(input) != nil || !gjson.ParseBytes(input).IsObject() {
 		return ""
 	}
 	for _, k := range []string{"data_id", "instance_id"} {
@@ -321,7 +322,12 @@ func bodyJSON(ctx *fasthttp.RequestCtx, list bool) (gjson.Result, bool) {
 		invalid(ctx, fieldError{Type: "missing", Loc: []any{"body"}, Msg: "Field required"})
 		return gjson.Result{}, false
 	}
-	if !gjson.ValidBytes(body) || !utf8.Valid(body) {
+	// Validated without recursion before gjson reads it: a body nested
+	// deeper than jsonscan.MaxDepth is refused, naming the limit.
+	if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
+		invalid(ctx, fieldError{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error: " + err.Error(), Input: map[string]any{}})
+		return gjson.Result{}, false
+	} else if err != nil || !utf8.Valid(body) {
 		invalid(ctx, fieldError{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error (the body must be JSON in UTF-8)", Input: map[string]any{}})
 		return gjson.Result{}, false
 	}

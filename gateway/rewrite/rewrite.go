@@ -32,19 +32,24 @@ type Options struct {
 	Validated bool
 }
 
-// Inspect validates a request body once, before it is routed: it reports
-// whether body is valid JSON whose top level is an object, and returns the
-// raw value of its "model" member (nil when absent; the last one when it is
+// Inspect validates a request body once, before it is routed: err is nil
+// when body is valid JSON whose top level is an object, nested at most
+// jsonscan.MaxDepth deep; jsonscan.ErrTooDeep when it nests deeper (checked
+// before anything else reads it); ErrNotObject otherwise. model is the raw
+// value of its "model" member (nil when absent; the last one when it is
 // repeated, as Rewrite and the engines' JSON decoders read it). Keys are
 // compared as written (an escaped key does not match). Pass
 // Options.Validated to Rewrite afterwards.
-func Inspect(body []byte) (model []byte, object bool) {
-	if !gjson.ValidBytes(body) {
-		return nil, false
+func Inspect(body []byte) (model []byte, err error) {
+	if err := jsonscan.Validate(body); err != nil {
+		if errors.Is(err, jsonscan.ErrTooDeep) {
+			return nil, err
+		}
+		return nil, ErrNotObject
 	}
 	open := jsonscan.SkipWS(body, 0)
 	if open >= len(body) || body[open] != '{' {
-		return nil, false
+		return nil, ErrNotObject
 	}
 	it := jsonscan.NewObjIter(body, open, nil)
 	var m jsonscan.Member
@@ -53,8 +58,15 @@ func Inspect(body []byte) (model []byte, object bool) {
 			model = m.Val(body)
 		}
 	}
-	return model, !it.Bad
+	if it.Bad {
+		return nil, ErrNotObject
+	}
+	return model, nil
 }
+
+// ErrNotObject is Inspect's verdict on a body that is not valid JSON or
+// whose top level is not an object.
+var ErrNotObject = errors.New("request body is not a JSON object")
 
 // Injected records which fields Rewrite added to a request; the same fields
 // must be stripped from the client's copy of the response. A field the client
@@ -208,8 +220,12 @@ const (
 // out is then dst unchanged.
 func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options) (out []byte, info Request, inj Injected, err error) {
 	info.N = 1
-	if !opt.Validated && !gjson.ValidBytes(body) {
-		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
+	if !opt.Validated {
+		if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
+			return dst, info, 0, &RequestError{Reason: err.Error()}
+		} else if err != nil {
+			return dst, info, 0, &RequestError{Reason: "not valid JSON"}
+		}
 	}
 	open := jsonscan.SkipWS(body, 0)
 	if open >= len(body) || body[open] != '{' {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -346,8 +347,8 @@ func TestInspect(t *testing.T) {
 		{`{"model":"m"}x`, ``, false},
 		{``, ``, false},
 	} {
-		model, object := Inspect([]byte(c.body))
-		if string(model) != c.model || object != c.object {
+		model, err := Inspect([]byte(c.body))
+		if object := err == nil; string(model) != c.model || object != c.object {
 			t.Errorf("Inspect(%s) = %q, %v; want %q, %v", c.body, model, object, c.model, c.object)
 		}
 	}
@@ -364,7 +365,14 @@ func FuzzInspect(f *testing.F) {
 		f.Add([]byte(s), uint8(0), uint8(1))
 	}
 	f.Fuzz(func(t *testing.T, body []byte, ep, kind uint8) {
-		model, object := Inspect(body)
+		model, err := Inspect(body)
+		object := err == nil
+		// Too deep is refused before anything else looks (and only then).
+		if tooDeep := errors.Is(err, jsonscan.ErrTooDeep); tooDeep != errors.Is(jsonscan.Validate(body), jsonscan.ErrTooDeep) {
+			t.Fatalf("Inspect(%q): %v, but jsonscan.Validate: %v", body, err, jsonscan.Validate(body))
+		} else if tooDeep {
+			return
+		}
 		trimmed := bytes.TrimLeft(body, " \t\r\n")
 		if want := gjson.ValidBytes(body) && len(trimmed) > 0 && trimmed[0] == '{'; object != want {
 			t.Fatalf("Inspect(%q): object %v, want %v", body, object, want)
@@ -384,4 +392,23 @@ func FuzzInspect(f *testing.F) {
 			t.Fatalf("Inspect model %s, Rewrite model %q", model, info1.Model)
 		}
 	})
+}
+
+// TestInspectTooDeep: a body nested deeper than jsonscan.MaxDepth is refused
+// with jsonscan.ErrTooDeep before any recursive parser sees it (issue 36: 5
+// million '[' overflowed gjson.Valid's stack and killed the gateway), and
+// Rewrite validating a body itself refuses it the same way.
+func TestInspectTooDeep(t *testing.T) {
+	deep := []byte(`{"model":"m","x":` + strings.Repeat("[", 10<<20))
+	if model, err := Inspect(deep); !errors.Is(err, jsonscan.ErrTooDeep) || model != nil {
+		t.Fatalf("Inspect(deep) = %q, %v; want nil, ErrTooDeep", model, err)
+	}
+	atLimit := []byte(`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`)
+	if model, err := Inspect(atLimit); err != nil || string(model) != `"m"` {
+		t.Fatalf("Inspect(at the limit) = %q, %v; want \"m\", nil", model, err)
+	}
+	_, _, _, err := Rewrite(nil, deep, openai.ChatCompletions, openai.KindVLLM, Options{})
+	if !errors.Is(err, ErrInvalidBody) || !strings.Contains(err.Error(), "512") {
+		t.Fatalf("Rewrite(deep): %v; want a RequestError naming the limit", err)
+	}
 }

@@ -3,8 +3,6 @@ package jsonscan
 import (
 	"math"
 	"unsafe"
-
-	"github.com/tidwall/gjson"
 )
 
 // Index holds where each object and array of one JSON text ends, found in
@@ -21,30 +19,15 @@ type Index struct {
 }
 
 // Valid reports whether b is valid JSON, accepting exactly what gjson.Valid
-// accepts (its validator, mirrored decision for decision), and records the
-// ends of its containers on the way: one scan instead of gjson.Valid's and
-// another. When it returns true, b is indexed and must stay unchanged until
-// Clear or the next Valid.
-func (x *Index) Valid(b []byte) bool {
-	x.Clear()
-	if len(b) > math.MaxInt32 {
-		return gjson.ValidBytes(b)
-	}
-	if cap(x.ends) < len(b) {
-		x.ends = make([]int32, len(b))
-	}
-	x.ends = x.ends[:cap(x.ends)]
-	i := SkipWS(b, 0)
-	if i >= len(b) {
-		return false
-	}
-	i, ok := x.vAny(b, i)
-	if !ok || SkipWS(b, i) != len(b) {
-		return false
-	}
-	x.base, x.n = uintptr(unsafe.Pointer(unsafe.SliceData(b))), len(b)
-	return true
-}
+// accepts (its validator, mirrored decision for decision) nested at most
+// MaxDepth deep, and records the ends of its containers on the way: one scan
+// instead of gjson.Valid's and another. When it returns true, b is indexed
+// and must stay unchanged until Clear or the next Valid. Validate tells a
+// text too deep from an invalid one.
+func (x *Index) Valid(b []byte) bool { return x.Validate(b) == nil }
+
+// maxIndexed is the longest text Index records ends for (they are int32).
+const maxIndexed = math.MaxInt32
 
 // Indexed reports whether a text is indexed (Valid returned true, and no
 // Clear since).
@@ -100,23 +83,111 @@ func (x *Index) SkipValue(b []byte, i int) int {
 }
 
 // ValidValue validates the JSON value starting at b[i] (not whitespace) as
-// gjson.Valid validates a value there, without indexing it, and returns the
-// index just after it. A text is valid JSON when it is whitespace, one value
-// that ValidValue accepts, and whitespace.
+// gjson.Valid validates a value there, nested at most MaxDepth deep, without
+// indexing it, and returns the index just after it. A text is valid JSON
+// when it is whitespace, one value that ValidValue accepts, and whitespace.
 func ValidValue(b []byte, i int) (int, bool) {
 	if i < 0 || i >= len(b) {
 		return i, false
 	}
-	return (*Index)(nil).vAny(b, i)
+	end, err := (*Index)(nil).vAny(b, i)
+	return end, err == nil
 }
 
-// vAny validates the value starting at b[i] (not whitespace) and returns
-// the index after it. The v* functions follow gjson's validany and the
-// functions it calls, decision for decision.
-func (x *Index) vAny(b []byte, i int) (int, bool) {
+// vAny validates the value starting at b[i] (not whitespace) and returns the
+// index after it, recording the end of every container in it when x is not
+// nil. It follows gjson's validany and the functions it calls decision for
+// decision, but walks nested values with a loop and a fixed stack instead
+// of recursion: the depth is bounded by MaxDepth (ErrTooDeep), and no input
+// can grow the goroutine's stack.
+//
+// The stack holds one bit per open container (set: an object). When x is
+// not nil, x.ends of an open container holds the offset of the container
+// around it (-1 at the top) until it closes and gets its end: the offsets
+// of open containers need no stack of their own.
+func (x *Index) vAny(b []byte, i int) (int, error) {
+	var (
+		objs   [MaxDepth / 64]uint64 // bit d: the container at depth d is an object
+		depth  int                   // containers open
+		parent = -1                  // offset of the innermost open container (x != nil)
+		ok     bool
+	)
+value: // b[i] starts a value (not whitespace, i < len(b))
+	for {
+		if c := b[i]; c == '{' || c == '[' {
+			if depth == MaxDepth {
+				return i, ErrTooDeep
+			}
+			obj := c == '{'
+			if obj {
+				objs[depth/64] |= 1 << (depth % 64)
+			} else {
+				objs[depth/64] &^= 1 << (depth % 64)
+			}
+			depth++
+			if x != nil {
+				x.ends[i] = int32(parent)
+				parent = i
+			}
+			i = SkipWS(b, i+1)
+			if i >= len(b) || !(b[i] == '}' && obj || b[i] == ']' && !obj) {
+				if obj {
+					if i, ok = vKey(b, i); !ok {
+						return i, ErrInvalid
+					}
+				}
+				if i >= len(b) {
+					return i, ErrInvalid
+				}
+				continue
+			}
+			// An empty container: it is the value.
+			parent = x.close(parent, i)
+			depth--
+			i, ok = i+1, true
+		} else {
+			i, ok = vScalar(b, i)
+		}
+		if !ok {
+			return i, ErrInvalid
+		}
+		// A value ended just before b[i]: close the containers it ends, or
+		// go on to the next member or element.
+		for depth > 0 {
+			i = SkipWS(b, i)
+			if i >= len(b) {
+				return i, ErrInvalid
+			}
+			d := depth - 1
+			obj := objs[d/64]&(1<<(d%64)) != 0
+			switch {
+			case b[i] == '}' && obj || b[i] == ']' && !obj:
+				parent = x.close(parent, i)
+				depth--
+				i++
+			case b[i] == ',':
+				i = SkipWS(b, i+1)
+				if obj {
+					if i, ok = vKey(b, i); !ok {
+						return i, ErrInvalid
+					}
+				}
+				if i >= len(b) {
+					return i, ErrInvalid
+				}
+				continue value
+			default:
+				return i, ErrInvalid
+			}
+		}
+		return i, nil
+	}
+}
+
+// vScalar validates the string, number or literal starting at b[i] and
+// returns the index after it.
+func vScalar(b []byte, i int) (int, bool) {
 	switch b[i] {
-	case '{', '[':
-		return x.vContainer(b, i)
 	case '"':
 		return vString(b, i+1)
 	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
@@ -131,56 +202,33 @@ func (x *Index) vAny(b []byte, i int) (int, bool) {
 	return i, false
 }
 
-// vContainer validates the object or array opening at b[open] and records
-// its end (x may be nil: nothing is recorded).
-func (x *Index) vContainer(b []byte, open int) (int, bool) {
-	obj, closer := b[open] == '{', byte(']')
-	if obj {
-		closer = '}'
+// close records that the open container at offset open (see vAny) ends
+// just after b[closer], and returns the container around it. Nothing is
+// recorded when x is nil.
+func (x *Index) close(open, closer int) (parent int) {
+	if x == nil {
+		return -1
 	}
-	i := SkipWS(b, open+1)
-	if i < len(b) && b[i] == closer {
-		if x != nil {
-			x.ends[open] = int32(i + 1)
-		}
-		return i + 1, true
+	parent = int(x.ends[open])
+	x.ends[open] = int32(closer + 1)
+	return parent
+}
+
+// vKey validates `"key" :` and the whitespace after it, starting at b[i],
+// and returns the index after them.
+func vKey(b []byte, i int) (int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return i, false
 	}
-	for {
-		var ok bool
-		if obj { // "key" :
-			if i >= len(b) || b[i] != '"' {
-				return i, false
-			}
-			if i, ok = vString(b, i+1); !ok {
-				return i, false
-			}
-			i = SkipWS(b, i)
-			if i >= len(b) || b[i] != ':' {
-				return i, false
-			}
-			i = SkipWS(b, i+1)
-		}
-		if i >= len(b) {
-			return i, false
-		}
-		if i, ok = x.vAny(b, i); !ok {
-			return i, false
-		}
-		i = SkipWS(b, i)
-		switch {
-		case i >= len(b):
-			return i, false
-		case b[i] == closer:
-			if x != nil {
-				x.ends[open] = int32(i + 1)
-			}
-			return i + 1, true
-		case b[i] == ',':
-			i = SkipWS(b, i+1)
-		default:
-			return i, false
-		}
+	i, ok := vString(b, i+1)
+	if !ok {
+		return i, false
 	}
+	i = SkipWS(b, i)
+	if i >= len(b) || b[i] != ':' {
+		return i, false
+	}
+	return SkipWS(b, i+1), true
 }
 
 // strPlain marks the bytes a string holds as they are: not a control

@@ -7,6 +7,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // PrepareMessages returns the JSON messages array as vLLM hands it to a chat
@@ -94,7 +96,7 @@ func prepareMessage(m gjson.Result) (string, error) {
 	i := 0
 	calls.ForEach(func(_, tc gjson.Result) bool {
 		args := tc.Get("function.arguments")
-		if args.Type == gjson.String && gjson.Valid(args.Str) {
+		if args.Type == gjson.String && jsonscan.Validate(jsonscan.Bytes(args.Str)) == nil {
 			if out, err = sjson.SetRaw(out, fmt.Sprintf("tool_calls.%d.function.arguments", i), args.Str); err != nil {
 				return false
 			}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -241,8 +242,8 @@ func (c *Client) post(ctx context.Context, path string, body []byte) (gjson.Resu
 		}
 		return gjson.Result{}, fmt.Errorf("fallback: POST %s: HTTP %d: %s", url, resp.StatusCode, msg)
 	}
-	if !gjson.ValidBytes(data) {
-		return gjson.Result{}, fmt.Errorf("fallback: POST %s: response is not JSON", url)
+	if err := jsonscan.Validate(data); err != nil {
+		return gjson.Result{}, fmt.Errorf("fallback: POST %s: response is not usable JSON: %w", url, err)
 	}
 	return gjson.ParseBytes(data), nil
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/jsonscan"
 )
 
 // LogprobIDs collects output ids from the logprobs of a response: a
@@ -33,10 +35,10 @@ type lpChoice struct {
 // Reset forgets everything collected.
 func (l *LogprobIDs) Reset() { l.choices = l.choices[:0] }
 
-// Add reads one response body or one SSE data payload ("[DONE]" and non-JSON
-// payloads are ignored).
+// Add reads one response body or one SSE data payload ("[DONE]", non-JSON
+// payloads and payloads nested deeper than jsonscan.MaxDepth are ignored).
 func (l *LogprobIDs) Add(data []byte) {
-	if !gjson.ValidBytes(data) {
+	if jsonscan.Validate(data) != nil {
 		return
 	}
 	gjson.GetBytes(data, "choices").ForEach(func(_, ch gjson.Result) bool {
