@@ -134,11 +134,20 @@ func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, s.gw.PauseState())
 }
 
-// authorizedAdmin checks the admin token (constant-time) on every /api/v1
-// route, reads included, when one is set. The scheme is matched without
-// regard to case (RFC 9110 §11.1).
+// authorizedAdmin checks the admin token on every /api/v1 route, reads
+// included, when one is set (AdminAuthorized).
 func (s *Server) authorizedAdmin(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.AdminToken == "" {
+	return AdminAuthorized(ctx, s.cfg.AdminToken, "/api/v1 route")
+}
+
+// AdminAuthorized checks "Authorization: Bearer <token>" (constant-time;
+// the scheme matched without regard to case, RFC 9110 §11.1) when token is
+// set, and answers 401 with WWW-Authenticate itself when it does not match;
+// route names what was refused in the message ("/api/v1 route"). An empty
+// token allows every request. The /api/v1 routes and rollgate bridge
+// --serve's lease API share it.
+func AdminAuthorized(ctx *fasthttp.RequestCtx, token, route string) bool {
+	if token == "" {
 		return true
 	}
 	got := ctx.Request.Header.Peek("Authorization")
@@ -147,11 +156,13 @@ func (s *Server) authorizedAdmin(ctx *fasthttp.RequestCtx) bool {
 	} else {
 		got = nil
 	}
-	if got != nil && subtle.ConstantTimeCompare(got, []byte(s.cfg.AdminToken)) == 1 {
+	if got != nil && subtle.ConstantTimeCompare(got, []byte(token)) == 1 {
 		return true
 	}
 	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rollgate admin"`)
-	s.plainError(ctx, fasthttp.StatusUnauthorized, "authentication_error", "this /api/v1 route needs the admin token: Authorization: Bearer $ROLLGATE_ADMIN_TOKEN")
+	ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(gateway.AppendError(nil, fasthttp.StatusUnauthorized, "authentication_error", "this "+route+" needs the admin token: Authorization: Bearer $ROLLGATE_ADMIN_TOKEN"))
 	return false
 }
 

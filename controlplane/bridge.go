@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
@@ -22,6 +26,10 @@ type bridgeRequest struct {
 	// The bridge's options, as rollgate bridge's flags fill them.
 	bridge.Request
 	After *int64 `json:"after"` // completion cursor of the task queue
+	// Tokenizer names one of Config.BridgeTokenizers to retokenize calls
+	// captured without ids with (rollgate bridge --retokenize takes the
+	// folder itself; a request never names a server path).
+	Tokenizer string `json:"retokenize"`
 }
 
 // bridgeRoutes serves /api/v1/bridge/*: POST batches builds samples from the
@@ -52,10 +60,22 @@ func (s *Server) postBatches(ctx *fasthttp.RequestCtx) {
 	if !s.decode(ctx, &in) {
 		return
 	}
-	o, err := s.bridgeOptions(&in)
+	o, err := in.Request.Options()
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 		return
+	}
+	if in.Tokenizer != "" {
+		rt, status, err := s.retokenizer(in.Tokenizer)
+		if err != nil {
+			typ := errInvalidRequest
+			if status != fasthttp.StatusBadRequest {
+				typ = errServer
+			}
+			s.plainError(ctx, status, typ, err.Error())
+			return
+		}
+		o.Retokenize = rt
 	}
 	// Builds read the whole selection: allow more than the API's usual 30 s.
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -146,7 +166,32 @@ func intersect(a, b []string) []string {
 	return out
 }
 
-// bridgeOptions turns a request into bridge options, exactly as the CLI does.
-func (s *Server) bridgeOptions(in *bridgeRequest) (bridge.Options, error) {
-	return in.Request.Options()
+// retokenizer returns the retokenizer of the configured tokenizer name
+// (Config.BridgeTokenizers), loading it on first use: 400 for a name that
+// is not configured (listing those that are, never touching the file
+// system), 503 when the configured folder does not load.
+func (s *Server) retokenizer(name string) (*chattemplate.Retokenizer, int, error) {
+	dir, ok := s.cfg.BridgeTokenizers[name]
+	if !ok {
+		names := slices.Sorted(maps.Keys(s.cfg.BridgeTokenizers))
+		if len(names) == 0 {
+			return nil, fasthttp.StatusBadRequest, fmt.Errorf(`"retokenize" %.80q: no tokenizers are configured; the operator names them with bridge_tokenizers (--bridge-tokenizers name=folder)`, name)
+		}
+		return nil, fasthttp.StatusBadRequest, fmt.Errorf(`"retokenize" %.80q is not a configured tokenizer: use one of %s (bridge_tokenizers, --bridge-tokenizers)`, name, strings.Join(names, ", "))
+	}
+	s.tokMu.Lock()
+	defer s.tokMu.Unlock()
+	if rt := s.toks[name]; rt != nil {
+		return rt, 0, nil
+	}
+	rt, err := chattemplate.LoadDir(dir)
+	if err != nil {
+		s.log.Error("bridge: loading a configured tokenizer", "name", name, "folder", dir, "err", err)
+		return nil, fasthttp.StatusServiceUnavailable, fmt.Errorf("tokenizer %q (bridge_tokenizers) does not load: %w; fix its folder or the setting", name, err)
+	}
+	if s.toks == nil {
+		s.toks = map[string]*chattemplate.Retokenizer{}
+	}
+	s.toks[name] = rt
+	return rt, 0, nil
 }

@@ -61,7 +61,7 @@ func TestBridgeOverHTTP(t *testing.T) {
 				t.Fatalf("ack: %d %s", r.Status, r.Body)
 			}
 		}
-		if r := gatewaytest.Do(t, "POST", api+"/bridge/ack", `{"lease_id":"`+l1.Get("lease_id").String()+`"}`); r.Status != 409 {
+		if r := gatewaytest.Do(t, "POST", api+"/bridge/ack", `{"lease_id":"`+l1.Get("lease_id").String()+`"}`); r.Status != 404 {
 			t.Fatalf("second ack: %d %s", r.Status, r.Body)
 		}
 		c := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/bridge/counts", "").Body)
@@ -78,7 +78,7 @@ func TestBridgeOverHTTP(t *testing.T) {
 			t.Fatalf("report: %s", rep.Raw)
 		}
 		for _, bad := range []string{`{"estimator":"ppo"}`, `{"agent":"("}`, `{"bogus":1}`, `{"missing_reward":"5"}`, `{"logprobs":"zeros"}`,
-			`{"air_rules":["nope=1"]}`, `{"air_failure_patterns":["("]}`, `{"air_min_repeats":-1}`} {
+			`{"air_rules":["nope=1"]}`, `{"air_failure_patterns":["("]}`, `{"air_min_repeats":-1}`, `{"retokenize":"/etc"}`} {
 			if r := gatewaytest.Do(t, "POST", api+"/bridge/batches", bad); r.Status != 400 {
 				t.Errorf("%s: %d %s", bad, r.Status, r.Body)
 			}

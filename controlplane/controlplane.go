@@ -21,7 +21,9 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/backends"
+	"github.com/rollgate/rollgate/internal/config"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	"github.com/rollgate/rollgate/trainer-bridge/lease"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
@@ -67,6 +69,12 @@ type Config struct {
 	// /api/v1/bridge/lease lasts before they are handed out again
 	// (0: DefaultBridgeLeaseTTL).
 	BridgeLeaseTTL time.Duration `yaml:"bridge_lease_ttl"`
+	// BridgeTokenizers names the Hugging Face model folders (tokenizer.json,
+	// tokenizer_config.json, chat template) that POST /api/v1/bridge/batches
+	// may retokenize with: its "retokenize" field is one of these names,
+	// never a path (nil: none, retokenizing over HTTP is off). Each is
+	// loaded on first use and kept.
+	BridgeTokenizers map[string]string `yaml:"bridge_tokenizers"`
 }
 
 // DefaultBridgeLeaseTTL is Config.BridgeLeaseTTL's default.
@@ -80,6 +88,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		ttl = DefaultBridgeLeaseTTL
 	}
 	fs.DurationVar(&c.BridgeLeaseTTL, "bridge-lease-ttl", ttl, "how long a trainer's lease of samples from /api/v1/bridge/lease lasts before they return to the queue")
+	config.StringMapVar(fs, &c.BridgeTokenizers, "bridge-tokenizers", "tokenizers POST /api/v1/bridge/batches may retokenize with, `name=folder,...` (Hugging Face model folders with tokenizer.json and tokenizer_config.json; the request's \"retokenize\" names one, never a path; files over 64 MiB or not regular are refused); empty = off. See also rollgate bridge --retokenize")
 }
 
 // ConfigOf takes the control plane's settings out of a gateway
@@ -112,6 +121,11 @@ type Server struct {
 	// The trainer pull API (/api/v1/bridge/*), made on first use.
 	leaseOnce sync.Once
 	leases    *lease.Queue
+
+	// The retokenizers of Config.BridgeTokenizers loaded so far, by name;
+	// tokMu also makes loads one at a time.
+	tokMu sync.Mutex
+	toks  map[string]*chattemplate.Retokenizer
 }
 
 var _ gateway.ControlPlane = (*Server)(nil)

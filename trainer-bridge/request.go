@@ -57,7 +57,11 @@ type Request struct {
 	WriteAIR      bool `json:"write_air"`
 	// Retokenize is a folder holding the model's tokenizer.json and
 	// tokenizer_config.json: calls captured without ids get retokenized ones.
-	Retokenize string `json:"retokenize"`
+	// The command line's --retokenize only: a server path is never taken
+	// from a request, so the HTTP API's "retokenize" names one of the
+	// operator's configured tokenizers instead (controlplane's
+	// Config.BridgeTokenizers) and sets Options.Retokenize itself.
+	Retokenize string `json:"-"`
 }
 
 // DefaultEstimator is the estimator of a Request that names none.

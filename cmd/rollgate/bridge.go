@@ -20,6 +20,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/stores"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
@@ -44,7 +45,9 @@ per line (JSONL), one per row (Parquet) or a padded batch with verl's tensor nam
 (safetensors), chosen by --format or the file extension.
 With --serve, online trainers pull the samples instead: POST /lease {"n": N} hands out
 the next N under a lease id, POST /ack {"lease_id": ...} consumes them, and a lease not
-acknowledged within --lease-ttl returns its samples to the queue.
+acknowledged within --lease-ttl returns its samples to the queue. As serve's /api/v1, it
+needs Authorization: Bearer $ROLLGATE_ADMIN_TOKEN when that is set, and a non-loopback
+--serve address needs the token (or --insecure-admin).
 A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goes to stderr.`
 
 func runBridge(args []string, stdout, stderr io.Writer) int {
@@ -99,7 +102,8 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", time.Hour, "timeout of the selection and assembly")
 	serve := fs.String("serve", "", "instead of writing a file, serve the samples to online trainers on this address (POST /lease, POST /ack, GET /counts) until all are acknowledged")
 	leaseTTL := fs.Duration("lease-ttl", 5*time.Minute, "with --serve: an unacknowledged lease returns its samples to the queue after this long")
-	retokenizeDir := fs.String("retokenize", "", "Hugging Face model folder (tokenizer.json, tokenizer_config.json, chat_template.jinja if shipped): calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids)")
+	insecureAdmin := fs.Bool("insecure-admin", false, "allow --serve on a non-loopback address without ROLLGATE_ADMIN_TOKEN: anyone who reaches the port can then lease and acknowledge (consume) every sample. With ROLLGATE_ADMIN_TOKEN set, every request of the lease API needs Authorization: Bearer <token>, as serve's /api/v1")
+	retokenizeDir := fs.String("retokenize", "", "Hugging Face model folder (tokenizer.json, tokenizer_config.json, chat_template.jinja if shipped): calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids). Its files must be regular files (symlinks to them are followed) of at most 64 MiB each; a device, FIFO or larger file is refused")
 	reportPath := fs.String("report", "", "write a JSON report to this file: every selected attempt, its calls and samples, included or excluded with the reason")
 	explain := fs.String("explain", "", "print what became of this rollout's attempts, calls and samples and why (with the selection and options given; --out is then optional)")
 	setFlags, err := parseWithEnv(fs, args)
@@ -115,6 +119,15 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	}
 	if *out == "" && *serve == "" && *explain == "" {
 		return fail(2, "--out (or --serve, or --explain) is required")
+	}
+	adminToken := os.Getenv("ROLLGATE_ADMIN_TOKEN")
+	if *serve != "" {
+		if err := requireAdminOffLoopback(adminToken, *insecureAdmin,
+			"lease and acknowledge (consume) every sample of the batch",
+			"Set ROLLGATE_ADMIN_TOKEN (trainers then send Authorization: Bearer <token>)",
+			listenFlag{"--serve", *serve}); err != nil {
+			return fail(2, "%v", err)
+		}
 	}
 	if *format == "" {
 		*format = "jsonl"
@@ -251,7 +264,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	}
 	if *serve != "" {
 		printSummary(stderr, &res.Stats, "http://"+*serve)
-		if err := serveSamples(*serve, *leaseTTL, res.Samples, stderr); err != nil {
+		if err := serveSamples(*serve, *leaseTTL, adminToken, res.Samples, stderr); err != nil {
 			return fail(1, "%v", err)
 		}
 		return 0
@@ -296,8 +309,9 @@ func completedAfter(ctx context.Context, dsn, dbPath string, after int64) ([]str
 }
 
 // serveSamples runs the lease API on addr until every sample is acknowledged
-// or SIGINT/SIGTERM arrives.
-func serveSamples(addr string, ttl time.Duration, samples []*bridge.Sample, stderr io.Writer) error {
+// or SIGINT/SIGTERM arrives; with an admin token every request needs it
+// (controlplane.AdminAuthorized, as serve's /api/v1).
+func serveSamples(addr string, ttl time.Duration, adminToken string, samples []*bridge.Sample, stderr io.Writer) error {
 	q := lease.New(ttl, nil)
 	for i, s := range samples {
 		b, err := json.Marshal(s)
@@ -310,7 +324,12 @@ func serveSamples(addr string, ttl time.Duration, samples []*bridge.Sample, stde
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { q.Serve(ctx, string(ctx.Path())) },
+	handler := func(ctx *fasthttp.RequestCtx) {
+		if controlplane.AdminAuthorized(ctx, adminToken, "lease API route") {
+			q.Serve(ctx, string(ctx.Path()))
+		}
+	}
+	srv := &fasthttp.Server{Handler: handler,
 		ReadTimeout: 10 * time.Second, MaxRequestBodySize: 1 << 20, NoDefaultServerHeader: true}
 	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
 	defer srv.Shutdown()

@@ -4,10 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 
+	"github.com/rollgate/rollgate/tokenize/hf"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 )
 
@@ -46,7 +46,7 @@ func tensorOptions(set map[string]bool, format string, serve bool, padID int64, 
 // added_tokens_decoder, else in the added_tokens of the tokenizer.json
 // beside it.
 func padTokenID(path string) (int64, error) {
-	data, err := os.ReadFile(path)
+	data, err := hf.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -81,7 +81,7 @@ func padTokenID(path string) (int64, error) {
 		}
 	}
 	tj := filepath.Join(filepath.Dir(path), "tokenizer.json")
-	if b, err := os.ReadFile(tj); err == nil {
+	if b, err := hf.ReadFile(tj); err == nil {
 		var tok struct {
 			Added []struct {
 				ID      int64  `json:"id"`

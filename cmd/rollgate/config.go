@@ -219,16 +219,29 @@ func (c *serveFlags) RegisterFlags(fs *flag.FlagSet) {
 // secureListen refuses a listener beyond loopback without an admin token,
 // unless --insecure-admin.
 func (c *fileConfig) secureListen() error {
-	if c.Gateway.AdminToken != "" || c.Serve.InsecureAdmin {
-		return nil
-	}
 	g := c.Gateway
 	g.SetDefaults()
-	for _, a := range []struct{ flag, addr string }{{"--listen", g.Listen}, {"--debug-listen", c.Serve.DebugListen}} {
+	return requireAdminOffLoopback(c.Gateway.AdminToken, c.Serve.InsecureAdmin,
+		"change the routing table, pause the gateway and read every rollout",
+		"Set ROLLGATE_ADMIN_TOKEN (and client keys, ROLLGATE_CLIENT_KEYS, for agents)",
+		listenFlag{"--listen", g.Listen}, listenFlag{"--debug-listen", c.Serve.DebugListen})
+}
+
+// listenFlag is a listen address and the flag that set it.
+type listenFlag struct{ flag, addr string }
+
+// requireAdminOffLoopback is the admin-token rule of every rollgate
+// listener (serve, bridge --serve): one beyond loopback needs
+// ROLLGATE_ADMIN_TOKEN (token) unless insecure (--insecure-admin). exposes
+// says what anyone reaching the port could then do, fix how to set a token.
+func requireAdminOffLoopback(token string, insecure bool, exposes, fix string, listeners ...listenFlag) error {
+	if token != "" || insecure {
+		return nil
+	}
+	for _, a := range listeners {
 		if a.addr != "" && !isLoopbackAddr(a.addr) {
 			return fmt.Errorf("%s %s is not a loopback address and ROLLGATE_ADMIN_TOKEN is not set: "+
-				"anyone who reaches the port could change the routing table, pause the gateway and read every rollout. "+
-				"Set ROLLGATE_ADMIN_TOKEN (and client keys, ROLLGATE_CLIENT_KEYS, for agents), or pass --insecure-admin to accept that", a.flag, a.addr)
+				"anyone who reaches the port could %s. %s, or pass --insecure-admin to accept that", a.flag, a.addr, exposes, fix)
 		}
 	}
 	return nil

@@ -24,14 +24,15 @@ import (
 // (@huggingface/jinja's rendering of the messages the agent sent and
 // received — the second answer streamed —, tokenized by transformers.js);
 // in trajectory mode the two turns merge. POST /api/v1/bridge/batches with
-// "retokenize" does the same over HTTP.
+// "retokenize" naming the tokenizer configured in bridge_tokenizers does the
+// same over HTTP.
 func TestRetokenizeThroughGateway(t *testing.T) {
 	qwen := chattemplatetest.ModelDir(t, "qwen2_5")
 	mockAddr := freeAddr(t)
 	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--ignore-return-token-ids")
 	addr := freeAddr(t)
 	db := filepath.Join(t.TempDir(), "rollgate.db")
-	cfg := map[string]any{"listen": addr, "db": db, "backends": []map[string]any{
+	cfg := map[string]any{"listen": addr, "db": db, "bridge_tokenizers": map[string]string{"qwen2_5": qwen}, "backends": []map[string]any{
 		{"model": "qwen", "replicas": []map[string]any{{"name": "hosted", "url": "http://" + mockAddr + "/v1", "kind": "openai"}}},
 	}}
 	b, _ := yaml.Marshal(cfg)
@@ -192,7 +193,7 @@ func TestRetokenizeThroughGateway(t *testing.T) {
 	}
 
 	// Over HTTP: the batch goes to the lease queue; lease it back.
-	status, body, _ = post(t, base+"/api/v1/bridge/batches", `{"estimator":"none","retokenize":`+jsonString(qwen)+`}`)
+	status, body, _ = post(t, base+"/api/v1/bridge/batches", `{"estimator":"none","retokenize":"qwen2_5"}`)
 	if status != 200 || !strings.Contains(body, `"retokenized":2`) || !strings.Contains(body, `"samples":2`) {
 		t.Fatalf("POST /api/v1/bridge/batches: %d %s", status, body)
 	}
@@ -204,8 +205,9 @@ func TestRetokenizeThroughGateway(t *testing.T) {
 		t.Fatalf("lease: %d %v %s", status, err, body)
 	}
 	check(lease.Samples)
-	if status, body, _ = post(t, base+"/api/v1/bridge/batches", `{"retokenize":"/nonexistent"}`); status != 400 || !strings.Contains(body, "tokenizer.json") {
-		t.Errorf("a missing tokenizer folder: %d %s", status, body)
+	// A path is no tokenizer name: 400 listing the configured names.
+	if status, body, _ = post(t, base+"/api/v1/bridge/batches", `{"retokenize":"/nonexistent"}`); status != 400 || !strings.Contains(body, "qwen2_5") {
+		t.Errorf("a path as the tokenizer: %d %s", status, body)
 	}
 }
 

@@ -213,7 +213,9 @@ class Lease:
     its samples to the queue.
 
     url: the gateway (routes under /api/v1/bridge); for `rollgate bridge
-    --serve ADDR` pass prefix="".
+    --serve ADDR` pass prefix="". token: the admin token (ROLLGATE_ADMIN_TOKEN),
+    sent as Authorization: Bearer; both the gateway and `rollgate bridge
+    --serve` require it when it is set.
     """
 
     def __init__(self, url, token=None, prefix="/api/v1/bridge", pad_id=0, backend=None, timeout=60.0):
@@ -239,7 +241,7 @@ class Lease:
 
     def ack(self, lease_id=None):
         """Acknowledges a lease (the last one taken by default); GatewayError
-        409 when it is unknown, already acknowledged or expired."""
+        404 when it is unknown, already acknowledged or expired."""
         lid = lease_id or self.lease_id
         if not lid:
             raise ValueError("no lease to acknowledge")

@@ -194,6 +194,7 @@ class GatewayE2ETest(unittest.TestCase):
         lease = Lease(url, token=token, backend="numpy")
         t1, nt1, meta1 = lease.take(3)
         first = meta1["lease_id"]
+        self.assertRegex(first, r"^lease-[0-9a-f]{32}$")  # 128 random bits, not lease-1
         self.assertEqual(t1["prompts"].shape[0], 3)
         self.assertEqual(lease.counts()["leased"], 3)
         t2, nt2, meta2 = lease.take(10)
@@ -204,7 +205,7 @@ class GatewayE2ETest(unittest.TestCase):
         self.assertEqual(lease.counts(), {"pending": 0, "leased": 0, "acked": 5})
         with self.assertRaises(GatewayError) as cm:
             lease.ack(first)
-        self.assertEqual(cm.exception.status, 409)
+        self.assertEqual(cm.exception.status, 404)
         self.assertIn("unknown", cm.exception.message)
 
         for t, nt in ((t1, nt1), (t2, nt2)):

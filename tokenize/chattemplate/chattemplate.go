@@ -27,7 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"strings"
 	"time"
@@ -37,6 +37,8 @@ import (
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
+
+	"github.com/rollgate/rollgate/tokenize/hf"
 )
 
 func init() {
@@ -59,9 +61,10 @@ type configJSON struct {
 	EOSToken     json.RawMessage `json:"eos_token"`
 }
 
-// LoadConfigFile reads a tokenizer_config.json and compiles its chat template.
+// LoadConfigFile reads a tokenizer_config.json (hf.ReadFile: a regular
+// file of at most hf.MaxFileBytes) and compiles its chat template.
 func LoadConfigFile(path string) (*Template, error) {
-	data, err := os.ReadFile(path)
+	data, err := hf.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: %w", err)
 	}
@@ -109,17 +112,24 @@ func loadConfig(data []byte, source json.RawMessage) (*Template, error) {
 // chat_template.jinja when present, else the chat_template of
 // chat_template.json, else that of tokenizer_config.json (newer models ship
 // the template in its own file); bos_token and eos_token always come from
-// tokenizer_config.json.
+// tokenizer_config.json. Each file is read with hf.ReadFile (a regular file
+// of at most hf.MaxFileBytes); one that exists but is refused is an error.
 func LoadModelDir(dir string) (*Template, error) {
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	data, err := os.ReadFile(cfgPath)
+	data, err := hf.ReadFile(cfgPath)
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: %w", err)
 	}
 	var source json.RawMessage
-	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+	b, err := readOptional(filepath.Join(dir, "chat_template.jinja"))
+	if err != nil {
+		return nil, err
+	}
+	if b != nil {
 		source, _ = json.Marshal(string(b))
-	} else if b, err := os.ReadFile(filepath.Join(dir, "chat_template.json")); err == nil {
+	} else if b, err = readOptional(filepath.Join(dir, "chat_template.json")); err != nil {
+		return nil, err
+	} else if b != nil {
 		var f struct {
 			ChatTemplate json.RawMessage `json:"chat_template"`
 		}
@@ -133,6 +143,19 @@ func LoadModelDir(dir string) (*Template, error) {
 		return nil, fmt.Errorf("%w (%s)", err, dir)
 	}
 	return t, nil
+}
+
+// readOptional reads a file a model folder may lack: nil when it does not
+// exist, an error when it exists but cannot be read or is refused.
+func readOptional(path string) ([]byte, error) {
+	b, err := hf.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chattemplate: %w", err)
+	}
+	return b, nil
 }
 
 func templateSource(raw json.RawMessage) (string, error) {

@@ -32,7 +32,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -65,9 +64,10 @@ type Tokenizer struct {
 	pattern   string
 }
 
-// LoadFile reads and loads a tokenizer.json file.
+// LoadFile reads (ReadFile: a regular file of at most MaxFileBytes) and
+// loads a tokenizer.json file.
 func LoadFile(path string) (*Tokenizer, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("hf: %w", err)
 	}

@@ -8,13 +8,14 @@ package lease
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,7 +24,8 @@ import (
 )
 
 // ErrUnknownLease is returned by Ack for a lease that does not exist, was
-// already acknowledged, or expired (its samples are back in the queue).
+// already acknowledged, or expired (its samples are back in the queue). The
+// pull API answers it with 404, saying nothing of which leases exist.
 var ErrUnknownLease = errors.New("lease: unknown, already acknowledged or expired lease")
 
 type lease struct {
@@ -43,7 +45,7 @@ type Queue struct {
 	now    func() time.Time
 	queue  []item
 	leases map[string]*lease
-	nextID uint64
+	newID  func() string // lease ids: newLeaseID, or a test's
 	seq    uint64
 	acked  int
 }
@@ -53,7 +55,16 @@ func New(ttl time.Duration, now func() time.Time) *Queue {
 	if now == nil {
 		now = time.Now
 	}
-	return &Queue{ttl: ttl, now: now, leases: map[string]*lease{}}
+	return &Queue{ttl: ttl, now: now, leases: map[string]*lease{}, newID: newLeaseID}
+}
+
+// newLeaseID returns an unguessable lease id: "lease-" and 128 bits from
+// crypto/rand in hex. A lease id is what acknowledges (consumes) samples, so
+// one trainer cannot guess another's.
+func newLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return "lease-" + hex.EncodeToString(b[:])
 }
 
 // Add appends samples to the queue.
@@ -104,8 +115,7 @@ func (q *Queue) Lease(n int) (id string, samples []json.RawMessage, expires time
 	n = min(n, len(q.queue))
 	l := &lease{items: append([]item(nil), q.queue[:n]...), expires: now.Add(q.ttl)}
 	q.queue = q.queue[n:]
-	q.nextID++
-	id = "lease-" + strconv.FormatUint(q.nextID, 10)
+	id = q.newID()
 	q.leases[id] = l
 	samples = make([]json.RawMessage, n)
 	for i, it := range l.items {
@@ -193,7 +203,7 @@ func (q *Queue) ackAnswer(body io.Reader) answer {
 		return errorAnswer(http.StatusBadRequest, `body must be {"lease_id": "..."}`)
 	}
 	if err := q.Ack(in.LeaseID); err != nil {
-		return errorAnswer(http.StatusConflict, err.Error())
+		return errorAnswer(http.StatusNotFound, err.Error())
 	}
 	return answer{http.StatusOK, map[string]bool{"acked": true}}
 }
@@ -221,7 +231,7 @@ func (a answer) body() []byte {
 // /api/v1/bridge):
 //
 //	POST /lease {"n": N}        -> 200 {"lease_id", "expires_unix_nano", "samples": [...]}, or 204 when empty
-//	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 409 when the lease is unknown or expired
+//	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 404 when the lease is unknown, acknowledged or expired
 //	GET  /counts                -> {"pending", "leased", "acked"}
 //
 // Other paths get 404 and other methods 405 with Allow, as from Handler.

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -157,7 +158,7 @@ func TestHTTP(t *testing.T) {
 	if code, body = post("/ack", `{"lease_id":"`+l.LeaseID+`"}`); code != 200 {
 		t.Fatalf("ack: %d %s", code, body)
 	}
-	if code, body = post("/ack", `{"lease_id":"`+l.LeaseID+`"}`); code != 409 || !strings.Contains(body, "already acknowledged") {
+	if code, body = post("/ack", `{"lease_id":"`+l.LeaseID+`"}`); code != 404 || !strings.Contains(body, "already acknowledged") {
 		t.Fatalf("second ack: %d %s", code, body)
 	}
 	if code, _ = post("/lease", `{"n":0}`); code != 400 {
@@ -214,6 +215,8 @@ func TestServeMatchesHandler(t *testing.T) {
 	queue := func() *Queue {
 		c := &clock{t: time.Unix(7, 0)}
 		q := New(time.Minute, c.now)
+		n := 0
+		q.newID = func() string { n++; return fmt.Sprint("lease-", n) } // the same ids in the three queues
 		q.Add(raws(`{"a":1}`, `{"a":2}`, `{"a":3}`, `{"a":"<&>"}`)...)
 		return q
 	}
@@ -241,7 +244,7 @@ func TestServeMatchesHandler(t *testing.T) {
 	for _, c := range []struct{ method, path, body, want string }{
 		{"POST", "/lease", `{"n":2}`, "200 "},
 		{"POST", "/ack", `{"lease_id":"lease-1"}`, "200 "},
-		{"POST", "/ack", `{"lease_id":"lease-1"}`, "409 "},
+		{"POST", "/ack", `{"lease_id":"lease-1"}`, "404 "},
 		{"POST", "/ack", `{}`, "400 "},
 		{"POST", "/ack", `[`, "400 "},
 		{"POST", "/lease", `{"n":0}`, "400 "},
@@ -277,8 +280,10 @@ func TestServeMatchesHandler(t *testing.T) {
 // TestServeMatchesHandler:
 //
 //	POST /lease {"n": N}        -> 200 {"lease_id", "expires_unix_nano", "samples": [...]}, or 204 when empty
-//	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 409 when the lease is unknown or expired
+//	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 404 when the lease is unknown or expired
 //	GET  /counts                -> {"pending", "leased", "acked"}
+//
+// (409 for an unknown lease until issue 36 made it 404.)
 func referenceHandler(q *Queue) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /lease", func(w http.ResponseWriter, r *http.Request) {
@@ -305,7 +310,7 @@ func referenceHandler(q *Queue) http.Handler {
 			return
 		}
 		if err := q.Ack(in.LeaseID); err != nil {
-			refHTTPError(w, http.StatusConflict, err.Error())
+			refHTTPError(w, http.StatusNotFound, err.Error())
 			return
 		}
 		refWriteJSON(w, http.StatusOK, map[string]bool{"acked": true})
@@ -326,4 +331,45 @@ func refWriteJSON(w http.ResponseWriter, status int, v any) {
 
 func refHTTPError(w http.ResponseWriter, status int, msg string) {
 	refWriteJSON(w, status, map[string]any{"error": map[string]string{"message": msg, "type": "invalid_request_error"}})
+}
+
+// TestLeaseIDsUnguessable: lease ids carry 128 random bits (they were
+// lease-1, lease-2, ...: anyone could ack another trainer's lease); an ack
+// of an id that was never handed out is 404 and names no lease.
+func TestLeaseIDsUnguessable(t *testing.T) {
+	q := New(time.Minute, nil)
+	seen := map[string]bool{}
+	for range 1000 {
+		q.Add(json.RawMessage(`1`))
+		id, _, _ := q.Lease(1)
+		hexPart, ok := strings.CutPrefix(id, "lease-")
+		if _, err := hex.DecodeString(hexPart); !ok || err != nil || len(hexPart) != 32 {
+			t.Fatalf("lease id %q is not lease- and 128 bits in hex", id)
+		}
+		if seen[id] {
+			t.Fatalf("lease id %q handed out twice", id)
+		}
+		seen[id] = true
+	}
+	srv := httptest.NewServer(q.Handler())
+	defer srv.Close()
+	for _, guess := range []string{"lease-1", "lease-0", "lease-00000000000000000000000000000000"} {
+		r, err := http.Post(srv.URL+"/ack", "application/json", strings.NewReader(`{"lease_id":"`+guess+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != 404 {
+			t.Errorf("ack of %s: %d %s", guess, r.StatusCode, b)
+		}
+		for id := range seen {
+			if strings.Contains(string(b), id) {
+				t.Fatalf("the 404 names the live lease %s: %s", id, b)
+			}
+		}
+	}
+	if c := q.Counts(); c.Leased != 1000 || c.Acked != 0 {
+		t.Fatalf("guessed acks consumed samples: %+v", c)
+	}
 }
