@@ -337,18 +337,18 @@ func (q *Queue) Enqueue(ctx context.Context, tasks []Task) ([]string, error) {
 // /api/v1/rollouts), so it completes and pages like queued ones. Registering
 // an id the queue holds is an ErrExists, unless it repeats the registration
 // of a rollout still running (same attempt, task and metadata): then the
-// stored rollout is returned unchanged. A finished rollout never runs again.
-func (q *Queue) Register(ctx context.Context, rolloutID, attemptID, taskID string, metadata json.RawMessage) (*Change, error) {
+// stored rollout is returned unchanged (created false). A finished rollout
+// never runs again.
+func (q *Queue) Register(ctx context.Context, rolloutID, attemptID, taskID string, metadata json.RawMessage) (ch *Change, created bool, err error) {
 	if len(metadata) == 0 || string(metadata) == "null" {
 		metadata = json.RawMessage("{}")
 	}
 	now := q.now().UnixNano()
-	var ch Change
-	err := q.tx(ctx, func(t *sql.Tx) error {
+	err = q.tx(ctx, func(t *sql.Tx) error {
 		switch old, err := q.get(ctx, t, rolloutID, true); {
 		case err == nil:
 			if old.Status == StatusRunning && old.AttemptID == attemptID && old.TaskID == taskID && string(old.Metadata) == string(metadata) {
-				ch = Change{State: *old, Attempt: Attempt{RolloutID: rolloutID, AttemptID: attemptID, AttemptNo: old.AttemptNo,
+				ch = &Change{State: *old, Attempt: Attempt{RolloutID: rolloutID, AttemptID: attemptID, AttemptNo: old.AttemptNo,
 					WorkerID: old.WorkerID, Status: StatusRunning}}
 				return nil
 			}
@@ -380,13 +380,13 @@ func (q *Queue) Register(ctx context.Context, rolloutID, attemptID, taskID strin
 		if err := q.putAttempt(ctx, t, &a); err != nil {
 			return err
 		}
-		ch = Change{State: *st, Attempt: a}
+		ch, created = &Change{State: *st, Attempt: a}, true
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return &ch, nil
+	return ch, created, nil
 }
 
 // taskCols are all the columns of rg_tasks.

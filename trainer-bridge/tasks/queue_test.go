@@ -279,8 +279,8 @@ func TestQueueConcurrentDequeueHandsOutEachAttemptOnce(t *testing.T) {
 func TestQueueRegisterAndBadInput(t *testing.T) {
 	each(t, func(t *testing.T, q *Queue, c *clock) {
 		ctx := context.Background()
-		ch, err := q.Register(ctx, "r1", "a1", "task", nil)
-		if err != nil || ch.State.Status != StatusRunning || ch.State.AttemptNo != 1 {
+		ch, created, err := q.Register(ctx, "r1", "a1", "task", nil)
+		if err != nil || !created || ch.State.Status != StatusRunning || ch.State.AttemptNo != 1 {
 			t.Fatalf("register: %+v %v", ch, err)
 		}
 		// Registered rollouts hold no lease: the sweeper leaves them alone.
@@ -289,17 +289,17 @@ func TestQueueRegisterAndBadInput(t *testing.T) {
 			t.Fatalf("expire touched a registered rollout: %+v %v", changes, err)
 		}
 		// Repeating the registration of a running rollout changes nothing.
-		if ch, err := q.Register(ctx, "r1", "a1", "task", nil); err != nil || ch.State.AttemptNo != 1 || ch.State.Status != StatusRunning {
+		if ch, created, err := q.Register(ctx, "r1", "a1", "task", nil); err != nil || created || ch.State.AttemptNo != 1 || ch.State.Status != StatusRunning {
 			t.Fatalf("repeated registration: %+v %v", ch, err)
 		}
-		if _, err := q.Register(ctx, "r1", "a2", "task", nil); !errors.Is(err, ErrExists) {
+		if _, _, err := q.Register(ctx, "r1", "a2", "task", nil); !errors.Is(err, ErrExists) {
 			t.Fatalf("registration of a running rollout with another attempt: %v", err)
 		}
 		if _, err := q.Complete(ctx, "r1", "a1", "", StatusFailed, "x"); err != nil {
 			t.Fatal(err)
 		}
 		// A finished rollout is never resurrected: its completion stays the only one.
-		if ch, err := q.Register(ctx, "r1", "a1", "task", nil); !errors.Is(err, ErrExists) {
+		if ch, _, err := q.Register(ctx, "r1", "a1", "task", nil); !errors.Is(err, ErrExists) {
 			t.Fatalf("registration of a finished rollout: %+v %v", ch, err)
 		}
 		if n, err := q.Completed(ctx); err != nil || n != 1 {
