@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -25,7 +26,7 @@ func (s *Server) ServeAPI(ctx *fasthttp.RequestCtx, sub string) {
 	if !s.authorizedAdmin(ctx) {
 		return
 	}
-	if len(parts) >= 2 && parts[0] == "rollouts" && !gateway.ValidID([]byte(parts[1])) {
+	if len(parts) >= 2 && (parts[0] == "rollouts" || parts[0] == "tasks") && !gateway.ValidID([]byte(parts[1])) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid rollout id in the path: use "+gateway.IDCharset)
 		return
 	}
@@ -56,6 +57,8 @@ func (s *Server) ServeAPI(ctx *fasthttp.RequestCtx, sub string) {
 		s.postTasks(ctx)
 	case sub == "/tasks/dequeue" && method == "POST":
 		s.dequeue(ctx)
+	case len(parts) == 2 && parts[0] == "tasks" && method == "DELETE":
+		s.deleteTask(ctx, parts[1])
 	case sub == "/resources" && method == "POST":
 		s.postResources(ctx)
 	case len(parts) == 2 && parts[0] == "resources" && method == "GET":
@@ -212,16 +215,29 @@ func (s *Server) postRollout(ctx *fasthttp.RequestCtx) {
 		Status: "running", Metadata: meta, CreatedUnixNano: now, UpdatedUnixNano: now}
 	c, cancel := s.storeCtx()
 	defer cancel()
-	if s.queue.Load() != nil {
-		// Registered rollouts complete and page like queued ones.
-		if _, err := s.queue.Load().Register(c, in.RolloutID, in.AttemptID, in.TaskID, json.RawMessage(meta)); err != nil {
-			s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "registering rollout: "+err.Error())
+	created := true
+	if q := s.queue.Load(); q != nil {
+		// Registered rollouts complete and page like queued ones. An id the
+		// queue holds is 409, unless this repeats the registration of a
+		// rollout still running.
+		var err error
+		if _, created, err = q.Register(c, in.RolloutID, in.AttemptID, in.TaskID, json.RawMessage(meta)); err != nil {
+			s.queueError(ctx, err)
 			return
 		}
-	}
-	if err := s.store.Write(c, &export.Batch{Rollouts: []export.Rollout{row}}); err != nil {
-		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "storing rollout: "+err.Error())
+	} else if d, err := s.store.Rollout(c, in.RolloutID); err != nil {
+		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reading rollout: "+err.Error())
 		return
+	} else if len(d.Attempts) > 0 {
+		last := d.Attempts[len(d.Attempts)-1]
+		s.plainError(ctx, fasthttp.StatusConflict, errInvalidRequest, fmt.Sprintf("rollout %s exists (%s, attempt %q): register a new rollout id", in.RolloutID, last.Status, last.AttemptID))
+		return
+	}
+	if created {
+		if err := s.store.Write(c, &export.Batch{Rollouts: []export.Rollout{row}}); err != nil {
+			s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "storing rollout: "+err.Error())
+			return
+		}
 	}
 	s.rollouts.Store(in.RolloutID, &rolloutInfo{taskID: in.TaskID, groupID: in.GroupID, createdNs: now, metadata: meta})
 	s.gw.RegisterRollout(in.RolloutID, in.TaskID)
@@ -247,6 +263,18 @@ func (s *Server) postReward(ctx *fasthttp.RequestCtx, rolloutID string) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+gateway.IDCharset)
 		return
 	}
+	if !gateway.ValidName([]byte(in.Name)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "name must be at most 256 bytes of UTF-8 without control characters")
+		return
+	}
+	if in.SequenceID > math.MaxInt64 {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("sequence_id %d is out of range: 0 (episode-level) to %d", in.SequenceID, int64(math.MaxInt64)))
+		return
+	}
+	if in.Value != nil && (math.IsNaN(*in.Value) || math.IsInf(*in.Value, 0)) { // JSON has neither; a guard for what decodes to them
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "value must be a finite number")
+		return
+	}
 	if in.Value == nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, `"value" (a number) is required`)
 		return
@@ -265,10 +293,15 @@ func (s *Server) postReward(ctx *fasthttp.RequestCtx, rolloutID string) {
 	writeJSON(ctx, fasthttp.StatusOK, rewardView(row))
 }
 
+// postStatus records a rollout's status. On a rollout of the task queue
+// (queued or registered) the report must come from its current running
+// attempt (tasks.State.CheckReport: the attempt_id, and the worker_id of a
+// leased attempt); a finished rollout keeps its status (409 naming it).
 func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	var in struct {
 		Status    string `json:"status"`
 		AttemptID string `json:"attempt_id"`
+		WorkerID  string `json:"worker_id"`
 		Reason    string `json:"reason"`
 	}
 	if !s.decode(ctx, &in) {
@@ -276,6 +309,9 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	}
 	if in.AttemptID != "" && !gateway.ValidID([]byte(in.AttemptID)) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+gateway.IDCharset)
+		return
+	}
+	if !s.validWorker(ctx, in.WorkerID) {
 		return
 	}
 	switch in.Status {
@@ -296,10 +332,22 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 		}
 		scancel()
 	}
-	if s.queue.Load() != nil && in.Status != "running" {
-		ch, err := s.queue.Load().Complete(c, rolloutID, in.AttemptID, in.Status, in.Reason)
+	if q := s.queue.Load(); q != nil {
+		st, err := q.Get(c, rolloutID)
 		switch {
+		case err == nil && in.Status == "running":
+			// Only the current running attempt may say it runs.
+			if err := st.CheckReport(in.AttemptID, in.WorkerID); err != nil {
+				s.queueError(ctx, err)
+				return
+			}
+			in.AttemptID = st.AttemptID
 		case err == nil:
+			ch, err := q.Complete(c, rolloutID, in.AttemptID, in.WorkerID, in.Status, in.Reason)
+			if err != nil {
+				s.queueError(ctx, err)
+				return
+			}
 			s.mirror(c, []tasks.Change{*ch})
 			writeJSON(ctx, fasthttp.StatusOK, stateView(&ch.State))
 			return
@@ -312,28 +360,43 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	now := uint64(time.Now().UnixNano())
 	row := export.Rollout{RolloutID: rolloutID, AttemptID: in.AttemptID, Status: in.Status, Metadata: "{}",
 		CreatedUnixNano: now, UpdatedUnixNano: now}
+	d, err := s.store.Rollout(c, rolloutID)
+	if err != nil {
+		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reading rollout: "+err.Error())
+		return
+	}
+	var last *export.Rollout
+	if len(d.Attempts) > 0 {
+		last = &d.Attempts[len(d.Attempts)-1]
+		if finalStatus(last.Status) {
+			s.plainError(ctx, fasthttp.StatusConflict, errInvalidRequest, fmt.Sprintf("rollout %s is %s (attempt %q): a finished rollout keeps its status", rolloutID, last.Status, last.AttemptID))
+			return
+		}
+	}
 	// Carry task, group, metadata and creation time over from what is known:
 	// this row becomes the latest, so whatever it leaves out is lost.
 	if ri, ok := s.rollouts.Load(rolloutID); ok {
 		info := ri.(*rolloutInfo)
 		row.TaskID, row.GroupID, row.CreatedUnixNano, row.Metadata = info.taskID, info.groupID, info.createdNs, info.metadata
-	} else if d, err := s.store.Rollout(c, rolloutID); err == nil && len(d.Attempts) > 0 {
-		last := d.Attempts[len(d.Attempts)-1]
+	} else if last != nil {
 		row.TaskID, row.GroupID, row.CreatedUnixNano, row.Metadata = last.TaskID, last.GroupID, last.CreatedUnixNano, last.Metadata
 		if row.GroupID == "" { // a row from before the group_id column
 			row.GroupID = metadataGroupID([]byte(last.Metadata))
 		}
 	}
-	if row.AttemptID == "" {
-		if d, err := s.store.Rollout(c, rolloutID); err == nil && len(d.Attempts) > 0 {
-			row.AttemptID = d.Attempts[len(d.Attempts)-1].AttemptID
-		}
+	if row.AttemptID == "" && last != nil {
+		row.AttemptID = last.AttemptID
 	}
 	if err := s.store.Write(c, &export.Batch{Rollouts: []export.Rollout{row}}); err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "storing status: "+err.Error())
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, rolloutView(row))
+}
+
+// finalStatus reports whether a rollouts-table status is a final one.
+func finalStatus(status string) bool {
+	return status == tasks.StatusSucceeded || status == tasks.StatusFailed || status == tasks.StatusCancelled
 }
 
 func (s *Server) getRollout(ctx *fasthttp.RequestCtx, rolloutID string) {

@@ -110,7 +110,7 @@ func TestGroupPerEnqueue(t *testing.T) {
 			t.Fatalf("call: %d %s", r.Status, r.Body)
 		}
 		gatewaytest.Do(t, "POST", api+"/rollouts/"+ro+"/rewards", `{"value":1,"attempt_id":"`+at+`"}`)
-		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro+"/status", `{"status":"succeeded","attempt_id":"`+at+`"}`); r.Status != 200 {
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro+"/status", `{"status":"succeeded","attempt_id":"`+at+`","worker_id":"w"}`); r.Status != 200 {
 			t.Fatalf("status: %d %s", r.Status, r.Body)
 		}
 	}

@@ -159,6 +159,7 @@ const (
 	errInvalidRequest = "invalid_request_error"
 	errNotFound       = "not_found_error"
 	errServer         = "server_error"
+	errPermission     = "permission_error"
 )
 
 // rejectSequenceStore is rollgate_calls_rejected_total's reason when no

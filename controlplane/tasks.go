@@ -62,8 +62,12 @@ func (s *Server) queueError(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case errors.Is(err, tasks.ErrNotFound), errors.Is(err, tasks.ErrNoResources):
 		s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, err.Error())
-	case errors.Is(err, tasks.ErrStale):
+	case errors.Is(err, tasks.ErrStale), errors.Is(err, tasks.ErrExists), errors.Is(err, tasks.ErrNotQueued):
 		s.plainError(ctx, fasthttp.StatusConflict, errInvalidRequest, err.Error())
+	case errors.Is(err, tasks.ErrWrongWorker):
+		s.plainError(ctx, fasthttp.StatusForbidden, errPermission, err.Error())
+	case errors.Is(err, tasks.ErrInvalidTask), errors.Is(err, tasks.ErrAttemptRequired):
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
 	default:
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, err.Error())
 	}
@@ -172,6 +176,10 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 	minted := map[string]string{}
 	for i := range list {
 		t := &list[i]
+		if msg := taskIDsError(t); msg != "" {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("task %d: %s", i, msg))
+			return
+		}
 		if t.GroupID == "" {
 			if minted[t.TaskID] == "" {
 				minted[t.TaskID] = "grp-" + uuid.NewString()[:13]
@@ -193,10 +201,6 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 	defer cancel()
 	ids, err := s.queue.Load().Enqueue(c, list)
 	if err != nil {
-		if strings.HasPrefix(err.Error(), "task ") {
-			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
-			return
-		}
 		s.queueError(ctx, err)
 		return
 	}
@@ -211,6 +215,49 @@ func (s *Server) postTasks(ctx *fasthttp.RequestCtx) {
 		s.log.Warn("task queue: recording queued rollouts", "err", err)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"rollout_ids": ids})
+}
+
+// taskIDsError says what is wrong with a task's ids (contract section 1.1),
+// or "" when they are usable.
+func taskIDsError(t *tasks.Task) string {
+	switch {
+	case t.RolloutID != "" && !gateway.ValidID([]byte(t.RolloutID)):
+		return "rollout_id must be " + gateway.IDCharset + " (or absent, to have one made)"
+	case !gateway.ValidName([]byte(t.TaskID)):
+		return "task_id must be at most 256 bytes of UTF-8 without control characters"
+	}
+	return ""
+}
+
+// deleteTask serves DELETE /api/v1/tasks/{rollout_id}: a rollout still
+// waiting in the queue is removed (the rollouts table records it as
+// cancelled); 404 when unknown, 409 once an attempt of it has started.
+func (s *Server) deleteTask(ctx *fasthttp.RequestCtx, rolloutID string) {
+	if !s.needQueue(ctx) {
+		return
+	}
+	c, cancel := s.storeCtx()
+	defer cancel()
+	st, err := s.queue.Load().DeleteQueued(c, rolloutID)
+	if err != nil {
+		s.queueError(ctx, err)
+		return
+	}
+	reason := "removed from the queue (DELETE /api/v1/tasks)"
+	st.Status, st.UpdatedNano, st.LastError = tasks.StatusCancelled, time.Now().UnixNano(), reason
+	s.mirror(c, []tasks.Change{{State: *st, Attempt: tasks.Attempt{RolloutID: rolloutID, AttemptNo: st.AttemptNo,
+		Status: tasks.StatusCancelled, Reason: reason}}})
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"rollout_id": rolloutID, "task_id": st.TaskID, "deleted": true})
+}
+
+// validWorker answers 400 (false) when a worker_id is given and is not a
+// valid id (contract section 1.1).
+func (s *Server) validWorker(ctx *fasthttp.RequestCtx, worker string) bool {
+	if worker != "" && !gateway.ValidID([]byte(worker)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "worker_id must be "+gateway.IDCharset+" (or absent)")
+		return false
+	}
+	return true
 }
 
 // metadataGroupID is the "group_id" string of a rollout's metadata, "" when
@@ -265,6 +312,9 @@ func (s *Server) dequeue(ctx *fasthttp.RequestCtx) {
 	if len(ctx.PostBody()) > 0 && !s.decode(ctx, &in) {
 		return
 	}
+	if !s.validWorker(ctx, in.WorkerID) {
+		return
+	}
 	c, cancel := s.storeCtx()
 	defer cancel()
 	st, changes, err := s.queue.Load().Dequeue(c, in.WorkerID)
@@ -296,8 +346,11 @@ func (s *Server) heartbeat(ctx *fasthttp.RequestCtx, rolloutID string) {
 	if !s.decode(ctx, &in) {
 		return
 	}
-	if in.AttemptID == "" {
-		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, `"attempt_id" is required`)
+	if !gateway.ValidID([]byte(in.AttemptID)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, `"attempt_id" is required: the attempt the dequeue answered (`+gateway.IDCharset+")")
+		return
+	}
+	if !s.validWorker(ctx, in.WorkerID) {
 		return
 	}
 	c, cancel := s.storeCtx()
@@ -310,6 +363,12 @@ func (s *Server) heartbeat(ctx *fasthttp.RequestCtx, rolloutID string) {
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"rollout_id": rolloutID, "attempt_id": in.AttemptID,
 		"lease_expires_unix_nano": exp})
 }
+
+// Ranges of GET /api/v1/rollouts's numbers.
+const (
+	maxListLimit = 10000 // limit, and the number of ids
+	maxWaitS     = 600   // wait_s
+)
 
 // listRollouts answers GET /api/v1/rollouts?status=&after=&limit=&ids=&wait_s=&summary=.
 // With after (or status=completed) it pages completed rollouts in completion
@@ -336,6 +395,13 @@ func (s *Server) listRollouts(ctx *fasthttp.RequestCtx) {
 	}
 	f.After, f.Limit = num("after"), int(num("limit"))
 	waitS := num("wait_s")
+	switch {
+	case err != nil:
+	case f.Limit > maxListLimit:
+		err = fmt.Errorf("limit %d is out of range: 0 (the default, 100) to %d", f.Limit, maxListLimit)
+	case waitS > maxWaitS:
+		err = fmt.Errorf("wait_s %d is out of range: 0 to %d seconds", waitS, maxWaitS)
+	}
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "bad query parameter: "+err.Error())
 		return
@@ -343,15 +409,22 @@ func (s *Server) listRollouts(ctx *fasthttp.RequestCtx) {
 	f.Cursor = args.Has("after") || f.Status == "completed"
 	if ids := string(args.Peek("ids")); ids != "" {
 		f.IDs = strings.Split(ids, ",")
+		if len(f.IDs) > maxListLimit {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("bad query parameter: ids lists %d rollouts, at most %d", len(f.IDs), maxListLimit))
+			return
+		}
+		for _, id := range f.IDs {
+			if !gateway.ValidID([]byte(id)) {
+				s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "bad query parameter: each of ids must be "+gateway.IDCharset)
+				return
+			}
+		}
 	}
 	switch f.Status {
 	case "", "completed", tasks.StatusQueued, tasks.StatusRunning, tasks.StatusSucceeded, tasks.StatusFailed, tasks.StatusCancelled:
 	default:
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("status %q is not one of queued, running, succeeded, failed, cancelled, completed", f.Status))
 		return
-	}
-	if waitS > 600 {
-		waitS = 600
 	}
 	deadline := time.Now().Add(time.Duration(waitS) * time.Second)
 	var list []tasks.State
@@ -552,6 +625,20 @@ func (s *Server) postCalls(ctx *fasthttp.RequestCtx, rolloutID string) {
 	if len(list) == 0 {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "no calls given")
 		return
+	}
+	if attempt != "" && !gateway.ValidID([]byte(attempt)) {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "attempt_id must be "+gateway.IDCharset)
+		return
+	}
+	for i := range list {
+		switch rc := &list[i]; {
+		case rc.AttemptID != "" && !gateway.ValidID([]byte(rc.AttemptID)):
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("call %d: attempt_id must be %s", i, gateway.IDCharset))
+			return
+		case !gateway.ValidName([]byte(rc.AgentName)):
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, fmt.Sprintf("call %d: agent_name must be at most 256 bytes of UTF-8 without control characters", i))
+			return
+		}
 	}
 	if s.queue.Load() != nil && attempt == "" {
 		c, cancel := s.storeCtx()

@@ -82,7 +82,7 @@ func TestTrainingLoopAPI(t *testing.T) {
 		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro1+"/rewards", `{"value":1}`); r.Status != 200 {
 			t.Fatalf("reward: %d %s", r.Status, r.Body)
 		}
-		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro1+"/status", `{"status":"succeeded","attempt_id":"`+la.Get("attempt_id").String()+`"}`); r.Status != 200 ||
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro1+"/status", `{"status":"succeeded","attempt_id":"`+la.Get("attempt_id").String()+`","worker_id":"runner-a"}`); r.Status != 200 ||
 			gjson.GetBytes(r.Body, "completion_seq").Int() != 1 {
 			t.Fatalf("complete A: %d %s", r.Status, r.Body)
 		}
@@ -96,17 +96,17 @@ func TestTrainingLoopAPI(t *testing.T) {
 			g := gjson.ParseBytes(gatewaytest.Do(t, "GET", api+"/rollouts/"+ro2, "").Body)
 			return g.Get("queue.status").String() == "queued" && g.Get("queue.attempts.0.status").String() == "expired"
 		})
-		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/heartbeat", `{"attempt_id":"`+b.Get("attempt_id").String()+`"}`); r.Status != 409 {
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/heartbeat", `{"attempt_id":"`+b.Get("attempt_id").String()+`","worker_id":"runner-b"}`); r.Status != 409 {
 			t.Fatalf("heartbeat of an expired lease: %d %s", r.Status, r.Body)
 		}
 		cl := gjson.ParseBytes(gatewaytest.Do(t, "POST", api+"/tasks/dequeue", `{"worker_id":"runner-c"}`).Body)
 		if cl.Get("rollout_id").String() != ro2 || cl.Get("attempt_no").Int() != 2 || cl.Get("attempt_id").String() == b.Get("attempt_id").String() {
 			t.Fatalf("retry lease: %s (first %s)", cl.Raw, b.Raw)
 		}
-		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"succeeded","attempt_id":"`+b.Get("attempt_id").String()+`"}`); r.Status != 409 {
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"succeeded","attempt_id":"`+b.Get("attempt_id").String()+`","worker_id":"runner-b"}`); r.Status != 409 {
 			t.Fatalf("the expired attempt completed the rollout: %d %s", r.Status, r.Body)
 		}
-		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"failed","reason":"tool crashed","attempt_id":"`+cl.Get("attempt_id").String()+`"}`); r.Status != 200 ||
+		if r := gatewaytest.Do(t, "POST", api+"/rollouts/"+ro2+"/status", `{"status":"failed","reason":"tool crashed","attempt_id":"`+cl.Get("attempt_id").String()+`","worker_id":"runner-c"}`); r.Status != 200 ||
 			gjson.GetBytes(r.Body, "status").String() != "failed" {
 			t.Fatalf("fail the last attempt: %d %s", r.Status, r.Body)
 		}
@@ -282,7 +282,7 @@ func TestTwoGatewaysShareOnePostgresQueue(t *testing.T) {
 				mu.Unlock()
 				other := []*gatewaytest.Env{e2, e1}[w%2] // complete through the other gateway
 				if r := gatewaytest.Do(t, "POST", other.URL+"/api/v1/rollouts/"+l.Get("rollout_id").String()+"/status",
-					`{"status":"succeeded","attempt_id":"`+l.Get("attempt_id").String()+`"}`); r.Status != 200 {
+					fmt.Sprintf(`{"status":"succeeded","attempt_id":%q,"worker_id":"w%d"}`, l.Get("attempt_id").String(), w)); r.Status != 200 {
 					t.Errorf("complete: %d %s", r.Status, r.Body)
 				}
 			}

@@ -25,8 +25,10 @@ import (
 //	task T1: g1 tool result "Error: timed out" (air_tool_failure on call 1), R = 1
 //	         g2 tool result fine, R = 0
 //	task T2: g3 second turn cut by max_tokens 2 (air_truncated on call 2), R = 1
-//	         g4 tool result fine, R = 1; a later cancelled attempt g4/b is not selected
-//	         (failed attempts are, cancelled ones are not)
+//	         g4 tool result fine, R = 1
+//	         g5 tool result fine, R = -5, cancelled: not selected (failed attempts
+//	         are, cancelled ones are not). A finished rollout never runs again, so
+//	         a later attempt g4/b is refused (409), where it once resurrected g4.
 func TestBridgeThroughGateway(t *testing.T) {
 	addr := freeAddr(t)
 	db := filepath.Join(t.TempDir(), "rollgate.db")
@@ -44,7 +46,7 @@ func TestBridgeThroughGateway(t *testing.T) {
 		{"g2", "a", "T1", "12 degrees", 0, 0, "succeeded"},
 		{"g3", "a", "T2", "3 degrees", 2, 1, "succeeded"},
 		{"g4", "a", "T2", "sunny", 0, 1, "succeeded"},
-		{"g4", "b", "T2", "sunny", 0, -5, "cancelled"},
+		{"g5", "a", "T2", "sunny", 0, -5, "cancelled"},
 	}
 	for _, a := range agents {
 		status, body, _ := post(t, base+"/api/v1/rollouts", fmt.Sprintf(`{"task_id":%q,"rollout_id":%q,"attempt_id":%q}`, a.task, a.ro, a.attempt))
@@ -90,6 +92,9 @@ func TestBridgeThroughGateway(t *testing.T) {
 		if status, body, _ = post(t, base+"/api/v1/rollouts/"+a.ro+"/status", fmt.Sprintf(`{"status":%q,"attempt_id":%q}`, a.status, a.attempt)); status != 200 {
 			t.Fatalf("status %s: %d %s", a.ro, status, body)
 		}
+	}
+	if status, body, _ := post(t, base+"/api/v1/rollouts", `{"task_id":"T2","rollout_id":"g4","attempt_id":"b"}`); status != 409 || !strings.Contains(body, "succeeded") {
+		t.Fatalf("a later attempt of the finished g4: %d %s, want 409 naming its status", status, body)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -136,7 +136,7 @@ func TestBridgeImperfectRolloutsAgainstFormulas(t *testing.T) {
 				t.Fatalf("reward: %d %s", s, b)
 			}
 		}
-		if s, b, _ := post(t, api+"/rollouts/"+r.id+"/status", fmt.Sprintf(`{"status":%q,"attempt_id":%q}`, status, r.attempt)); s != 200 {
+		if s, b, _ := post(t, api+"/rollouts/"+r.id+"/status", fmt.Sprintf(`{"status":%q,"attempt_id":%q,"worker_id":"w"}`, status, r.attempt)); s != 200 {
 			t.Fatalf("status: %d %s", s, b)
 		}
 	}

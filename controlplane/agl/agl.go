@@ -121,6 +121,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	parts := strings.Split(strings.Trim(sub, "/"), "/")
+	if !validPathIDs(ctx, parts) {
+		return
+	}
 	switch {
 	case sub == "/proxy/pause" && method == "POST":
 		s.postPause(ctx)
@@ -155,6 +158,28 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		}
 		detail(ctx, fasthttp.StatusNotFound, "Not Found")
 	}
+}
+
+// validPathIDs answers 422 (false) when a rollout or attempt id in a
+// /api/rollouts/{rollout_id}[/attempt/{attempt_id}]/... path is outside
+// contract section 1.1's charset: no rollout is created with such an id, and
+// none is stored under one.
+func validPathIDs(ctx *fasthttp.RequestCtx, parts []string) bool {
+	if len(parts) < 3 || parts[0] != "api" || parts[1] != "rollouts" {
+		return true
+	}
+	var errs []fieldError
+	if !gateway.ValidID([]byte(parts[2])) {
+		errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: []any{"path", "rollout_id"}, Msg: "rollout_id must be " + gateway.IDCharset, Input: parts[2]})
+	}
+	if len(parts) >= 5 && parts[3] == "attempt" && !gateway.ValidID([]byte(parts[4])) {
+		errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: []any{"path", "attempt_id"}, Msg: "attempt_id must be " + gateway.IDCharset, Input: parts[4]})
+	}
+	if len(errs) > 0 {
+		invalid(ctx, errs...)
+		return false
+	}
+	return true
 }
 
 // knownPath reports whether a path is a route of the surface (for 405).

@@ -52,6 +52,11 @@ func (s *Server) postEvent(ctx *fasthttp.RequestCtx, rolloutID, attemptID string
 	if data.Exists() && !data.IsObject() {
 		errs = append(errs, fieldError{Type: "dict_type", Loc: []any{"body", "data"}, Msg: "Input should be a valid dictionary", Input: json.RawMessage(data.Raw)})
 	}
+	if v := data.Get("value"); typ.Str == "reward" && v.Type == gjson.Number && (math.IsInf(v.Float(), 0) || math.IsNaN(v.Float())) {
+		// Stricter than AGL: a number JSON can write but a float64 cannot
+		// hold (1e999) would be an infinite reward.
+		errs = append(errs, fieldError{Type: "finite_number", Loc: []any{"body", "data", "value"}, Msg: "Input should be a finite number", Input: json.RawMessage(v.Raw)})
+	}
 	if len(errs) > 0 {
 		invalid(ctx, errs...)
 		return

@@ -207,6 +207,9 @@ func (p *pauseState) view() pauseView {
 	return pauseView{Paused: p.paused, RetryAfterSeconds: p.retryAfter, Reason: p.reason, Inflight: p.inflight.Load()}
 }
 
+// maxRetryAfter is the largest retry_after_seconds of POST /proxy/pause (a day).
+const maxRetryAfter = 86400
+
 // postPause serves POST /proxy/pause {"retry_after_seconds": 5, "reason": null}.
 func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
 	body, ok := bodyJSON(ctx, false)
@@ -217,8 +220,12 @@ func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
 	var reason *string
 	var errs []fieldError
 	if v := body.Get("retry_after_seconds"); v.Exists() {
-		if v.Type != gjson.Number || v.Float() != float64(v.Int()) {
+		switch {
+		case v.Type != gjson.Number || v.Float() != float64(v.Int()):
 			errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", "retry_after_seconds"}, Msg: "Input should be a valid integer", Input: json.RawMessage(v.Raw)})
+		case v.Int() < 0 || v.Int() > maxRetryAfter:
+			// Stricter than AGL (any int): it becomes the Retry-After header.
+			errs = append(errs, fieldError{Type: "range", Loc: []any{"body", "retry_after_seconds"}, Msg: fmt.Sprintf("Input should be between 0 and %d", maxRetryAfter), Input: json.RawMessage(v.Raw)})
 		}
 		retry = v.Int()
 	}

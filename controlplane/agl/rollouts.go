@@ -539,8 +539,13 @@ func (s *Server) patchRollout(ctx *fasthttp.RequestCtx, id string) {
 				errs = append(errs, fieldError{Type: "enum", Loc: []any{"body", "status", "state"}, Msg: "Input should be 'queuing', 'running', 'succeeded' or 'failed'", Input: json.RawMessage(v.Raw)})
 			}
 		case "k8s_job_name", "last_attempt_id", "error_message":
-			if v.Type != gjson.Null && v.Type != gjson.String {
+			switch {
+			case v.Type != gjson.Null && v.Type != gjson.String:
 				errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "status", k.Str}, Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
+			case k.Str == "last_attempt_id" && v.Type == gjson.String && !gateway.ValidID([]byte(v.Str)):
+				// Stricter than AGL (any string): the attempt id is a path
+				// segment of the agents' URLs and of every stored row.
+				errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: []any{"body", "status", k.Str}, Msg: "last_attempt_id must be " + gateway.IDCharset, Input: v.Str})
 			}
 		default:
 			errs = append(errs, fieldError{Type: "extra_forbidden", Loc: []any{"body", "status", k.Str}, Msg: "Extra inputs are not permitted", Input: json.RawMessage(v.Raw)})

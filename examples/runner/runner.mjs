@@ -98,12 +98,12 @@ async function runLease(lease) {
     const reward = (usedTool ? 0.5 : 0) + (answered ? 0.5 : 0);
     const rw = await api('POST', `/rollouts/${rollout}/rewards`, { value: reward, attempt_id: attempt });
     if (rw.status !== 200) throw new Error(`reward: ${rw.status} ${JSON.stringify(rw.body)}`);
-    const st = await api('POST', `/rollouts/${rollout}/status`, { status: 'succeeded', attempt_id: attempt });
+    const st = await api('POST', `/rollouts/${rollout}/status`, { status: 'succeeded', attempt_id: attempt, worker_id: worker });
     log(`${rollout}/${attempt}: reward ${reward}, status ${st.status === 200 ? 'succeeded' : `refused (${st.status})`}`);
   } catch (e) {
     if (lost) return;
     log(`${rollout}/${attempt} failed: ${e.message}`);
-    await api('POST', `/rollouts/${rollout}/status`, { status: 'failed', attempt_id: attempt, reason: String(e.message).slice(0, 500) });
+    await api('POST', `/rollouts/${rollout}/status`, { status: 'failed', attempt_id: attempt, worker_id: worker, reason: String(e.message).slice(0, 500) });
   } finally {
     clearInterval(beat);
   }

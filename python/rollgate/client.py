@@ -100,6 +100,11 @@ class Gateway:
         t.update(fields)
         return self.enqueue(t)[0]
 
+    def delete_task(self, rollout_id):
+        """Removes a task still waiting in the queue (DELETE /api/v1/tasks/{id});
+        GatewayError 404 when unknown, 409 once an attempt of it started."""
+        return self._api("DELETE", "/tasks/%s" % self._id(rollout_id))
+
     def dequeue(self, worker_id=None):
         """Leases the next task to a runner: the lease (rollout_id, attempt_id,
         attempt_no, task_id, input, base_url, resources_version, ...) or None
@@ -107,7 +112,8 @@ class Gateway:
         return self._api("POST", "/tasks/dequeue", {"worker_id": worker_id} if worker_id else {})
 
     def heartbeat(self, rollout_id, attempt_id, worker_id=None):
-        """Extends an attempt's lease; GatewayError 409 when it is lost."""
+        """Extends an attempt's lease; worker_id is the one given to dequeue.
+        GatewayError 409 when the lease is lost, 403 when it is another worker's."""
         body = {"attempt_id": attempt_id}
         if worker_id:
             body["worker_id"] = worker_id
@@ -131,11 +137,15 @@ class Gateway:
                 body[k] = v
         return self._api("POST", "/rollouts/%s/rewards" % self._id(rollout_id), body)
 
-    def status(self, rollout_id, status, attempt_id=None, reason=None):
-        """Reports an attempt's end: succeeded, failed (retried), cancelled, running."""
+    def status(self, rollout_id, status, attempt_id=None, reason=None, worker_id=None):
+        """Reports an attempt's end: succeeded, failed (retried), cancelled, running.
+        An attempt leased by dequeue needs its attempt_id and the worker_id
+        it was leased to (GatewayError 400, 403 or 409 otherwise)."""
         body = {"status": status}
         if attempt_id is not None:
             body["attempt_id"] = attempt_id
+        if worker_id:
+            body["worker_id"] = worker_id
         if reason is not None:
             body["reason"] = reason
         return self._api("POST", "/rollouts/%s/status" % self._id(rollout_id), body)

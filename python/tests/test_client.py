@@ -169,7 +169,7 @@ class GatewayE2ETest(unittest.TestCase):
             self.assertEqual(out["calls"][0]["sequence_id"], 1)
             value = left[lease["task_id"]].pop(0)
             gw.reward(ro, value, attempt_id=at)
-            gw.status(ro, "succeeded", attempt_id=at)
+            gw.status(ro, "succeeded", attempt_id=at, worker_id="py-runner")
             want_reward[ro], want_ids[ro] = value, (prompt, response, logprobs)
             done += 1
         self.assertEqual(done, 5)

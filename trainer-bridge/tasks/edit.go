@@ -170,20 +170,50 @@ func (q *Queue) Update(ctx context.Context, rolloutID string, f func(st *State) 
 func (q *Queue) Delete(ctx context.Context, rolloutID string) (bool, error) {
 	var found bool
 	err := q.tx(ctx, func(t *sql.Tx) error {
-		res, err := t.ExecContext(ctx, q.sql(`DELETE FROM rg_tasks WHERE rollout_id = ?`), rolloutID)
-		if err != nil {
-			return fmt.Errorf("tasks: deleting %s: %w", rolloutID, err)
-		}
-		n, _ := res.RowsAffected()
-		found = n > 0
-		for _, table := range []string{"rg_attempts", "rg_events"} {
-			if _, err := t.ExecContext(ctx, q.sql(`DELETE FROM `+table+` WHERE rollout_id = ?`), rolloutID); err != nil {
-				return fmt.Errorf("tasks: deleting %s of %s: %w", table, rolloutID, err)
-			}
-		}
-		return nil
+		var err error
+		found, err = q.deleteRows(ctx, t, rolloutID)
+		return err
 	})
 	return found, err
+}
+
+// DeleteQueued removes a rollout that waits in the queue (no attempt of it
+// running or finished), with its history and events, and returns it as it
+// was: ErrNotFound when there is no such rollout, ErrNotQueued (naming its
+// status) when it is running or finished.
+func (q *Queue) DeleteQueued(ctx context.Context, rolloutID string) (*State, error) {
+	var st *State
+	err := q.tx(ctx, func(t *sql.Tx) error {
+		s, err := q.get(ctx, t, rolloutID, true)
+		if err != nil {
+			return err
+		}
+		if s.Status != StatusQueued {
+			return fmt.Errorf("%w: rollout %s is %s (attempt %q)", ErrNotQueued, rolloutID, s.Status, s.AttemptID)
+		}
+		st = s
+		_, err = q.deleteRows(ctx, t, rolloutID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// deleteRows deletes a rollout's rows in every table of the queue.
+func (q *Queue) deleteRows(ctx context.Context, t *sql.Tx, rolloutID string) (bool, error) {
+	res, err := t.ExecContext(ctx, q.sql(`DELETE FROM rg_tasks WHERE rollout_id = ?`), rolloutID)
+	if err != nil {
+		return false, fmt.Errorf("tasks: deleting %s: %w", rolloutID, err)
+	}
+	n, _ := res.RowsAffected()
+	for _, table := range []string{"rg_attempts", "rg_events"} {
+		if _, err := t.ExecContext(ctx, q.sql(`DELETE FROM `+table+` WHERE rollout_id = ?`), rolloutID); err != nil {
+			return false, fmt.Errorf("tasks: deleting %s of %s: %w", table, rolloutID, err)
+		}
+	}
+	return n > 0, nil
 }
 
 // Completed returns how many rollouts have entered a final state so far:

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	_ "modernc.org/sqlite"             // registers the "sqlite" driver
 )
@@ -34,6 +36,9 @@ type Options struct {
 	Lease time.Duration
 	// Now is the clock (time.Now when nil); tests move it.
 	Now func() time.Time
+	// Log receives what the queue does on its own, such as moving an
+	// unservable row aside (slog.Default() when nil).
+	Log *slog.Logger
 }
 
 // Queue is the task queue and resource registry over one SQL database. It is
@@ -44,6 +49,7 @@ type Queue struct {
 	dialect Dialect
 	lease   time.Duration
 	now     func() time.Time
+	log     *slog.Logger
 	owned   bool
 }
 
@@ -72,6 +78,31 @@ CREATE TABLE IF NOT EXISTS rg_tasks (
 	last_error        TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS rg_tasks_queued ON rg_tasks (status, queue_seq);
+CREATE TABLE IF NOT EXISTS rg_tasks_aside (
+	rollout_id        TEXT NOT NULL,
+	task_id           TEXT,
+	input             TEXT,
+	mode              TEXT,
+	metadata          TEXT,
+	max_attempts      INTEGER,
+	timeout_ns        BIGINT,
+	lease_ns          BIGINT,
+	status            TEXT,
+	attempt_no        INTEGER,
+	attempt_id        TEXT,
+	worker_id         TEXT,
+	resources_version BIGINT,
+	lease_expires_ns  BIGINT,
+	deadline_ns       BIGINT,
+	queue_seq         BIGINT,
+	created_ns        BIGINT,
+	updated_ns        BIGINT,
+	completed_ns      BIGINT,
+	completion_seq    BIGINT,
+	last_error        TEXT,
+	aside_reason      TEXT NOT NULL,
+	aside_ns          BIGINT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS rg_tasks_completion ON rg_tasks (completion_seq);
 CREATE TABLE IF NOT EXISTS rg_attempts (
 	rollout_id TEXT NOT NULL,
@@ -133,12 +164,15 @@ func Open(ctx context.Context, dsn string, opt Options) (*Queue, error) {
 // A SQLite handle must begin transactions with BEGIN IMMEDIATE
 // (_txlock=immediate), as the embedded store's does.
 func New(ctx context.Context, db *sql.DB, d Dialect, opt Options) (*Queue, error) {
-	q := &Queue{db: db, dialect: d, lease: opt.Lease, now: opt.Now}
+	q := &Queue{db: db, dialect: d, lease: opt.Lease, now: opt.Now, log: opt.Log}
 	if q.lease <= 0 {
 		q.lease = DefaultLease
 	}
 	if q.now == nil {
 		q.now = time.Now
+	}
+	if q.log == nil {
+		q.log = slog.Default()
 	}
 	if d == Postgres {
 		// Two gateways starting at once must not race on CREATE TABLE.
@@ -222,28 +256,41 @@ func (q *Queue) counter(ctx context.Context, t *sql.Tx, name string, n int64) (i
 func newRolloutID() string { return "ro-" + uuid.NewString()[:13] }
 func newAttemptID() string { return "at-" + uuid.NewString()[:8] }
 
-// Enqueue adds tasks and returns their rollout ids, in order.
+// Enqueue adds tasks and returns their rollout ids, in order. A malformed
+// or out-of-range task is an ErrInvalidTask, a rollout id already in the
+// queue an ErrExists; either way nothing is enqueued.
 func (q *Queue) Enqueue(ctx context.Context, tasks []Task) ([]string, error) {
 	ids := make([]string, len(tasks))
+	leases, timeouts := make([]int64, len(tasks)), make([]int64, len(tasks))
 	for i := range tasks {
 		t := &tasks[i]
 		if t.Mode == "" {
 			t.Mode = "train"
 		}
 		if t.Mode != "train" && t.Mode != "val" {
-			return nil, fmt.Errorf("task %d: mode %q is not train or val", i, t.Mode)
+			return nil, invalidf("task %d: mode %q is not train or val", i, t.Mode)
 		}
-		if t.MaxAttempts <= 0 {
+		if t.MaxAttempts < 0 || t.MaxAttempts > MaxMaxAttempts {
+			return nil, invalidf("task %d: max_attempts %d is out of range: 0 (the default, 1) to %d", i, t.MaxAttempts, MaxMaxAttempts)
+		}
+		if t.MaxAttempts == 0 {
 			t.MaxAttempts = 1
 		}
-		if t.TimeoutS < 0 || t.LeaseS < 0 {
-			return nil, fmt.Errorf("task %d: timeout_s and lease_s must not be negative", i)
+		var err error
+		if timeouts[i], err = seconds(i, "timeout_s", t.TimeoutS, MaxTimeout); err != nil {
+			return nil, err
+		}
+		if leases[i], err = seconds(i, "lease_s", t.LeaseS, MaxLease); err != nil {
+			return nil, err
+		}
+		if leases[i] == 0 {
+			leases[i] = nanos(q.lease)
 		}
 		if len(t.Input) == 0 {
 			t.Input = json.RawMessage("null")
 		}
 		if !json.Valid(t.Input) {
-			return nil, fmt.Errorf("task %d: input is not JSON", i)
+			return nil, invalidf("task %d: input is not JSON", i)
 		}
 		if len(t.Metadata) == 0 || string(t.Metadata) == "null" {
 			t.Metadata = json.RawMessage("{}")
@@ -253,7 +300,7 @@ func (q *Queue) Enqueue(ctx context.Context, tasks []Task) ([]string, error) {
 			ids[i] = newRolloutID()
 		}
 		if strings.ContainsAny(ids[i], "/?#") {
-			return nil, fmt.Errorf("task %d: rollout_id must not contain '/', '?' or '#'", i)
+			return nil, invalidf("task %d: rollout_id must not contain '/', '?' or '#'", i)
 		}
 	}
 	now := q.now().UnixNano()
@@ -264,18 +311,18 @@ func (q *Queue) Enqueue(ctx context.Context, tasks []Task) ([]string, error) {
 		}
 		first := last - int64(len(tasks)) + 1
 		for i, task := range tasks {
-			lease := int64(task.LeaseS * float64(time.Second))
-			if lease == 0 {
-				lease = nanos(q.lease)
-			}
-			_, err := t.ExecContext(ctx, q.sql(`INSERT INTO rg_tasks (rollout_id, task_id, input, mode, metadata,
+			res, err := t.ExecContext(ctx, q.sql(`INSERT INTO rg_tasks (rollout_id, task_id, input, mode, metadata,
 				max_attempts, timeout_ns, lease_ns, status, attempt_no, attempt_id, worker_id, resources_version,
 				lease_expires_ns, deadline_ns, queue_seq, created_ns, updated_ns, completed_ns, completion_seq, last_error)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, '', '', 0, 0, 0, ?, ?, ?, 0, 0, '')`),
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, '', '', 0, 0, 0, ?, ?, ?, 0, 0, '')
+				ON CONFLICT (rollout_id) DO NOTHING`),
 				ids[i], task.TaskID, string(task.Input), task.Mode, string(task.Metadata), task.MaxAttempts,
-				int64(task.TimeoutS*float64(time.Second)), lease, StatusQueued, first+int64(i), now, now)
+				timeouts[i], leases[i], StatusQueued, first+int64(i), now, now)
 			if err != nil {
 				return fmt.Errorf("tasks: enqueue %s: %w", ids[i], err)
+			}
+			if n, err := res.RowsAffected(); err == nil && n == 0 {
+				return fmt.Errorf("task %d: rollout_id %s: %w (choose another id, or leave it out to have one made)", i, ids[i], ErrExists)
 			}
 		}
 		return nil
@@ -287,30 +334,43 @@ func (q *Queue) Enqueue(ctx context.Context, tasks []Task) ([]string, error) {
 }
 
 // Register records a rollout that a runner started without the queue (POST
-// /api/v1/rollouts), so it completes and pages like queued ones. A second
-// registration of the same rollout starts a new attempt.
-func (q *Queue) Register(ctx context.Context, rolloutID, attemptID, taskID string, metadata json.RawMessage) (*Change, error) {
+// /api/v1/rollouts), so it completes and pages like queued ones. Registering
+// an id the queue holds is an ErrExists, unless it repeats the registration
+// of a rollout still running (same attempt, task and metadata): then the
+// stored rollout is returned unchanged (created false). A finished rollout
+// never runs again.
+func (q *Queue) Register(ctx context.Context, rolloutID, attemptID, taskID string, metadata json.RawMessage) (ch *Change, created bool, err error) {
 	if len(metadata) == 0 || string(metadata) == "null" {
 		metadata = json.RawMessage("{}")
 	}
 	now := q.now().UnixNano()
-	var ch Change
-	err := q.tx(ctx, func(t *sql.Tx) error {
+	err = q.tx(ctx, func(t *sql.Tx) error {
+		switch old, err := q.get(ctx, t, rolloutID, true); {
+		case err == nil:
+			if old.Status == StatusRunning && old.AttemptID == attemptID && old.TaskID == taskID && string(old.Metadata) == string(metadata) {
+				ch = &Change{State: *old, Attempt: Attempt{RolloutID: rolloutID, AttemptID: attemptID, AttemptNo: old.AttemptNo,
+					WorkerID: old.WorkerID, Status: StatusRunning}}
+				return nil
+			}
+			return fmt.Errorf("rollout %s is %s (attempt %q): %w; register a new rollout id", rolloutID, old.Status, old.AttemptID, ErrExists)
+		case !errors.Is(err, ErrNotFound):
+			return err
+		}
 		seq, err := q.counter(ctx, t, "queue_seq", 1)
 		if err != nil {
 			return err
 		}
-		_, err = t.ExecContext(ctx, q.sql(`INSERT INTO rg_tasks (rollout_id, task_id, input, mode, metadata,
+		res, err := t.ExecContext(ctx, q.sql(`INSERT INTO rg_tasks (rollout_id, task_id, input, mode, metadata,
 			max_attempts, timeout_ns, lease_ns, status, attempt_no, attempt_id, worker_id, resources_version,
 			lease_expires_ns, deadline_ns, queue_seq, created_ns, updated_ns, completed_ns, completion_seq, last_error)
 			VALUES (?, ?, 'null', 'train', ?, 1, 0, 0, 'running', 1, ?, '', 0, 0, 0, ?, ?, ?, 0, 0, '')
-			ON CONFLICT (rollout_id) DO UPDATE SET status = 'running', attempt_no = rg_tasks.attempt_no + 1,
-				max_attempts = rg_tasks.max_attempts + 1, attempt_id = excluded.attempt_id,
-				lease_expires_ns = 0, deadline_ns = 0, updated_ns = excluded.updated_ns,
-				completed_ns = 0, completion_seq = 0`),
+			ON CONFLICT (rollout_id) DO NOTHING`),
 			rolloutID, taskID, string(metadata), attemptID, seq, now, now)
 		if err != nil {
 			return fmt.Errorf("tasks: register %s: %w", rolloutID, err)
+		}
+		if n, err := res.RowsAffected(); err == nil && n == 0 { // a concurrent registration won
+			return fmt.Errorf("rollout %s: %w; register a new rollout id", rolloutID, ErrExists)
 		}
 		st, err := q.get(ctx, t, rolloutID, false)
 		if err != nil {
@@ -320,14 +380,19 @@ func (q *Queue) Register(ctx context.Context, rolloutID, attemptID, taskID strin
 		if err := q.putAttempt(ctx, t, &a); err != nil {
 			return err
 		}
-		ch = Change{State: *st, Attempt: a}
+		ch, created = &Change{State: *st, Attempt: a}, true
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return &ch, nil
+	return ch, created, nil
 }
+
+// taskCols are all the columns of rg_tasks.
+const taskCols = `rollout_id, task_id, input, mode, metadata, max_attempts, timeout_ns, lease_ns, status,
+	attempt_no, attempt_id, worker_id, resources_version, lease_expires_ns, deadline_ns, queue_seq, created_ns,
+	updated_ns, completed_ns, completion_seq, last_error`
 
 const stateCols = `rollout_id, task_id, input, mode, metadata, status, attempt_id, attempt_no, max_attempts,
 	worker_id, resources_version, lease_expires_ns, deadline_ns, created_ns, updated_ns, completed_ns,
@@ -407,65 +472,148 @@ func (q *Queue) Attempts(ctx context.Context, rolloutID string) ([]Attempt, erro
 	return out, rows.Err()
 }
 
+// maxUnservable bounds how many rows one Dequeue or Expire moves aside
+// before it reports the error instead.
+const maxUnservable = 16
+
 // Dequeue leases the oldest queued rollout to workerID as a new attempt, or
 // returns nil when nothing is queued. Expired leases are swept first; their
-// changes are returned too.
+// changes are returned too. A row the database cannot lease or read back
+// (numbers that overflow, a corrupt value) is moved aside (moveAside) and
+// the next one is leased: one bad task never blocks the others.
 func (q *Queue) Dequeue(ctx context.Context, workerID string) (*State, []Change, error) {
 	changes, err := q.Expire(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
+	for moved := 0; ; moved++ {
+		st, ch, bad, err := q.dequeueOne(ctx, workerID)
+		if err == nil {
+			if ch != nil {
+				changes = append(changes, *ch)
+			}
+			return st, changes, nil
+		}
+		if bad == "" || moved == maxUnservable {
+			return nil, changes, err
+		}
+		if err := q.moveAside(ctx, bad, err); err != nil {
+			return nil, changes, err
+		}
+	}
+}
+
+// dequeueOne leases the oldest queued rollout. When the database cannot
+// lease or read that row (rowDataError), bad names it.
+func (q *Queue) dequeueOne(ctx context.Context, workerID string) (st *State, ch *Change, bad string, err error) {
 	now := q.now().UnixNano()
 	attemptID := newAttemptID()
-	var st *State
 	err = q.tx(ctx, func(t *sql.Tx) error {
 		var version int64
 		if err := t.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM rg_resources`).Scan(&version); err != nil {
 			return fmt.Errorf("tasks: latest resources: %w", err)
 		}
-		s, err := scanState(t.QueryRowContext(ctx, q.sql(`UPDATE rg_tasks SET status = 'running',
-			attempt_no = attempt_no + 1, attempt_id = ?, worker_id = ?, resources_version = ?,
-			lease_expires_ns = ? + lease_ns,
-			deadline_ns = CASE WHEN timeout_ns > 0 THEN ? + timeout_ns ELSE 0 END, updated_ns = ?
-			WHERE rollout_id = (SELECT rollout_id FROM rg_tasks WHERE status = 'queued'
-				ORDER BY queue_seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-			RETURNING `+stateCols), attemptID, workerID, version, now, now, now))
+		var id string
+		err := t.QueryRowContext(ctx, q.sql(`SELECT rollout_id FROM rg_tasks WHERE status = 'queued'
+			ORDER BY queue_seq LIMIT 1 FOR UPDATE SKIP LOCKED`)).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("tasks: dequeue: %w", err)
 		}
+		// A lease_ns of 0 or less (rows of older releases) takes the default.
+		s, err := scanState(t.QueryRowContext(ctx, q.sql(`UPDATE rg_tasks SET status = 'running',
+			attempt_no = attempt_no + 1, attempt_id = ?, worker_id = ?, resources_version = ?,
+			lease_expires_ns = ? + CASE WHEN lease_ns > 0 THEN lease_ns ELSE ? END,
+			deadline_ns = CASE WHEN timeout_ns > 0 THEN ? + timeout_ns ELSE 0 END, updated_ns = ?
+			WHERE rollout_id = ? AND status = 'queued'
+			RETURNING `+stateCols), attemptID, workerID, version, now, nanos(q.lease), now, now, id))
+		if err != nil {
+			if rowDataError(err) {
+				bad = id
+			}
+			return fmt.Errorf("tasks: dequeue %s: %w", id, err)
+		}
 		a := Attempt{RolloutID: s.RolloutID, AttemptID: attemptID, AttemptNo: s.AttemptNo, WorkerID: workerID,
 			Status: StatusRunning, StartedNano: now}
 		if err := q.putAttempt(ctx, t, &a); err != nil {
 			return err
 		}
-		st = s
-		changes = append(changes, Change{State: *s, Attempt: a})
+		st, ch = s, &Change{State: *s, Attempt: a}
 		return nil
 	})
 	if err != nil {
-		return nil, changes, err
+		return nil, nil, bad, err
 	}
-	return st, changes, nil
+	return st, ch, "", nil
+}
+
+// rowDataError reports whether err is about the values of a row rather than
+// the database: a value that does not scan into its Go type (SQLite turns
+// an integer overflow into a REAL), or PostgreSQL's class 22, data
+// exception (22003: a bigint out of range).
+func rowDataError(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return strings.HasPrefix(pg.Code, "22")
+	}
+	// database/sql has no error type for a failed conversion; its message
+	// is "sql: Scan error on column index N, name ...".
+	return strings.Contains(err.Error(), "sql: Scan error on column")
+}
+
+// moveAside takes a row that cannot be served out of rg_tasks into
+// rg_tasks_aside (same columns, plus why and when), logging it, so that the
+// queue goes on with the others. The operator can inspect it there.
+func (q *Queue) moveAside(ctx context.Context, rolloutID string, cause error) error {
+	now := q.now().UnixNano()
+	err := q.tx(ctx, func(t *sql.Tx) error {
+		if _, err := t.ExecContext(ctx, q.sql(`INSERT INTO rg_tasks_aside (`+taskCols+`, aside_reason, aside_ns)
+			SELECT `+taskCols+`, ?, ? FROM rg_tasks WHERE rollout_id = ?`), cause.Error(), now, rolloutID); err != nil {
+			return fmt.Errorf("tasks: moving unservable rollout %s aside: %w", rolloutID, err)
+		}
+		if _, err := t.ExecContext(ctx, q.sql(`DELETE FROM rg_tasks WHERE rollout_id = ?`), rolloutID); err != nil {
+			return fmt.Errorf("tasks: moving unservable rollout %s aside: %w", rolloutID, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	q.log.Error("task queue: a rollout cannot be served (a value in its row is out of range or corrupt); moved to table rg_tasks_aside",
+		"rollout_id", rolloutID, "err", cause)
+	return nil
 }
 
 // Heartbeat extends the lease of a running attempt and returns the new
-// expiry. ErrStale means the runner lost the attempt and should stop.
-// workerID, when given, must match the lease holder.
+// expiry. The attempt must be the rollout's current one and its lease
+// unexpired (else ErrStale: the runner lost it and should stop), and
+// workerID the worker it was leased to ("" when the dequeue named none;
+// else ErrWrongWorker).
 func (q *Queue) Heartbeat(ctx context.Context, rolloutID, attemptID, workerID string) (int64, error) {
 	now := q.now().UnixNano()
 	var exp int64
 	err := q.db.QueryRowContext(ctx, q.sql(`UPDATE rg_tasks SET lease_expires_ns = ? + lease_ns, updated_ns = ?
 		WHERE rollout_id = ? AND attempt_id = ? AND status = 'running' AND lease_ns > 0
-			AND (? = '' OR worker_id = ?) AND lease_expires_ns >= ?
-		RETURNING lease_expires_ns`), now, now, rolloutID, attemptID, workerID, workerID, now).Scan(&exp)
+			AND worker_id = ? AND lease_expires_ns >= ?
+		RETURNING lease_expires_ns`), now, now, rolloutID, attemptID, workerID, now).Scan(&exp)
 	if errors.Is(err, sql.ErrNoRows) {
-		if _, gerr := q.Get(ctx, rolloutID); errors.Is(gerr, ErrNotFound) {
-			return 0, ErrNotFound
+		st, gerr := q.Get(ctx, rolloutID)
+		if gerr != nil {
+			return 0, gerr
 		}
-		return 0, ErrStale
+		switch {
+		case st.Status != StatusRunning || st.AttemptID != attemptID:
+			return 0, notCurrent(st, attemptID)
+		case st.LeaseExpiresNano == 0:
+			return 0, fmt.Errorf("%w: attempt %s of rollout %s holds no lease (it was registered or is run by its owner, not dequeued)", ErrStale, attemptID, rolloutID)
+		case st.LeaseExpiresNano < now:
+			return 0, fmt.Errorf("%w: the lease of attempt %s of rollout %s expired", ErrStale, attemptID, rolloutID)
+		case st.WorkerID != workerID:
+			return 0, wrongWorker(st, workerID)
+		}
+		return 0, fmt.Errorf("%w: the lease of attempt %s of rollout %s changed meanwhile", ErrStale, attemptID, rolloutID)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("tasks: heartbeat %s/%s: %w", rolloutID, attemptID, err)
@@ -473,11 +621,27 @@ func (q *Queue) Heartbeat(ctx context.Context, rolloutID, attemptID, workerID st
 	return exp, nil
 }
 
+// notCurrent is the ErrStale of a report naming attempt, which is not st's
+// current running attempt; it names the rollout's status.
+func notCurrent(st *State, attempt string) error {
+	return fmt.Errorf("%w: rollout %s is %s (current attempt %q); the report names attempt %q", ErrStale,
+		st.RolloutID, st.Status, st.AttemptID, attempt)
+}
+
+// wrongWorker is the ErrWrongWorker of a report by worker on st's attempt.
+func wrongWorker(st *State, worker string) error {
+	return fmt.Errorf("%w: attempt %s of rollout %s is leased to worker_id %q, the report names %q", ErrWrongWorker,
+		st.AttemptID, st.RolloutID, st.WorkerID, worker)
+}
+
 // Complete ends an attempt: "succeeded" and "cancelled" end the rollout;
 // "failed" retries it as a new attempt while attempts remain, else fails it.
-// attemptID "" means the current attempt. ErrStale when the attempt is not
-// the rollout's current running one.
-func (q *Queue) Complete(ctx context.Context, rolloutID, attemptID, status, reason string) (*Change, error) {
+// A leased attempt (dequeued, not registered) must be named, with the
+// worker it was leased to: else ErrAttemptRequired or ErrWrongWorker.
+// attemptID "" means the current attempt of a rollout that holds no lease.
+// ErrStale (naming the rollout's status) when the attempt is not the
+// rollout's current running one: a finished rollout stays finished.
+func (q *Queue) Complete(ctx context.Context, rolloutID, attemptID, workerID, status, reason string) (*Change, error) {
 	switch status {
 	case StatusSucceeded, StatusFailed, StatusCancelled:
 	default:
@@ -489,16 +653,38 @@ func (q *Queue) Complete(ctx context.Context, rolloutID, attemptID, status, reas
 		if err != nil {
 			return err
 		}
-		if attemptID == "" {
-			attemptID = s.AttemptID
-		}
-		if s.Status != StatusRunning || s.AttemptID != attemptID {
-			return ErrStale
+		if err := s.CheckReport(attemptID, workerID); err != nil {
+			return err
 		}
 		ch, err = q.endAttempt(ctx, t, s, status, status, reason)
 		return err
 	})
 	return ch, err
+}
+
+// Leased reports whether the rollout's current attempt holds a lease (it
+// was dequeued, not registered or run by its owner).
+func (s *State) Leased() bool { return s.Status == StatusRunning && s.LeaseExpiresNano != 0 }
+
+// CheckReport checks that a report on the rollout (a status) comes from its
+// current running attempt: attemptID is that attempt ("" only when the
+// attempt holds no lease), and, when it is leased, workerID the worker it
+// was leased to. The error is ErrAttemptRequired, ErrStale or
+// ErrWrongWorker, naming what differs.
+func (s *State) CheckReport(attemptID, workerID string) error {
+	if attemptID == "" {
+		if s.Leased() {
+			return fmt.Errorf("%w: rollout %s is leased: send the attempt_id (and worker_id) the dequeue answered", ErrAttemptRequired, s.RolloutID)
+		}
+		attemptID = s.AttemptID
+	}
+	if s.Status != StatusRunning || s.AttemptID != attemptID {
+		return notCurrent(s, attemptID)
+	}
+	if s.Leased() && s.WorkerID != workerID {
+		return wrongWorker(s, workerID)
+	}
+	return nil
 }
 
 // endAttempt moves the running attempt of s to attemptStatus and the rollout
@@ -563,6 +749,7 @@ func (q *Queue) Expire(ctx context.Context) ([]Change, error) {
 		return nil, fmt.Errorf("tasks: finding expired leases: %w", err)
 	}
 	var out []Change
+	moved := 0
 	for _, k := range due {
 		err := q.tx(ctx, func(t *sql.Tx) error {
 			s, err := q.get(ctx, t, k.rollout, true)
@@ -587,6 +774,10 @@ func (q *Queue) Expire(ctx context.Context) ([]Change, error) {
 			}
 			return err
 		})
+		if err != nil && rowDataError(err) && moved < maxUnservable {
+			moved++
+			err = q.moveAside(ctx, k.rollout, err)
+		}
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return out, err
 		}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -112,20 +114,30 @@ func TestQueueLifecycle(t *testing.T) {
 		if err != nil || exp != c.now().Add(10*time.Second).UnixNano() {
 			t.Fatalf("heartbeat: %d %v", exp, err)
 		}
-		if _, err := q.Heartbeat(ctx, a.RolloutID, a.AttemptID, "someone-else"); !errors.Is(err, ErrStale) {
+		if _, err := q.Heartbeat(ctx, a.RolloutID, a.AttemptID, "someone-else"); !errors.Is(err, ErrWrongWorker) {
+			t.Fatalf("heartbeat by another worker: %v", err)
+		}
+		if _, err := q.Heartbeat(ctx, a.RolloutID, a.AttemptID, ""); !errors.Is(err, ErrWrongWorker) {
 			t.Fatalf("heartbeat by another worker: %v", err)
 		}
 		if _, err := q.Heartbeat(ctx, "nope", "x", ""); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("heartbeat of unknown rollout: %v", err)
 		}
-		ch, err := q.Complete(ctx, a.RolloutID, a.AttemptID, StatusSucceeded, "")
+		ch, err := q.Complete(ctx, a.RolloutID, a.AttemptID, "w1", StatusSucceeded, "")
 		if err != nil || ch.State.Status != StatusSucceeded || ch.State.CompletionSeq != 1 || ch.Attempt.Status != StatusSucceeded {
 			t.Fatalf("complete: %+v %v", ch, err)
 		}
-		if _, err := q.Complete(ctx, a.RolloutID, a.AttemptID, StatusSucceeded, ""); !errors.Is(err, ErrStale) {
+		if _, err := q.Complete(ctx, a.RolloutID, a.AttemptID, "w1", StatusSucceeded, ""); !errors.Is(err, ErrStale) {
 			t.Fatalf("second completion: %v", err)
 		}
-		if _, err := q.Complete(ctx, b.RolloutID, "", StatusCancelled, "stop"); err != nil {
+		// A leased attempt is named, by the worker it was leased to.
+		if _, err := q.Complete(ctx, b.RolloutID, "", "w2", StatusCancelled, "stop"); !errors.Is(err, ErrAttemptRequired) {
+			t.Fatalf("completion of a leased attempt without its id: %v", err)
+		}
+		if _, err := q.Complete(ctx, b.RolloutID, b.AttemptID, "w1", StatusCancelled, "stop"); !errors.Is(err, ErrWrongWorker) {
+			t.Fatalf("completion by another worker: %v", err)
+		}
+		if _, err := q.Complete(ctx, b.RolloutID, b.AttemptID, "w2", StatusCancelled, "stop"); err != nil {
 			t.Fatal(err)
 		}
 		done, next, err := q.List(ctx, ListFilter{Cursor: true})
@@ -173,10 +185,10 @@ func TestQueueRetriesExpiredAndFailedAttempts(t *testing.T) {
 		if a2.RolloutID != ids[0] || a2.AttemptNo != 2 || a2.AttemptID == a1.AttemptID {
 			t.Fatalf("retry: %+v (first %+v)", a2, a1)
 		}
-		if _, err := q.Complete(ctx, a1.RolloutID, a1.AttemptID, StatusSucceeded, ""); !errors.Is(err, ErrStale) {
+		if _, err := q.Complete(ctx, a1.RolloutID, a1.AttemptID, "crashy", StatusSucceeded, ""); !errors.Is(err, ErrStale) {
 			t.Fatalf("late completion by the expired attempt: %v", err)
 		}
-		ch, err := q.Complete(ctx, a2.RolloutID, a2.AttemptID, StatusFailed, "agent crashed")
+		ch, err := q.Complete(ctx, a2.RolloutID, a2.AttemptID, "w2", StatusFailed, "agent crashed")
 		if err != nil || ch.State.Status != StatusQueued || ch.Attempt.Status != StatusFailed {
 			t.Fatalf("failed attempt 2: %+v %v", ch, err)
 		}
@@ -184,7 +196,7 @@ func TestQueueRetriesExpiredAndFailedAttempts(t *testing.T) {
 		if a3.RolloutID != ids[0] || a3.AttemptNo != 3 {
 			t.Fatalf("attempt 3: %+v", a3)
 		}
-		ch, err = q.Complete(ctx, a3.RolloutID, a3.AttemptID, StatusFailed, "again")
+		ch, err = q.Complete(ctx, a3.RolloutID, a3.AttemptID, "w3", StatusFailed, "again")
 		if err != nil || ch.State.Status != StatusFailed || ch.State.CompletionSeq == 0 {
 			t.Fatalf("out of attempts: %+v %v", ch, err)
 		}
@@ -267,8 +279,8 @@ func TestQueueConcurrentDequeueHandsOutEachAttemptOnce(t *testing.T) {
 func TestQueueRegisterAndBadInput(t *testing.T) {
 	each(t, func(t *testing.T, q *Queue, c *clock) {
 		ctx := context.Background()
-		ch, err := q.Register(ctx, "r1", "a1", "task", nil)
-		if err != nil || ch.State.Status != StatusRunning || ch.State.AttemptNo != 1 {
+		ch, created, err := q.Register(ctx, "r1", "a1", "task", nil)
+		if err != nil || !created || ch.State.Status != StatusRunning || ch.State.AttemptNo != 1 {
 			t.Fatalf("register: %+v %v", ch, err)
 		}
 		// Registered rollouts hold no lease: the sweeper leaves them alone.
@@ -276,27 +288,47 @@ func TestQueueRegisterAndBadInput(t *testing.T) {
 		if changes, err := q.Expire(ctx); err != nil || len(changes) != 0 {
 			t.Fatalf("expire touched a registered rollout: %+v %v", changes, err)
 		}
-		if _, err := q.Complete(ctx, "r1", "a1", StatusFailed, "x"); err != nil {
+		// Repeating the registration of a running rollout changes nothing.
+		if ch, created, err := q.Register(ctx, "r1", "a1", "task", nil); err != nil || created || ch.State.AttemptNo != 1 || ch.State.Status != StatusRunning {
+			t.Fatalf("repeated registration: %+v %v", ch, err)
+		}
+		if _, _, err := q.Register(ctx, "r1", "a2", "task", nil); !errors.Is(err, ErrExists) {
+			t.Fatalf("registration of a running rollout with another attempt: %v", err)
+		}
+		if _, err := q.Complete(ctx, "r1", "a1", "", StatusFailed, "x"); err != nil {
 			t.Fatal(err)
 		}
-		ch, err = q.Register(ctx, "r1", "a2", "task", nil)
-		if err != nil || ch.State.AttemptNo != 2 || ch.State.Status != StatusRunning || ch.State.CompletionSeq != 0 {
-			t.Fatalf("second registration: %+v %v", ch, err)
+		// A finished rollout is never resurrected: its completion stays the only one.
+		if ch, _, err := q.Register(ctx, "r1", "a1", "task", nil); !errors.Is(err, ErrExists) {
+			t.Fatalf("registration of a finished rollout: %+v %v", ch, err)
+		}
+		if n, err := q.Completed(ctx); err != nil || n != 1 {
+			t.Fatalf("completions after the refused registration: %d %v", n, err)
+		}
+		if _, err := q.Complete(ctx, "r1", "a1", "", StatusSucceeded, ""); !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "is failed") {
+			t.Fatalf("a status out of a final one: %v", err)
 		}
 		for _, bad := range [][]Task{
 			{{TaskID: "x", Mode: "test"}},
 			{{TaskID: "x", Input: json.RawMessage(`{`)}},
 			{{TaskID: "x", TimeoutS: -1}},
+			{{TaskID: "x", TimeoutS: 8e9}},
+			{{TaskID: "x", LeaseS: 8e9}},
+			{{TaskID: "x", LeaseS: 1e10}},
+			{{TaskID: "x", LeaseS: math.Inf(1)}},
+			{{TaskID: "x", LeaseS: math.NaN()}},
+			{{TaskID: "x", MaxAttempts: -1}},
+			{{TaskID: "x", MaxAttempts: MaxMaxAttempts + 1}},
 			{{TaskID: "x", RolloutID: "a/b"}},
 		} {
-			if _, err := q.Enqueue(ctx, bad); err == nil {
-				t.Errorf("enqueue %+v: no error", bad)
+			if _, err := q.Enqueue(ctx, bad); !errors.Is(err, ErrInvalidTask) {
+				t.Errorf("enqueue %+v: %v, want ErrInvalidTask", bad, err)
 			}
 		}
-		if _, err := q.Complete(ctx, "r1", "", "done", ""); err == nil {
+		if _, err := q.Complete(ctx, "r1", "", "", "done", ""); err == nil {
 			t.Error("unknown status accepted")
 		}
-		if _, err := q.Complete(ctx, "missing", "", StatusSucceeded, ""); !errors.Is(err, ErrNotFound) {
+		if _, err := q.Complete(ctx, "missing", "", "", StatusSucceeded, ""); !errors.Is(err, ErrNotFound) {
 			t.Errorf("complete unknown rollout: %v", err)
 		}
 	})

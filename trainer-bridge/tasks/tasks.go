@@ -17,6 +17,8 @@ package tasks
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"time"
 )
 
@@ -38,7 +40,55 @@ var (
 	ErrStale = errors.New("tasks: attempt is not the rollout's current running attempt")
 	// ErrNoResources: no resources have been published (or not that version).
 	ErrNoResources = errors.New("tasks: no such resources version")
+	// ErrWrongWorker: the attempt is current but leased to another worker
+	// than the one that reported for it.
+	ErrWrongWorker = errors.New("tasks: the attempt is leased to another worker")
+	// ErrAttemptRequired: a report on a leased rollout did not name its attempt.
+	ErrAttemptRequired = errors.New("tasks: the rollout is leased: name the attempt")
+	// ErrInvalidTask: a task (or a list of them) is malformed or out of range;
+	// the message names the task and the field.
+	ErrInvalidTask = errors.New("tasks: invalid task")
+	// ErrNotQueued: the rollout has left the queue (it is running or
+	// finished), so it cannot be removed as a queued task.
+	ErrNotQueued = errors.New("tasks: the rollout is not queued")
 )
+
+// Ranges of a task's numbers (POST /api/v1/tasks). Zero means the default
+// for each; anything outside is refused with ErrInvalidTask.
+const (
+	// MaxLease is the longest lease_s: a lease is renewed by heartbeats, so
+	// it needs to outlast only the gap between two of them.
+	MaxLease = 24 * time.Hour
+	// MaxTimeout is the longest timeout_s: one attempt's wall time.
+	MaxTimeout = 7 * 24 * time.Hour
+	// MinDuration is the shortest non-zero lease_s or timeout_s.
+	MinDuration = time.Millisecond
+	// MaxMaxAttempts is the largest max_attempts.
+	MaxMaxAttempts = 1000
+)
+
+// invalidTask is an ErrInvalidTask with its own message.
+type invalidTask struct{ msg string }
+
+func (e *invalidTask) Error() string        { return e.msg }
+func (e *invalidTask) Is(target error) bool { return target == ErrInvalidTask }
+
+func invalidf(format string, args ...any) error {
+	return &invalidTask{msg: fmt.Sprintf(format, args...)}
+}
+
+// seconds checks a duration in seconds against (0 or [MinDuration, max]) and
+// returns it in nanoseconds; NaN and infinities are out of range.
+func seconds(i int, field string, v float64, max time.Duration) (int64, error) {
+	if v == 0 {
+		return 0, nil
+	}
+	if !(v >= MinDuration.Seconds() && v <= max.Seconds()) {
+		return 0, invalidf("task %d: %s %g is out of range: 0 (the default) or %g to %g seconds", i, field, v,
+			MinDuration.Seconds(), max.Seconds())
+	}
+	return int64(math.Round(v * float64(time.Second))), nil
+}
 
 // Task is what the algorithm enqueues.
 type Task struct {
@@ -50,12 +100,13 @@ type Task struct {
 	Input json.RawMessage `json:"input"`
 	// Mode is "train" (default) or "val".
 	Mode string `json:"mode,omitempty"`
-	// MaxAttempts bounds retries (default 1: no retry).
+	// MaxAttempts bounds retries (default 1: no retry; at most MaxMaxAttempts).
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// TimeoutS bounds one attempt's wall time from dequeue, heartbeats or not
-	// (0: no bound besides the lease).
+	// (0: no bound besides the lease; else MinDuration to MaxTimeout).
 	TimeoutS float64 `json:"timeout_s,omitempty"`
-	// LeaseS is how long a lease lasts without a heartbeat (0: the queue's default).
+	// LeaseS is how long a lease lasts without a heartbeat (0: the queue's
+	// default; else MinDuration to MaxLease).
 	LeaseS float64 `json:"lease_s,omitempty"`
 	// Metadata is free JSON kept with the rollout.
 	Metadata json.RawMessage `json:"metadata,omitempty"`
