@@ -163,7 +163,18 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
 	var out []export.Call
-	err := s.readCalls(ctx, q, export.ReadOptions{}, args, func(c *export.Call) { out = append(out, *c) })
+	err := s.readCalls(ctx, q, f.Omit, args, func(c *export.Call) { out = append(out, *c) })
+	return out, err
+}
+
+// Call reads the row k names: the latest started when several match (an
+// attempt not named, or a row written twice), nil when none does. PREWHERE
+// on the sorting key's columns: only the granules of that call are read.
+func (s *Store) Call(ctx context.Context, k export.CallKey) (*export.Call, error) {
+	where, args := k.Conditions()
+	var out *export.Call
+	err := s.readCalls(ctx, "FROM llm_calls PREWHERE "+where+" ORDER BY start_time_unix_nano DESC, span_id DESC LIMIT 1",
+		export.ReadOptions{}, args, func(c *export.Call) { out = c })
 	return out, err
 }
 

@@ -332,7 +332,7 @@ func renderValue(v any) string {
 // sequence id and choice.
 func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, error) {
 	where, args := f.Conditions()
-	q := "SELECT " + export.CallTable.Names() + " FROM llm_calls"
+	q := "SELECT " + export.SelectList(export.CallTable.Columns, f.Omit.Omits) + " FROM llm_calls"
 	if where != "" {
 		q += " WHERE " + where
 	}
@@ -340,7 +340,24 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	if f.Limit > 0 {
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	return s.readCalls(ctx, q, args)
+}
+
+// Call reads the row k names: the latest started when several match (an
+// attempt not named), nil when none does.
+func (s *Store) Call(ctx context.Context, k export.CallKey) (*export.Call, error) {
+	where, args := k.Conditions()
+	calls, err := s.readCalls(ctx, "SELECT "+export.CallTable.Names()+" FROM llm_calls WHERE "+where+
+		" ORDER BY start_time_unix_nano DESC, span_id DESC LIMIT 1", args)
+	if err != nil || len(calls) == 0 {
+		return nil, err
+	}
+	return &calls[0], nil
+}
+
+// readCalls runs query, which selects the columns of export.CallTable.
+func (s *Store) readCalls(ctx context.Context, query string, args []any) ([]export.Call, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 	}

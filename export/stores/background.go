@@ -232,6 +232,15 @@ func (b *Background) Calls(ctx context.Context, f export.CallFilter) ([]export.C
 	return s.Calls(ctx, f)
 }
 
+// Call implements export.Store.
+func (b *Background) Call(ctx context.Context, k export.CallKey) (*export.Call, error) {
+	s, err := b.get()
+	if err != nil {
+		return nil, err
+	}
+	return s.Call(ctx, k)
+}
+
 // Rollout implements export.Store.
 func (b *Background) Rollout(ctx context.Context, rolloutID string) (*export.RolloutDetail, error) {
 	s, err := b.get()
