@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"html/template"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -84,6 +85,13 @@ func parseListFilter(a *fasthttp.Args) (listFilter, error) {
 	return f, nil
 }
 
+// The times a filter can name: what a unix time in nanoseconds (uint64
+// columns, int64 in Go) holds.
+var (
+	minFilterTime = time.Unix(0, 1).UTC()
+	maxFilterTime = time.Unix(0, math.MaxInt64).UTC()
+)
+
 // parseTime reads a filter time: RFC 3339, or a browser's datetime-local
 // value taken as UTC.
 func parseTime(what, s string) (uint64, error) {
@@ -92,8 +100,10 @@ func parseTime(what, s string) (uint64, error) {
 	}
 	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.Parse(layout, s); err == nil {
-			if t.UnixNano() <= 0 {
-				return 0, fmt.Errorf("%s is before 1970", what)
+			// UnixNano is undefined outside 1970..2262 (it wraps).
+			if t.Before(minFilterTime) || t.After(maxFilterTime) {
+				return 0, fmt.Errorf("%s %q is out of range: give a time from %s to %s", what, s,
+					minFilterTime.Format(time.RFC3339), maxFilterTime.Format(time.RFC3339))
 			}
 			return uint64(t.UnixNano()), nil
 		}
