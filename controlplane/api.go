@@ -297,7 +297,7 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	if ri, ok := s.rollouts.Load(rolloutID); ok {
 		info := ri.(*rolloutInfo)
 		row.TaskID, row.GroupID, row.CreatedUnixNano, row.Metadata = info.taskID, info.groupID, info.createdNs, info.metadata
-	} else if d, err := s.store.Rollout(c, rolloutID); err == nil && len(d.Attempts) > 0 {
+	} else if d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true}); err == nil && len(d.Attempts) > 0 {
 		last := d.Attempts[len(d.Attempts)-1]
 		row.TaskID, row.GroupID, row.CreatedUnixNano, row.Metadata = last.TaskID, last.GroupID, last.CreatedUnixNano, last.Metadata
 		if row.GroupID == "" { // a row from before the group_id column
@@ -305,7 +305,7 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 		}
 	}
 	if row.AttemptID == "" {
-		if d, err := s.store.Rollout(c, rolloutID); err == nil && len(d.Attempts) > 0 {
+		if d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true}); err == nil && len(d.Attempts) > 0 {
 			row.AttemptID = d.Attempts[len(d.Attempts)-1].AttemptID
 		}
 	}
@@ -316,19 +316,34 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	writeJSON(ctx, fasthttp.StatusOK, rolloutView(row))
 }
 
+// maxListedCalls bounds the call summaries GET /api/v1/rollouts/{id}
+// lists: the first ones in (attempt, sequence id, choice) order.
+const maxListedCalls = 1000
+
 func (s *Server) getRollout(ctx *fasthttp.RequestCtx, rolloutID string) {
 	c, cancel := s.storeCtx()
 	defer cancel()
-	d, err := s.store.Rollout(c, rolloutID)
+	out := map[string]any{}
+	// The calls are summaries: read without their bodies, at most
+	// maxListedCalls of them (calls_truncated says there are more).
+	d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true})
+	if err == nil {
+		d.Calls, err = s.store.Calls(c, export.CallFilter{RolloutID: rolloutID, Limit: maxListedCalls + 1,
+			Omit: export.ReadOptions{NoRequestBody: true, NoResponseBody: true}})
+	}
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reading rollout: "+err.Error())
 		return
+	}
+	if len(d.Calls) > maxListedCalls {
+		d.Calls = d.Calls[:maxListedCalls]
+		out["calls_truncated"] = true
 	}
 	if len(d.Attempts) == 0 && len(d.Calls) == 0 && len(d.Rewards) == 0 {
 		s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "rollout "+rolloutID+" not found")
 		return
 	}
-	out := map[string]any{"rollout_id": rolloutID}
+	out["rollout_id"] = rolloutID
 	attempts := []map[string]any{}
 	for _, a := range d.Attempts {
 		attempts = append(attempts, rolloutView(a))

@@ -368,6 +368,8 @@ type ReadOptions struct {
 	// selection, and the query per chunk cost ClickHouse about 1.5 µs of
 	// CPU per call read.
 	NoAttempts bool
+	// NoCalls leaves RolloutDetail.Calls empty.
+	NoCalls bool
 }
 
 // Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.
@@ -383,8 +385,13 @@ type Store interface {
 	// match), or nil when none does: a reader that shows one call reads
 	// only its row.
 	Call(ctx context.Context, k CallKey) (*Call, error)
-	// Rollout reads a rollout's attempts, calls and rewards.
+	// Rollout reads a rollout's attempts, calls and rewards: ReadRollout
+	// with no options.
 	Rollout(ctx context.Context, rolloutID string) (*RolloutDetail, error)
+	// ReadRollout is Rollout without what opt leaves out (a reader of a
+	// rollout's attempts and rewards alone sets NoCalls: a rollout's calls
+	// and their bodies are unbounded).
+	ReadRollout(ctx context.Context, rolloutID string, opt ReadOptions) (*RolloutDetail, error)
 	// Close flushes and releases the store.
 	Close() error
 }

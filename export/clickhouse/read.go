@@ -266,6 +266,15 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 	return m[rolloutID], nil
 }
 
+// ReadRollout is Rollout without what opt leaves out.
+func (s *Store) ReadRollout(ctx context.Context, rolloutID string, opt export.ReadOptions) (*export.RolloutDetail, error) {
+	m, err := s.Rollouts(ctx, []string{rolloutID}, opt)
+	if err != nil {
+		return nil, err
+	}
+	return m[rolloutID], nil
+}
+
 // Rollouts is Rollout for many rollouts in three queries (one per table), for
 // readers such as the trainer bridge that would otherwise pay a round trip
 // per rollout, without the columns opt leaves out. Every id gets a detail,
@@ -307,13 +316,16 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		of    []int32 // index in ids of each call's rollout
 		count = make([]int, len(ids)+1)
 	)
-	err := s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
-		opt, []any{in}, func(c *export.Call) {
-			if k, ok := at[c.RolloutID]; ok {
-				calls, of = append(calls, c), append(of, int32(k))
-				count[k+1]++
-			}
-		})
+	var err error
+	if !opt.NoCalls {
+		err = s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
+			opt, []any{in}, func(c *export.Call) {
+				if k, ok := at[c.RolloutID]; ok {
+					calls, of = append(calls, c), append(of, int32(k))
+					count[k+1]++
+				}
+			})
+	}
 	if err != nil {
 		return nil, err
 	}

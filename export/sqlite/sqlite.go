@@ -379,6 +379,12 @@ func (s *Store) readCalls(ctx context.Context, query string, args []any) ([]expo
 // Rollout reads the rollout's attempts (one row each, the latest), its
 // calls and its rewards. An unknown rollout gives an empty detail, not an error.
 func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutDetail, error) {
+	return s.ReadRollout(ctx, rolloutID, export.ReadOptions{})
+}
+
+// ReadRollout is Rollout without what opt leaves out (attempts are always
+// read: one row each).
+func (s *Store) ReadRollout(ctx context.Context, rolloutID string, opt export.ReadOptions) (*export.RolloutDetail, error) {
 	d := &export.RolloutDetail{}
 	rows, err := s.db.QueryContext(ctx, "SELECT "+export.RolloutTable.Names()+
 		" FROM rollouts WHERE rollout_id = ? ORDER BY attempt_id", rolloutID)
@@ -398,8 +404,10 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 		return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 	}
 
-	if d.Calls, err = s.Calls(ctx, export.CallFilter{RolloutID: rolloutID}); err != nil {
-		return nil, err
+	if !opt.NoCalls {
+		if d.Calls, err = s.Calls(ctx, export.CallFilter{RolloutID: rolloutID, Omit: opt}); err != nil {
+			return nil, err
+		}
 	}
 
 	rows, err = s.db.QueryContext(ctx, "SELECT "+export.RewardTable.Names()+

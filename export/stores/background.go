@@ -250,6 +250,15 @@ func (b *Background) Rollout(ctx context.Context, rolloutID string) (*export.Rol
 	return s.Rollout(ctx, rolloutID)
 }
 
+// ReadRollout implements export.Store.
+func (b *Background) ReadRollout(ctx context.Context, rolloutID string, opt export.ReadOptions) (*export.RolloutDetail, error) {
+	s, err := b.get()
+	if err != nil {
+		return nil, err
+	}
+	return s.ReadRollout(ctx, rolloutID, opt)
+}
+
 // Rollouts implements export.BulkRolloutReader.
 func (b *Background) Rollouts(ctx context.Context, ids []string, opt export.ReadOptions) (map[string]*export.RolloutDetail, error) {
 	s, err := b.get()

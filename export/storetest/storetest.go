@@ -313,6 +313,10 @@ func testCallByKey(t *testing.T, s export.Store) {
 	if w := "span-rk-a2-2-0 span-rk-a2-2-1 span-rk-a2-3-0"; strings.Join(spans, " ") != w {
 		t.Errorf("page from sequence 2 = %v, want %s", spans, w)
 	}
+	d, err := s.ReadRollout(ctx, "rk", export.ReadOptions{NoCalls: true})
+	if err != nil || len(d.Calls) != 0 {
+		t.Errorf("ReadRollout(NoCalls): %v, %d calls, want none", err, len(d.Calls))
+	}
 }
 
 func testRolloutLatestWins(t *testing.T, s export.Store) {
