@@ -297,7 +297,7 @@ func (f CallFilter) Conditions() (string, []any) {
 }
 
 // SelectList is the select list of cols with the columns omit names read
-// as '' (text columns only: the request and response bodies).
+// as empty strings (text columns only: the request and response bodies).
 func SelectList[R any](cols []Column[R], omit func(string) bool) string {
 	var b strings.Builder
 	for i, c := range cols {

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
@@ -237,4 +238,44 @@ func TestViewerPathsFiltersAndRefresh(t *testing.T) {
 	if _, h = get("/ui/rollouts?part=rows&v="+v, 200); h.Get("X-Rollgate-Version") == v {
 		t.Error("a stored reward did not change the store version")
 	}
+}
+
+// BenchmarkRawBodyRSS measures the gateway's peak RSS under 16 concurrent
+// GET /ui/rollouts/{r}/calls/{n}/raw of a rollout of 2,000 calls of 200 KB
+// (two bodies of 100 KB each), reported as peak-MiB (after) and
+// grew-MiB (over the warmed-up process). ROLLGATE_BENCH_BINARY runs another
+// build (main's, for the figure before).
+//
+//	go test -run '^$' -bench BenchmarkRawBodyRSS -benchtime 3x ./cmd/rollgate/
+func BenchmarkRawBodyRSS(b *testing.B) {
+	bin := binary
+	if v := os.Getenv("ROLLGATE_BENCH_BINARY"); v != "" {
+		bin = v
+	}
+	addr := freeAddr(b)
+	db := filepath.Join(b.TempDir(), "r.db")
+	fillRollout(b, db, "ro-big", 2000, 100_000, nil)
+	cmd := exec.Command(bin, "serve", "--listen", addr, "--db", db)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	base := "http://" + addr
+	waitUntil(b, "the gateway", 20*time.Second, func() bool {
+		r, err := http.Get(base + "/readyz")
+		if err == nil {
+			r.Body.Close()
+		}
+		return err == nil && r.StatusCode == 200
+	})
+	getAll(b, []string{base + "/ui/rollouts/ro-big/calls/1/raw"}, 1, 200)
+	before := peakRSS(b, cmd.Process.Pid)
+	b.ResetTimer()
+	for i := range b.N {
+		getAll(b, []string{base + "/ui/rollouts/ro-big/calls/" + strconv.Itoa(1+i%2000) + "/raw"}, 16, 200)
+	}
+	after := peakRSS(b, cmd.Process.Pid)
+	b.ReportMetric(after/(1<<20), "peak-MiB")
+	b.ReportMetric((after-before)/(1<<20), "grew-MiB")
 }
