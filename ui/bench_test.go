@@ -26,13 +26,7 @@ import (
 //
 //	ROLLGATE_BENCH_UI_CALLS=1000000 go test -run '^$' -bench BenchmarkListClickHouse -benchtime 20x -timeout 30m ./ui/
 func BenchmarkListClickHouse(b *testing.B) {
-	n := 10_000
-	if v := os.Getenv("ROLLGATE_BENCH_UI_CALLS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := benchCalls(b)
 	ctx := context.Background()
 	dsn := testenv.FreshDatabase(serverDSN, fmt.Sprintf("b_ui_list_%d", n))
 	s, err := clickhouse.Open(ctx, dsn, clickhouse.Options{})
@@ -88,13 +82,7 @@ func BenchmarkListClickHouse(b *testing.B) {
 //
 //	ROLLGATE_BENCH_UI_CALLS=557000 go test -run '^$' -bench BenchmarkListRefresh -benchtime 20x ./ui/
 func BenchmarkListRefresh(b *testing.B) {
-	n := 10_000
-	if v := os.Getenv("ROLLGATE_BENCH_UI_CALLS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := benchCalls(b)
 	s, err := sqlite.Open(filepath.Join(b.TempDir(), "ui.db"))
 	if err != nil {
 		b.Fatal(err)
@@ -123,6 +111,19 @@ func BenchmarkListRefresh(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchCalls is ROLLGATE_BENCH_UI_CALLS (default 10,000).
+func benchCalls(b *testing.B) int {
+	v := os.Getenv("ROLLGATE_BENCH_UI_CALLS")
+	if v == "" {
+		return 10_000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
 }
 
 // fillBench stores n calls: 8 per rollout, rollouts registered in groups
