@@ -360,7 +360,7 @@ func (s *Server) postStatus(ctx *fasthttp.RequestCtx, rolloutID string) {
 	now := uint64(time.Now().UnixNano())
 	row := export.Rollout{RolloutID: rolloutID, AttemptID: in.AttemptID, Status: in.Status, Metadata: "{}",
 		CreatedUnixNano: now, UpdatedUnixNano: now}
-	d, err := s.store.Rollout(c, rolloutID)
+	d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true})
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reading rollout: "+err.Error())
 		return
@@ -399,19 +399,34 @@ func finalStatus(status string) bool {
 	return status == tasks.StatusSucceeded || status == tasks.StatusFailed || status == tasks.StatusCancelled
 }
 
+// maxListedCalls bounds the call summaries GET /api/v1/rollouts/{id}
+// lists: the first ones in (attempt, sequence id, choice) order.
+const maxListedCalls = 1000
+
 func (s *Server) getRollout(ctx *fasthttp.RequestCtx, rolloutID string) {
 	c, cancel := s.storeCtx()
 	defer cancel()
-	d, err := s.store.Rollout(c, rolloutID)
+	out := map[string]any{}
+	// The calls are summaries: read without their bodies, at most
+	// maxListedCalls of them (calls_truncated says there are more).
+	d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true})
+	if err == nil {
+		d.Calls, err = s.store.Calls(c, export.CallFilter{RolloutID: rolloutID, Limit: maxListedCalls + 1,
+			Omit: export.ReadOptions{NoRequestBody: true, NoResponseBody: true}})
+	}
 	if err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reading rollout: "+err.Error())
 		return
+	}
+	if len(d.Calls) > maxListedCalls {
+		d.Calls = d.Calls[:maxListedCalls]
+		out["calls_truncated"] = true
 	}
 	if len(d.Attempts) == 0 && len(d.Calls) == 0 && len(d.Rewards) == 0 {
 		s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "rollout "+rolloutID+" not found")
 		return
 	}
-	out := map[string]any{"rollout_id": rolloutID}
+	out["rollout_id"] = rolloutID
 	attempts := []map[string]any{}
 	for _, a := range d.Attempts {
 		attempts = append(attempts, rolloutView(a))

@@ -475,11 +475,15 @@ func stateView(st *tasks.State) map[string]any {
 // addSummary adds the rollout's rewards and a summary of its calls (of the
 // final attempt) to v.
 func (s *Server) addSummary(c context.Context, v map[string]any, rolloutID string) error {
-	d, err := s.store.Rollout(c, rolloutID)
+	attempt, _ := v["attempt_id"].(string)
+	d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true})
+	if err == nil { // the final attempt's calls, without their bodies ("" reads every attempt's: filtered below)
+		d.Calls, err = s.store.Calls(c, export.CallFilter{RolloutID: rolloutID, AttemptID: attempt,
+			Omit: export.ReadOptions{NoRequestBody: true, NoResponseBody: true}})
+	}
 	if err != nil {
 		return err
 	}
-	attempt, _ := v["attempt_id"].(string)
 	spans := map[string]bool{}
 	var prompt, completion uint64
 	errs, noIDs := 0, 0

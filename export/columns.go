@@ -290,7 +290,27 @@ func (f CallFilter) Conditions() (string, []any) {
 			where, args = append(where, c.col+" = ?"), append(args, c.v)
 		}
 	}
+	if f.FromSequence > 0 {
+		where, args = append(where, "sequence_id >= ?"), append(args, f.FromSequence)
+	}
 	return strings.Join(where, " AND "), args
+}
+
+// SelectList is the select list of cols with the columns omit names read
+// as empty strings (text columns only: the request and response bodies).
+func SelectList[R any](cols []Column[R], omit func(string) bool) string {
+	var b strings.Builder
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if omit != nil && omit(c.Name) {
+			b.WriteString("'' AS " + c.Name)
+		} else {
+			b.WriteString(c.Name)
+		}
+	}
+	return b.String()
 }
 
 // Omits reports whether o leaves the llm_calls column out of a read.

@@ -286,7 +286,34 @@ type CallFilter struct {
 	RolloutID string
 	AttemptID string
 	SpanID    string
-	Limit     int // 0 = no limit
+	// FromSequence keeps the calls whose sequence id is at least this (0:
+	// every call): with Limit, one page of an attempt's calls.
+	FromSequence uint64
+	Limit        int // 0 = no limit
+	// Omit leaves the bodies it names out of the rows read (read as "").
+	Omit ReadOptions
+}
+
+// CallKey names one stored choice of one call: what a reader that shows
+// one call asks for, so that it reads that row alone.
+type CallKey struct {
+	RolloutID string
+	// AttemptID is the call's attempt; "" takes the attempt whose call of
+	// this sequence id and choice started last.
+	AttemptID   string
+	SequenceID  uint64
+	ChoiceIndex uint32
+}
+
+// Conditions returns the WHERE conditions (joined with AND) and their
+// arguments that select the rows of k, with ? placeholders. Readers order
+// them by start time, latest first, and keep the first.
+func (k CallKey) Conditions() (string, []any) {
+	where, args := "rollout_id = ? AND sequence_id = ? AND choice_index = ?", []any{k.RolloutID, k.SequenceID, k.ChoiceIndex}
+	if k.AttemptID != "" {
+		where, args = where+" AND attempt_id = ?", append(args, k.AttemptID)
+	}
+	return where, args
 }
 
 // RolloutDetail is what GET /api/v1/rollouts/{id} returns: the latest state of
@@ -341,6 +368,8 @@ type ReadOptions struct {
 	// selection, and the query per chunk cost ClickHouse about 1.5 µs of
 	// CPU per call read.
 	NoAttempts bool
+	// NoCalls leaves RolloutDetail.Calls empty.
+	NoCalls bool
 }
 
 // Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.
@@ -352,8 +381,17 @@ type Store interface {
 	Query(ctx context.Context, query string) (*Result, error)
 	// Calls reads llm_calls rows ordered by rollout, attempt, sequence id, choice.
 	Calls(ctx context.Context, f CallFilter) ([]Call, error)
-	// Rollout reads a rollout's attempts, calls and rewards.
+	// Call reads the one row k names (the latest started when several
+	// match), or nil when none does: a reader that shows one call reads
+	// only its row.
+	Call(ctx context.Context, k CallKey) (*Call, error)
+	// Rollout reads a rollout's attempts, calls and rewards: ReadRollout
+	// with no options.
 	Rollout(ctx context.Context, rolloutID string) (*RolloutDetail, error)
+	// ReadRollout is Rollout without what opt leaves out (a reader of a
+	// rollout's attempts and rewards alone sets NoCalls: a rollout's calls
+	// and their bodies are unbounded).
+	ReadRollout(ctx context.Context, rolloutID string, opt ReadOptions) (*RolloutDetail, error)
 	// Close flushes and releases the store.
 	Close() error
 }

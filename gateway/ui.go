@@ -9,5 +9,5 @@ func (s *Server) SetUI(h fasthttp.RequestHandler) { s.ui = h }
 
 // isUIPath says whether path is /ui or under /ui/.
 func isUIPath(path []byte) bool {
-	return string(path) == "/ui" || (len(path) > 4 && string(path[:4]) == "/ui/")
+	return string(path) == "/ui" || (len(path) >= 4 && string(path[:4]) == "/ui/")
 }

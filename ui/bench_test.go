@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
+	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/internal/testenv"
 )
 
@@ -23,13 +26,7 @@ import (
 //
 //	ROLLGATE_BENCH_UI_CALLS=1000000 go test -run '^$' -bench BenchmarkListClickHouse -benchtime 20x -timeout 30m ./ui/
 func BenchmarkListClickHouse(b *testing.B) {
-	n := 10_000
-	if v := os.Getenv("ROLLGATE_BENCH_UI_CALLS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := benchCalls(b)
 	ctx := context.Background()
 	dsn := testenv.FreshDatabase(serverDSN, fmt.Sprintf("b_ui_list_%d", n))
 	s, err := clickhouse.Open(ctx, dsn, clickhouse.Options{})
@@ -74,6 +71,59 @@ func BenchmarkListClickHouse(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkListRefresh times the list's live refresh (?part=rows, what
+// every open list tab asks for every 2 s) on the embedded store holding
+// ROLLGATE_BENCH_UI_CALLS calls (default 10,000): "full" reads the page as
+// the script did before it sent its version (the list's aggregates),
+// "unchanged" is the refresh of a tab whose version is current (204 after
+// one query of indexes).
+//
+//	ROLLGATE_BENCH_UI_CALLS=557000 go test -run '^$' -bench BenchmarkListRefresh -benchtime 20x ./ui/
+func BenchmarkListRefresh(b *testing.B) {
+	n := benchCalls(b)
+	s, err := sqlite.Open(filepath.Join(b.TempDir(), "ui.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	fillBench(b, s, n)
+	base := serve(b, s, Config{})
+	resp, err := http.Get(base + "/ui/rollouts?part=rows")
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+	version := resp.Header.Get("X-Rollgate-Version")
+	if version == "" {
+		b.Fatal("no X-Rollgate-Version header")
+	}
+	for _, tc := range []struct {
+		name, path string
+		want       int
+	}{{"full", "/ui/rollouts?part=rows", 200}, {"unchanged", "/ui/rollouts?part=rows&v=" + url.QueryEscape(version), 204}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				if code, body := getB(b, base+tc.path); code != tc.want {
+					b.Fatalf("%d, want %d: %.300s", code, tc.want, body)
+				}
+			}
+		})
+	}
+}
+
+// benchCalls is ROLLGATE_BENCH_UI_CALLS (default 10,000).
+func benchCalls(b *testing.B) int {
+	v := os.Getenv("ROLLGATE_BENCH_UI_CALLS")
+	if v == "" {
+		return 10_000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
 }
 
 // fillBench stores n calls: 8 per rollout, rollouts registered in groups

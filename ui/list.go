@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"html/template"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -50,6 +51,8 @@ type listPage struct {
 	Rows []rolloutRow
 	Next template.URL // query string of the next page, "" on the last
 	Live bool         // first page: the script refreshes it
+	// Version is the store's version the page was read at (storeVersion).
+	Version string
 	// Statuses are the status filter's choices ("" = any).
 	Statuses []string
 	Elapsed  string
@@ -84,6 +87,13 @@ func parseListFilter(a *fasthttp.Args) (listFilter, error) {
 	return f, nil
 }
 
+// The times a filter can name: what a unix time in nanoseconds (uint64
+// columns, int64 in Go) holds.
+var (
+	minFilterTime = time.Unix(0, 1).UTC()
+	maxFilterTime = time.Unix(0, math.MaxInt64).UTC()
+)
+
 // parseTime reads a filter time: RFC 3339, or a browser's datetime-local
 // value taken as UTC.
 func parseTime(what, s string) (uint64, error) {
@@ -92,8 +102,10 @@ func parseTime(what, s string) (uint64, error) {
 	}
 	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.Parse(layout, s); err == nil {
-			if t.UnixNano() <= 0 {
-				return 0, fmt.Errorf("%s is before 1970", what)
+			// UnixNano is undefined outside 1970..2262 (it wraps).
+			if t.Before(minFilterTime) || t.After(maxFilterTime) {
+				return 0, fmt.Errorf("%s %q is out of range: give a time from %s to %s", what, s,
+					minFilterTime.Format(time.RFC3339), maxFilterTime.Format(time.RFC3339))
 			}
 			return uint64(t.UnixNano()), nil
 		}
@@ -172,8 +184,40 @@ func where(conds []string) string {
 	return " WHERE " + strings.Join(conds, " AND ")
 }
 
+// versionSQL reads what changes when a row is added to a table the list
+// shows, or a rollout's state is updated, without reading the tables:
+// SQLite's largest rowids and the rollouts' latest update (an index each),
+// ClickHouse's row counts (kept in its parts' metadata; an update of a
+// rollout is an insert, and a merge that changes a count only costs one
+// refresh).
+func (s *Server) versionSQL() string {
+	if s.d == dialectClickHouse {
+		return "SELECT (SELECT count() FROM llm_calls), (SELECT count() FROM rewards), (SELECT count() FROM rollouts)"
+	}
+	return "SELECT (SELECT max(rowid) FROM llm_calls), (SELECT max(rowid) FROM rewards), (SELECT max(rowid) FROM rollouts)," +
+		" (SELECT max(updated_unix_nano) FROM rollouts)"
+}
+
+// storeVersion is versionSQL's answer as one string.
+func (s *Server) storeVersion(fctx *fasthttp.RequestCtx) (string, error) {
+	ctx, cancel := s.queryCtx(fctx)
+	defer cancel()
+	res, err := s.store.Query(ctx, s.versionSQL())
+	if err != nil {
+		return "", err
+	}
+	if len(res.Rows) != 1 {
+		return "", fmt.Errorf("store version: %d rows", len(res.Rows))
+	}
+	return strings.Join(res.Rows[0], "."), nil
+}
+
 // serveList serves the rollout list; ?part=rows serves only the table body
-// (the script's live refresh).
+// (the script's live refresh), or 204 No Content when ?v= names the store
+// version it was rendered at and nothing has been stored since (the
+// version is in the X-Rollgate-Version header and the table's
+// data-version): an open list costs one cheap query per refresh while
+// nothing changes, not the list's aggregates.
 func (s *Server) serveList(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	f, err := parseListFilter(ctx.QueryArgs())
@@ -181,12 +225,24 @@ func (s *Server) serveList(ctx *fasthttp.RequestCtx) {
 		s.fail(ctx, fasthttp.StatusBadRequest, "Bad filter: "+err.Error()+".")
 		return
 	}
+	var version string
+	if f.before == 0 { // the first page: refreshed by the script
+		if version, err = s.storeVersion(ctx); err != nil {
+			s.storeFailed(ctx, "rollout list", err)
+			return
+		}
+		ctx.Response.Header.Set("X-Rollgate-Version", version)
+		if v := ctx.QueryArgs().Peek("v"); string(ctx.QueryArgs().Peek("part")) == "rows" && len(v) > 0 && string(v) == version {
+			ctx.SetStatusCode(fasthttp.StatusNoContent)
+			return
+		}
+	}
 	rows, more, err := s.listRollouts(ctx, f)
 	if err != nil {
 		s.storeFailed(ctx, "rollout list", err)
 		return
 	}
-	p := listPage{F: f, Rows: rows, Live: f.before == 0,
+	p := listPage{F: f, Rows: rows, Live: f.before == 0, Version: version,
 		Statuses: []string{"", "queued", "running", "succeeded", "failed", "cancelled"}}
 	if more && len(rows) > 0 {
 		last := rows[len(rows)-1]

@@ -1,8 +1,8 @@
 package ui
 
 import (
+	"context"
 	"fmt"
-	"sort"
 	"strconv"
 	"unicode/utf8"
 
@@ -17,9 +17,17 @@ import (
 // rest is on the call's raw page.
 const maxShownText = 4000
 
-// maxCallsShown is how many calls one rollout page shows (the rest are
-// paged with ?from=).
-const maxCallsShown = 200
+// maxCallsShown is how many calls one rollout page shows; the next page
+// (?after=, the last sequence id shown) reads on from there. A page reads
+// its calls without their raw answers, so its memory is bounded by this
+// many request bodies.
+const maxCallsShown = 100
+
+// maxRewardsRead bounds the reward rows one rollout page reads.
+const maxRewardsRead = 10000
+
+// maxAttemptsRead bounds the attempts one rollout page lists.
+const maxAttemptsRead = 1000
 
 // turnWhy explains each turn_kind that breaks a trajectory merge (the
 // kinds of tokenize/consistency.go).
@@ -71,72 +79,194 @@ type rolloutPage struct {
 	Attempts                         []export.Rollout
 	Calls                            []callView
 	Episode                          []rewardView
-	From, Total                      int
-	Next                             int // first call of the next page, 0 when none
+	Total                            int
+	Paged                            bool   // not the first page
+	Next                             uint64 // ?after= of the next page, 0 when none
+	PageSize                         int    // calls a page shows at most
+	FirstSeq, LastSeq                uint64 // the sequence ids of the page's first and last calls
 }
 
-// serveRollout serves a rollout's calls as a conversation.
+// serveRollout serves one page of a rollout's calls as a conversation:
+// ?attempt= (default: the latest), ?after= (the sequence id the previous
+// page ended with; the first page without).
 func (s *Server) serveRollout(ctx *fasthttp.RequestCtx, id string) {
 	if err := checkValue("rollout id", id); err != nil {
 		s.fail(ctx, fasthttp.StatusBadRequest, "Bad rollout id: "+err.Error()+".")
 		return
 	}
+	a := ctx.QueryArgs()
+	attempt := string(a.Peek("attempt"))
+	if err := checkValue("attempt", attempt); err != nil {
+		s.fail(ctx, fasthttp.StatusBadRequest, "Bad attempt id: "+err.Error()+".")
+		return
+	}
+	var after uint64
+	paged := a.Has("after")
+	if paged {
+		var err error
+		if after, err = strconv.ParseUint(string(a.Peek("after")), 10, 64); err != nil {
+			s.fail(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("Bad after %q: a sequence id (the page's own link to later calls).", a.Peek("after")))
+			return
+		}
+	}
 	qctx, cancel := s.queryCtx(ctx)
 	defer cancel()
-	det, err := s.store.Rollout(qctx, id)
+	attempts, latest, found, err := s.rolloutAttempts(qctx, id)
 	if err != nil {
 		s.storeFailed(ctx, "rollout", err)
 		return
 	}
-	if det == nil || (len(det.Attempts) == 0 && len(det.Calls) == 0 && len(det.Rewards) == 0) {
+	if !found {
 		s.fail(ctx, fasthttp.StatusNotFound, fmt.Sprintf("Rollout %q was not found in the store: no call, attempt or reward carries this id.", id))
 		return
 	}
-	attempt := string(ctx.QueryArgs().Peek("attempt"))
 	if attempt == "" {
-		attempt = latestAttempt(det)
+		attempt = latest
 	}
-	from, _ := strconv.Atoi(string(ctx.QueryArgs().Peek("from")))
-	p := buildRolloutPage(id, attempt, det, max(from, 0), s.air)
+	var prev *export.Call // the previous page's last call: what its conversation showed
+	if paged {
+		if prev, err = s.store.Call(qctx, export.CallKey{RolloutID: id, AttemptID: attempt, SequenceID: after}); err != nil {
+			s.storeFailed(ctx, "rollout calls", err)
+			return
+		}
+	}
+	calls, err := s.store.Calls(qctx, export.CallFilter{RolloutID: id, AttemptID: attempt, FromSequence: after + 1,
+		Limit: maxCallsShown + 1, Omit: export.ReadOptions{NoResponseBody: true}})
+	if err != nil {
+		s.storeFailed(ctx, "rollout calls", err)
+		return
+	}
+	var next uint64
+	if len(calls) > maxCallsShown {
+		// More calls follow: end the page before the last sequence id read,
+		// whose other choices may not all have been read.
+		last := calls[len(calls)-1].SequenceID
+		keep := len(calls)
+		for keep > 0 && calls[keep-1].SequenceID == last {
+			keep--
+		}
+		if keep > 0 {
+			calls = calls[:keep]
+		}
+		next = calls[len(calls)-1].SequenceID
+	}
+	p := rolloutPage{ID: id, Attempt: attempt, Attempts: attempts, Paged: paged, Next: next, PageSize: maxCallsShown}
+	for _, at := range attempts {
+		if at.AttemptID == attempt {
+			p.Status, p.Task, p.Group = at.Status, at.TaskID, at.GroupID
+		}
+	}
+	first, last := uint64(1), uint64(0) // no call: the episode's rewards alone
+	if len(calls) > 0 {
+		first, last = calls[0].SequenceID, calls[len(calls)-1].SequenceID
+		p.FirstSeq, p.LastSeq = first, last
+	}
+	total, rewards, err := s.rolloutCounts(qctx, id, attempt, first, last)
+	if err != nil {
+		s.storeFailed(ctx, "rollout rewards", err)
+		return
+	}
+	p.Total = total
+	fillRolloutPage(&p, prev, calls, rewards, s.air)
 	s.render(ctx, fasthttp.StatusOK, "rollout", "Rollout "+id, p)
 }
 
-// latestAttempt is the attempt with the latest activity: its registered
-// state's last update or its last call, whichever is later.
-func latestAttempt(det *export.RolloutDetail) string {
-	best, bestT := "", uint64(0)
+// rolloutAttempts reads a rollout's registered attempts (the latest state
+// of each) and names the attempt with the latest activity: its state's
+// last update or its last call, whichever is later; an attempt that only
+// has rewards when nothing else is known. found is false when the store
+// knows nothing of the rollout.
+func (s *Server) rolloutAttempts(ctx context.Context, id string) (attempts []export.Rollout, latest string, found bool, err error) {
+	d, lit := s.d, s.d.lit(id)
+	final := ""
+	if d == dialectClickHouse {
+		final = " FINAL"
+	}
+	res, err := s.store.Query(ctx, "SELECT attempt_id, task_id, group_id, status, updated_unix_nano FROM rollouts"+final+
+		" WHERE rollout_id = "+lit+" ORDER BY attempt_id, updated_unix_nano LIMIT "+strconv.Itoa(maxAttemptsRead))
+	if err != nil {
+		return nil, "", false, err
+	}
+	bestT := uint64(0)
 	see := func(attempt string, t uint64) {
-		if best == "" || t > bestT || (t == bestT && attempt > best) {
-			best, bestT = attempt, t
+		if !found || t > bestT || (t == bestT && attempt > latest) {
+			latest, bestT, found = attempt, t, true
 		}
 	}
-	for _, a := range det.Attempts {
-		see(a.AttemptID, a.UpdatedUnixNano)
-	}
-	for _, c := range det.Calls {
-		see(c.AttemptID, c.StartTimeUnixNano)
-	}
-	if best == "" && len(det.Rewards) > 0 {
-		best = det.Rewards[0].AttemptID
-	}
-	return best
-}
-
-// buildRolloutPage lays out attempt's calls from det, showing the calls
-// from index from on; e, when set, adds the automatic intermediate rewards
-// the trainer bridge would compute (unless stored ones already say so).
-func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int, e *air.Engine) rolloutPage {
-	p := rolloutPage{ID: id, Attempt: attempt, Attempts: det.Attempts, From: from}
-	for _, a := range det.Attempts {
-		if a.AttemptID == attempt {
-			p.Status, p.Task, p.Group = a.Status, a.TaskID, a.GroupID
-		}
-	}
-	steps := map[uint64][]rewardView{}
-	for _, r := range det.Rewards {
-		if r.AttemptID != attempt {
+	for _, r := range res.Rows {
+		if len(r) < 5 {
 			continue
 		}
+		upd, _ := strconv.ParseUint(r[4], 10, 64)
+		row := export.Rollout{RolloutID: id, AttemptID: r[0], TaskID: r[1], GroupID: r[2], Status: r[3], UpdatedUnixNano: upd}
+		if n := len(attempts); n > 0 && attempts[n-1].AttemptID == row.AttemptID {
+			attempts[n-1] = row // ordered by update: the later row wins
+		} else {
+			attempts = append(attempts, row)
+		}
+		see(row.AttemptID, upd)
+	}
+	res, err = s.store.Query(ctx, "SELECT attempt_id, max(start_time_unix_nano) FROM llm_calls WHERE rollout_id = "+lit+
+		" GROUP BY attempt_id LIMIT "+strconv.Itoa(maxAttemptsRead))
+	if err != nil {
+		return nil, "", false, err
+	}
+	for _, r := range res.Rows {
+		if len(r) >= 2 {
+			t, _ := strconv.ParseUint(r[1], 10, 64)
+			see(r[0], t)
+		}
+	}
+	if !found {
+		res, err = s.store.Query(ctx, "SELECT attempt_id FROM rewards WHERE rollout_id = "+lit+" ORDER BY attempt_id LIMIT 1")
+		if err != nil {
+			return nil, "", false, err
+		}
+		if len(res.Rows) > 0 && len(res.Rows[0]) > 0 {
+			latest, found = res.Rows[0][0], true
+		}
+	}
+	return attempts, latest, found, nil
+}
+
+// rolloutCounts reads the number of calls of the attempt (first choices)
+// and its rewards: the episode's and those of the calls first..last.
+func (s *Server) rolloutCounts(ctx context.Context, id, attempt string, first, last uint64) (int, []export.Reward, error) {
+	cond := " WHERE rollout_id = " + s.d.lit(id) + " AND attempt_id = " + s.d.lit(attempt)
+	res, err := s.store.Query(ctx, "SELECT count(*) FROM llm_calls"+cond+" AND choice_index = 0")
+	if err != nil {
+		return 0, nil, err
+	}
+	total := 0
+	if len(res.Rows) > 0 && len(res.Rows[0]) > 0 {
+		total = atoi(res.Rows[0][0])
+	}
+	res, err = s.store.Query(ctx, "SELECT sequence_id, name, value, source FROM rewards"+cond+
+		" AND (sequence_id = 0 OR (sequence_id >= "+u64(first)+" AND sequence_id <= "+u64(last)+"))"+
+		" ORDER BY sequence_id, time_unix_nano, name LIMIT "+strconv.Itoa(maxRewardsRead))
+	if err != nil {
+		return 0, nil, err
+	}
+	var rewards []export.Reward
+	for _, r := range res.Rows {
+		if len(r) < 4 {
+			continue
+		}
+		seq, _ := strconv.ParseUint(r[0], 10, 64)
+		v, _ := strconv.ParseFloat(r[2], 64)
+		rewards = append(rewards, export.Reward{RolloutID: id, AttemptID: attempt, SequenceID: seq, Name: r[1], Value: v, Source: r[3]})
+	}
+	return total, rewards, nil
+}
+
+// fillRolloutPage lays out one page of an attempt's calls (every choice,
+// in order; prev, when set, the call the previous page ended with) and
+// their rewards; e, when set, adds the automatic intermediate rewards the
+// trainer bridge would compute (unless stored ones already say so), here
+// over the page's calls.
+func fillRolloutPage(p *rolloutPage, prev *export.Call, page []export.Call, rewards []export.Reward, e *air.Engine) {
+	steps := map[uint64][]rewardView{}
+	for _, r := range rewards {
 		rv := rewardView{Name: r.Name, Source: r.Source, Value: strconv.FormatFloat(r.Value, 'f', -1, 64), Seq: r.SequenceID,
 			AIR: len(r.Source) > 4 && r.Source[:4] == "air_"}
 		if r.SequenceID == 0 {
@@ -147,24 +277,14 @@ func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int, e
 	}
 	var calls []export.Call
 	choices := map[uint64]int{}
-	for _, c := range det.Calls {
-		if c.AttemptID != attempt {
-			continue
-		}
+	for _, c := range page {
 		choices[c.SequenceID]++
 		if c.ChoiceIndex == 0 {
 			calls = append(calls, c)
 		}
 	}
-	sort.SliceStable(calls, func(i, j int) bool { return calls[i].SequenceID < calls[j].SequenceID })
 	if e != nil {
-		var all []export.Call
-		for _, c := range det.Calls {
-			if c.AttemptID == attempt {
-				all = append(all, c)
-			}
-		}
-		for _, r := range e.Evaluate(all, 0) {
+		for _, r := range e.Evaluate(page, 0) {
 			stored := false
 			for _, have := range steps[r.SequenceID] {
 				stored = stored || have.Source == r.Source
@@ -175,15 +295,15 @@ func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int, e
 			}
 		}
 	}
-	p.Total = len(calls)
 	shown := 0 // request messages already shown, plus the replies
 	var prevMsgs []string
+	if prev != nil {
+		prevMsgs = rawOf(gjson.Get(prev.RequestBody, "messages").Array())
+		shown = len(prevMsgs) + 1
+	}
 	for i, c := range calls {
 		msgs := gjson.Get(c.RequestBody, "messages").Array()
-		raw := make([]string, len(msgs))
-		for k, m := range msgs {
-			raw[k] = m.Raw
-		}
+		raw := rawOf(msgs)
 		cv := callView{Call: c, OK: c.Error == "" && c.HTTPStatus < 300, Rewards: steps[c.SequenceID], OtherChoices: choices[c.SequenceID] - 1}
 		if c.EndTimeUnixNano > c.StartTimeUnixNano {
 			cv.Duration = c.EndTimeUnixNano - c.StartTimeUnixNano
@@ -192,9 +312,9 @@ func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int, e
 			cv.MergeBreak, cv.MergeWhy = true, why
 		}
 		start := 0
-		if i > 0 && extends(raw, prevMsgs) {
+		if (i > 0 || prev != nil) && extends(raw, prevMsgs) {
 			start = min(shown, len(raw))
-		} else if i > 0 {
+		} else if i > 0 || prev != nil {
 			cv.Rewritten = true
 		}
 		if len(msgs) == 0 {
@@ -207,14 +327,17 @@ func buildRolloutPage(id, attempt string, det *export.RolloutDetail, from int, e
 		}
 		cv.Reply = replyView(c.ResponseMessage)
 		shown, prevMsgs = len(raw)+1, raw
-		if i >= from && i < from+maxCallsShown {
-			p.Calls = append(p.Calls, cv)
-		}
+		p.Calls = append(p.Calls, cv)
 	}
-	if from+maxCallsShown < len(calls) {
-		p.Next = from + maxCallsShown
+}
+
+// rawOf is the raw JSON of each message.
+func rawOf(msgs []gjson.Result) []string {
+	raw := make([]string, len(msgs))
+	for k, m := range msgs {
+		raw[k] = m.Raw
 	}
-	return p
+	return raw
 }
 
 // extends says whether msgs continues prev: prev's messages come first,

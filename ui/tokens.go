@@ -138,20 +138,16 @@ func (s *Server) findCall(ctx *fasthttp.RequestCtx, rolloutID, seqStr string) (*
 		s.fail(ctx, fasthttp.StatusBadRequest, "Bad attempt id: "+err.Error()+".")
 		return nil, "", false
 	}
-	choice := uint32(ctx.QueryArgs().GetUintOrZero("choice"))
+	choice := ctx.QueryArgs().GetUintOrZero("choice")
+	if choice < 0 || choice > math.MaxUint32 {
+		choice = 0
+	}
 	qctx, cancel := s.queryCtx(ctx)
 	defer cancel()
-	calls, err := s.store.Calls(qctx, export.CallFilter{RolloutID: rolloutID, AttemptID: attempt})
+	found, err := s.store.Call(qctx, export.CallKey{RolloutID: rolloutID, AttemptID: attempt, SequenceID: seq, ChoiceIndex: uint32(choice)})
 	if err != nil {
 		s.storeFailed(ctx, "call", err)
 		return nil, "", false
-	}
-	var found *export.Call
-	for i := range calls {
-		c := &calls[i]
-		if c.SequenceID == seq && c.ChoiceIndex == choice && (found == nil || c.StartTimeUnixNano > found.StartTimeUnixNano) {
-			found = c
-		}
 	}
 	if found == nil {
 		s.fail(ctx, fasthttp.StatusNotFound, fmt.Sprintf("Call %d (choice %d) of rollout %q was not found in the store.", seq, choice, rolloutID))
@@ -169,12 +165,12 @@ func (s *Server) serveRaw(ctx *fasthttp.RequestCtx, rolloutID, seqStr string) {
 	}
 	ctx.SetContentType("text/plain; charset=utf-8")
 	ctx.Response.Header.Set("Content-Disposition", "inline")
-	var b []byte
+	// Written into the response buffer part by part: the row read is the
+	// only other copy of the bodies.
 	for _, part := range []struct{ name, body string }{{"request_body", c.RequestBody}, {"response_message", c.ResponseMessage},
 		{"response_body", c.ResponseBody}, {"error", c.Error}} {
-		b = append(b, "== "+part.name+" ==\n"...)
-		b = append(b, part.body...)
-		b = append(b, "\n\n"...)
+		ctx.Response.AppendBodyString("== " + part.name + " ==\n")
+		ctx.Response.AppendBodyString(part.body)
+		ctx.Response.AppendBodyString("\n\n")
 	}
-	ctx.SetBody(b)
 }

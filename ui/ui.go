@@ -117,7 +117,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.fail(ctx, fasthttp.StatusMethodNotAllowed, "The viewer is read-only: only GET and HEAD are served.")
 		return
 	}
-	path := string(ctx.Path())
+	// Route on the path as sent, unescaped once per segment below (Path()
+	// is unescaped already: a second unescape would turn "a%2541" into
+	// "aA"). A path that only reaches /ui once normalised ("/x/../ui")
+	// is no viewer page.
+	path := string(ctx.URI().PathOriginal())
+	if path != "/ui" && !strings.HasPrefix(path, "/ui/") {
+		s.fail(ctx, fasthttp.StatusNotFound, "No such page: ask for /ui and the paths under it as they are linked.")
+		return
+	}
 	rest := strings.TrimPrefix(path, "/ui")
 	if rest == "" || rest == "/" || rest == "/rollouts" {
 		s.serveList(ctx)

@@ -65,7 +65,7 @@ func getJSON(t *testing.T, url string) gjson.Result {
 	return gjson.Parse(b.String())
 }
 
-func waitUntil(t *testing.T, what string, limit time.Duration, f func() bool) {
+func waitUntil(t testing.TB, what string, limit time.Duration, f func() bool) {
 	t.Helper()
 	testenv.WaitFor(t, limit, func() string { return what }, f)
 }

@@ -421,7 +421,7 @@ func (s *Server) listRollouts(ctx *fasthttp.RequestCtx) {
 	if limit > 0 {
 		c, cancel := storeCtx()
 		defer cancel()
-		list, err := s.d.Queue.ListStatuses(c, statuses, int(min(limit, 10000)))
+		list, err := s.d.Queue.ListStatuses(c, statuses, int(min(limit, maxTerminalPage)))
 		if err != nil {
 			s.storeError(ctx, "listing rollouts", err)
 			return
@@ -432,6 +432,10 @@ func (s *Server) listRollouts(ctx *fasthttp.RequestCtx) {
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
+
+// maxTerminalPage bounds the items of one GET /api/rollouts/terminal page
+// (a larger limit is clamped to it, as GET /api/rollouts clamps its own).
+const maxTerminalPage = 10000
 
 // terminal serves GET /api/rollouts/terminal?after=0&limit=1000: the log
 // of rollouts that entered a final state, by position.
@@ -444,7 +448,9 @@ func (s *Server) terminal(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	after, limit = max(after, 0), max(limit, 1)
+	// AGL's own bounds (<0 -> 0, <1 -> 1), and at most maxTerminalPage
+	// items a page: next_after pages on.
+	after, limit = max(after, 0), min(max(limit, 1), maxTerminalPage)
 	c, cancel := storeCtx()
 	defer cancel()
 	total, err := s.d.Queue.Completed(c)

@@ -15,18 +15,7 @@ import (
 // nativeSelectList is the select list of cols for the native reader: every
 // column as stored, the columns omit names as empty strings.
 func nativeSelectList[R any](cols []export.Column[R], omit func(string) bool) string {
-	var b strings.Builder
-	for i, c := range cols {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		if omit != nil && omit(c.Name) {
-			b.WriteString("'' AS " + c.Name)
-		} else {
-			b.WriteString(c.Name)
-		}
-	}
-	return b.String()
+	return export.SelectList(cols, omit)
 }
 
 // readNative runs the SELECT body on the native reader and calls f with each
@@ -214,6 +203,8 @@ func appendLiteral(b *strings.Builder, v any) error {
 		b.WriteString(strconv.Itoa(v))
 	case uint64:
 		b.WriteString(strconv.FormatUint(v, 10))
+	case uint32:
+		b.WriteString(strconv.FormatUint(uint64(v), 10))
 	case int64:
 		b.WriteString(strconv.FormatInt(v, 10))
 	case clickhouse.GroupSet:

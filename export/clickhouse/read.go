@@ -163,7 +163,18 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
 	var out []export.Call
-	err := s.readCalls(ctx, q, export.ReadOptions{}, args, func(c *export.Call) { out = append(out, *c) })
+	err := s.readCalls(ctx, q, f.Omit, args, func(c *export.Call) { out = append(out, *c) })
+	return out, err
+}
+
+// Call reads the row k names: the latest started when several match (an
+// attempt not named, or a row written twice), nil when none does. PREWHERE
+// on the sorting key's columns: only the granules of that call are read.
+func (s *Store) Call(ctx context.Context, k export.CallKey) (*export.Call, error) {
+	where, args := k.Conditions()
+	var out *export.Call
+	err := s.readCalls(ctx, "FROM llm_calls PREWHERE "+where+" ORDER BY start_time_unix_nano DESC, span_id DESC LIMIT 1",
+		export.ReadOptions{}, args, func(c *export.Call) { out = c })
 	return out, err
 }
 
@@ -255,6 +266,15 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 	return m[rolloutID], nil
 }
 
+// ReadRollout is Rollout without what opt leaves out.
+func (s *Store) ReadRollout(ctx context.Context, rolloutID string, opt export.ReadOptions) (*export.RolloutDetail, error) {
+	m, err := s.Rollouts(ctx, []string{rolloutID}, opt)
+	if err != nil {
+		return nil, err
+	}
+	return m[rolloutID], nil
+}
+
 // Rollouts is Rollout for many rollouts in three queries (one per table), for
 // readers such as the trainer bridge that would otherwise pay a round trip
 // per rollout, without the columns opt leaves out. Every id gets a detail,
@@ -296,13 +316,16 @@ func (s *Store) Rollouts(ctx context.Context, ids []string, opt export.ReadOptio
 		of    []int32 // index in ids of each call's rollout
 		count = make([]int, len(ids)+1)
 	)
-	err := s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
-		opt, []any{in}, func(c *export.Call) {
-			if k, ok := at[c.RolloutID]; ok {
-				calls, of = append(calls, c), append(of, int32(k))
-				count[k+1]++
-			}
-		})
+	var err error
+	if !opt.NoCalls {
+		err = s.readCalls(ctx, "FROM llm_calls PREWHERE rollout_id IN ?",
+			opt, []any{in}, func(c *export.Call) {
+				if k, ok := at[c.RolloutID]; ok {
+					calls, of = append(calls, c), append(of, int32(k))
+					count[k+1]++
+				}
+			})
+	}
 	if err != nil {
 		return nil, err
 	}

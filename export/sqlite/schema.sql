@@ -21,6 +21,9 @@ CREATE TABLE IF NOT EXISTS rollouts (
 {{columns "rollouts"}},
     PRIMARY KEY (rollout_id, attempt_id)
 );
+-- The viewer's live list asks for the latest update (a change since its
+-- last look) every 2 s per open tab: an index answers without a scan.
+CREATE INDEX IF NOT EXISTS rollouts_by_update ON rollouts (updated_unix_nano);
 
 -- Agent spans received over OTLP (POST /v1/traces). Extra table.
 CREATE TABLE IF NOT EXISTS agent_spans (

@@ -332,7 +332,7 @@ func renderValue(v any) string {
 // sequence id and choice.
 func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, error) {
 	where, args := f.Conditions()
-	q := "SELECT " + export.CallTable.Names() + " FROM llm_calls"
+	q := "SELECT " + export.SelectList(export.CallTable.Columns, f.Omit.Omits) + " FROM llm_calls"
 	if where != "" {
 		q += " WHERE " + where
 	}
@@ -340,7 +340,24 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 	if f.Limit > 0 {
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	return s.readCalls(ctx, q, args)
+}
+
+// Call reads the row k names: the latest started when several match (an
+// attempt not named), nil when none does.
+func (s *Store) Call(ctx context.Context, k export.CallKey) (*export.Call, error) {
+	where, args := k.Conditions()
+	calls, err := s.readCalls(ctx, "SELECT "+export.CallTable.Names()+" FROM llm_calls WHERE "+where+
+		" ORDER BY start_time_unix_nano DESC, span_id DESC LIMIT 1", args)
+	if err != nil || len(calls) == 0 {
+		return nil, err
+	}
+	return &calls[0], nil
+}
+
+// readCalls runs query, which selects the columns of export.CallTable.
+func (s *Store) readCalls(ctx context.Context, query string, args []any) ([]export.Call, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read llm_calls: %w", err)
 	}
@@ -362,6 +379,12 @@ func (s *Store) Calls(ctx context.Context, f export.CallFilter) ([]export.Call, 
 // Rollout reads the rollout's attempts (one row each, the latest), its
 // calls and its rewards. An unknown rollout gives an empty detail, not an error.
 func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutDetail, error) {
+	return s.ReadRollout(ctx, rolloutID, export.ReadOptions{})
+}
+
+// ReadRollout is Rollout without what opt leaves out (attempts are always
+// read: one row each).
+func (s *Store) ReadRollout(ctx context.Context, rolloutID string, opt export.ReadOptions) (*export.RolloutDetail, error) {
 	d := &export.RolloutDetail{}
 	rows, err := s.db.QueryContext(ctx, "SELECT "+export.RolloutTable.Names()+
 		" FROM rollouts WHERE rollout_id = ? ORDER BY attempt_id", rolloutID)
@@ -381,8 +404,10 @@ func (s *Store) Rollout(ctx context.Context, rolloutID string) (*export.RolloutD
 		return nil, fmt.Errorf("sqlite: read rollouts: %w", err)
 	}
 
-	if d.Calls, err = s.Calls(ctx, export.CallFilter{RolloutID: rolloutID}); err != nil {
-		return nil, err
+	if !opt.NoCalls {
+		if d.Calls, err = s.Calls(ctx, export.CallFilter{RolloutID: rolloutID, Omit: opt}); err != nil {
+			return nil, err
+		}
 	}
 
 	rows, err = s.db.QueryContext(ctx, "SELECT "+export.RewardTable.Names()+

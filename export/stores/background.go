@@ -232,6 +232,15 @@ func (b *Background) Calls(ctx context.Context, f export.CallFilter) ([]export.C
 	return s.Calls(ctx, f)
 }
 
+// Call implements export.Store.
+func (b *Background) Call(ctx context.Context, k export.CallKey) (*export.Call, error) {
+	s, err := b.get()
+	if err != nil {
+		return nil, err
+	}
+	return s.Call(ctx, k)
+}
+
 // Rollout implements export.Store.
 func (b *Background) Rollout(ctx context.Context, rolloutID string) (*export.RolloutDetail, error) {
 	s, err := b.get()
@@ -239,6 +248,15 @@ func (b *Background) Rollout(ctx context.Context, rolloutID string) (*export.Rol
 		return nil, err
 	}
 	return s.Rollout(ctx, rolloutID)
+}
+
+// ReadRollout implements export.Store.
+func (b *Background) ReadRollout(ctx context.Context, rolloutID string, opt export.ReadOptions) (*export.RolloutDetail, error) {
+	s, err := b.get()
+	if err != nil {
+		return nil, err
+	}
+	return s.ReadRollout(ctx, rolloutID, opt)
 }
 
 // Rollouts implements export.BulkRolloutReader.

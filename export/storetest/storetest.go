@@ -26,6 +26,7 @@ func Run(t *testing.T, open func(t *testing.T) export.Store) {
 	}{
 		{"RoundTrip", testRoundTrip},
 		{"CallFilter", testCallFilter},
+		{"CallByKey", testCallByKey},
 		{"RolloutLatestWins", testRolloutLatestWins},
 		{"RolloutUnknown", testRolloutUnknown},
 		{"Query", testQuery},
@@ -247,6 +248,74 @@ func testCallFilter(t *testing.T, s export.Store) {
 	all, err := s.Calls(ctx, export.CallFilter{})
 	if err != nil || len(all) != len(calls) {
 		t.Fatalf("Calls() = %d rows, %v; want %d", len(all), err, len(calls))
+	}
+}
+
+// testCallByKey reads single calls by (rollout, attempt, sequence id,
+// choice), the latest started when the attempt is not named, and a page of
+// an attempt's calls from a sequence id without their bodies.
+func testCallByKey(t *testing.T, s export.Store) {
+	ctx := context.Background()
+	var calls []export.Call
+	for _, a := range []string{"a1", "a2"} {
+		for seq := uint64(1); seq <= 3; seq++ {
+			for choice := uint32(0); choice < 2; choice++ {
+				c := FullCall("rk", a, seq, choice)
+				c.SpanID = fmt.Sprintf("span-rk-%s-%d-%d", a, seq, choice)
+				c.StartTimeUnixNano = seq*1000 + uint64(choice)
+				if a == "a2" {
+					c.StartTimeUnixNano += 1_000_000
+				}
+				calls = append(calls, c)
+			}
+		}
+	}
+	calls = append(calls, FullCall("rk'x", "a1", 2, 0))
+	write(t, s, &export.Batch{Calls: calls})
+	f := func(k export.CallKey, want string) {
+		t.Helper()
+		got, err := s.Call(ctx, k)
+		switch {
+		case err != nil:
+			t.Fatalf("Call(%+v): %v", k, err)
+		case want == "" && got != nil:
+			t.Fatalf("Call(%+v) = span %q, want none", k, got.SpanID)
+		case want != "" && (got == nil || got.SpanID != want):
+			t.Fatalf("Call(%+v) = %+v, want span %q", k, got, want)
+		}
+	}
+	f(export.CallKey{RolloutID: "rk", AttemptID: "a1", SequenceID: 2, ChoiceIndex: 1}, "span-rk-a1-2-1")
+	f(export.CallKey{RolloutID: "rk", SequenceID: 3}, "span-rk-a2-3-0") // a2 started later
+	f(export.CallKey{RolloutID: "rk", AttemptID: "a1", SequenceID: 4}, "")
+	f(export.CallKey{RolloutID: "rk", AttemptID: "a3", SequenceID: 1}, "")
+	f(export.CallKey{RolloutID: "rk'x", SequenceID: 2}, calls[len(calls)-1].SpanID)
+	got, err := s.Call(ctx, export.CallKey{RolloutID: "rk", AttemptID: "a1", SequenceID: 1})
+	if err != nil || got == nil {
+		t.Fatalf("Call: %v, %v", got, err)
+	}
+	want := calls[0]
+	if d := diffCall(*got, want); d != "" {
+		t.Errorf("Call read back differs: %s", d)
+	}
+	page, err := s.Calls(ctx, export.CallFilter{RolloutID: "rk", AttemptID: "a2", FromSequence: 2, Limit: 3,
+		Omit: export.ReadOptions{NoRequestBody: true, NoResponseBody: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spans []string
+	for _, c := range page {
+		spans = append(spans, c.SpanID)
+		if c.RequestBody != "" || c.ResponseBody != "" || c.ResponseMessage == "" || len(c.PromptTokenIDs) == 0 {
+			t.Errorf("%s: bodies not omitted or other columns lost (request %d bytes, response %d, message %d, %d prompt ids)",
+				c.SpanID, len(c.RequestBody), len(c.ResponseBody), len(c.ResponseMessage), len(c.PromptTokenIDs))
+		}
+	}
+	if w := "span-rk-a2-2-0 span-rk-a2-2-1 span-rk-a2-3-0"; strings.Join(spans, " ") != w {
+		t.Errorf("page from sequence 2 = %v, want %s", spans, w)
+	}
+	d, err := s.ReadRollout(ctx, "rk", export.ReadOptions{NoCalls: true})
+	if err != nil || len(d.Calls) != 0 {
+		t.Errorf("ReadRollout(NoCalls): %v, %d calls, want none", err, len(d.Calls))
 	}
 }
 

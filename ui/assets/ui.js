@@ -10,8 +10,14 @@
   function refresh() {
     if (busy || document.hidden) return;
     busy = true;
-    fetch(url, { credentials: "same-origin", cache: "no-store" })
-      .then(function (r) { return r.ok ? r.text() : null; })
+    // v: the store version the rows were read at; the server answers 204
+    // while nothing was stored since (one cheap query, not the list's).
+    fetch(url + "&v=" + encodeURIComponent(table.dataset.version || ""), { credentials: "same-origin", cache: "no-store" })
+      .then(function (r) {
+        if (r.status !== 200) return null;
+        table.dataset.version = r.headers.get("X-Rollgate-Version") || "";
+        return r.text();
+      })
       .then(function (html) {
         if (!html) return;
         var tpl = document.createElement("template");
