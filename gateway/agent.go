@@ -49,7 +49,7 @@ func (s *Server) serveMounted(ctx *fasthttp.RequestCtx, path []byte) bool {
 			continue
 		}
 		agent := m.o.AgentPrefix != "" && strings.HasPrefix(string(path), m.o.AgentPrefix)
-		if !agent && s.guarded(ctx, surface{open: m.o.Open, refuse: m.o.Refuse}) {
+		if !agent && s.guarded(ctx, surface{open: m.o.Open, refuse: m.o.Refuse, credential: m.o.Credential}) {
 			return true
 		}
 		m.h(ctx)

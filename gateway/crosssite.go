@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"fmt"
 	"mime"
 	"net"
@@ -65,13 +66,17 @@ type MountOptions struct {
 	// Refuse writes the refusal in the surface's error style; nil answers
 	// OpenAI-style.
 	Refuse Refuser
+	// Credential names the setting that gives the surface a credential,
+	// for refusals to name as a fix ("": ROLLGATE_ADMIN_TOKEN).
+	Credential string
 }
 
 // surface is how one group of routes is guarded.
 type surface struct {
-	open      bool    // answers without a credential: check it
-	navigable bool    // pages: a top-level GET navigation from another site is served
-	refuse    Refuser // nil: OpenAI-style
+	open       bool    // answers without a credential: check it
+	navigable  bool    // pages: a top-level GET navigation from another site is served
+	refuse     Refuser // nil: OpenAI-style
+	credential string  // what to set to need a credential instead ("": ROLLGATE_ADMIN_TOKEN)
 }
 
 // hostPolicy says which Host names the routes without a credential serve.
@@ -184,10 +189,13 @@ func hostOnly(h string) string {
 	return h
 }
 
-// crossSiteFix is how every refusal ends: what to change.
+// crossSiteFix ends every refusal: why, and what to change. %s is the
+// surface's credential.
 const crossSiteFix = " This route answers without a credential, so it serves only this machine's own clients (no web page, no rebound name). " +
-	"To reach it by another name add it to --allowed-hosts (allowed_hosts, ROLLGATE_ALLOWED_HOSTS), " +
-	"or set ROLLGATE_ADMIN_TOKEN (AGL's routes: agl.key) and send it."
+	"To reach it by another name add that name to --allowed-hosts (allowed_hosts, ROLLGATE_ALLOWED_HOSTS), or set %s and send it."
+
+// adminCredential is the credential of /api/v1 and /ui, named in refusals.
+const adminCredential = "ROLLGATE_ADMIN_TOKEN"
 
 // guarded answers ctx with a refusal, counted, and returns true when sf is
 // open and ctx is a cross-site request or names a foreign Host; otherwise it
@@ -208,7 +216,7 @@ func (s *Server) guarded(ctx *fasthttp.RequestCtx, sf surface) bool {
 			s.plainError(ctx, status, "permission_error", msg)
 		}
 	}
-	refuse(ctx, fasthttp.StatusForbidden, msg+crossSiteFix)
+	refuse(ctx, fasthttp.StatusForbidden, msg+fmt.Sprintf(crossSiteFix, cmp.Or(sf.credential, adminCredential)))
 	return true
 }
 

@@ -102,9 +102,13 @@ func TestCrossSiteRefusedWithoutToken(t *testing.T) {
 	want := map[string]float64{}
 	for _, d := range drills {
 		status, body, _ := exchange(t, d.method, base+d.path, d.body, d.hdr...)
-		if status != 403 || !strings.Contains(body, d.style) || !strings.Contains(body, "--allowed-hosts") || !strings.Contains(body, "ROLLGATE_ADMIN_TOKEN") {
-			t.Errorf("%s: %s %s answered %d %s; want 403 in the surface's error style naming --allowed-hosts and ROLLGATE_ADMIN_TOKEN",
-				d.name, d.method, d.path, status, truncateForLog(body))
+		credential := "ROLLGATE_ADMIN_TOKEN"
+		if d.style == aglErr {
+			credential = "--agl-key"
+		}
+		if status != 403 || !strings.Contains(body, d.style) || !strings.Contains(body, "--allowed-hosts") || !strings.Contains(body, credential) {
+			t.Errorf("%s: %s %s answered %d %s; want 403 in the surface's error style naming --allowed-hosts and %s",
+				d.name, d.method, d.path, status, truncateForLog(body), credential)
 		}
 		want[d.reason]++
 	}
@@ -172,7 +176,8 @@ func TestCrossSiteRefusedWithoutToken(t *testing.T) {
 // TestAllowedHostsAndAdminToken: --allowed-hosts adds names the admin
 // surfaces are served to (flag over ROLLGATE_ALLOWED_HOSTS over the file's
 // allowed_hosts), a bad entry stops serve naming the setting, and with
-// ROLLGATE_ADMIN_TOKEN set no Origin, Host or content-type check applies.
+// ROLLGATE_ADMIN_TOKEN set (AGL's routes: agl.key) no Origin, Host or
+// content-type check applies.
 func TestAllowedHostsAndAdminToken(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "rollgate.yaml")
@@ -198,7 +203,7 @@ func TestAllowedHostsAndAdminToken(t *testing.T) {
 	}
 
 	addr = freeAddr(t)
-	cmd = exec.Command(binary, "serve", "--listen", addr, "--db", filepath.Join(dir, "r3.db"), "--agl", "--agl-model-name", "policy")
+	cmd = exec.Command(binary, "serve", "--listen", addr, "--db", filepath.Join(dir, "r3.db"), "--agl", "--agl-model-name", "policy", "--agl-key", "agl-secret")
 	cmd.Env = append(os.Environ(), "ROLLGATE_ADMIN_TOKEN=admin-secret")
 	logs = startCmd(t, cmd, addr)
 	base = "http://" + addr
@@ -212,6 +217,10 @@ func TestAllowedHostsAndAdminToken(t *testing.T) {
 		if status, body, _ := exchange(t, d.method, base+d.path, d.body, hostile...); status != 200 {
 			t.Errorf("with the admin token, %s %s from a foreign origin and Host as text/plain: %d %s, want 200 as before", d.method, d.path, status, truncateForLog(body))
 		}
+	}
+	// AGL's routes with its key: as before too.
+	if status, body, _ := exchange(t, "POST", base+"/api/rollouts", `[{"input":{}}]`, append([]string{"x-api-key", "agl-secret"}, hostile[2:]...)...); status != 201 {
+		t.Errorf("with AGL's key, POST /api/rollouts from a foreign origin and Host as text/plain: %d %s, want 201 as before", status, truncateForLog(body))
 	}
 	if status, body, _ := exchange(t, "POST", base+"/api/v1/resume", ""); status != 401 {
 		t.Errorf("with the admin token, POST /api/v1/resume without it: %d %s, want 401", status, body)

@@ -109,7 +109,8 @@ func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
 // /proxy/rollout/..., which is agent traffic and serves any Host as the
 // gateway's own agent routes do.
 func (s *Server) Mount() {
-	o := gateway.MountOptions{Open: s.cfg.Key == "", AgentPrefix: "/proxy/rollout/", Refuse: detail}
+	o := gateway.MountOptions{Open: s.cfg.Key == "", AgentPrefix: "/proxy/rollout/", Refuse: detail,
+		Credential: "agl.key (--agl-key, ROLLGATE_AGL_KEY)"}
 	s.gw.Mount("/api/", s.Handle, o)
 	s.gw.Mount("/proxy/", s.Handle, o)
 }
