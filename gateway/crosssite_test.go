@@ -3,6 +3,8 @@ package gateway
 import (
 	"fmt"
 	"net"
+	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -151,4 +153,42 @@ func TestAllowedHostsRefusesURLs(t *testing.T) {
 	if !p.allows("rebind.attacker.example", nil) {
 		t.Error(`allowed_hosts "*" must serve every Host`)
 	}
+}
+
+// FuzzCrossSiteHost: whenever the guard serves a Host (or an Origin built
+// from it), net/url reads a loopback or allowed host from it too: no
+// spelling of a foreign name slips past hostOnly and hostIP.
+//
+//	go test -run '^$' -fuzz FuzzCrossSiteHost -fuzztime 30s ./gateway/
+func FuzzCrossSiteHost(f *testing.F) {
+	for _, h := range []string{"localhost:8000", "[::1]:80", "::1", "evil.example", "127.0.0.1.evil.example", "LOCALHOST.",
+		"[::ffff:127.0.0.1]", "[fe80::1", "a:b:c", "localhost@evil.example", "evil.example:localhost", "trainer.internal",
+		"[fe80::1%25eth0]:80", "127.1", "0x7f.0.0.1", "2130706433", "localhost%2eevil"} {
+		f.Add(h)
+	}
+	hosts, err := newHostPolicy(&Config{Listen: "127.0.0.1:8000", AllowedHosts: []string{"trainer.internal"}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	s := &Server{hosts: hosts}
+	local := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8000}
+	reference := func(hostname string) bool {
+		name := strings.TrimSuffix(strings.ToLower(hostname), ".")
+		if ip, err := netip.ParseAddr(name); err == nil {
+			return ip.Unmap().IsLoopback()
+		}
+		return name == "localhost" || name == "trainer.internal"
+	}
+	f.Fuzz(func(t *testing.T, host string) {
+		u, err := url.Parse("http://" + host + "/")
+		if err != nil || u.Host != host || u.User != nil {
+			return // not a host a client could send and a URL parser agree on
+		}
+		if s.hosts.allows(hostOnly(host), local) && !reference(u.Hostname()) {
+			t.Fatalf("Host %q served, but net/url reads host %q", host, u.Hostname())
+		}
+		if s.originAllowed("http://"+host, local) && !reference(u.Hostname()) {
+			t.Fatalf("Origin http://%s accepted, but net/url reads host %q", host, u.Hostname())
+		}
+	})
 }
