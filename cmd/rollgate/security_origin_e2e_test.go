@@ -8,41 +8,23 @@ package main
 // working; with the admin token set nothing changes.
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 )
 
 // exchange sends one request to url with the headers hdr (name, value
-// pairs; "Host" sets the Host header) and returns status, body and headers.
+// pairs, as gatewaytest.Do: a body is JSON unless they say otherwise,
+// "Host" sets the Host header) and returns status, body and headers.
 func exchange(t *testing.T, method, url, body string, hdr ...string) (int, string, http.Header) {
 	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		if strings.EqualFold(hdr[i], "Host") {
-			req.Host = hdr[i+1]
-			continue
-		}
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	return r.StatusCode, string(b), r.Header
+	r := gatewaytest.Do(t, method, url, body, hdr...)
+	return r.Status, string(r.Body), r.Header
 }
 
 // crossSiteDrill is one request a web page (or a rebound name) could make.
@@ -86,7 +68,7 @@ func TestCrossSiteRefusedWithoutToken(t *testing.T) {
 			[]string{"Content-Type", "application/x-www-form-urlencoded"}, apiErr, "content_type"},
 		{"multipart reward", "POST", "/api/v1/rollouts/r1/rewards", "--x\r\n\r\n{\"value\":1}\r\n--x--\r\n",
 			[]string{"Content-Type", "multipart/form-data; boundary=x"}, apiErr, "content_type"},
-		{"a JSON body without a content type", "POST", "/api/v1/resources", `{"resources":{"p":1}}`, nil, apiErr, "content_type"},
+		{"a JSON body without a content type", "POST", "/api/v1/resources", `{"resources":{"p":1}}`, []string{"Content-Type", ""}, apiErr, "content_type"},
 		{"a huge text/plain body", "POST", "/api/v1/rollouts", `{"task_id":` + strings.Repeat("[", 4<<20),
 			[]string{"Content-Type", "text/plain;charset=UTF-8"}, apiErr, "content_type"},
 		{"AGL rollouts as text/plain", "POST", "/api/rollouts", `[{"input":{}}]`, []string{"Content-Type", "text/plain"}, aglErr, "content_type"},
