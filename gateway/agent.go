@@ -17,15 +17,17 @@ import (
 // /v1/traces and /api/v1/ come first) with h. A compatibility surface such
 // as Agent Lightning's (controlplane/agl: /api/rollouts..., /proxy/...)
 // mounts itself here and hands its model calls back to ProxyAgent. Call it
-// before Serve; the first matching prefix wins.
-func (s *Server) Mount(prefix string, h fasthttp.RequestHandler) {
+// before Serve; the first matching prefix wins. o says whether the surface
+// answers without a credential: the gateway then refuses cross-site
+// requests and foreign Hosts on it, outside o.AgentPrefix (crosssite.go).
+func (s *Server) Mount(prefix string, h fasthttp.RequestHandler, o MountOptions) {
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
 	var next []mount
 	if old := s.mounts.Load(); old != nil {
 		next = append(next, *old...)
 	}
-	next = append(next, mount{prefix: prefix, h: h})
+	next = append(next, mount{prefix: prefix, h: h, o: o})
 	s.mounts.Store(&next)
 }
 
@@ -33,6 +35,7 @@ func (s *Server) Mount(prefix string, h fasthttp.RequestHandler) {
 type mount struct {
 	prefix string
 	h      fasthttp.RequestHandler
+	o      MountOptions
 }
 
 // serveMounted answers path with a mounted handler, if one matches.
@@ -42,10 +45,15 @@ func (s *Server) serveMounted(ctx *fasthttp.RequestCtx, path []byte) bool {
 		return false
 	}
 	for _, m := range *ms {
-		if strings.HasPrefix(string(path), m.prefix) {
-			m.h(ctx)
+		if !strings.HasPrefix(string(path), m.prefix) {
+			continue
+		}
+		agent := m.o.AgentPrefix != "" && strings.HasPrefix(string(path), m.o.AgentPrefix)
+		if !agent && s.guarded(ctx, surface{open: m.o.Open, refuse: m.o.Refuse, credential: m.o.Credential}) {
 			return true
 		}
+		m.h(ctx)
+		return true
 	}
 	return false
 }

@@ -117,6 +117,15 @@ type Config struct {
 	// /api/v1 write routes (backends, pause/resume, rollouts, rewards, status).
 	// Set it through the environment (ROLLGATE_ADMIN_TOKEN), not a file.
 	AdminToken string `yaml:"-"`
+	// AllowedHosts are the names (or IP addresses) besides loopback ones
+	// (localhost, 127.0.0.0/8, ::1), the listen and public address and the
+	// address a connection came in on, that the routes answering without a
+	// credential serve in the Host header and accept in Origin: /api/v1 and
+	// /ui without AdminToken, Agent Lightning's /api and /proxy without its
+	// key. Other Hosts and cross-site requests get 403 there (DNS rebinding,
+	// pages the operator opens; see crosssite.go). "*" serves every Host.
+	// Agent routes serve any Host. Default: none.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 	// UpstreamKeys is the allow-list of upstream API keys the runtime API
 	// may use: environment variable name → the backend origins
 	// (scheme://host:port) its value may be sent to. Keys named by the

@@ -1,14 +1,19 @@
 package gateway
 
-import "flag"
+import (
+	"flag"
+
+	"github.com/rollgate/rollgate/internal/config"
+)
 
 // RegisterFlags registers a flag for each scalar setting of c on fs, bound
 // to c's field, with the default SetDefaults gives (so the default is
 // written once, there); registering writes the defaults into c. The flag
 // of a setting is named after its YAML key unless it predates this rule
 // (--max-body-bytes is max_request_body_bytes). Backends, ClientKeys and
-// UpstreamKeys are lists: they come from the YAML file (and the runtime
-// API, and ROLLGATE_CLIENT_KEYS) only.
+// UpstreamKeys are lists of structures: they come from the YAML file (and
+// the runtime API, and ROLLGATE_CLIENT_KEYS) only; AllowedHosts, a list of
+// names, is also a comma-separated flag.
 //
 // InjectLogprobs is the exception to "the zero Config is the default": the
 // flag's default is on, since a gateway that captures for training wants
@@ -17,6 +22,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	d := *c
 	d.SetDefaults()
 	fs.StringVar(&c.Listen, "listen", d.Listen, "address to serve on")
+	config.StringListVar(fs, &c.AllowedHosts, "allowed-hosts", "comma-separated host names or IP addresses, besides loopback ones and the listen and public address, "+
+		"that /api/v1, /ui and Agent Lightning's routes serve when they answer without a credential (no ROLLGATE_ADMIN_TOKEN; no agl.key): any other Host, and any cross-site request, gets 403 there "+
+		"(DNS rebinding, web pages the operator opens); agent routes serve any Host; \"*\" = every Host")
 	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "base URL agents reach the gateway at, used in returned base_url (default http://LISTEN)")
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-body-bytes", d.MaxRequestBodyBytes, "largest request body accepted; larger ones get 413")
 	fs.IntVar(&c.MaxResponseBodyBytes, "max-response-body-bytes", d.MaxResponseBodyBytes, "largest non-streamed backend response accepted; a larger one is a 502")

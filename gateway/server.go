@@ -52,6 +52,8 @@ type Server struct {
 	storeStatus func() StoreStatus      // /readyz's store fields; nil = none
 	control     ControlPlane            // /api/v1 and /v1/traces; nil = 404
 	ui          fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
+	uiRefuse    Refuser                 // the viewer's error page (SetUI)
+	hosts       hostPolicy              // Hosts the routes without a credential serve (crosssite.go)
 	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (agent.go)
 	mountMu     sync.Mutex
 	force       *rewrite.ForceSet // Config.Force; nil = none
@@ -89,6 +91,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.clientKeys = keys
+	if s.hosts, err = newHostPolicy(&s.cfg); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if cfg.DetokCheck != "" && cfg.DetokCheck != "engine" {
 		tk, err := hf.LoadFile(cfg.DetokCheck)
 		if err != nil {
@@ -240,6 +245,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.models(ctx)
 		return
 	case "/metrics":
+		if !s.readOnly(ctx, path) {
+			return
+		}
 		s.metricsHandler(ctx)
 		return
 	case "/v1/traces":
@@ -253,9 +261,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.control.ServeTraces(ctx, string(attr.rolloutID), string(attr.attemptID))
 		return
 	case "/healthz", "/readyz":
-		if !ctx.IsGet() && !ctx.IsHead() {
-			ctx.Response.Header.Set("Allow", "GET, HEAD")
-			s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use GET")
+		if !s.readOnly(ctx, path) {
 			return
 		}
 		if string(path) == "/readyz" {
@@ -266,11 +272,19 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	}
+	// Every route without a credential is guarded here, before its
+	// surface reads the request (crosssite.go).
 	if len(path) >= 8 && string(path[:8]) == "/api/v1/" && s.control != nil {
+		if s.guarded(ctx, surface{open: s.cfg.AdminToken == ""}) {
+			return
+		}
 		s.control.ServeAPI(ctx, string(path[7:]))
 		return
 	}
 	if s.ui != nil && isUIPath(path) {
+		if s.guarded(ctx, surface{open: s.cfg.AdminToken == "", navigable: true, refuse: s.uiRefuse}) {
+			return
+		}
 		s.ui(ctx)
 		return
 	}
@@ -278,6 +292,18 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
+}
+
+// readOnly answers 405 to a method other than GET and HEAD on a
+// monitoring route (open to every caller, so it changes nothing) and
+// reports whether the request may be served.
+func (s *Server) readOnly(ctx *fasthttp.RequestCtx, path []byte) bool {
+	if ctx.IsGet() || ctx.IsHead() {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", "GET, HEAD")
+	s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use GET")
+	return false
 }
 
 // writeDeadline bounds the write of the response about to be sent (and,

@@ -103,10 +103,7 @@ func New(store export.Store, cfg Config) (*Server, error) {
 // Handle answers a request whose path starts with /ui.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Response.Header
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cache-Control", "no-store")
+	setPageHeaders(h)
 	if !s.authorized(ctx) {
 		h.Set("WWW-Authenticate", `Basic realm="rollgate", charset="UTF-8"`)
 		s.fail(ctx, fasthttp.StatusUnauthorized, "This viewer needs the gateway's admin token: give it as the password (any user name), or as Authorization: Bearer.")
@@ -152,6 +149,24 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	default:
 		s.fail(ctx, fasthttp.StatusNotFound, "No such page. The viewer has /ui (rollouts), /ui/rollouts/{id}, /ui/rollouts/{id}/calls/{sequence_id} and /ui/groups/{group_id}.")
 	}
+}
+
+// Refuse answers a request the gateway refused before the viewer saw it
+// (gateway.Refuser: a cross-site request, a foreign Host) with the viewer's
+// error page and headers.
+func (s *Server) Refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
+	setPageHeaders(&ctx.Response.Header)
+	s.fail(ctx, status, msg)
+}
+
+// setPageHeaders sets the headers of every answer of the viewer: a CSP that
+// allows nothing but its own assets and no framing, no sniffing, no
+// referrer, no caching.
+func setPageHeaders(h *fasthttp.ResponseHeader) {
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
 }
 
 // splitPath splits an escaped path after /ui into its unescaped segments,

@@ -124,6 +124,7 @@ func TestEveryFileSettingHasAFlag(t *testing.T) {
 func TestServeConfigPrecedence(t *testing.T) {
 	file := `
 listen: 127.0.0.1:7001
+allowed_hosts: [file.example]
 inject_logprobs: false
 retries: -1
 idle_timeout: 45s
@@ -169,14 +170,16 @@ redact:
 		{"environment over file", map[string]string{
 			"ROLLGATE_LISTEN": "127.0.0.1:7002", "ROLLGATE_INJECT_LOGPROBS": "true", "ROLLGATE_SPOOL_MAX_BYTES": "2000",
 			"ROLLGATE_CAPTURE_WAL_SYNC_INTERVAL": "5s", "ROLLGATE_OTLP_HEADERS": "authorization=env", "ROLLGATE_TASK_LEASE": "3m",
+			"ROLLGATE_ALLOWED_HOSTS": "env.example, env2.example",
 		}, nil, nil},
-		{"flag over environment over file", map[string]string{"ROLLGATE_LISTEN": "127.0.0.1:7002", "ROLLGATE_SEQUENCE_RETENTION": "1h"},
-			[]string{"--listen", "127.0.0.1:7003", "--sequence-retention", "2h", "--capture-wal", "--otlp-headers", "authorization=flag", "--idle-timeout", "1s"}, nil},
+		{"flag over environment over file", map[string]string{"ROLLGATE_LISTEN": "127.0.0.1:7002", "ROLLGATE_SEQUENCE_RETENTION": "1h", "ROLLGATE_ALLOWED_HOSTS": "env.example"},
+			[]string{"--listen", "127.0.0.1:7003", "--sequence-retention", "2h", "--capture-wal", "--otlp-headers", "authorization=flag", "--idle-timeout", "1s",
+				"--allowed-hosts", "flag.example"}, nil},
 	}
 	fileWant := map[string]string{
-		"file":                            "127.0.0.1:7001 false -1 45s ./rollgate.db 48h0m0s 1000 10 false 0s 2m0s collector:4318 0.5 http map[authorization:file]",
-		"environment over file":           "127.0.0.1:7002 true -1 45s ./rollgate.db 48h0m0s 2000 10 false 5s 3m0s collector:4318 0.5 http map[authorization:env]",
-		"flag over environment over file": "127.0.0.1:7003 false -1 1s ./rollgate.db 2h0m0s 1000 10 true 0s 2m0s collector:4318 0.5 http map[authorization:flag]",
+		"file":                            "127.0.0.1:7001 false -1 45s ./rollgate.db 48h0m0s 1000 10 false 0s 2m0s collector:4318 0.5 http map[authorization:file] [file.example]",
+		"environment over file":           "127.0.0.1:7002 true -1 45s ./rollgate.db 48h0m0s 2000 10 false 5s 3m0s collector:4318 0.5 http map[authorization:env] [env.example env2.example]",
+		"flag over environment over file": "127.0.0.1:7003 false -1 1s ./rollgate.db 2h0m0s 1000 10 true 0s 2m0s collector:4318 0.5 http map[authorization:flag] [flag.example]",
 	}
 	path := filepath.Join(t.TempDir(), "rollgate.yaml")
 	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
@@ -205,7 +208,7 @@ redact:
 	all := func(c *fileConfig) string {
 		return str(c.Gateway.Listen, c.Gateway.InjectLogprobs, c.Gateway.Retries, c.Gateway.IdleTimeout, c.Store.DB,
 			c.Sequences.Retention, c.Spool.MaxBytes, c.Capture.Pipeline.QueueSize, c.Capture.WALOn,
-			c.Capture.WAL.SyncInterval, c.Queue.Lease, c.OTLP.Endpoint, c.OTLP.GatewaySampleRatio, c.OTLP.Protocol, c.OTLP.Headers)
+			c.Capture.WAL.SyncInterval, c.Queue.Lease, c.OTLP.Endpoint, c.OTLP.GatewaySampleRatio, c.OTLP.Protocol, c.OTLP.Headers, c.Gateway.AllowedHosts)
 	}
 	for _, r := range withFile {
 		run(r, append([]string{"--config", path}, r.args...), fileWant[r.name], all)

@@ -293,6 +293,7 @@ func TestUpstreamKeysStayWithTheirBackends(t *testing.T) {
 	logs := startCmd(t, cmd, addr)
 	put := func(doc string) (int, string) {
 		req, _ := http.NewRequest("PUT", "http://"+addr+"/api/v1/backends", strings.NewReader(doc))
+		req.Header.Set("Content-Type", "application/json") // a body without one is refused with no admin token
 		r, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

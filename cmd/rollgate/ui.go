@@ -44,7 +44,7 @@ func (c uiConfig) mount(srv *gateway.Server, store export.Store, adminToken stri
 	if err != nil {
 		return err
 	}
-	srv.SetUI(v.Handle)
+	srv.SetUI(v.Handle, v.Refuse)
 	return nil
 }
 

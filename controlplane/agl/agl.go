@@ -45,8 +45,8 @@ type Gateway interface {
 	ProxyAgent(ctx *fasthttp.RequestCtx, ac gateway.AgentCall)
 	// RegisterRollout records a rollout's task id for its captured calls.
 	RegisterRollout(rolloutID, taskID string)
-	// Mount serves a path prefix with a handler.
-	Mount(prefix string, h fasthttp.RequestHandler)
+	// Mount serves a path prefix with a handler, guarded as o says.
+	Mount(prefix string, h fasthttp.RequestHandler, o gateway.MountOptions)
 }
 
 var _ Gateway = (*gateway.Server)(nil)
@@ -103,10 +103,16 @@ func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
 }
 
 // Mount serves the surface on the gateway: /api/ (below /api/v1, which stays
-// rollgate's) and /proxy/.
+// rollgate's) and /proxy/. Without a key the surface answers without a
+// credential, so the gateway refuses cross-site requests and foreign Hosts
+// on it (gateway/crosssite.go), except on the agents' model route
+// /proxy/rollout/..., which is agent traffic and serves any Host as the
+// gateway's own agent routes do.
 func (s *Server) Mount() {
-	s.gw.Mount("/api/", s.Handle)
-	s.gw.Mount("/proxy/", s.Handle)
+	o := gateway.MountOptions{Open: s.cfg.Key == "", AgentPrefix: "/proxy/rollout/", Refuse: detail,
+		Credential: "agl.key (--agl-key, ROLLGATE_AGL_KEY)"}
+	s.gw.Mount("/api/", s.Handle, o)
+	s.gw.Mount("/proxy/", s.Handle, o)
 }
 
 // Handle serves one request of the surface.

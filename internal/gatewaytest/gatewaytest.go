@@ -162,7 +162,10 @@ type Resp struct {
 	Body   []byte
 }
 
-// Do sends a request to base+path with optional headers (pairs of name, value).
+// Do sends a request to base+path with optional headers (pairs of name,
+// value). A body is sent as application/json unless the headers say
+// otherwise; a header with an empty value is not sent (Content-Type, ""
+// sends a body without one), and "Host" sets the Host header.
 func Do(t *testing.T, method, url, body string, headers ...string) Resp {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
@@ -173,7 +176,14 @@ func Do(t *testing.T, method, url, body string, headers ...string) Resp {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
+		switch {
+		case strings.EqualFold(headers[i], "Host"):
+			req.Host = headers[i+1]
+		case headers[i+1] == "":
+			req.Header.Del(headers[i])
+		default:
+			req.Header.Set(headers[i], headers[i+1])
+		}
 	}
 	r, err := http.DefaultClient.Do(req)
 	if err != nil {

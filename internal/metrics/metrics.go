@@ -19,7 +19,10 @@ type Metrics struct {
 	// CallsRejected counts agent calls refused before they were admitted
 	// (never proxied, never captured, no sequence id), by reason:
 	// unauthenticated, invalid_id, concurrency_limit, paused, sequence_store
-	// (no sequence id could be reserved: the database is down or slow).
+	// (no sequence id could be reserved: the database is down or slow); and
+	// requests to routes that answer without a credential refused as
+	// browser-driven or rebound (gateway/crosssite.go): host, cross_site,
+	// content_type.
 	CallsRejected *prometheus.CounterVec
 	// SequenceEvictions counts (rollout, attempt) entries moved out of the
 	// gateway's in-memory sequence table to keep it within its bounds.
@@ -97,7 +100,7 @@ func New() *Metrics {
 			Name: "rollgate_requests_total", Help: "Proxied requests by model, backend, endpoint and HTTP status returned to the client.",
 		}, []string{"model", "backend", "endpoint", "status"}),
 		CallsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rollgate_calls_rejected_total", Help: "Agent calls refused before they were admitted (not proxied, not captured, no sequence id), by reason.",
+			Name: "rollgate_calls_rejected_total", Help: "Agent calls refused before they were admitted (not proxied, not captured, no sequence id), and requests to routes without a credential refused as cross-site or for their Host (host, cross_site, content_type), by reason.",
 		}, []string{"reason"}),
 		SequenceEvictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rollgate_sequence_evictions_total", Help: "Attempts moved out of the in-memory sequence table to keep it within its bounds (their counters are kept compactly).",
