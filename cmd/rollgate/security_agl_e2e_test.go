@@ -21,26 +21,35 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
+
+// startMock starts the mock engine (the operator's backend) until the
+// test ends and returns its base URL.
+func startMock(t *testing.T) string {
+	t.Helper()
+	ms, url, err := mock.Start(mock.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Shutdown() })
+	return url
+}
 
 // aglStatus sends a request with AGL's key and returns its status and body,
 // whatever they are.
 func aglStatus(t *testing.T, method, url, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-api-key", "agl-key")
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	return r.StatusCode, string(b)
+	r := aglRequest(t, method, url, body)
+	return r.Status, string(r.Body)
+}
+
+// aglRequest sends a request with AGL's key and more headers (name, value,
+// ...).
+func aglRequest(t *testing.T, method, url, body string, headers ...string) gatewaytest.Resp {
+	t.Helper()
+	return gatewaytest.Do(t, method, url, body, append([]string{"x-api-key", "agl-key"}, headers...)...)
 }
 
 // intruder is an OpenAI-compatible endpoint that is not the operator's: it
@@ -62,6 +71,13 @@ func newIntruder(t *testing.T) *intruder {
 	}))
 	t.Cleanup(in.Close)
 	return in
+}
+
+// aglServeArgs are serve's arguments for a gateway on addr and db with the
+// operator's backend upstream and AGL's surface (key "agl-key").
+func aglServeArgs(addr, db, upstream string, more ...string) []string {
+	return append([]string{"serve", "--listen", addr, "--db", db, "--upstream", upstream,
+		"--agl", "--agl-key", "agl-key", "--agl-model-name", "policy"}, more...)
 }
 
 // agentCall is an ordinary agent's call on rollgate's own route.
@@ -98,15 +114,10 @@ func operatorPools(t *testing.T, base string) string {
 // restart does not re-apply the registrations over it. AGL's own proxy
 // route still serves what AGL registered.
 func TestAGLKeyCannotTakeOverOperatorRouting(t *testing.T) {
-	ms, mockURL, err := mock.Start(mock.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.Shutdown()
+	mockURL := startMock(t)
 	in := newIntruder(t)
 	addr, dir := freeAddr(t), t.TempDir()
-	args := []string{"serve", "--listen", addr, "--db", filepath.Join(dir, "rollgate.db"),
-		"--upstream", mockURL, "--agl", "--agl-key", "agl-key", "--agl-model-name", "policy"}
+	args := aglServeArgs(addr, filepath.Join(dir, "rollgate.db"), mockURL)
 	cmd, logs := start(t, addr, "/readyz", args...)
 	base := "http://" + addr
 	want := "*=" + mockURL
@@ -158,15 +169,11 @@ func TestAGLKeyCannotTakeOverOperatorRouting(t *testing.T) {
 // replace the operator's pools at start; an entry the allowed endpoints no
 // longer admit is dropped with a warning naming it (credentials redacted).
 func TestAGLPersistedModelsNeverOverrideOperator(t *testing.T) {
-	ms, mockURL, err := mock.Start(mock.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.Shutdown()
+	mockURL := startMock(t)
 	in := newIntruder(t)
 	addr, dir := freeAddr(t), t.TempDir()
 	db := filepath.Join(dir, "rollgate.db")
-	args := []string{"serve", "--listen", addr, "--db", db, "--upstream", mockURL, "--agl", "--agl-key", "agl-key", "--agl-model-name", "policy"}
+	args := aglServeArgs(addr, db, mockURL)
 	cmd, logs := start(t, addr, "/readyz", args...)
 	stop(t, cmd, logs)
 
@@ -212,15 +219,10 @@ func testenvWaitLog(t *testing.T, logs *syncBuffer, s string) {
 // is refused, and its password never shows in /metrics, llm_calls.backend
 // or the logs.
 func TestAGLEndpointsRestrictedAndCredentialFree(t *testing.T) {
-	ms, mockURL, err := mock.Start(mock.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.Shutdown()
+	mockURL := startMock(t)
 	addr, dir := freeAddr(t), t.TempDir()
 	db := filepath.Join(dir, "rollgate.db")
-	cmd, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--log-level", "debug",
-		"--upstream", mockURL, "--agl", "--agl-key", "agl-key", "--agl-model-name", "policy")
+	cmd, logs := start(t, addr, "/readyz", aglServeArgs(addr, db, mockURL, "--log-level", "debug")...)
 	base := "http://" + addr
 
 	withCreds := strings.Replace(mockURL, "http://", "http://agluser:s3cretpw-7731@", 1)
@@ -279,11 +281,7 @@ func TestAGLAllowedEndpointsSetting(t *testing.T) {
 // of it is stored in the rollout's events. An engine's own JSON error
 // still passes as AGL passes it.
 func TestAGLProxyWithholdsNonEngineAnswers(t *testing.T) {
-	ms, mockURL, err := mock.Start(mock.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.Shutdown()
+	mockURL := startMock(t)
 	const secret = "BANNER-7731"
 	service := func(status int, ctype, body string) string {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -311,8 +309,7 @@ func TestAGLProxyWithholdsNonEngineAnswers(t *testing.T) {
 		}
 	}()
 	addr := freeAddr(t)
-	start(t, addr, "/readyz", "serve", "--listen", addr, "--db", filepath.Join(t.TempDir(), "r.db"), "--upstream", mockURL,
-		"--agl", "--agl-key", "agl-key", "--agl-model-name", "policy", "--agl-retries", "1", "--agl-retry-backoff", "10ms")
+	start(t, addr, "/readyz", aglServeArgs(addr, filepath.Join(t.TempDir(), "r.db"), mockURL, "--agl-retries", "1", "--agl-retry-backoff", "10ms")...)
 	base := "http://" + addr
 	proxy := base + "/proxy/rollout/r1/attempt/0/mode/train/openai/v1/chat/completions"
 	chat := `{"model":"auto","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
@@ -329,17 +326,9 @@ func TestAGLProxyWithholdsNonEngineAnswers(t *testing.T) {
 	} {
 		aglDo(t, "DELETE", base+"/api/models", "", 200)
 		aglDo(t, "POST", base+"/api/models", `[{"model":"policy","endpoint":"`+tc.endpoint+`"}]`, 201)
-		req, _ := http.NewRequest("POST", proxy, strings.NewReader(chat))
-		req.Header.Set("x-api-key", "agl-key")
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(r.Body)
-		r.Body.Close()
-		if r.StatusCode != 502 || strings.Contains(string(b), secret) || r.Header.Get("X-Service-Secret") != "" ||
-			!strings.Contains(string(b), tc.says) {
-			t.Errorf("%s: %d %v %s", tc.name, r.StatusCode, r.Header, b)
+		r := aglRequest(t, "POST", proxy, chat)
+		if b := string(r.Body); r.Status != 502 || strings.Contains(b, secret) || r.Header.Get("X-Service-Secret") != "" || !strings.Contains(b, tc.says) {
+			t.Errorf("%s: %d %v %s", tc.name, r.Status, r.Header, b)
 		}
 	}
 	if _, evs := aglStatus(t, "GET", base+"/api/rollouts/r1/events", ""); strings.Contains(evs, secret) {
@@ -349,16 +338,7 @@ func TestAGLProxyWithholdsNonEngineAnswers(t *testing.T) {
 	aglDo(t, "DELETE", base+"/api/models", "", 200)
 	aglDo(t, "POST", base+"/api/models", `[{"model":"policy","endpoint":"`+mockURL+`"}]`, 201)
 	aglDo(t, "POST", proxy, chat, 200)
-	req, _ := http.NewRequest("POST", proxy, strings.NewReader(chat))
-	req.Header.Set("x-api-key", "agl-key")
-	req.Header.Set("x-mock-fail", "status=400")
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(r.Body)
-	r.Body.Close()
-	if r.StatusCode != 400 || gjson.GetBytes(b, "error.code").Int() != 400 {
-		t.Errorf("an engine's JSON error: %d %s", r.StatusCode, b)
+	if r := aglRequest(t, "POST", proxy, chat, "x-mock-fail", "status=400"); r.Status != 400 || gjson.GetBytes(r.Body, "error.code").Int() != 400 {
+		t.Errorf("an engine's JSON error: %d %s", r.Status, r.Body)
 	}
 }
