@@ -87,7 +87,8 @@ type AgentCall struct {
 	// gateway's routing table, by model.
 	Pool *backends.Pool
 	// EngineAnswersOnly passes on only what an inference engine answers:
-	// a JSON object (any status) or a 2xx event stream. Anything else (an
+	// a JSON object (any status) or, to a call that asked for a stream, a
+	// 2xx event stream. Anything else (an
 	// HTML page, plain text, invalid JSON, something that is not HTTP) is
 	// answered 502 naming the status and content type, never the body,
 	// the headers or the transport error's text, and captured so. For

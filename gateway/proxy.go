@@ -274,7 +274,7 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	status := resp.StatusCode()
 	p.Meta.HTTPStatus = uint16(status)
 	sse := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
-	if opts.engineOnly && !(sse && status < 300) && !jsonContentType(resp.Header.ContentType()) {
+	if opts.engineOnly && !(sse && status < 300 && p.Meta.Stream) && !jsonContentType(resp.Header.ContentType()) {
 		s.withhold(ctx, &c, r, resp, "")
 		return
 	}

@@ -322,6 +322,7 @@ func TestAGLProxyWithholdsNonEngineAnswers(t *testing.T) {
 		{"invalid JSON", service(200, "application/json", `{"admin": "`+secret), "HTTP 200"},
 		{"JSON array", service(200, "application/json", `["`+secret+`"]`), "HTTP 200"},
 		{"event stream error", service(500, "text/event-stream", "data: "+secret+"\n\n"), "HTTP 500"},
+		{"event stream to a call that asked for none", service(200, "text/event-stream", "data: "+secret+"\n\n"), "HTTP 200"},
 		{"not HTTP", "http://" + ln.Addr().String() + "/v1", "not valid HTTP"},
 	} {
 		aglDo(t, "DELETE", base+"/api/models", "", 200)
