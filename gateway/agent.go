@@ -1,13 +1,18 @@
 package gateway
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/openai"
 )
@@ -85,6 +90,20 @@ type AgentCall struct {
 	// (Agent Lightning's proxy policy); after the last attempt the answer
 	// is passed through.
 	RetryStatuses bool
+	// Pool, when set, serves the call whatever model it names: a pool of
+	// the mounting surface's own table (NewMountedBackends). Nil: the
+	// gateway's routing table, by model.
+	Pool *backends.Pool
+	// EngineAnswersOnly passes on only what an inference engine answers:
+	// a JSON object (any status) or, to a call that asked for a stream, a
+	// 2xx event stream. Anything else (an
+	// HTML page, plain text, invalid JSON, something that is not HTTP) is
+	// answered 502 naming the status and content type, never the body,
+	// the headers or the transport error's text, and captured so. For
+	// endpoints that the operator did not configure (Agent Lightning's
+	// registrations): the route must not read other services for its
+	// caller.
+	EngineAnswersOnly bool
 }
 
 // ProxyAgent serves ctx, a POST with an OpenAI body, as the model call ac
@@ -105,7 +124,7 @@ func (s *Server) ProxyAgent(ctx *fasthttp.RequestCtx, ac AgentCall) {
 		path = []byte("/v1/chat/completions")
 	}
 	s.proxyWith(ctx, attr, ac.Endpoint, path, callOptions{force: ac.Force, detail: ac.DetailErrors, onEnd: end, noKeyCheck: true,
-		retries: ac.Retries, backoff: ac.RetryBackoff, retryStatus: ac.RetryStatuses})
+		retries: ac.Retries, backoff: ac.RetryBackoff, retryStatus: ac.RetryStatuses, pool: ac.Pool, engineOnly: ac.EngineAnswersOnly})
 	// A stream ends when fasthttp closes its body (streamBody.CloseWithError
 	// calls finish, which calls onEnd); anything else has ended already.
 	if !ctx.Response.IsBodyStream() {
@@ -119,9 +138,11 @@ type callOptions struct {
 	detail      bool
 	onEnd       func()
 	noKeyCheck  bool
-	retries     int           // > 0: replaces Config.Retries
-	backoff     time.Duration // > 0: replaces Config.RetryBackoff
-	retryStatus bool          // retry 408, 409, 429 and 5xx answers too
+	retries     int            // > 0: replaces Config.Retries
+	backoff     time.Duration  // > 0: replaces Config.RetryBackoff
+	retryStatus bool           // retry 408, 409, 429 and 5xx answers too
+	pool        *backends.Pool // the pool serving the call; nil = by model
+	engineOnly  bool           // AgentCall.EngineAnswersOnly
 }
 
 // maxRetryBackoff bounds the doubling wait between attempts.
@@ -146,4 +167,62 @@ func errorBody(dst []byte, c *call, status int, typ, msg string) []byte {
 		return appendDetail(dst, msg)
 	}
 	return appendError(dst, status, typ, msg)
+}
+
+// withhold answers a call whose backend answered something that is not an
+// inference engine's answer (AgentCall.EngineAnswersOnly): 502 naming the
+// status and the content type, never the body or the headers, captured as
+// an error. why, when set, says what is wrong with the body. It releases
+// resp, the replica and the call's slot.
+func (s *Server) withhold(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstream, resp *fasthttp.Response, why string) {
+	status := resp.StatusCode()
+	ctype := mediaType(resp.Header.ContentType())
+	abortResponse(resp, errWithheld)
+	s.release(r)
+	s.releaseSlot()
+	if why == "" {
+		why = "Content-Type " + ctype
+	}
+	s.log.Warn("a mounted route's backend answered something that is not an inference engine's answer; its body is not passed on",
+		"backend", r.Name(), "status", status, "content_type", ctype, "why", why)
+	s.fail(ctx, c, fasthttp.StatusBadGateway, errUpstream, fmt.Sprintf(
+		"backend %s answered HTTP %d (%s), not an OpenAI-compatible answer (a JSON object, or a 2xx text/event-stream); its body is not passed on",
+		r.Name(), status, why))
+}
+
+// errWithheld closes an upstream answer that withhold does not pass on.
+var errWithheld = errors.New("answer withheld: not an inference engine's answer")
+
+// jsonContentType reports whether a Content-Type is JSON (application/json
+// or a +json type).
+func jsonContentType(ct []byte) bool {
+	mt := mediaType(ct)
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// mediaType is a Content-Type's media type, lower-cased, when it is a
+// plain type/subtype of at most 64 characters; else "unusual" (the value is
+// the other end's, shown in errors).
+func mediaType(ct []byte) string {
+	mt, _, _ := strings.Cut(string(ct), ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	if mt == "" {
+		return "none"
+	}
+	if len(mt) > 64 || strings.Count(mt, "/") != 1 {
+		return "unusual"
+	}
+	for _, c := range mt {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || strings.ContainsRune("/.+-_", c)) {
+			return "unusual"
+		}
+	}
+	return mt
+}
+
+// jsonObject reports whether b is one JSON object (spaces around it
+// allowed).
+func jsonObject(b []byte) bool {
+	t := bytes.TrimSpace(b)
+	return len(t) > 0 && t[0] == '{' && gjson.ValidBytes(t)
 }

@@ -64,3 +64,26 @@ func retryable(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "connection refused") ||
 		strings.Contains(err.Error(), "connection reset")
 }
+
+// transportFailure names the kind of a failed backend call without its
+// text: fasthttp's errors quote what the other end sent (the first line of
+// a non-HTTP answer, the buffer's contents), which a route serving
+// endpoints the operator did not configure must not hand back.
+func transportFailure(err error) string {
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, fasthttp.ErrDialTimeout), errors.As(err, &ne) && ne.Timeout():
+		return "timed out"
+	case errors.Is(err, syscall.ECONNREFUSED), strings.Contains(err.Error(), "connection refused"):
+		return "connection refused"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return "response body too large"
+	case errors.As(err, &oe) && oe.Op == "dial", strings.Contains(err.Error(), "when dialing"):
+		return "could not connect"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF), strings.Contains(err.Error(), "connection reset"):
+		return "connection closed before a complete answer"
+	}
+	return "the answer is not valid HTTP"
+}

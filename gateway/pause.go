@@ -83,7 +83,7 @@ const retryAfterSeconds = 5
 // are held and how many are still in flight upstream.
 func (s *Server) PauseState() PauseView {
 	paused, since, _ := s.pause.state()
-	inflight := s.backends.Load().InFlight()
+	inflight := s.inFlight()
 	v := PauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running"}
 	if paused {
 		v.PausedSince = since.UnixNano()

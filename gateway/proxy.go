@@ -128,7 +128,12 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	}
 	t := s.backends.Load()
 	pl := t.Pool(model)
+	if opts.pool != nil {
+		pl = opts.pool
+	}
 	switch {
+	case pl != nil && string(model) != pl.Model():
+		c.model = s.modelNames.get(model) // a mounted pool serves any name
 	case pl != nil:
 		c.model = pl.Model() // the routed name: no copy per call
 	case t.Wildcard() != nil:
@@ -253,6 +258,9 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		if !retry {
 			status, typ := upstreamStatus(err)
 			msg := fmt.Sprintf("backend %s: %v", r.Name(), err)
+			if opts.engineOnly {
+				msg = fmt.Sprintf("backend %s: %s", r.Name(), transportFailure(err))
+			}
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 				msg = fmt.Sprintf("backend %s: response body larger than %d bytes (raise max_response_body_bytes)", r.Name(), s.cfg.MaxResponseBodyBytes)
 			}
@@ -271,11 +279,15 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	slotHeld = false
 
 	status := resp.StatusCode()
-	ctx.SetStatusCode(status)
-	copyResponseHeaders(ctx, resp)
 	p.Meta.HTTPStatus = uint16(status)
-
-	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+	sse := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+	if opts.engineOnly && !(sse && status < 300 && p.Meta.Stream) && !jsonContentType(resp.Header.ContentType()) {
+		s.withhold(ctx, &c, r, resp, "")
+		return
+	}
+	if sse {
+		ctx.SetStatusCode(status)
+		copyResponseHeaders(ctx, resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ctx.Response.SetBodyStream(s.newStreamBody(&c, resp, inj, r, ctx.Conn()), -1)
@@ -285,6 +297,14 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	// Non-streamed: read the whole body, strip what we injected, send it.
 	var rerr error
 	p.Body, rerr = appendBody(p.Body[:0], resp, s.cfg.MaxResponseBodyBytes)
+	if rerr == nil && opts.engineOnly && !jsonObject(p.Body) {
+		s.withhold(ctx, &c, r, resp, "not a JSON object")
+		return
+	}
+	if rerr == nil {
+		ctx.SetStatusCode(status)
+		copyResponseHeaders(ctx, resp)
+	}
 	if rerr != nil {
 		abortResponse(resp, rerr)
 	} else {

@@ -35,8 +35,11 @@ type Server struct {
 	log      *slog.Logger
 	affinity routeCounters // rollgate_routing_affinity_total by outcome (routing.go)
 
-	backends    *backends.Set   // the routing table and replica health
-	transport   hangupTransport // every backend client's RoundTripper (hangup.go)
+	backends    *backends.Set // the routing table and replica health
+	backendOpts backends.Options
+	health      backends.Health
+	mountedSets atomic.Pointer[[]*backends.Set] // NewMountedBackends: mounted surfaces' own tables
+	transport   hangupTransport                 // every backend client's RoundTripper (hangup.go)
 	seq         sequences
 	texts       interner // task and agent names
 	modelNames  interner // model names sent to a wildcard route
@@ -119,12 +122,13 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream keys: %w", err)
 	}
-	s.backends, err = backends.New(cfg.Backends, backends.Options{Routing: cfg.Routing, LoadFactor: cfg.RoutingLoadFactor,
-		Keys: upstreamKeys, Client: s.backendClients()})
+	s.backendOpts = backends.Options{Routing: cfg.Routing, LoadFactor: cfg.RoutingLoadFactor, Keys: upstreamKeys, Client: s.backendClients()}
+	s.health = backends.Health{Interval: cfg.HealthInterval, UnhealthyAfter: cfg.UnhealthyAfter, Cooldown: cfg.UnhealthyCooldown}
+	s.backends, err = backends.New(cfg.Backends, s.backendOpts)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: routing table: %w", err)
 	}
-	go s.backends.CheckLoop(s.stop, backends.Health{Interval: cfg.HealthInterval, UnhealthyAfter: cfg.UnhealthyAfter, Cooldown: cfg.UnhealthyCooldown})
+	go s.backends.CheckLoop(s.stop, s.health)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	s.srv = &fasthttp.Server{
 		Handler:                       s.Handle,
@@ -152,7 +156,7 @@ func (s *Server) DetokFor(backend string) capture.Detokenizer {
 	case "":
 		return capture.Detokenizer{}
 	case "engine":
-		for r := range s.backends.Load().Named(backend) {
+		for r := range s.named(backend) {
 			if k, ok := r.ResolvedKind(); ok && k == openai.KindVLLM {
 				return capture.Detokenizer{Decode: r.Filler().Detokenize}
 			}
@@ -174,7 +178,7 @@ func (s *Server) FallbackFor(backend string) capture.IDFiller {
 	if s.cfg.DisableTokenizeFallback {
 		return nil
 	}
-	for r := range s.backends.Load().Named(backend) {
+	for r := range s.named(backend) {
 		if f := r.Filler(); f != nil {
 			return f
 		}

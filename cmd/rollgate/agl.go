@@ -21,7 +21,7 @@ func mountAGL(cfg agl.Config, exposed bool, srv *gateway.Server, cp *controlplan
 	}
 	if cfg.Key == "" && exposed {
 		return errors.New("--agl on a non-loopback --listen needs a key (agl.key, --agl-key: AGL's server key, AGL_KEY): " +
-			"without one anyone who reaches the port could register models (the routing table), create rollouts and read every call; " +
+			"without one anyone who reaches the port could register model endpoints for its proxy route, create rollouts and read every call; " +
 			"or pass --insecure-admin to accept that")
 	}
 	s, err := agl.New(cfg, srv, agl.Deps{Queue: q, Store: store, Capture: pipe, Mirror: cp.MirrorChanges, Log: log})

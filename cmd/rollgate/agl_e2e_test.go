@@ -2,8 +2,6 @@ package main
 
 import (
 	"errors"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,22 +16,11 @@ import (
 // aglDo sends a request with AGL's key to the gateway and checks the status.
 func aglDo(t *testing.T, method, url, body string, want int) gjson.Result {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	code, b := aglStatus(t, method, url, body)
+	if code != want {
+		t.Fatalf("%s %s: %d, want %d: %s", method, url, code, want, b)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-api-key", "agl-key")
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	if r.StatusCode != want {
-		t.Fatalf("%s %s: %d, want %d: %s", method, url, r.StatusCode, want, b)
-	}
-	return gjson.ParseBytes(b)
+	return gjson.Parse(b)
 }
 
 // TestAGLRestart runs `rollgate serve --agl` as a process, plays AGL's

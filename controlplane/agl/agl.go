@@ -32,15 +32,18 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // Gateway is what this surface needs of the gateway (*gateway.Server).
 type Gateway interface {
-	// Backends and ReplaceBackends read and swap the routing table
-	// (POST/DELETE /api/models).
+	// Backends is the operator's routing table (its replica hosts are
+	// allowed endpoints by default); this surface never changes it.
 	Backends() gateway.BackendsView
-	ReplaceBackends(backends []gateway.Backend) (gateway.BackendsView, error)
+	// NewMountedBackends makes the surface's own routing table: the models
+	// registered with POST /api/models, served on its proxy route only.
+	NewMountedBackends() (*backends.Set, error)
 	// ProxyAgent serves a model call through the gateway's proxy path.
 	ProxyAgent(ctx *fasthttp.RequestCtx, ac gateway.AgentCall)
 	// RegisterRollout records a rollout's task id for its captured calls.
@@ -71,12 +74,14 @@ type Deps struct {
 type Server struct {
 	cfg   Config
 	force *forceSets
+	allow *allowList
 	gw    Gateway
 	d     Deps
 	log   *slog.Logger
 
 	mu     sync.Mutex
 	models map[string][]aglModel // model name → endpoints, in registration order
+	table  *backends.Set         // models as pools: the proxy route's routing table
 
 	pause pauseState
 }
@@ -87,6 +92,15 @@ func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	allow, err := parseAllowList(cfg.AllowedEndpoints)
+	if err != nil {
+		return nil, fmt.Errorf("%w (agl.allowed_endpoints, --agl-allowed-endpoints)", err)
+	}
+	allow.operatorReplicas = func() []string { return replicaURLs(gw.Backends()) }
+	table, err := gw.NewMountedBackends()
+	if err != nil {
+		return nil, err
+	}
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
@@ -94,7 +108,7 @@ func New(cfg Config, gw Gateway, d Deps) (*Server, error) {
 	if cfg.Key == "" {
 		d.Log.Warn("agl: no key set (agl.key / --agl-key): the Agent Lightning routes answer without authentication")
 	}
-	s := &Server{cfg: cfg, force: force, gw: gw, d: d, log: d.Log, models: map[string][]aglModel{}}
+	s := &Server{cfg: cfg, force: force, allow: allow, gw: gw, d: d, log: d.Log, models: map[string][]aglModel{}, table: table}
 	s.pause.retryAfter = 5
 	if err := s.loadModels(); err != nil {
 		return nil, fmt.Errorf("agl: restoring the models registered before the restart: %w", err)

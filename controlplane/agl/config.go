@@ -44,6 +44,14 @@ type Config struct {
 	// doubled up to 8 s (AGL: 0.5 s, the default).
 	Retries      int           `yaml:"retries"`
 	RetryBackoff time.Duration `yaml:"retry_backoff"`
+	// AllowedEndpoints are the hosts an endpoint registered with POST
+	// /api/models may name: "loopback" (127.0.0.0/8, ::1, localhost),
+	// "replicas" (the hosts of the operator's replicas, any port), IP
+	// addresses, CIDRs (10.0.0.0/8), host names (matched as names, never
+	// resolved) or "*" (any host). Unset: loopback and replicas. An
+	// endpoint outside them is refused with 422; a stored registration
+	// outside them is dropped at start with a warning.
+	AllowedEndpoints []string `yaml:"allowed_endpoints"`
 }
 
 // Field names Config.Force accepts.
@@ -72,6 +80,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	config.StringListVar(fs, &c.Force, "agl-force", "comma-separated fields the proxy route forces, of model,temperature,return_token_ids,logprobs (default all)")
 	fs.IntVar(&c.Retries, "agl-retries", d.Retries, "more attempts a proxied call gets after a transport error or an answer of status 408, 409, 429 or 5xx (as AGL)")
 	fs.DurationVar(&c.RetryBackoff, "agl-retry-backoff", d.RetryBackoff, "wait before a proxied call's first retry, doubled up to 8s (as AGL)")
+	config.StringListVar(fs, &c.AllowedEndpoints, "agl-allowed-endpoints", "comma-separated hosts the endpoints registered with POST /api/models may name: loopback, replicas (the operator's replica hosts), IPs, CIDRs, host names, or * for any (default loopback,replicas)")
 }
 
 // setDefaults fills the zero Retries and RetryBackoff with their defaults.

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
@@ -26,8 +27,12 @@ type aglModel struct {
 }
 
 // postModels serves POST /api/models: upsert by (model, endpoint). The
-// registered endpoints become the routing table's replicas of their model
-// (version → policy_version on every captured row).
+// registered endpoints become the replicas of their model in this
+// surface's own routing table (version → policy_version on every captured
+// row), which serves its proxy route only: the operator's routing table
+// (config file, --upstream, PUT /api/v1/backends) is never changed. An
+// endpoint must be an http(s) URL without credentials on a host
+// agl.allowed_endpoints allows (422 otherwise).
 func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 	body, ok := bodyJSON(ctx, true)
 	if !ok {
@@ -50,6 +55,9 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 				m.Model = v.Str
 			default:
 				m.Endpoint = strings.TrimRight(v.Str, "/")
+				if why := s.allow.check(m.Endpoint); why != "" {
+					errs = append(errs, fieldError{Type: "value_error", Loc: []any{"body", i, k}, Msg: why})
+				}
 			}
 			if !it.IsObject() {
 				break
@@ -90,6 +98,9 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 		invalid(ctx, fieldError{Type: "value_error", Loc: []any{"body"}, Msg: err.Error(), Input: json.RawMessage(body.Raw)})
 		return
 	}
+	for _, m := range list {
+		s.log.Info("agl: model registered (served on the /proxy route only)", "model", m.Model, "endpoint", m.Endpoint, "version", m.Version)
+	}
 	out := list
 	if out == nil {
 		out = []aglModel{}
@@ -98,7 +109,7 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 }
 
 // deleteModels serves DELETE /api/models: every registered model leaves
-// the routing table.
+// this surface's routing table (the operator's is not touched).
 func (s *Server) deleteModels(ctx *fasthttp.RequestCtx) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,46 +120,31 @@ func (s *Server) deleteModels(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"})
 }
 
-// applyModels makes models the routing table's pools of their names: the
-// table's other pools stay as they are; pools of names registered before
-// and not now are removed; persist stores them in the queue's settings.
-// Called with s.mu held.
+// applyModels makes models this surface's routing table (the proxy
+// route's, apart from the operator's); persist stores them in the queue's
+// settings. Called with s.mu held.
 func (s *Server) applyModels(models map[string][]aglModel, persist bool) error {
-	v := s.gw.Backends()
-	var table []gateway.Backend
-	for _, b := range v.Backends {
-		if _, mine := s.models[b.Model]; mine {
-			continue
-		}
-		if _, mine := models[b.Model]; mine {
-			continue
-		}
-		nb := gateway.Backend{Model: b.Model, Routing: b.Routing, LoadFactor: b.LoadFactor}
-		for _, r := range b.Replicas {
-			nb.Replicas = append(nb.Replicas, r.Replica)
-		}
-		table = append(table, nb)
-	}
 	names := make([]string, 0, len(models))
 	for k := range models {
 		names = append(names, k)
 	}
 	sort.Strings(names)
+	var table []backends.Backend
 	for _, name := range names {
-		nb := gateway.Backend{Model: name}
+		nb := backends.Backend{Model: name}
 		for _, m := range models[name] {
-			nb.Replicas = append(nb.Replicas, gateway.Replica{Name: m.Endpoint, URL: m.Endpoint, PolicyVersion: strconv.FormatInt(m.Version, 10)})
+			nb.Replicas = append(nb.Replicas, backends.Replica{Name: m.Endpoint, URL: m.Endpoint, PolicyVersion: strconv.FormatInt(m.Version, 10)})
 		}
 		table = append(table, nb)
 	}
-	if _, err := s.gw.ReplaceBackends(table); err != nil {
+	if err := s.table.Replace(table); err != nil {
 		return err
 	}
 	s.models = models
 	if !persist {
 		return nil
 	}
-	var all []aglModel
+	all := []aglModel{}
 	for _, name := range names {
 		all = append(all, models[name]...)
 	}
@@ -162,7 +158,9 @@ func (s *Server) applyModels(models map[string][]aglModel, persist bool) error {
 // restarted gateway routes the rollouts under way as before.
 const modelsSetting = "agl_models"
 
-// loadModels restores the models registered before a restart.
+// loadModels restores the models registered before a restart into this
+// surface's own table (never over the operator's), dropping with a warning
+// those agl.allowed_endpoints no longer allows.
 func (s *Server) loadModels() error {
 	c, cancel := storeCtx()
 	defer cancel()
@@ -175,12 +173,19 @@ func (s *Server) loadModels() error {
 		return fmt.Errorf("agl: decoding the registered models: %w", err)
 	}
 	models := map[string][]aglModel{}
+	dropped := 0
 	for _, m := range list {
+		if why := s.allow.check(m.Endpoint); why != "" {
+			s.log.Warn("agl: a model registered before the restart is not allowed now; dropped (AGL's trainer registers its models again each step)",
+				"model", m.Model, "endpoint", redactURL(m.Endpoint), "why", why)
+			dropped++
+			continue
+		}
 		models[m.Model] = append(models[m.Model], m)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.applyModels(models, false)
+	return s.applyModels(models, dropped > 0)
 }
 
 // pauseState is AGL's proxy pause: while paused the proxy route answers
@@ -310,10 +315,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 	if len(ctx.PostBody()) == 0 {
 		ctx.Request.SetBodyString("{}")
 	}
-	s.mu.Lock()
-	servers := len(s.models[s.cfg.ModelName])
-	s.mu.Unlock()
-	if servers == 0 {
+	pool := s.table.Load().Pool([]byte(s.cfg.ModelName))
+	if pool == nil {
 		detail(ctx, fasthttp.StatusServiceUnavailable, "No servers available for model '"+s.cfg.ModelName+"'")
 		return
 	}
@@ -338,5 +341,6 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 	}
 	s.gw.ProxyAgent(ctx, gateway.AgentCall{RolloutID: rolloutID, AttemptID: attemptID, Endpoint: ep,
 		Force: s.force.get(mode == "train", ep), DetailErrors: true, Done: func() { s.pause.inflight.Add(-1) },
-		Retries: s.cfg.Retries, RetryBackoff: s.cfg.RetryBackoff, RetryStatuses: true})
+		Retries: s.cfg.Retries, RetryBackoff: s.cfg.RetryBackoff, RetryStatuses: true,
+		Pool: pool, EngineAnswersOnly: true})
 }

@@ -21,6 +21,7 @@ when that is set.
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def _collect(gateway, model, seed0=0):
     rewards = {}
     seed = seed0
     for task_id, prompt in TASKS.items():
-        gw.enqueue([{"task_id": task_id, "input": {"prompt": prompt}} for _ in range(ROLLOUTS_PER_TASK)])
+        gw.enqueue([{"task_id": task_id, "input": {"prompt": prompt}, "lease_s": 3600} for _ in range(ROLLOUTS_PER_TASK)])
         for _ in range(ROLLOUTS_PER_TASK):
             lease = gw.dequeue(worker_id="pytest")
             assert lease is not None, "the queue gave no task"
@@ -68,7 +69,14 @@ def _collect(gateway, model, seed0=0):
             r = _reward(text)
             rewards[lease["rollout_id"]] = r
             gw.reward(lease["rollout_id"], r, attempt_id=lease["attempt_id"])
-            gw.status(lease["rollout_id"], "succeeded", attempt_id=lease["attempt_id"])
+            gw.status(lease["rollout_id"], "succeeded", attempt_id=lease["attempt_id"], worker_id="pytest")
+    # Capture is asynchronous: wait until the store holds every call before
+    # the bridge reads it.
+    deadline = time.monotonic() + 120
+    for r in rewards:
+        while len(gw.rollout(r).get("calls") or []) < 1:
+            assert time.monotonic() < deadline, f"the call of {r} was not stored in 120s"
+            time.sleep(0.05)  # polling the rollout read: the store cannot tell us
     return rewards
 
 
