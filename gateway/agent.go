@@ -9,11 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
@@ -221,8 +221,9 @@ func mediaType(ct []byte) string {
 }
 
 // jsonObject reports whether b is one JSON object (spaces around it
-// allowed).
+// allowed), nested at most jsonscan.MaxDepth deep (gjson.Valid recurses
+// without a bound: an upstream's deep answer must not reach it).
 func jsonObject(b []byte) bool {
 	t := bytes.TrimSpace(b)
-	return len(t) > 0 && t[0] == '{' && gjson.ValidBytes(t)
+	return len(t) > 0 && t[0] == '{' && jsonscan.Validate(t) == nil
 }
