@@ -65,6 +65,14 @@ func retryable(err error) bool {
 		strings.Contains(err.Error(), "connection reset")
 }
 
+// staleConn reports whether a backend call failed because the replica had
+// closed the connection before answering (the connection was closed, or
+// gave EOF or a reset before the first response byte): what a pooled
+// keep-alive connection that the server has since closed does.
+func staleConn(err error) bool {
+	return errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
 // transportFailure names the kind of a failed backend call without its
 // text: fasthttp's errors quote what the other end sent (the first line of
 // a non-HTTP answer, the buffer's contents), which a route serving

@@ -249,6 +249,14 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		}
 		s.release(r)
 		fasthttp.ReleaseResponse(resp)
+		if staleConn(err) {
+			// The replica closed a kept-alive connection that the pool
+			// still held: uvicorn (vLLM's and SGLang's server) closes one
+			// idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default. The
+			// pool's other idle connections are as old, so they go too and
+			// the retry dials afresh instead of meeting the next stale one.
+			r.Client().CloseIdleConnections()
+		}
 		r.MarkFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
 		tried = append(tried, r)
 		retry := attempt < retries && retryable(err) && !time.Now().Add(backoff).After(deadline)
