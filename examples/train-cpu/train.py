@@ -13,10 +13,10 @@ captured call records.
 The task ("secret"): the agent must call the tool get_secret (forced through
 tool_choice, so every episode has a tool call; vLLM produces it with its
 structured output), receives a two-digit number as the tool's result, and must
-answer with that number first. The agent asks for the call up to three
+answer with that number first (1), or at least hold it (0.5), or at least
+start with a digit (0.25; a stepping stone that makes the signal denser). The agent asks for the call up to three
 times when the answer holds no well-formed call; an episode without one fails
-(reward 0). Reward 1 if the answer starts with the number,
-0.5 if it contains it elsewhere, 0 otherwise. The base model copies the
+(reward 0). The base model copies the
 number some of the time and wanders off some of the time (it is in context,
 one token or two away): a skill it has weakly, which a policy gradient can
 sharpen in a few steps of a few dozen episodes.
@@ -61,6 +61,8 @@ def reward_for(answer, secret):
         return 1.0
     if secret in a:
         return 0.5
+    if a[:1].isdigit():
+        return 0.25  # a number first, not the secret: the way there
     return 0.0
 
 
@@ -101,6 +103,7 @@ def episode(lease, policy_model, seed):
             max_tokens=96,
             temperature=1.0,
             seed=seed + 100 * tries,
+            extra_headers={"x-agent-name": "tool-caller"},
         )
         calls = first.choices[0].message.tool_calls or []
     if not calls:
@@ -120,7 +123,8 @@ def episode(lease, policy_model, seed):
     )
     messages.append({"role": "tool", "tool_call_id": call.id, "content": secret})
     second = client.chat.completions.create(
-        model=policy_model, messages=messages, max_tokens=12, temperature=1.0, seed=seed + 1
+        model=policy_model, messages=messages, max_tokens=12, temperature=1.0, seed=seed + 1,
+        extra_headers={"x-agent-name": "answerer"},
     )
     answer = second.choices[0].message.content or ""
     return {"rollout_id": lease["rollout_id"], "attempt_id": lease["attempt_id"], "answer": answer,
@@ -151,6 +155,16 @@ def response_logprobs(model, b):
     return torch.log_softmax(logits, dim=-1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
 
 
+def probe(args):
+    """The engine's logprobs of a fixed greedy answer under the policy: they
+    change when new weights reach vLLM, so each update is checked, not
+    assumed."""
+    out = http_json("POST", args.vllm + "/chat/completions", {
+        "model": args.policy_model, "messages": [{"role": "user", "content": "Say a number."}],
+        "max_tokens": 4, "temperature": 0, "logprobs": True})
+    return [t["logprob"] for t in out["choices"][0]["logprobs"]["content"]]
+
+
 def set_policy(args, gw_url, adapter_dir, version):
     """The weight update: pause rollgate (new calls are held), load the adapter
     into vLLM in place, record the new policy_version in rollgate's routing
@@ -160,6 +174,7 @@ def set_policy(args, gw_url, adapter_dir, version):
     try:
         http_json("POST", args.vllm + "/load_lora_adapter",
                   {"lora_name": args.policy_model, "lora_path": adapter_dir, "load_inplace": True}, timeout=600)
+        # Direct to vLLM, not through rollgate: rollgate holds calls while paused.
         table = http_json("GET", gw_url + "/api/v1/backends", token=args.admin_token)
         pools = []
         for p in table["backends"]:
@@ -287,7 +302,15 @@ def main():
         with torch.no_grad():
             old = response_logprobs(model, b)  # verl's recompute mode: old_log_probs from the trainer
         engine = b["rollout_log_probs"]
-        diff = (old - engine).abs()[mask.bool()].numpy()
+        # Split by turn (the agent names its calls with x-agent-name): the
+        # tool-call turns are sampled under vLLM's structured output, whose
+        # returned logprobs are of the constrained distribution; the answers
+        # are sampled freely.
+        names = data.non_tensor_batch["agent_name"]
+        answer_rows = torch.tensor([n == "answerer" for n in names])
+        d_all = (old - engine).abs()
+        diff = d_all[mask.bool() & answer_rows.unsqueeze(1)].numpy()
+        diff_tool = d_all[mask.bool() & ~answer_rows.unsqueeze(1)].numpy()
         new = response_logprobs(model, b)
         loss, clipfrac, kl, _ = core_algos.compute_policy_loss(old, new, adv, mask, cliprange=0.2, loss_agg_mode="token-mean")
         opt.zero_grad()
@@ -297,7 +320,13 @@ def main():
 
         adapter = os.path.abspath(os.path.join(args.out, "adapters", f"step-{step}"))
         model.save_pretrained(adapter)
+        before = probe(args)
         t_update = set_policy(args, args.gateway, adapter, step)
+        after = probe(args)
+        # The new weights reached the engine: its logprobs of the probe moved.
+        update_delta = max(abs(a - b) for a, b in zip(after, before))
+        if update_delta == 0:
+            sys.exit(f"step {step}: the engine's logprobs did not change after loading {adapter}: the update did not reach vLLM")
 
         rewards = np.array([e["reward"] for e in eps])
         row = {
@@ -307,8 +336,10 @@ def main():
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
             "starts_with_number": float((rewards == 1.0).mean()),
             "logprob_diff_mean": float(diff.mean()), "logprob_diff_p99": float(np.percentile(diff, 99)),
-            "loss": float(loss), "rollout_s": round(t_roll, 1), "train_s": round(t_train, 1),
-            "update_s": round(t_update, 1), "step_s": round(time.monotonic() - t_step, 1),
+            "logprob_diff_max": float(diff.max()),
+            "tool_turn_logprob_diff_mean": float(diff_tool.mean()) if diff_tool.size else None,
+            "loss": float(loss.detach()), "rollout_s": round(t_roll, 1), "train_s": round(t_train, 1),
+            "update_s": round(t_update, 1), "engine_probe_delta": update_delta, "step_s": round(time.monotonic() - t_step, 1),
             "example_answer": eps[0]["answer"],
         }
         rows.append(row)
@@ -317,11 +348,12 @@ def main():
             f.write(json.dumps(row) + "\n")
 
     plot(rows, os.path.join(args.out, "reward.png"))
-    print("\n| step | policy version | mean reward | std | answers starting with the number | mean abs logprob diff (trainer - engine) | p99 | step s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| step | policy version | mean reward | std | answers starting with the number | episodes with a tool call | answer turns: mean abs logprob diff (trainer - engine) | p99 | max | tool-call turns: mean | step s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['step']} | {r['policy_version']} | {r['reward_mean']:.3f} | {r['reward_std']:.3f} | "
-              f"{r['starts_with_number']:.2f} | {r['logprob_diff_mean']:.4f} | {r['logprob_diff_p99']:.3f} | {r['step_s']} |")
+              f"{r['starts_with_number']:.2f} | {r['episodes_with_tool_call']}/{r['episodes']} | {r['logprob_diff_mean']:.4f} | "
+              f"{r['logprob_diff_p99']:.3f} | {r['logprob_diff_max']:.3f} | {r['tool_turn_logprob_diff_mean']:.3f} | {r['step_s']} |")
 
 
 if __name__ == "__main__":
