@@ -121,6 +121,25 @@ func oneFile(t *testing.T, dir, pattern string) string {
 	return m[0]
 }
 
+// lockedGateway is a gateway with a spool and a SQLite store whose write
+// lock the test holds (release ends it), and how to start it again.
+type lockedGateway struct {
+	spoolDir, db, addr string
+	args               []string
+	g                  *exec.Cmd
+	release            func()
+}
+
+func startLocked(t *testing.T) lockedGateway {
+	t.Helper()
+	dir := t.TempDir()
+	d := lockedGateway{spoolDir: filepath.Join(dir, "spool"), db: filepath.Join(dir, "store", "q.db"), addr: freeAddr(t)}
+	d.args = []string{"serve", "--listen", d.addr, "--db", d.db, "--spool-dir", d.spoolDir, "--log-level", "warn"}
+	d.g, _ = start(t, d.addr, "/readyz", d.args...)
+	d.release = lockSQLite(t, d.db)
+	return d
+}
+
 // TestWALDamageKeepsTheRest: SIGKILL with calls waiting in the capture WAL
 // (the store is locked), one flipped byte in the WAL segment, restart:
 // every call but the damaged one is stored, the damage is counted and kept
@@ -129,12 +148,8 @@ func oneFile(t *testing.T, dir, pattern string) string {
 func TestWALDamageKeepsTheRest(t *testing.T) {
 	f := func(name string, where func(size int64) int64) {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			spoolDir, db := filepath.Join(dir, "spool"), filepath.Join(dir, "store", "q.db")
-			addr := freeAddr(t)
-			args := []string{"serve", "--listen", addr, "--db", db, "--spool-dir", spoolDir, "--log-level", "warn"}
-			g, _ := start(t, addr, "/readyz", args...)
-			release := lockSQLite(t, db)
+			d := startLocked(t)
+			spoolDir, db, addr, args, g, release := d.spoolDir, d.db, d.addr, d.args, d.g, d.release
 			const n = 40
 			callMany(t, addr, "wal", n, "hello")
 			// Killed before the spool's direct write times out (5 s): every
@@ -178,12 +193,8 @@ func TestWALDamageKeepsTheRest(t *testing.T) {
 // truncated at the damaged record (the later batches lost) and
 // rollgate_spool_dropped_rows_total stayed 0.
 func TestSpoolDamageKeepsLaterBatches(t *testing.T) {
-	dir := t.TempDir()
-	spoolDir, db := filepath.Join(dir, "spool"), filepath.Join(dir, "store", "q.db")
-	addr := freeAddr(t)
-	args := []string{"serve", "--listen", addr, "--db", db, "--spool-dir", spoolDir, "--log-level", "warn"}
-	g, _ := start(t, addr, "/readyz", args...)
-	release := lockSQLite(t, db)
+	d := startLocked(t)
+	spoolDir, db, addr, args, g, release := d.spoolDir, d.db, d.addr, d.args, d.g, d.release
 	const n = 10
 	records := int64(0)
 	for w := 1; w <= 3; w++ {
