@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,12 +65,18 @@ type Pending struct {
 	walLogged bool
 	walTried  bool // Commit ran (logged or refused)
 	again     bool
+	// rows are the call's rows when it was replayed from a rows record
+	// (walVersionRows): assembled and redacted before the kill.
+	rows []export.Call
 }
 
 // footprint is what a queued call holds in memory, roughly: its bodies,
 // kept payloads and, for a stream, what its assembler has gathered.
 func (p *Pending) footprint() int {
 	n := len(p.Request) + len(p.Body) + len(p.events) + len(p.raw)
+	for i := range p.rows {
+		n += rowBytes(&p.rows[i])
+	}
 	if p.nEvents > 0 {
 		n += p.asm.footprint()
 	}
@@ -138,6 +145,7 @@ func (p *Pending) reset() {
 	p.keepRaw, p.walLogged, p.walTried, p.again = false, false, false, false
 	p.raw, p.rawEnds = p.raw[:0], p.rawEnds[:0]
 	p.wal = walRef{}
+	p.rows = nil
 }
 
 // AddEvent records the data payload of one streamed SSE event. Set Endpoint
@@ -547,22 +555,7 @@ func (p *Pipeline) assemble(calls []*Pending, a *Assembler) rowBatch {
 	var out rowBatch
 	out.tickets = make([]uint64, 0, len(calls))
 	for _, c := range calls {
-		rows := Rows(c, a)
-		p.fill(c, rows)
-		p.checkDetok(rows)
-		p.checkTurn(rows)
-		if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
-			model := metrics.ModelLabel(rows[0].Model)
-			p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
-			p.m.Tokens.WithLabelValues(model, "completion").Add(float64(rows[0].CompletionTokens))
-		}
-		for i := range rows {
-			p.cfg.Redact.Apply(&rows[i], p.redactHit)
-		}
-		for _, row := range rows {
-			p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
-		}
-		p.m.CapturedRows.Add(float64(len(rows)))
+		rows := p.callRows(c, a)
 		for i := range rows {
 			out.bytes += rowBytes(&rows[i])
 		}
@@ -575,6 +568,49 @@ func (p *Pipeline) assemble(calls []*Pending, a *Assembler) rowBatch {
 		releasePending(c)
 	}
 	return out
+}
+
+// callRows assembles, completes, checks and redacts the rows of one call.
+// A panic while doing so (a defect, or a replayed record no build can
+// process) drops the call instead of the process: it is counted in
+// rollgate_capture_dropped_total and logged, and its WAL record is set
+// aside (a quarantine file; see WAL.setAside) so that no restart replays it
+// again.
+func (p *Pipeline) callRows(c *Pending, a *Assembler) (rows []export.Call) {
+	defer func() {
+		if v := recover(); v != nil {
+			err := fmt.Errorf("capture: assembling a call panicked: %v", v)
+			p.m.CaptureDropped.Inc()
+			p.log.Error("capture: call dropped: its assembly panicked", "rollout_id", c.Meta.RolloutID, "span_id", c.Meta.SpanID,
+				"replayed", c.again, "err", err, "stack", string(debug.Stack()))
+			if c.walLogged {
+				p.cfg.WAL.setAside(c.wal, err)
+				c.walLogged = false // acknowledged by setAside
+			}
+			rows = nil
+		}
+	}()
+	if c.rows != nil {
+		rows = c.rows // replayed from a rows record: no raw request or payloads for the fallback
+	} else {
+		rows = Rows(c, a)
+		p.fill(c, rows)
+	}
+	p.checkDetok(rows)
+	p.checkTurn(rows)
+	if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
+		model := metrics.ModelLabel(rows[0].Model)
+		p.m.Tokens.WithLabelValues(model, "prompt").Add(float64(rows[0].PromptTokens))
+		p.m.Tokens.WithLabelValues(model, "completion").Add(float64(rows[0].CompletionTokens))
+	}
+	for i := range rows {
+		p.cfg.Redact.Apply(&rows[i], p.redactHit)
+	}
+	for _, row := range rows {
+		p.m.TokenIDs.WithLabelValues(row.TokenSource).Inc()
+	}
+	p.m.CapturedRows.Add(float64(len(rows)))
+	return rows
 }
 
 func (p *Pipeline) redactHit(rule string) { p.m.Redactions.WithLabelValues(rule).Inc() }

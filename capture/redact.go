@@ -78,6 +78,9 @@ func NewRedactor(rules []RedactRule) (*Redactor, error) {
 	return r, nil
 }
 
+// active reports whether r has rules.
+func (r *Redactor) active() bool { return r != nil && len(r.rules) > 0 }
+
 // Apply redacts row in place and calls hit with the name of each rule that
 // changed something.
 func (r *Redactor) Apply(row *export.Call, hit func(rule string)) {

@@ -1,10 +1,12 @@
 package capture
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -17,6 +19,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollgate/rollgate/capture/spool"
 )
 
 // The write-ahead log (WAL) makes a call recoverable once its answer is on
@@ -54,16 +58,34 @@ import (
 //
 // # Layout
 //
-// WALConfig.Dir holds segment files NNNNNNNNNNNNNNNNNNNN.wal (the 8-byte
-// magic, then records: payload length and CRC-32C, uint32 little endian
-// each, then the payload) and beside each an .ack file of the indices
-// (uint32 little endian) of its acknowledged records. A segment is deleted
+// WALConfig.Dir (mode 0700, checked as the spool folder is: spool.CheckDir)
+// holds segment files NNNNNNNNNNNNNNNNNNNN.wal (the 8-byte magic, then
+// records: payload length and CRC-32C, uint32 little endian each, then the
+// payload) and beside each an .ack file (walAckMagic, then the offsets,
+// uint32 little endian, of its acknowledged records; an .ack file without
+// the magic, written by an earlier release, holds record indices). Files
+// are 0600 and never opened through a symbolic link. A segment is deleted
 // once it is full (a newer one is being written) and all its records are
-// acknowledged. At open, a torn or corrupt record ends its segment and is
-// counted in rollgate_capture_wal_corrupt_records_total.
+// acknowledged.
+//
+// # Damage
+//
+// At open, a damaged region of a segment (a bad magic, length or CRC, a
+// torn tail) is copied to <segment>.<offset>.quarantine beside it, counted
+// in rollgate_capture_wal_corrupt_records_total and logged; the scan
+// resynchronises on the next valid record (spool.ScanRecords), so the
+// records after it are replayed. A record that does not decode at replay,
+// or whose assembly panics, is set aside the same way and acknowledged.
 
 // walMagic starts every WAL segment; its last byte is the format version.
 const walMagic = "RGWAL001"
+
+// walAckMagic starts an .ack file holding record offsets; an .ack file
+// without it (an earlier release) holds record indices.
+const walAckMagic = "RGWALAK2"
+
+// walFrame is how spool.ScanRecords finds the WAL's records.
+var walFrame = spool.RecordFrame{MaxPayload: maxWALRecord, FirstByte: func(b byte) bool { return b == walVersion || b == walVersionRows }}
 
 const (
 	walSuffix    = ".wal"
@@ -114,12 +136,13 @@ func (c *WALConfig) fillDefaults() {
 	if c.SegmentBytes <= 0 {
 		c.SegmentBytes = min(c.MaxBytes/8, 16<<20)
 	}
+	c.SegmentBytes = min(c.SegmentBytes, 1<<31) // record offsets are uint32
 }
 
-// walRef names one record: its segment and its index in that segment.
+// walRef names one record: its segment and its offset in that segment.
 type walRef struct {
 	seg uint64
-	idx uint32
+	off uint32
 }
 
 // walSegment is one segment file and the state of its records.
@@ -129,9 +152,11 @@ type walSegment struct {
 	appended uint32 // records written (or found at open)
 	acked    uint32 // of which acknowledged
 	ackFile  *os.File
-	// recovered: left by an earlier process; acked holds the indices found
-	// in its .ack file, replayed by Replay.
+	// recovered: left by an earlier process; acked holds the offsets found
+	// in its .ack file; offsets, the valid records' offsets, replayed by
+	// replay (nil once replayed).
 	recovered map[uint32]bool
+	offsets   []uint32
 }
 
 // WAL is the capture write-ahead log (see the notes above WALConfig). It is
@@ -181,8 +206,8 @@ func OpenWAL(cfg WALConfig, reg prometheus.Registerer, log *slog.Logger) (*WAL, 
 			}
 		}
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("capture WAL: create %s (check --spool-dir): %w", cfg.Dir, err)
+	if err := spool.CheckDir(cfg.Dir); err != nil {
+		return nil, fmt.Errorf("capture WAL: %w", err)
 	}
 	if err := w.recover(); err != nil {
 		return nil, err
@@ -206,7 +231,7 @@ func (w *WAL) metrics() {
 	w.skippedErr = c("rollgate_capture_wal_skipped_total", skipHelp, prometheus.Labels{"reason": "error"})
 	w.acked = c("rollgate_capture_wal_acked_total", "Write-ahead log records acknowledged: their rows are in the store or the spool.", nil)
 	w.replayed = c("rollgate_capture_wal_replayed_total", "Write-ahead log records an earlier process left unacknowledged, replayed into capture at start.", nil)
-	w.corrupt = c("rollgate_capture_wal_corrupt_records_total", "Write-ahead log records found torn or corrupt at start (the rest of their segment is skipped).", nil)
+	w.corrupt = c("rollgate_capture_wal_corrupt_records_total", "Write-ahead log records or regions found damaged at start, undecodable at replay, or whose assembly panicked: set aside in a quarantine file beside their segment; the other records are replayed.", nil)
 	w.sizeGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "rollgate_capture_wal_bytes", Help: "Size of the capture write-ahead log's segments on disk."})
 }
 
@@ -237,30 +262,9 @@ func (w *WAL) recover() error {
 	pending := 0
 	for _, id := range ids {
 		w.nextID = id + 1
-		b, err := os.ReadFile(w.segPath(id, walSuffix))
+		seg, err := w.recoverSegment(id)
 		if err != nil {
-			return fmt.Errorf("capture WAL: read segment %d: %w", id, err)
-		}
-		seg := &walSegment{id: id, size: int64(len(b)), recovered: map[uint32]bool{}}
-		if !strings.HasPrefix(string(b), walMagic) {
-			w.corrupt.Inc()
-			w.log.Error("capture WAL: segment without its magic header; removed", "segment", id)
-			w.removeFiles(id)
-			continue
-		}
-		var n uint32
-		eachWALRecord(b[len(walMagic):], func([]byte) { n++ }, func(err error) {
-			w.corrupt.Inc()
-			w.log.Error("capture WAL: torn or corrupt record ends its segment", "segment", id, "record", n, "err", err)
-		})
-		seg.appended = n
-		if a, err := os.ReadFile(w.segPath(id, walAckSuffix)); err == nil {
-			for i := 0; i+4 <= len(a); i += 4 {
-				if x := binary.LittleEndian.Uint32(a[i:]); x < n && !seg.recovered[x] {
-					seg.recovered[x] = true
-					seg.acked++
-				}
-			}
+			return err
 		}
 		if seg.acked == seg.appended {
 			w.removeFiles(id)
@@ -277,31 +281,86 @@ func (w *WAL) recover() error {
 	return nil
 }
 
-// eachWALRecord calls f with the payload of every valid record in b, in
-// order, and bad once if a torn or corrupt record ends b early.
-func eachWALRecord(b []byte, f func(payload []byte), bad func(error)) {
-	for len(b) > 0 {
-		if len(b) < walHeader {
-			bad(errors.New("record header truncated"))
-			return
-		}
-		n := binary.LittleEndian.Uint32(b)
-		if n == 0 || n > maxWALRecord {
-			bad(fmt.Errorf("record length %d out of range", n))
-			return
-		}
-		if int64(len(b)-walHeader) < int64(n) {
-			bad(errors.New("record truncated"))
-			return
-		}
-		p := b[walHeader : walHeader+int(n)]
-		if crc32.Checksum(p, walCRC) != binary.LittleEndian.Uint32(b[4:]) {
-			bad(errors.New("checksum mismatch"))
-			return
-		}
-		f(p)
-		b = b[walHeader+int(n):]
+// recoverSegment scans segment id: its valid records, the damaged regions
+// between them (quarantined and counted), and which records its .ack file
+// acknowledges.
+func (w *WAL) recoverSegment(id uint64) (*walSegment, error) {
+	path := w.segPath(id, walSuffix)
+	b, err := spool.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("capture WAL: read segment %d: %w", id, err)
 	}
+	seg := &walSegment{id: id, size: int64(len(b)), recovered: map[uint32]bool{}}
+	r := bytes.NewReader(b)
+	if !strings.HasPrefix(string(b), walMagic) {
+		w.quarantine(path, r, 0, min(int64(len(b)), walHeader), errors.New("segment header is not "+walMagic))
+	}
+	err = spool.ScanRecords(r, walHeader, int64(len(b)), walFrame, func(off, _ int64) {
+		seg.offsets = append(seg.offsets, uint32(off))
+	}, func(off, end int64, why error) {
+		w.quarantine(path, r, off, end, why)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("capture WAL: read segment %d: %w", id, err)
+	}
+	seg.appended = uint32(len(seg.offsets))
+	a, err := spool.ReadFile(w.segPath(id, walAckSuffix))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		w.log.Warn("capture WAL: unreadable .ack file; replaying its segment whole (WriteAgain stores each row once)", "segment", id, "err", err)
+	}
+	legacy := !strings.HasPrefix(string(a), walAckMagic)
+	if !legacy {
+		a = a[len(walAckMagic):]
+	}
+	for i := 0; i+4 <= len(a); i += 4 {
+		x := binary.LittleEndian.Uint32(a[i:])
+		if legacy { // a record index: the x-th valid record
+			if x >= seg.appended {
+				continue
+			}
+			x = seg.offsets[x]
+		} else if _, ok := slices.BinarySearch(seg.offsets, x); !ok {
+			continue
+		}
+		if !seg.recovered[x] {
+			seg.recovered[x] = true
+			seg.acked++
+		}
+	}
+	return seg, nil
+}
+
+// quarantine copies the damaged bytes [off, end) of the segment at path to
+// a quarantine file beside it, counts and logs them.
+func (w *WAL) quarantine(path string, r io.ReaderAt, off, end int64, why error) {
+	w.corrupt.Inc()
+	q := spool.QuarantineName(path, off)
+	if err := spool.Quarantine(q, r, off, end); err != nil {
+		w.log.Error("capture WAL: cannot keep a damaged region aside", "file", path, "offset", off, "err", err)
+		q = ""
+	}
+	w.log.Error("capture WAL: damaged region set aside; the records after it are replayed", "file", path,
+		"offset", off, "bytes", end-off, "quarantine", q, "err", why)
+}
+
+// setAside quarantines the record ref (it does not decode, or its assembly
+// panicked) and acknowledges it, so that no later start replays it again.
+func (w *WAL) setAside(ref walRef, why error) {
+	path := w.segPath(ref.seg, walSuffix)
+	f, err := spool.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		w.corrupt.Inc()
+		w.log.Error("capture WAL: cannot set a record aside", "file", path, "offset", ref.off, "err", err, "why", why)
+	} else {
+		var hdr [walHeader]byte
+		end := int64(ref.off) + walHeader
+		if _, err := f.ReadAt(hdr[:], int64(ref.off)); err == nil {
+			end += int64(binary.LittleEndian.Uint32(hdr[:]))
+		}
+		w.quarantine(path, f, int64(ref.off), end, why)
+		f.Close()
+	}
+	w.ack([]walRef{ref})
 }
 
 func (w *WAL) removeFiles(id uint64) {
@@ -312,7 +371,7 @@ func (w *WAL) removeFiles(id uint64) {
 	}
 }
 
-// Replay calls f, in order, with every record an earlier process left
+// replay calls f, in order, with every record an earlier process left
 // unacknowledged, and its reference for ack. It reads one segment at a
 // time; f must not retain payload.
 func (w *WAL) replay(f func(ref walRef, payload []byte) bool) error {
@@ -322,29 +381,34 @@ func (w *WAL) replay(f func(ref walRef, payload []byte) bool) error {
 	for _, id := range order {
 		w.mu.Lock()
 		seg := w.segs[id]
-		var acked map[uint32]bool
+		var (
+			acked   map[uint32]bool
+			offsets []uint32
+		)
 		if seg != nil {
-			acked = maps.Clone(seg.recovered)
+			acked, offsets = maps.Clone(seg.recovered), seg.offsets
+			seg.offsets = nil
 		}
 		w.mu.Unlock()
 		if seg == nil {
 			continue
 		}
-		b, err := os.ReadFile(w.segPath(id, walSuffix))
+		b, err := spool.ReadFile(w.segPath(id, walSuffix))
 		if err != nil {
 			return fmt.Errorf("capture WAL: read segment %d: %w", id, err)
 		}
-		var idx uint32
-		stop := false
-		eachWALRecord(b[len(walMagic):], func(p []byte) {
-			if !stop && !acked[idx] {
-				w.replayed.Inc()
-				stop = !f(walRef{seg: id, idx: idx}, p)
+		for _, off := range offsets {
+			if acked[off] || int64(off)+walHeader > int64(len(b)) {
+				continue
 			}
-			idx++
-		}, func(error) {})
-		if stop {
-			return nil
+			n := int64(binary.LittleEndian.Uint32(b[off:]))
+			if int64(off)+walHeader+n > int64(len(b)) {
+				continue
+			}
+			w.replayed.Inc()
+			if !f(walRef{seg: id, off: off}, b[int64(off)+walHeader:int64(off)+walHeader+n]) {
+				return nil
+			}
 		}
 	}
 	return nil
@@ -383,7 +447,7 @@ func (w *WAL) append(rec []byte) (walRef, error) {
 		w.sealLocked()
 		return walRef{}, fmt.Errorf("capture WAL: %w", err)
 	}
-	ref := walRef{seg: w.cur.id, idx: w.cur.appended}
+	ref := walRef{seg: w.cur.id, off: uint32(w.cur.size)}
 	w.cur.appended++
 	w.cur.size += n
 	w.bytes += n
@@ -406,7 +470,7 @@ func (w *WAL) warnSkipped(why string, err error) {
 func (w *WAL) rotateLocked() error {
 	w.sealLocked()
 	id := w.nextID
-	f, err := os.OpenFile(w.segPath(id, walSuffix), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := spool.OpenFile(w.segPath(id, walSuffix), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, spool.FileMode)
 	if err != nil {
 		return fmt.Errorf("capture WAL: create segment: %w", err)
 	}
@@ -467,7 +531,7 @@ func (w *WAL) ack(refs []walRef) {
 			}
 			return 1
 		}
-		return int(int64(a.idx) - int64(b.idx))
+		return int(int64(a.off) - int64(b.off))
 	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -480,15 +544,21 @@ func (w *WAL) ack(refs []walRef) {
 		seg := w.segs[refs[i].seg]
 		if seg != nil {
 			buf = buf[:0]
-			for _, r := range refs[i:j] {
-				buf = binary.LittleEndian.AppendUint32(buf, r.idx)
-			}
 			if seg.ackFile == nil {
-				f, err := os.OpenFile(w.segPath(seg.id, walAckSuffix), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				// A new file (an earlier release's, holding indices, is
+				// replaced: its acknowledgements are in seg.recovered).
+				f, err := spool.OpenFile(w.segPath(seg.id, walAckSuffix), os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, spool.FileMode)
 				if err != nil {
 					w.log.Warn("capture WAL: recording acknowledgements failed (their calls are replayed after a kill; WriteAgain stores them once)", "err", err)
 				}
 				seg.ackFile = f
+				buf = append(buf, walAckMagic...)
+				for off := range seg.recovered {
+					buf = binary.LittleEndian.AppendUint32(buf, off)
+				}
+			}
+			for _, r := range refs[i:j] {
+				buf = binary.LittleEndian.AppendUint32(buf, r.off)
 			}
 			if seg.ackFile != nil {
 				_, _ = seg.ackFile.Write(buf)

@@ -27,7 +27,20 @@ import (
 // rebuilt by AddEvent at replay; the payloads are what the backend sent, so
 // no second encoding of the assembled call has to be kept faithful). A
 // non-streamed call has no events and its response in body.
-const walVersion = 1
+//
+// With redaction rules (Config.Redact) the raw form would put on disk what
+// the rules keep out of the store, so the record holds the call's rows
+// instead, assembled and redacted at Commit (appendWALRows):
+//
+//	version byte (walVersionRows)
+//	a spool batch payload holding the rows
+//
+// Replayed, those rows are written as they are: the token-id fallback,
+// which needs the raw request and payloads, does not run for them.
+const (
+	walVersion     = 1
+	walVersionRows = 2
+)
 
 const (
 	walFlagNoBodies = 1
@@ -87,6 +100,22 @@ func appendWALRecord(dst []byte, p *Pending, s *walScratch) []byte {
 		dst = appendWALBytes(dst, p.raw[start:end])
 		start = end
 	}
+	return dst
+}
+
+// appendWALRows appends the framed rows record of p (see walVersionRows) to
+// dst: p's rows (Rows, with a as scratch for a non-streamed response),
+// redacted by r.
+func appendWALRows(dst []byte, p *Pending, a *Assembler, r *Redactor, s *walScratch) []byte {
+	dst = append(dst, make([]byte, walHeader)...)
+	dst = append(dst, walVersionRows)
+	s.batch.Calls = append(s.batch.Calls[:0], Rows(p, a)...)
+	for i := range s.batch.Calls {
+		r.Apply(&s.batch.Calls[i], nil)
+	}
+	dst = spool.AppendBatch(dst, &s.batch)
+	clear(s.batch.Calls)
+	s.batch.Calls = s.batch.Calls[:0]
 	return dst
 }
 
@@ -159,6 +188,17 @@ func (d *walDecoder) bytes(what string) []byte {
 // written by appendWALRecord; streamed payloads are re-assembled with
 // AddEvent. It never panics and copies what p keeps.
 func decodeWALRecord(payload []byte, p *Pending) error {
+	if len(payload) > 0 && payload[0] == walVersionRows {
+		b, err := spool.DecodeBatch(payload[1:])
+		if err != nil {
+			return fmt.Errorf("%w: rows: %w", errWALRecord, err)
+		}
+		if len(b.Calls) == 0 || b.Len() != len(b.Calls) {
+			return fmt.Errorf("%w: rows record holds %d calls of %d rows, want only calls", errWALRecord, len(b.Calls), b.Len())
+		}
+		p.rows, p.Meta = b.Calls, b.Calls[0]
+		return nil
+	}
 	d := walDecoder{b: payload}
 	if v := d.byte("version"); d.err == nil && v != walVersion {
 		return fmt.Errorf("%w: version %d (this build reads %d)", errWALRecord, v, walVersion)

@@ -9,6 +9,7 @@ import (
 type walBuf struct {
 	b []byte
 	s walScratch
+	a Assembler // a non-streamed response's assembly, for a rows record
 }
 
 var walBufs = sync.Pool{New: func() any { return new(walBuf) }}
@@ -41,9 +42,15 @@ func (p *Pipeline) Commit(c *Pending) {
 		c.Meta.EndTimeUnixNano = uint64(time.Now().UnixNano())
 	}
 	wb := walBufs.Get().(*walBuf)
-	wb.b = appendWALRecord(wb.b[:0], c, &wb.s)
+	if p.cfg.Redact.active() {
+		// Nothing the rules keep out of the store reaches the disk: the
+		// record holds the redacted rows, not the raw call.
+		wb.b = appendWALRows(wb.b[:0], c, &wb.a, p.cfg.Redact, &wb.s)
+	} else {
+		wb.b = appendWALRecord(wb.b[:0], c, &wb.s)
+	}
 	ref, err := w.append(wb.b)
-	if cap(wb.b) <= 1<<20 && cap(wb.s.meta) <= 1<<20 {
+	if cap(wb.b) <= 1<<20 && cap(wb.s.meta) <= 1<<20 && wb.a.footprint() <= 1<<20 {
 		walBufs.Put(wb)
 	}
 	if err == nil {
@@ -70,10 +77,8 @@ func (p *Pipeline) ReplayWAL() error {
 	err := w.replay(func(ref walRef, payload []byte) bool {
 		c := AcquirePending()
 		if err := decodeWALRecord(payload, c); err != nil {
-			w.corrupt.Inc()
-			p.log.Error("capture WAL: undecodable record skipped", "segment", ref.seg, "record", ref.idx, "err", err)
 			releasePending(c)
-			w.ack([]walRef{ref})
+			w.setAside(ref, err)
 			return true
 		}
 		c.wal, c.walLogged, c.walTried, c.again = ref, true, true, true

@@ -1,7 +1,6 @@
 package spool
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,11 +29,37 @@ const (
 )
 
 // segment is one segment file: id (its name), size (end of its last valid
-// record) and how many of its records are not yet acknowledged.
+// record), how many of its records are not yet acknowledged, and the
+// damaged regions found in it at open (skipped, their bytes quarantined).
 type segment struct {
 	id      uint64
 	size    int64
 	records int
+	holes   []hole
+}
+
+// hole is a damaged region [off, end) of a segment, between valid records.
+type hole struct{ off, end int64 }
+
+// skipHoles returns off, or the end of the hole starting there.
+func (s *segment) skipHoles(off int64) int64 {
+	for _, h := range s.holes {
+		if h.off == off {
+			off = h.end
+		}
+	}
+	return off
+}
+
+// live is the size of the records from off on (holes excluded).
+func (s *segment) live(off int64) int64 {
+	n := s.size - off
+	for _, h := range s.holes {
+		if h.off >= off {
+			n -= h.end - h.off
+		}
+	}
+	return n
 }
 
 // position names one record: segment id, offset, and length (once read).
@@ -69,12 +94,14 @@ func (d *dirState) segPath(id uint64) string {
 	return filepath.Join(d.path, fmt.Sprintf("%020d%s", id, segSuffix))
 }
 
-// openDir locks dir and recovers its segments: acknowledged ones are
-// deleted, torn or corrupt tails truncated (onCorrupt is called once per
-// discarded record or segment), and the rest counted for replay.
-func openDir(dir string, segBytes int64, onCorrupt func(), log *slog.Logger) (*dirState, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("spool: create directory: %w", err)
+// openDir checks (CheckDir) and locks dir and recovers its segments:
+// acknowledged ones are deleted; a damaged region is copied to a quarantine
+// file and skipped, the records after it kept (onCorrupt is called once per
+// region with the rows it held when they can be told, else 0); a torn tail
+// is truncated; the rest is counted for replay.
+func openDir(dir string, segBytes int64, onCorrupt func(rows int), log *slog.Logger) (*dirState, error) {
+	if err := CheckDir(dir); err != nil {
+		return nil, fmt.Errorf("spool: %w", err)
 	}
 	lock, err := lockDir(filepath.Join(dir, lockName))
 	if err != nil {
@@ -88,7 +115,7 @@ func openDir(dir string, segBytes int64, onCorrupt func(), log *slog.Logger) (*d
 	return d, nil
 }
 
-func (d *dirState) recover(onCorrupt func()) error {
+func (d *dirState) recover(onCorrupt func(rows int)) error {
 	entries, err := os.ReadDir(d.path)
 	if err != nil {
 		return fmt.Errorf("spool: read directory: %w", err)
@@ -136,11 +163,11 @@ func (d *dirState) recover(onCorrupt func()) error {
 			continue
 		}
 		if len(d.segs) == 0 {
-			d.headOff = start
+			d.headOff = seg.skipHoles(start)
 		}
 		d.segs = append(d.segs, seg)
 		d.records += seg.records
-		d.bytes += seg.size - start
+		d.bytes += seg.live(start)
 	}
 	if d.records == 0 {
 		return d.reset()
@@ -148,12 +175,18 @@ func (d *dirState) recover(onCorrupt func()) error {
 	return nil
 }
 
-// scan validates segment id from offset start, truncates it after its last
-// valid record, and returns its unacknowledged records.
-func (d *dirState) scan(id uint64, start int64, onCorrupt func()) (segment, error) {
+// spoolFrame is how ScanRecords finds the spool's records.
+var spoolFrame = RecordFrame{MaxPayload: MaxRecordBytes, FirstByte: func(b byte) bool { return b >= payloadVersionNoGroup && b <= payloadVersion }}
+
+// scan validates segment id from offset start and returns its
+// unacknowledged records. A damaged region between valid records (a bad
+// header, checksum or length; a bad magic) is copied to a quarantine file
+// beside the segment, counted and logged, and skipped: the records after
+// it are kept. A damaged tail (a torn write) is quarantined and truncated.
+func (d *dirState) scan(id uint64, start int64, onCorrupt func(rows int)) (segment, error) {
 	path := d.segPath(id)
 	seg := segment{id: id}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return seg, fmt.Errorf("spool: open segment: %w", err)
 	}
@@ -163,69 +196,83 @@ func (d *dirState) scan(id uint64, start int64, onCorrupt func()) (segment, erro
 		return seg, fmt.Errorf("spool: stat segment: %w", err)
 	}
 	size := info.Size()
-	var magic [len(segmentMagic)]byte
-	if _, err := io.ReadFull(f, magic[:]); err != nil || string(magic[:]) != segmentMagic {
-		if size > 0 {
-			onCorrupt()
-			d.log.Error("spool: segment has no valid header; moved aside", "file", path, "size", size)
-			if err := os.Rename(path, path+".corrupt"); err != nil {
-				return seg, fmt.Errorf("spool: move corrupt segment aside: %w", err)
-			}
+	if size == 0 {
+		return seg, nil // a crash right after creating it: removed by the caller
+	}
+	quarantine := func(off, end int64, why error) {
+		q := QuarantineName(path, off)
+		if err := Quarantine(q, f, off, end); err != nil {
+			d.log.Error("spool: cannot keep a damaged region aside", "file", path, "offset", off, "err", err)
+			q = ""
 		}
-		return seg, nil // an empty file (crash right after creating it) is removed by the caller
+		rows := damagedRows(f, off, end)
+		onCorrupt(rows)
+		d.log.Error("spool: damaged region skipped; the records after it are kept", "file", path,
+			"offset", off, "bytes", end-off, "rows_lost", rows, "quarantine", q, "err", why)
+	}
+	var bad []hole
+	var badWhy []error
+	var magic [len(segmentMagic)]byte
+	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != segmentMagic {
+		bad, badWhy = append(bad, hole{0, min(size, magicLen)}), append(badWhy, errors.New("segment header is not "+segmentMagic))
 	}
 	if start > size {
 		d.log.Warn("spool: acknowledged offset beyond the segment's end; nothing left to replay in it", "file", path, "offset", start, "size", size)
 		start = size
 	}
-	if _, err := f.Seek(start, io.SeekStart); err != nil {
-		return seg, fmt.Errorf("spool: seek segment: %w", err)
-	}
-	br := bufio.NewReaderSize(f, 1<<20)
-	off := start
-	var buf []byte
-	var bad error
-	for off < size {
-		var hdr [recordHeaderSize]byte
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			bad = ErrShortRecord
-			break
-		}
-		n, err := recordLen(hdr[:])
-		if err != nil {
-			bad = err
-			break
-		}
-		if off+int64(n) > size {
-			bad = ErrShortRecord
-			break
-		}
-		buf = append(buf[:0], hdr[:]...)
-		buf = slices.Grow(buf, n)[:n]
-		if _, err := io.ReadFull(br, buf[recordHeaderSize:]); err != nil {
-			bad = fmt.Errorf("spool: read segment: %w", err)
-			break
-		}
-		if err := checkRecord(buf); err != nil {
-			bad = err
-			break
-		}
-		off += int64(n)
+	end := max(start, magicLen)
+	err = ScanRecords(f, max(start, magicLen), size, spoolFrame, func(off, n int64) {
 		seg.records++
+		end = off + n
+	}, func(off, e int64, why error) {
+		if len(bad) == 1 && bad[0].end == off { // the bad magic and what follows it: one region
+			bad[0].end, badWhy[0] = e, fmt.Errorf("%w; %w", badWhy[0], why)
+			return
+		}
+		bad, badWhy = append(bad, hole{off, e}), append(badWhy, why)
+	})
+	if err != nil {
+		return seg, fmt.Errorf("spool: read segment %s: %w", path, err)
 	}
-	if bad != nil {
-		onCorrupt()
-		d.log.Error("spool: torn or corrupt record; truncating the segment there", "file", path,
-			"offset", off, "discarded_bytes", size-off, "err", bad)
-		if err := f.Truncate(off); err != nil {
+	for i, h := range bad {
+		quarantine(h.off, h.end, badWhy[i])
+	}
+	for _, h := range bad {
+		if h.off = max(h.off, magicLen); h.off < h.end && h.off < end {
+			seg.holes = append(seg.holes, h)
+		}
+	}
+	if end < size { // a damaged tail: no record follows it
+		if err := f.Truncate(end); err != nil {
 			return seg, fmt.Errorf("spool: truncate segment: %w", err)
 		}
 		if err := f.Sync(); err != nil {
 			return seg, fmt.Errorf("spool: sync segment: %w", err)
 		}
 	}
-	seg.size = off
+	seg.size = end
 	return seg, nil
+}
+
+// damagedRows is how many rows the damaged region [off, end) of r held,
+// when it is one record whose payload still decodes despite its checksum
+// (a flipped byte in a string); else 0.
+func damagedRows(r io.ReaderAt, off, end int64) int {
+	if end-off <= recordHeaderSize || end-off > 64<<20 {
+		return 0
+	}
+	buf := make([]byte, end-off)
+	if _, err := r.ReadAt(buf, off); err != nil {
+		return 0
+	}
+	if n, err := recordLen(buf); err != nil || int64(n) != end-off {
+		return 0
+	}
+	b, err := DecodeBatch(buf[recordHeaderSize:])
+	if err != nil {
+		return 0
+	}
+	return b.Len()
 }
 
 // head is the position of the oldest unacknowledged record; records > 0.
@@ -270,7 +317,7 @@ func (d *dirState) roll() error {
 	}
 	id := d.nextID
 	path := d.segPath(id)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, FileMode)
 	if err != nil {
 		return fmt.Errorf("create segment: %w", err)
 	}
@@ -304,13 +351,16 @@ func (d *dirState) closeWriter() error {
 }
 
 // read reads and decodes the record at pos (called by the replayer only).
+// A record that cannot be decoded (its checksum held at open) returns an
+// error wrapping ErrCorruptRecord and its length, so that it can be set
+// aside (quarantineRecord) and the records after it replayed.
 func (d *dirState) read(pos position) (*export.Batch, int64, error) {
 	if d.r == nil || d.rID != pos.seg {
 		if d.r != nil {
 			d.r.Close()
 			d.r = nil
 		}
-		f, err := os.Open(d.segPath(pos.seg))
+		f, err := OpenFile(d.segPath(pos.seg), os.O_RDONLY, 0)
 		if err != nil {
 			return nil, 0, fmt.Errorf("open segment: %w", err)
 		}
@@ -330,9 +380,19 @@ func (d *dirState) read(pos position) (*export.Batch, int64, error) {
 	}
 	b, _, err := DecodeRecord(buf)
 	if err != nil {
-		return nil, 0, err
+		return nil, int64(n), err
 	}
 	return b, int64(n), nil
+}
+
+// quarantineRecord copies the record at pos (read failed to decode it) to a
+// quarantine file beside its segment (called by the replayer only).
+func (d *dirState) quarantineRecord(pos position) (string, error) {
+	q := QuarantineName(d.segPath(pos.seg), pos.off)
+	if d.r == nil || d.rID != pos.seg {
+		return "", errors.New("segment not open")
+	}
+	return q, Quarantine(q, d.r, pos.off, pos.off+pos.n)
 }
 
 // ack marks the record at pos (the head) as stored by the sink.
@@ -341,7 +401,7 @@ func (d *dirState) ack(pos position) error {
 	if seg.id != pos.seg || d.headOff != pos.off {
 		return fmt.Errorf("spool: ack of %d@%d but the head is %d@%d", pos.seg, pos.off, seg.id, d.headOff)
 	}
-	d.headOff += pos.n
+	d.headOff = seg.skipHoles(d.headOff + pos.n)
 	seg.records--
 	d.records--
 	d.bytes -= pos.n
@@ -362,7 +422,7 @@ func (d *dirState) skipSegment(id uint64) {
 	}
 	seg := d.segs[0]
 	d.records -= seg.records
-	d.bytes -= seg.size - d.headOff
+	d.bytes -= seg.live(d.headOff)
 	if d.records == 0 {
 		_ = d.reset()
 		return
@@ -380,6 +440,9 @@ func (d *dirState) popHead() error {
 	id := d.segs[0].id
 	d.segs = d.segs[1:]
 	d.headOff = magicLen
+	if len(d.segs) > 0 {
+		d.headOff = d.segs[0].skipHoles(magicLen)
+	}
 	if err := os.Remove(d.segPath(id)); err != nil {
 		return fmt.Errorf("remove segment: %w", err)
 	}
@@ -415,7 +478,7 @@ func (d *dirState) writeAck(id uint64, off int64) error {
 	binary.LittleEndian.PutUint64(b[8:], uint64(off))
 	binary.LittleEndian.PutUint32(b[16:], crc32.Checksum(b[:16], castagnoli))
 	tmp := filepath.Join(d.path, ackTmpName)
-	if err := os.WriteFile(tmp, b[:], 0o644); err != nil {
+	if err := WriteFile(tmp, b[:]); err != nil {
 		return fmt.Errorf("write ack file: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(d.path, ackName)); err != nil {
@@ -425,7 +488,7 @@ func (d *dirState) writeAck(id uint64, off int64) error {
 }
 
 func (d *dirState) readAck() (id uint64, off int64, ok bool) {
-	b, err := os.ReadFile(filepath.Join(d.path, ackName))
+	b, err := ReadFile(filepath.Join(d.path, ackName))
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			d.log.Warn("spool: unreadable ack file; replaying from the oldest segment's start", "err", err)

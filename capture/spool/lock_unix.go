@@ -10,7 +10,7 @@ import (
 // lockDir takes an exclusive advisory lock on path (created if missing); the
 // kernel releases it when the process dies.
 func lockDir(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := OpenFile(path, os.O_CREATE|os.O_RDWR, FileMode)
 	if err != nil {
 		return nil, err
 	}

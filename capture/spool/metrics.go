@@ -34,8 +34,8 @@ func newCollectors(reg prometheus.Registerer, sink string) (*collectors, error) 
 		maxBytes:       g("rollgate_spool_max_bytes", "Configured spool capacity in bytes (--spool-max-bytes)."),
 		spilledRows:    c("rollgate_spool_spilled_rows_total", "Rows written to the spool because the sink failed, was slow, or earlier rows were still spooled."),
 		replayedRows:   c("rollgate_spool_replayed_rows_total", "Spooled rows the sink acknowledged on replay."),
-		droppedRows:    c("rollgate_spool_dropped_rows_total", "Rows refused because the spool was full (policy drop) or a record exceeded the capacity."),
-		corruptRecords: c("rollgate_spool_corrupt_records_total", "Records found torn or failing their checksum (at recovery or replay) and discarded."),
+		droppedRows:    c("rollgate_spool_dropped_rows_total", "Rows refused because the spool was full (policy drop) or a record exceeded the capacity, or lost in a damaged record (when its rows can be told)."),
+		corruptRecords: c("rollgate_spool_corrupt_records_total", "Damaged records or regions found at recovery (torn, failing their checksum, bad length or magic) or undecodable at replay: set aside in a quarantine file beside their segment, the records after them kept."),
 		replayErrors:   c("rollgate_spool_replay_errors_total", "Failed attempts to write a spooled batch to the sink."),
 		full:           c("rollgate_spool_full_total", "Writes that found the spool full (and then waited or were dropped, per the full policy)."),
 	}

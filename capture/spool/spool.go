@@ -27,10 +27,15 @@
 // Config.Dir holds segment files NNNNNNNNNNNNNNNNNNNN.seg, each an 8-byte
 // magic followed by records (see AppendRecord: length, CRC-32C, payload), a
 // file "ack" with the position of the next unacknowledged record, and a lock
-// file that keeps a second process out. At New, segments are scanned; a torn
-// or corrupt record ends its segment (the file is truncated there and the
-// record counted in rollgate_spool_corrupt_records_total), and everything not
-// acknowledged is replayed.
+// file that keeps a second process out; every file is FileMode in a folder
+// CheckDir accepts, and none is opened through a symbolic link. At New,
+// segments are scanned; a damaged region (bad length, checksum or magic) is
+// copied to a quarantine file beside its segment
+// (<segment>.<offset>.quarantine), counted in
+// rollgate_spool_corrupt_records_total (its rows, when its payload still
+// decodes, in rollgate_spool_dropped_rows_total) and skipped: the scan
+// resynchronises on the next valid record (ScanRecords) and everything not
+// acknowledged after it is replayed. A torn tail is truncated.
 package spool
 
 import (
@@ -232,9 +237,15 @@ func New(cfg Config, sink export.Sink, name string, reg prometheus.Registerer, l
 	return s, nil
 }
 
-func (s *Spool) countCorrupt() {
+// countCorrupt counts a damaged record or region and the rows it held
+// (when they can be told) as dropped.
+func (s *Spool) countCorrupt(rows int) {
 	s.corrupt.Add(1)
 	s.m.corruptRecords.Inc()
+	if rows > 0 {
+		s.dropped.Add(uint64(rows))
+		s.m.droppedRows.Add(float64(rows))
+	}
 }
 
 // Write stores b in the sink, or in the spool when the sink fails, takes
@@ -370,8 +381,26 @@ func (s *Spool) replay() {
 		}
 		if cur == nil || pos.seg != curPos.seg || pos.off != curPos.off {
 			b, n, err := s.dir.read(pos)
+			if err != nil && n > 0 && errors.Is(err, ErrCorruptRecord) {
+				// Its checksum held at open but it does not decode (a newer
+				// release wrote it?): set it aside, replay the rest.
+				pos.n = n
+				q, qerr := s.dir.quarantineRecord(pos)
+				s.countCorrupt(0)
+				s.log.Error("spool: undecodable record set aside; replaying the records after it", "segment", pos.seg, "offset", pos.off,
+					"quarantine", q, "quarantine_err", qerr, "err", err)
+				s.mu.Lock()
+				if err := s.dir.ack(pos); err != nil {
+					s.log.Error("spool: recording replay progress failed", "err", err)
+				}
+				s.signalSpaceLocked()
+				s.updateGaugesLocked()
+				s.mu.Unlock()
+				cur = nil
+				continue
+			}
 			if err != nil {
-				s.countCorrupt()
+				s.countCorrupt(0)
 				s.log.Error("spool: unreadable record; skipping the rest of its segment", "segment", pos.seg, "offset", pos.off, "err", err)
 				s.mu.Lock()
 				s.dir.skipSegment(pos.seg)

@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -298,7 +299,9 @@ func TestRestartAfterPartialReplay(t *testing.T) {
 }
 
 func TestTornWriteRecovery(t *testing.T) {
-	f := func(name string, damage func(t *testing.T, seg string, size int64), wantRecs int) {
+	// want lists the batches recovered (nil: the first wantRecs); dropped
+	// is the rows the damaged record held, counted as dropped.
+	f := func(name string, damage func(t *testing.T, seg string, size int64), wantRecs int, want []uint64, dropped uint64) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			down := newMemSink()
@@ -320,17 +323,23 @@ func TestTornWriteRecovery(t *testing.T) {
 			sink.setDown(true) // keep the recovered records in place while checking them
 			s2 := open(t, fastConfig(dir), sink)
 			st := s2.Stats()
-			if st.Records != wantRecs || st.CorruptRecords != 1 {
-				t.Fatalf("after recovery: stats = %+v, want %d records and 1 corrupt", st, wantRecs)
+			if st.Records != wantRecs || st.CorruptRecords != 1 || st.DroppedRows != dropped {
+				t.Fatalf("after recovery: stats = %+v, want %d records, 1 corrupt, %d dropped rows", st, wantRecs, dropped)
+			}
+			if q, _ := filepath.Glob(segs[0] + ".*.quarantine"); len(q) != 1 {
+				t.Fatalf("quarantine files = %v, want the damaged bytes kept aside", q)
+			}
+			if want == nil {
+				want = wantRows(wantRecs)
 			}
 			sink.setDown(false)
 			drain(t, s2)
-			if got := sink.rows(); !slices.Equal(got, wantRows(wantRecs)) {
-				t.Fatalf("rows = %v", got)
+			if got := sink.rows(); !slices.Equal(got, want) {
+				t.Fatalf("rows = %v, want %v", got, want)
 			}
 			// The spool is usable after the repair.
-			write(t, s2, wantRecs, wantRecs+2)
-			if got := sink.rows(); !slices.Equal(got, wantRows(wantRecs+2)) {
+			write(t, s2, 10, 12)
+			if got := sink.rows(); !slices.Equal(got, append(want, 20, 21, 22, 23)) {
 				t.Fatalf("rows = %v", got)
 			}
 		})
@@ -339,13 +348,13 @@ func TestTornWriteRecovery(t *testing.T) {
 		if err := os.Truncate(seg, size-10); err != nil {
 			t.Fatal(err)
 		}
-	}, 4)
+	}, 4, nil, 0)
 	f("last record cut mid-header", func(t *testing.T, seg string, size int64) {
 		one := int64(len(AppendRecord(nil, batch(0))))
 		if err := os.Truncate(seg, size-one+3); err != nil {
 			t.Fatal(err)
 		}
-	}, 4)
+	}, 4, nil, 0)
 	f("garbage appended", func(t *testing.T, seg string, size int64) {
 		fh, err := os.OpenFile(seg, os.O_WRONLY|os.O_APPEND, 0)
 		if err != nil {
@@ -353,7 +362,7 @@ func TestTornWriteRecovery(t *testing.T) {
 		}
 		fh.Write([]byte{0x10, 0, 0, 0, 1, 2, 3, 4, 5})
 		fh.Close()
-	}, 5)
+	}, 5, nil, 0)
 	f("bit flip in the third record", func(t *testing.T, seg string, size int64) {
 		one := int64(len(AppendRecord(nil, batch(0))))
 		fh, err := os.OpenFile(seg, os.O_RDWR, 0)
@@ -366,7 +375,38 @@ func TestTornWriteRecovery(t *testing.T) {
 		b[0] ^= 1
 		fh.WriteAt(b[:], off)
 		fh.Close()
-	}, 2)
+	}, 4, []uint64{0, 1, 2, 3, 6, 7, 8, 9}, 0) // the third batch is lost, the fourth and fifth kept
+	f("bit flip in the third record's request body", func(t *testing.T, seg string, size int64) {
+		rec := AppendRecord(nil, batch(0))
+		fh, err := os.OpenFile(seg, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := magicLen + 2*int64(len(rec)) + int64(bytes.Index(rec, []byte("xxxx")))
+		fh.WriteAt([]byte{'y'}, off)
+		fh.Close()
+	}, 4, []uint64{0, 1, 2, 3, 6, 7, 8, 9}, 2) // its payload still decodes: its 2 rows are counted as dropped
+	f("bit flip in the third record's length", func(t *testing.T, seg string, size int64) {
+		one := int64(len(AppendRecord(nil, batch(0))))
+		fh, err := os.OpenFile(seg, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := magicLen + 2*one + 1
+		var b [1]byte
+		fh.ReadAt(b[:], off)
+		b[0] ^= 0x40
+		fh.WriteAt(b[:], off)
+		fh.Close()
+	}, 4, []uint64{0, 1, 2, 3, 6, 7, 8, 9}, 0)
+	f("bit flip in the magic", func(t *testing.T, seg string, size int64) {
+		fh, err := os.OpenFile(seg, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fh.WriteAt([]byte{'X'}, 2)
+		fh.Close()
+	}, 5, nil, 0)
 }
 
 func TestCorruptSegmentHeaderMovedAside(t *testing.T) {
@@ -382,8 +422,8 @@ func TestCorruptSegmentHeaderMovedAside(t *testing.T) {
 	if st := s.Stats(); st.CorruptRecords != 1 || st.Records != 0 {
 		t.Fatalf("stats = %+v", st)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "00000000000000000007.seg.corrupt")); err != nil {
-		t.Fatalf("corrupt segment not kept aside: %v", err)
+	if b, err := os.ReadFile(filepath.Join(dir, "00000000000000000007.seg.0.quarantine")); err != nil || string(b) != "not a segment at all" {
+		t.Fatalf("corrupt segment not kept aside: %q %v", b, err)
 	}
 	sink.setDown(true)
 	write(t, s, 0, 1)

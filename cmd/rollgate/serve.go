@@ -50,6 +50,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	for _, k := range res.Unknown {
 		log.Warn("the config file sets a key that is no setting; it is ignored (see deploy/rollgate.example.yaml)", "key", k, "file", c.Serve.Config)
 	}
+	privateFiles()
 	s, err := startServe(c, stderr, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate serve:", err)

@@ -148,6 +148,11 @@ func (s *serving) routeBackends(c *fileConfig, stderr io.Writer) error {
 func (s *serving) openCapture(ctx context.Context, c *fileConfig, m *metrics.Metrics) error {
 	var err error
 	chOpt := clickhouse.Options{TTLDays: c.Store.ClickHouseTTLDays, Logger: s.log}
+	if c.Spool.Dir != "" {
+		if err := spool.CheckDir(c.Spool.Dir); err != nil {
+			return failed(fmt.Errorf("--spool-dir: %w", err))
+		}
+	}
 	if s.store, err = openStore(ctx, c.Store.ClickHouse, c.Store.DB, c.Spool.Dir != "", chOpt, s.log); err != nil {
 		return failed(fmt.Errorf("opening store: %w", err))
 	}

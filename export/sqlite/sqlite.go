@@ -53,7 +53,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("sqlite: empty path")
 	}
 	if dir := filepath.Dir(path); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("sqlite: create folder for %s: %w", path, err)
 		}
 	}
