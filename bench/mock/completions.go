@@ -316,7 +316,9 @@ func (p *plan) appendCompletionChunk(dst []byte, i int, c *planChoice, st int) [
 	dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs && st == 0)
 	dst = append(dst, `,"token_ids":`...)
 	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
-	return append(dst, `}],"usage":null}`...)
+	// No usage key: vLLM 0.32.0 sets usage only with continuous usage stats
+	// (completion/serving.py; TestMockMatchesRealVLLM).
+	return append(dst, `}]}`...)
 }
 
 // appendCompletionFinish appends the finish chunk of choice i.
@@ -335,7 +337,11 @@ func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = appendStopReason(dst, c)
 	dst = append(dst, `,"prompt_token_ids":null,"token_ids":`...)
 	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
-	return append(dst, `}],"usage":null}`...)
+	dst = append(dst, `}]`...)
+	if !p.includeUsage {
+		dst = appendFingerprint(dst, p)
+	}
+	return append(dst, '}')
 }
 
 // appendCompletionUsageChunk appends the final usage chunk.
@@ -343,5 +349,6 @@ func (p *plan) appendCompletionUsageChunk(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	dst = append(dst, `],"usage":`...)
 	dst = p.appendUsageOf(dst)
+	dst = appendFingerprint(dst, p)
 	return append(dst, '}')
 }
