@@ -207,6 +207,10 @@ func (p *plan) commonChecks(f *fields) string {
 		return "n must be at most " + strconv.Itoa(MaxN) + " on this mock, got " + strconv.Itoa(f.n) + "."
 	case f.streamOptionsSet() && !f.stream && p.s.cfg.Flavor == FlavorVLLM:
 		return "Stream options can only be defined when `stream=True`."
+	case f.n > 1 && f.tempSet && f.temperature < 1e-5 && p.s.cfg.Flavor == FlavorVLLM:
+		// SamplingParams._verify_greedy_sampling (vllm/sampling_params.py,
+		// 0.32.0; _SAMPLING_EPS 1e-5): found by TestMockMatchesRealVLLM.
+		return "n must be 1 when using greedy sampling, got " + strconv.Itoa(f.n) + "."
 	}
 	if l := f.limit(); l != unset && l < 1 {
 		return "max_tokens must be at least 1, got " + strconv.Itoa(l) + "."

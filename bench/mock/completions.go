@@ -163,9 +163,8 @@ func (p *plan) buildCompletions(f *fields) string {
 }
 
 // appendCompletionLogprobs appends the completions logprobs object for c.ids[from:to]:
-// vLLM {tokens, token_logprobs, text_offset, top_logprobs}, SGLang the same lists in the
-// order {text_offset, token_logprobs, tokens, top_logprobs}, llama.cpp the chat shape
-// {"content":[...]}; null when not asked.
+// vLLM (0.32.0) and SGLang {text_offset, token_logprobs, tokens, top_logprobs},
+// llama.cpp the chat shape {"content":[...]}; null when not asked.
 func (p *plan) appendCompletionLogprobs(dst []byte, c *planChoice, from, to, offset int) []byte {
 	if !p.logprobs || from >= to {
 		return append(dst, "null"...)
@@ -181,12 +180,14 @@ func (p *plan) appendCompletionLogprobs(dst []byte, c *planChoice, from, to, off
 		dst = append(dst, `,"tokens":`...)
 		dst = p.appendTokenStrings(dst, c, from, to)
 	default:
-		dst = append(dst, `{"tokens":`...)
-		dst = p.appendTokenStrings(dst, c, from, to)
+		// vLLM 0.32.0 writes the lists in this order too
+		// (completion/protocol.py CompletionLogProbs; TestMockMatchesRealVLLM).
+		dst = append(dst, `{"text_offset":`...)
+		dst = appendTextOffsets(dst, c, from, to, offset)
 		dst = append(dst, `,"token_logprobs":`...)
 		dst = appendTokenLogprobs(dst, c, from, to)
-		dst = append(dst, `,"text_offset":`...)
-		dst = appendTextOffsets(dst, c, from, to, offset)
+		dst = append(dst, `,"tokens":`...)
+		dst = p.appendTokenStrings(dst, c, from, to)
 	}
 	dst = append(dst, `,"top_logprobs":[`...)
 	for pos := from; pos < to; pos++ {
