@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
@@ -44,6 +45,7 @@ type streamBody struct {
 	out      []byte       // bytes for the client, out[off:] not yet returned
 	scratch  []byte       // StripEvent output
 	head     rewrite.Head // the chunks' repeated head, as capture found it: the stripper skips it
+	fp       fpHold       // finish chunks waiting for the dropped usage chunk's system_fingerprint
 	held     []byte       // data payloads forwarded but not yet handed to capture
 	heldEnds []int        // end offset of each payload in held
 	sawData  bool         // the backend sent an event with data
@@ -78,6 +80,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
 	b.head.Set(nil)
+	b.fp.reset(inj&rewrite.IncludeUsage != 0 && (c.endpoint == openai.ChatCompletions || c.endpoint == openai.Completions) && r != nil && r.Kind() == openai.KindVLLM)
 	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
 	b.upstream = resp.BodyStream()
@@ -226,13 +229,25 @@ func (b *streamBody) fill() {
 				}
 			}
 			if b.inj == 0 || len(ev.Data) == 0 {
-				b.out = append(b.out, ev.Raw...)
+				if !b.fp.add(ev.Raw, ev.Data) { // held when finish chunks are
+					b.out = append(b.out, ev.Raw...)
+				}
 				continue
 			}
 			o, drop := rewrite.StripEventHead(b.scratch[:0], ev.Data, b.c.endpoint, b.inj, &b.head)
 			if !sameStart(o, ev.Data) { // ev.Data is the scanner's buffer: never adopt it
 				b.scratch = o
 			}
+			if b.fp.holding() && (drop && gjson.GetBytes(ev.Data, "usage").IsObject() || string(ev.Data) == "[DONE]" || bytes.HasPrefix(ev.Data, []byte(`{"error"`))) {
+				// The dropped usage chunk (its fingerprint goes onto the held
+				// finish chunks), or the stream's end without one.
+				var usage []byte
+				if drop {
+					usage = ev.Data
+				}
+				b.out = b.fp.release(b.out, usage)
+			}
+			start := len(b.out)
 			switch {
 			case drop:
 			case bytes.Equal(o, ev.Data):
@@ -241,6 +256,9 @@ func (b *streamBody) fill() {
 				b.out = append(b.out, "data: "...)
 				b.out = append(b.out, o...)
 				b.out = append(b.out, "\n\n"...)
+			}
+			if !drop && b.fp.add(b.out[start:], o) {
+				b.out = b.out[:start]
 			}
 		}
 		if b.first {
@@ -254,6 +272,9 @@ func (b *streamBody) fill() {
 		return
 	}
 	b.eof = true
+	if b.fp.holding() { // no usage chunk came: the finish chunks as they are
+		b.out = b.fp.release(b.out, nil)
+	}
 	if err != io.EOF {
 		b.rerr = err
 		status, typ := upstreamStatus(err)

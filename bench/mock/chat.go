@@ -207,6 +207,10 @@ func (p *plan) commonChecks(f *fields) string {
 		return "n must be at most " + strconv.Itoa(MaxN) + " on this mock, got " + strconv.Itoa(f.n) + "."
 	case f.streamOptionsSet() && !f.stream && p.s.cfg.Flavor == FlavorVLLM:
 		return "Stream options can only be defined when `stream=True`."
+	case f.n > 1 && f.tempSet && f.temperature < 1e-5 && p.s.cfg.Flavor == FlavorVLLM:
+		// SamplingParams._verify_greedy_sampling (vllm/sampling_params.py,
+		// 0.32.0; _SAMPLING_EPS 1e-5): found by TestMockMatchesRealVLLM.
+		return "n must be 1 when using greedy sampling, got " + strconv.Itoa(f.n) + "."
 	}
 	if l := f.limit(); l != unset && l < 1 {
 		return "max_tokens must be at least 1, got " + strconv.Itoa(l) + "."
@@ -355,11 +359,12 @@ func (p *plan) appendChatRole(dst []byte, i int) []byte {
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
-	if i == 0 && p.returnIDs {
-		dst = append(dst, `,"prompt_token_ids":`...)
-		dst = appendIDs(dst, p.prompts)
-	}
-	return append(dst, '}')
+	// vLLM passes prompt_token_ids (None when not asked) and prompt_text
+	// explicitly on every role chunk, so both keys are always there
+	// (chat_completion/serving.py, 0.32.0; TestMockMatchesRealVLLM).
+	dst = append(dst, `,"prompt_token_ids":`...)
+	dst = appendIDsOrNull(dst, p.prompts, p.returnIDs)
+	return append(dst, `,"prompt_text":null}`...)
 }
 
 // appendChatUsageChunk appends the final usage chunk.
@@ -367,6 +372,7 @@ func (p *plan) appendChatUsageChunk(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
 	dst = append(dst, `],"usage":`...)
 	dst = p.appendUsageOf(dst)
+	dst = appendFingerprint(dst, p)
 	return append(dst, '}')
 }
 
@@ -395,11 +401,11 @@ func (p *plan) appendChatChunk(dst []byte, i int, c *planChoice, st int) []byte 
 		dst = append(dst, `"}}]},"logprobs":`...)
 	}
 	dst = p.appendChatLogprobs(dst, c, from, to)
-	dst = append(dst, `,"finish_reason":null`...)
-	if p.returnIDs && !p.dropIDs(st+1) {
-		dst = append(dst, `,"token_ids":`...)
-		dst = appendIDs(dst, c.ids[from:to])
-	}
+	dst = append(dst, `,"finish_reason":null,"token_ids":`...)
+	// vLLM passes token_ids explicitly (None when not asked): the key is
+	// always there. --drop-ids-every imitates versions before PR #29074,
+	// which sent no ids on a swallowed chunk.
+	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs && !p.dropIDs(st+1))
 	return append(dst, "}]}"...)
 }
 
@@ -415,9 +421,23 @@ func (p *plan) appendChatFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = append(dst, c.finish...)
 	dst = append(dst, `","stop_reason":`...)
 	dst = appendStopReason(dst, c)
-	if p.returnIDs {
-		dst = append(dst, `,"token_ids":`...)
-		dst = appendIDs(dst, c.ids[from:to])
+	dst = append(dst, `,"token_ids":`...)
+	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
+	dst = append(dst, "}]"...)
+	if !p.includeUsage {
+		dst = appendFingerprint(dst, p)
 	}
-	return append(dst, "}]}"...)
+	return append(dst, '}')
+}
+
+// appendFingerprint appends the system_fingerprint member vLLM stamps on a
+// stream's last message: each choice's finish chunk, or, when the request
+// asked for include_usage, the usage chunk instead
+// (chat_completion/serving.py and completion/serving.py, 0.32.0; whole
+// answers carry it too). The real value hashes the engine's configuration;
+// the mock's names its version.
+func appendFingerprint(dst []byte, p *plan) []byte {
+	dst = append(dst, `,"system_fingerprint":"vllm-`...)
+	dst = append(dst, p.s.cfg.Version...)
+	return append(dst, `-mock"`...)
 }

@@ -163,9 +163,8 @@ func (p *plan) buildCompletions(f *fields) string {
 }
 
 // appendCompletionLogprobs appends the completions logprobs object for c.ids[from:to]:
-// vLLM {tokens, token_logprobs, text_offset, top_logprobs}, SGLang the same lists in the
-// order {text_offset, token_logprobs, tokens, top_logprobs}, llama.cpp the chat shape
-// {"content":[...]}; null when not asked.
+// vLLM (0.32.0) and SGLang {text_offset, token_logprobs, tokens, top_logprobs},
+// llama.cpp the chat shape {"content":[...]}; null when not asked.
 func (p *plan) appendCompletionLogprobs(dst []byte, c *planChoice, from, to, offset int) []byte {
 	if !p.logprobs || from >= to {
 		return append(dst, "null"...)
@@ -181,12 +180,14 @@ func (p *plan) appendCompletionLogprobs(dst []byte, c *planChoice, from, to, off
 		dst = append(dst, `,"tokens":`...)
 		dst = p.appendTokenStrings(dst, c, from, to)
 	default:
-		dst = append(dst, `{"tokens":`...)
-		dst = p.appendTokenStrings(dst, c, from, to)
+		// vLLM 0.32.0 writes the lists in this order too
+		// (completion/protocol.py CompletionLogProbs; TestMockMatchesRealVLLM).
+		dst = append(dst, `{"text_offset":`...)
+		dst = appendTextOffsets(dst, c, from, to, offset)
 		dst = append(dst, `,"token_logprobs":`...)
 		dst = appendTokenLogprobs(dst, c, from, to)
-		dst = append(dst, `,"text_offset":`...)
-		dst = appendTextOffsets(dst, c, from, to, offset)
+		dst = append(dst, `,"tokens":`...)
+		dst = p.appendTokenStrings(dst, c, from, to)
 	}
 	dst = append(dst, `,"top_logprobs":[`...)
 	for pos := from; pos < to; pos++ {
@@ -316,7 +317,9 @@ func (p *plan) appendCompletionChunk(dst []byte, i int, c *planChoice, st int) [
 	dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs && st == 0)
 	dst = append(dst, `,"token_ids":`...)
 	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
-	return append(dst, `}],"usage":null}`...)
+	// No usage key: vLLM 0.32.0 sets usage only with continuous usage stats
+	// (completion/serving.py; TestMockMatchesRealVLLM).
+	return append(dst, `}]}`...)
 }
 
 // appendCompletionFinish appends the finish chunk of choice i.
@@ -335,7 +338,11 @@ func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
 	dst = appendStopReason(dst, c)
 	dst = append(dst, `,"prompt_token_ids":null,"token_ids":`...)
 	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
-	return append(dst, `}],"usage":null}`...)
+	dst = append(dst, `}]`...)
+	if !p.includeUsage {
+		dst = appendFingerprint(dst, p)
+	}
+	return append(dst, '}')
 }
 
 // appendCompletionUsageChunk appends the final usage chunk.
@@ -343,5 +350,6 @@ func (p *plan) appendCompletionUsageChunk(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	dst = append(dst, `],"usage":`...)
 	dst = p.appendUsageOf(dst)
+	dst = appendFingerprint(dst, p)
 	return append(dst, '}')
 }

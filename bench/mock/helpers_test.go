@@ -169,11 +169,17 @@ func collectChat(t *testing.T, evs []sseEvent) *streamedChat {
 		} else if j.Get("id").Str != sc.ids0 {
 			t.Fatalf("chunk ids differ")
 		}
+		// vLLM writes prompt_token_ids on every choice's role chunk (null
+		// when not asked), and on no other chunk.
 		if p := j.Get("prompt_token_ids"); p.Exists() {
-			if n != 0 {
-				t.Fatalf("prompt_token_ids on chunk %d", n)
+			if role := j.Get("choices.0.delta.role"); !role.Exists() {
+				t.Fatalf("prompt_token_ids on chunk %d, not a role chunk", n)
 			}
-			sc.promptIDs = p
+			if n == 0 {
+				sc.promptIDs = p
+			} else if p.Raw != sc.promptIDs.Raw {
+				t.Fatalf("prompt_token_ids on chunk %d differ from the first's", n)
+			}
 		}
 		if u := j.Get("usage"); u.Exists() && u.Type != gjson.Null {
 			if len(j.Get("choices").Array()) != 0 {

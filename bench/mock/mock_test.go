@@ -201,10 +201,10 @@ func TestChatStreamWireShape(t *testing.T) {
 	w1 := gjson.Get(evs[1].data, "choices.0.delta.content").Raw
 	w2 := gjson.Get(evs[2].data, "choices.0.delta.content").Raw
 	want := []string{
-		pre + `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":` + pids + `}`,
+		pre + `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":` + pids + `,"prompt_text":null}`,
 		pre + `{"index":0,"delta":{"content":` + w1 + `},"logprobs":null,"finish_reason":null,"token_ids":[` + tok1 + `]}]}`,
 		pre + `{"index":0,"delta":{"content":` + w2 + `},"logprobs":null,"finish_reason":null,"token_ids":[` + tok2 + `]}]}`,
-		pre + `{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[]}]}`,
+		pre + `{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[]}],"system_fingerprint":"vllm-0.10.2-mock"}`,
 		"[DONE]",
 	}
 	for i := range want {
@@ -392,7 +392,7 @@ func TestIgnoreReturnTokenIDs(t *testing.T) {
 		t.Fatalf("ids present: %s", j.Raw)
 	}
 	r := post(t, base+"/chat/completions", inject(t, body, "stream", true))
-	if strings.Contains(string(r.body), "token_ids") {
+	if strings.Contains(string(r.body), "token_ids\":[") {
 		t.Fatalf("stream has ids: %s", r.body)
 	}
 	c := mustOK(t, post(t, base+"/completions", `{"prompt":"hi","return_token_ids":true}`))
@@ -498,7 +498,8 @@ func TestCompletions(t *testing.T) {
 				continue
 			}
 			e := gjson.Parse(ev.data)
-			if !strings.HasPrefix(ev.data, `{"id":"`+m.Get("id").Str+`","object":"text_completion","created":1700000000,"model":"m1","choices":[`) || !e.Get("usage").Exists() {
+			// Every key in every chunk but usage, which only the usage chunk has.
+			if !strings.HasPrefix(ev.data, `{"id":"`+m.Get("id").Str+`","object":"text_completion","created":1700000000,"model":"m1","choices":[`) || e.Get("usage").Exists() != (len(e.Get("choices").Array()) == 0) {
 				t.Fatalf("chunk %s", ev.data)
 			}
 			if len(e.Get("choices").Array()) == 0 {

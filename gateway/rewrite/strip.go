@@ -9,17 +9,21 @@ import (
 
 // Stripping restores what the engine would have sent had the gateway not
 // injected anything (see docs/engines.md, vLLM >= 0.10.2):
-//   - non-streaming bodies and completions stream chunks: injected keys are set
-//     to null (prompt_token_ids, choices[].token_ids, choices[].prompt_token_ids,
-//     choices[].logprobs), because the engine serialises every field;
-//   - chat stream chunks: prompt_token_ids and choices[].token_ids (and
-//     choices[].prompt_token_ids) are deleted, because the engine omits unset
-//     keys there; choices[].logprobs is set to null;
+//   - injected keys are set to null (prompt_token_ids, choices[].token_ids,
+//     choices[].prompt_token_ids, choices[].logprobs), in whole answers and
+//     in stream chunks alike, because vLLM writes them as null when not
+//     asked: its chat chunks pass token_ids=None and prompt_token_ids=None
+//     explicitly, which exclude_unset keeps
+//     (vllm/entrypoints/openai/chat_completion/serving.py, 0.32.0; checked
+//     against the real engine by TestRealVLLM);
 //   - with include_usage injected, the final usage chunk ("choices":[] and a
-//     non-null "usage") is dropped;
+//     non-null "usage") is dropped (the stream's reader puts its
+//     system_fingerprint back on the finish chunks, see fingerprint.go);
 //   - with return_token_ids injected, a chat chunk whose every choice has an
-//     empty delta and no finish_reason is dropped: vLLM sends such chunks only
-//     to carry token ids a tool/reasoning parser swallowed.
+//     empty delta, no finish_reason and no logprobs of the client's is
+//     dropped: vLLM sends such chunks only to carry token ids or logprobs a
+//     tool/reasoning parser swallowed, so with the client's own logprobs it
+//     sends them to a direct call too.
 // A stream event whose body is a non-streaming object ("object":
 // "chat.completion", as vLLM sends for some completions) follows the
 // non-streaming rule. Engines that leave out the keys of fields not asked
@@ -214,12 +218,12 @@ func stripFrom(dst, data []byte, endpoint openai.Endpoint, inj Injected, event b
 	w := writer{src: data, dst: dst}
 	ids := inj&ReturnTokenIDs != 0
 	lps := inj&Logprobs != 0
-	deleteMode := event && endpoint == openai.ChatCompletions
+	chatEvent := event && endpoint == openai.ChatCompletions
 	omitIDs, omitLps := inj&OmitIDs != 0, inj&OmitLogprobs != 0
 
 	choicesSeen, usageSet := false, false
 	nChoices := 0
-	allFiller := true // every choice has delta {} and no finish_reason
+	allFiller := true // every choice has delta {}, no finish_reason and no logprobs of the client's
 
 	top := jsonscan.NewObjIter(data, open, nil)
 	ed := newObjEd()
@@ -254,7 +258,7 @@ func stripFrom(dst, data []byte, endpoint openai.Endpoint, inj Injected, event b
 					arr.EndElem(end)
 					continue
 				}
-				filler, end, ok := stripChoice(&w, s, ids, lps, deleteMode || omitIDs, omitLps)
+				filler, end, ok := stripChoice(&w, s, ids, lps, omitIDs, omitLps)
 				if !ok {
 					return data, false
 				}
@@ -274,14 +278,14 @@ func stripFrom(dst, data []byte, endpoint openai.Endpoint, inj Injected, event b
 		switch string(m.Key(data)) {
 		case "object":
 			if string(m.Val(data)) == `"chat.completion"` {
-				deleteMode = false
+				chatEvent = false
 			}
 			ed.keep(&w, &m)
 		case "prompt_token_ids":
 			switch {
 			case !ids:
 				ed.keep(&w, &m)
-			case deleteMode || omitIDs:
+			case omitIDs:
 				ed.del(&w, &m)
 			default:
 				ed.setNull(&w, &m)
@@ -303,7 +307,7 @@ func stripFrom(dst, data []byte, endpoint openai.Endpoint, inj Injected, event b
 	if event && inj&IncludeUsage != 0 && choicesSeen && nChoices == 0 && usageSet {
 		return dst, true
 	}
-	if event && deleteMode && ids && nChoices > 0 && allFiller {
+	if event && chatEvent && ids && nChoices > 0 && allFiller {
 		return dst, true
 	}
 	if !w.changed {
@@ -317,7 +321,7 @@ func stripFrom(dst, data []byte, endpoint openai.Endpoint, inj Injected, event b
 // null) and where the element ends; ok is false when it is malformed.
 func stripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler bool, end int, ok bool) {
 	data := w.src
-	emptyDelta, finishNull := false, true
+	emptyDelta, finishNull, lpsNull := false, true, true
 	it := jsonscan.NewObjIter(data, open, nil)
 	ed := newObjEd()
 	var m jsonscan.Member
@@ -333,6 +337,7 @@ func stripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler boo
 				ed.setNull(w, &m)
 			}
 		case "logprobs":
+			lpsNull = jsonscan.IsNull(m.Val(data))
 			switch {
 			case !lps:
 				ed.keep(w, &m)
@@ -355,5 +360,5 @@ func stripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler boo
 		return false, 0, false
 	}
 	ed.end(w)
-	return emptyDelta && finishNull, it.End, true
+	return emptyDelta && finishNull && (lpsNull || lps), it.End, true
 }

@@ -53,32 +53,45 @@ var chatStreamTrips = []roundTrip{
 	{
 		name: "chat first chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[200006,17360,12]}`,
-		without: hdrChunk + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+		without: hdrChunk + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}`,
 	},
 	{
 		name: "chat content chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":null,"finish_reason":null,"token_ids":[17]}]}`,
-		without: hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":null,"finish_reason":null}]}`,
+		without: hdrChunk + `"choices":[{"index":0,"delta":{"content":"w"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`,
 	},
 	{
 		name: "chat content chunk with logprobs", ep: openai.ChatCompletions, inj: ReturnTokenIDs | Logprobs,
 		with:    hdrChunk + `"choices":[{"index":1,"delta":{"content":"w"},"logprobs":{"content":[{"token":"w","logprob":-0.25,"bytes":[119],"top_logprobs":[]}]},"finish_reason":null,"token_ids":[17]}]}`,
-		without: hdrChunk + `"choices":[{"index":1,"delta":{"content":"w"},"logprobs":null,"finish_reason":null}]}`,
+		without: hdrChunk + `"choices":[{"index":1,"delta":{"content":"w"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`,
 	},
 	{
 		name: "chat tool call chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null,"token_ids":[5,6,7]}]}`,
-		without: hdrChunk + `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null}]}`,
+		without: hdrChunk + `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null,"token_ids":null}]}`,
 	},
 	{
 		name: "chat last chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage | Logprobs,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[]}]}`,
-		without: hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
+		without: hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}]}`,
 	},
 	{
 		name: "chat filler chunk only sent for ids", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
 		with:    hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":null,"token_ids":[151657]}]}`,
 		without: "",
+	},
+	{
+		name: "chat filler chunk only sent for ids and injected logprobs", ep: openai.ChatCompletions, inj: ReturnTokenIDs | Logprobs,
+		with:    hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":{"content":[{"token":"<tool_call>","logprob":-0.5,"bytes":[60],"top_logprobs":[]}]},"finish_reason":null,"token_ids":[151657]}]}`,
+		without: "",
+	},
+	{
+		// With the client's own logprobs vLLM sends a swallowed delta's
+		// chunk to a direct call too (serving.py, 0.32.0: skipped only when
+		// logprobs is None and return_token_ids is off): it stays.
+		name: "chat filler chunk with the client's logprobs", ep: openai.ChatCompletions, inj: ReturnTokenIDs,
+		with:    hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":{"content":[{"token":"<tool_call>","logprob":-0.5,"bytes":[60],"top_logprobs":[]}]},"finish_reason":null,"token_ids":[151657]}]}`,
+		without: hdrChunk + `"choices":[{"index":0,"delta":{},"logprobs":{"content":[{"token":"<tool_call>","logprob":-0.5,"bytes":[60],"top_logprobs":[]}]},"finish_reason":null,"token_ids":null}]}`,
 	},
 	{
 		name: "chat usage chunk", ep: openai.ChatCompletions, inj: ReturnTokenIDs | IncludeUsage,
@@ -166,7 +179,7 @@ func TestStripClientAsked(t *testing.T) {
 		t.Fatalf("ids stripped although only include_usage was injected: %s", out)
 	}
 	// Only ids injected: the usage chunk the client asked for stays.
-	ev = chatStreamTrips[6].with
+	ev = chatStreamTrips[8].with
 	if out, drop := StripEvent(nil, []byte(ev), openai.ChatCompletions, ReturnTokenIDs); drop || string(out) != ev {
 		t.Fatalf("usage chunk dropped although include_usage was the client's: %s", out)
 	}
@@ -202,12 +215,12 @@ func TestStripEventOtherPayloads(t *testing.T) {
 	f(openai.Completions, hdrCmpl+`"choices":[],"usage":null}`) // no usage: not the usage chunk
 }
 
-// TestStripDeleteShapes pins the comma handling of deletions wherever the
-// deleted keys sit.
+// TestStripDeleteShapes pins the comma handling of deletions (OmitIDs,
+// SGLang) wherever the deleted keys sit.
 func TestStripDeleteShapes(t *testing.T) {
 	f := func(in, want string) {
 		t.Helper()
-		out, drop := StripEvent(nil, []byte(in), openai.ChatCompletions, ReturnTokenIDs)
+		out, drop := StripEvent(nil, []byte(in), openai.ChatCompletions, ReturnTokenIDs|OmitIDs)
 		if drop {
 			t.Fatalf("StripEvent(%s) dropped", in)
 		}
@@ -427,7 +440,7 @@ func TestHeadSet(t *testing.T) {
 	}
 	data := []byte(vllm + `"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":[7]}],"prompt_token_ids":[1,2]}`)
 	got, _ := StripEventHead(nil, data, openai.ChatCompletions, ReturnTokenIDs|IncludeUsage, &h)
-	if want := vllm + `"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`; string(got) != want {
+	if want := vllm + `"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":null}],"prompt_token_ids":null}`; string(got) != want {
 		t.Fatalf("got %s\nwant %s", got, want)
 	}
 	dst := make([]byte, 0, len(data))

@@ -174,12 +174,12 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 	w := writer{src: data, dst: dst}
 	ids := inj&ReturnTokenIDs != 0
 	lps := inj&Logprobs != 0
-	deleteMode := event && endpoint == openai.ChatCompletions
+	chatEvent := event && endpoint == openai.ChatCompletions
 	omitIDs, omitLps := inj&OmitIDs != 0, inj&OmitLogprobs != 0
 
 	choicesSeen, usageSet := false, false
 	nChoices := 0
-	allFiller := true // every choice has delta {} and no finish_reason
+	allFiller := true // every choice has delta {}, no finish_reason and no logprobs of the client's
 
 	top := refNewObjIter(data, open)
 	ed := newObjEd()
@@ -188,14 +188,14 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 		switch string(m.Key(data)) {
 		case "object":
 			if string(m.Val(data)) == `"chat.completion"` {
-				deleteMode = false
+				chatEvent = false
 			}
 			ed.keep(&w, &m)
 		case "prompt_token_ids":
 			switch {
 			case !ids:
 				ed.keep(&w, &m)
-			case deleteMode || omitIDs:
+			case omitIDs:
 				ed.del(&w, &m)
 			default:
 				ed.setNull(&w, &m)
@@ -220,7 +220,7 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 					allFiller = false
 					continue
 				}
-				if !refStripChoice(&w, s, ids, lps, deleteMode || omitIDs, omitLps) {
+				if !refStripChoice(&w, s, ids, lps, omitIDs, omitLps) {
 					allFiller = false
 				}
 			}
@@ -241,7 +241,7 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 	if event && inj&IncludeUsage != 0 && choicesSeen && nChoices == 0 && usageSet {
 		return dst, true
 	}
-	if event && deleteMode && ids && nChoices > 0 && allFiller {
+	if event && chatEvent && ids && nChoices > 0 && allFiller {
 		return dst, true
 	}
 	if !w.changed {
@@ -252,7 +252,7 @@ func refStrip(dst, data []byte, endpoint openai.Endpoint, inj Injected, event bo
 
 func refStripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler bool) {
 	data := w.src
-	emptyDelta, finishNull := false, true
+	emptyDelta, finishNull, lpsNull := false, true, true
 	it := refNewObjIter(data, open)
 	ed := newObjEd()
 	var m jsonscan.Member
@@ -268,6 +268,7 @@ func refStripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler 
 				ed.setNull(w, &m)
 			}
 		case "logprobs":
+			lpsNull = jsonscan.IsNull(m.Val(data))
 			switch {
 			case !lps:
 				ed.keep(w, &m)
@@ -291,7 +292,7 @@ func refStripChoice(w *writer, open int, ids, lps, delIDs, delLps bool) (filler 
 		return false
 	}
 	ed.end(w)
-	return emptyDelta && finishNull
+	return emptyDelta && finishNull && (lpsNull || lps)
 }
 
 // FuzzStripMatchesReference: StripEvent and StripBody give exactly what the
