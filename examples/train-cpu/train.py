@@ -147,12 +147,24 @@ def wait_captured(gw, rollout_ids, calls_each, timeout=120):
         time.sleep(0.1)  # polling the rollout read: the store cannot tell us
 
 
-def response_logprobs(model, b):
-    """log p(response token | prefix) from the batch's ids: [B, R]."""
+MICRO_BATCH = 4  # rows per forward pass: logits are [rows, R+1, 49,152] floats
+
+
+def response_logprobs(model, b, rows):
+    """log p(response token | prefix) of the given rows, from the batch's ids:
+    [len(rows), R]. Only the last R+1 positions' logits are computed
+    (logits_to_keep), so memory is rows x (R+1) x vocabulary."""
     R = b["responses"].shape[1]
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    logits = logits[:, -R - 1 : -1, :].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+    out = model(input_ids=b["input_ids"][rows], attention_mask=b["attention_mask"][rows],
+                position_ids=b["position_ids"][rows], logits_to_keep=R + 1)
+    logits = out.logits[:, :-1, :].float()
+    return -torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), b["responses"][rows].reshape(-1), reduction="none"
+    ).view(len(rows), R)
+
+
+def micro_batches(n):
+    return [list(range(i, min(i + MICRO_BATCH, n))) for i in range(0, n, MICRO_BATCH)]
 
 
 def probe(args):
@@ -299,8 +311,8 @@ def main():
         adv, _ = core_algos.compute_grpo_outcome_advantage(b["token_level_rewards"], mask, data.non_tensor_batch["uid"])
         t0 = time.monotonic()
         model.train()
-        with torch.no_grad():
-            old = response_logprobs(model, b)  # verl's recompute mode: old_log_probs from the trainer
+        with torch.no_grad():  # verl's recompute mode: old_log_probs from the trainer
+            old = torch.cat([response_logprobs(model, b, rows) for rows in micro_batches(len(data))])
         engine = b["rollout_log_probs"]
         # Split by turn (the agent names its calls with x-agent-name): the
         # tool-call turns are sampled under vLLM's structured output, whose
@@ -311,11 +323,21 @@ def main():
         d_all = (old - engine).abs()
         diff = d_all[mask.bool() & answer_rows.unsqueeze(1)].numpy()
         diff_tool = d_all[mask.bool() & ~answer_rows.unsqueeze(1)].numpy()
-        new = response_logprobs(model, b)
-        loss, clipfrac, kl, _ = core_algos.compute_policy_loss(old, new, adv, mask, cliprange=0.2, loss_agg_mode="token-mean")
+        # verl's clipped policy loss, token-mean over the whole step: each
+        # micro-batch's token-mean weighted by its share of the step's tokens
+        # (gradients accumulated), as verl's actor does over micro-batches.
         opt.zero_grad()
-        loss.backward()
+        total = mask.sum()
+        loss_sum = 0.0
+        for rows in micro_batches(len(data)):
+            new = response_logprobs(model, b, rows)
+            m = mask[rows]
+            l, clipfrac, kl, _ = core_algos.compute_policy_loss(old[rows], new, adv[rows], m, cliprange=0.2,
+                                                                 loss_agg_mode="token-mean")
+            (l * m.sum() / total).backward()
+            loss_sum += float(l.detach()) * float(m.sum() / total)
         opt.step()
+        loss = torch.tensor(loss_sum)
         t_train = time.monotonic() - t0
 
         adapter = os.path.abspath(os.path.join(args.out, "adapters", f"step-{step}"))
