@@ -6,10 +6,7 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/rollgate/rollgate/internal/testenv"
 )
@@ -22,17 +19,6 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println(dsn)
-	done := make(chan struct{}, 2)
-	go func() {
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-		<-sig
-		done <- struct{}{}
-	}()
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		done <- struct{}{}
-	}()
-	<-done
+	testenv.UntilStopped()
 	stop()
 }

@@ -8,10 +8,7 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/rollgate/rollgate/internal/testenv"
 )
@@ -25,17 +22,6 @@ func main() {
 	}
 	fmt.Println(v.URL)
 	fmt.Println(v.ModelDir)
-	done := make(chan struct{}, 2)
-	go func() {
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-		<-sig
-		done <- struct{}{}
-	}()
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		done <- struct{}{}
-	}()
-	<-done
+	testenv.UntilStopped()
 	v.Stop()
 }
