@@ -227,6 +227,18 @@ def plot(rows, path):
     img.save(path)
 
 
+def report(rows, out):
+    """reward.png and the markdown table of the steps."""
+    plot(rows, os.path.join(out, "reward.png"))
+    print("\n| step | policy version | mean reward | std | answers starting with the number | episodes with a tool call | answer turns: mean abs logprob diff (trainer - engine) | p99 | max | tool-call turns: mean | step s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['step']} | {r['policy_version']} | {r['reward_mean']:.3f} | {r['reward_std']:.3f} | "
+              f"{r['starts_with_number']:.2f} | {r['episodes_with_tool_call']}/{r['episodes']} | {r['logprob_diff_mean']:.4f} | "
+              f"{r['logprob_diff_p99']:.3f} | {r['logprob_diff_max']:.3f} | {r['tool_turn_logprob_diff_mean']:.3f} | {r['step_s']} |")
+
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gateway", required=True, help="rollgate serve's URL, e.g. http://127.0.0.1:8000")
@@ -243,7 +255,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="folder for adapters, batches, steps.jsonl and reward.png")
     ap.add_argument("--admin-token", default=os.environ.get("ROLLGATE_ADMIN_TOKEN"))
+    ap.add_argument("--report-only", action="store_true", help="draw reward.png and print the table from OUT/steps.jsonl, then exit")
     args = ap.parse_args()
+    if args.report_only:
+        report([json.loads(line) for line in open(os.path.join(args.out, "steps.jsonl"))], args.out)
+        return
     args.vllm = args.vllm.rstrip("/")
 
     from peft import LoraConfig, get_peft_model
@@ -312,7 +328,7 @@ def main():
         t0 = time.monotonic()
         model.train()
         with torch.no_grad():  # verl's recompute mode: old_log_probs from the trainer
-            old = torch.cat([response_logprobs(model, b, rows) for rows in micro_batches(len(data))])
+            old = torch.cat([response_logprobs(model, b, mb) for mb in micro_batches(len(data))])
         engine = b["rollout_log_probs"]
         # Split by turn (the agent names its calls with x-agent-name): the
         # tool-call turns are sampled under vLLM's structured output, whose
@@ -329,10 +345,10 @@ def main():
         opt.zero_grad()
         total = mask.sum()
         loss_sum = 0.0
-        for rows in micro_batches(len(data)):
-            new = response_logprobs(model, b, rows)
-            m = mask[rows]
-            l, clipfrac, kl, _ = core_algos.compute_policy_loss(old[rows], new, adv[rows], m, cliprange=0.2,
+        for mb in micro_batches(len(data)):  # not `rows`: that holds the steps' results
+            new = response_logprobs(model, b, mb)
+            m = mask[mb]
+            l, clipfrac, kl, _ = core_algos.compute_policy_loss(old[mb], new, adv[mb], m, cliprange=0.2,
                                                                  loss_agg_mode="token-mean")
             (l * m.sum() / total).backward()
             loss_sum += float(l.detach()) * float(m.sum() / total)
@@ -369,14 +385,7 @@ def main():
         with open(os.path.join(args.out, "steps.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
 
-    plot(rows, os.path.join(args.out, "reward.png"))
-    print("\n| step | policy version | mean reward | std | answers starting with the number | episodes with a tool call | answer turns: mean abs logprob diff (trainer - engine) | p99 | max | tool-call turns: mean | step s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['step']} | {r['policy_version']} | {r['reward_mean']:.3f} | {r['reward_std']:.3f} | "
-              f"{r['starts_with_number']:.2f} | {r['episodes_with_tool_call']}/{r['episodes']} | {r['logprob_diff_mean']:.4f} | "
-              f"{r['logprob_diff_p99']:.3f} | {r['logprob_diff_max']:.3f} | {r['tool_turn_logprob_diff_mean']:.3f} | {r['step_s']} |")
-
+    report(rows, args.out)
 
 if __name__ == "__main__":
     main()
