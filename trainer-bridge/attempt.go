@@ -246,7 +246,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		retokenizeFailed := false
 		selected := (o.Selection.AgentName == nil || o.Selection.AgentName.MatchString(c.AgentName)) &&
 			!versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion)
-		if o.Retokenize != nil && c.TokenSource == export.TokenSourceNone && c.Error == "" && c.HTTPStatus < 300 && selected {
+		if o.Retokenize != nil && (c.TokenSource == export.TokenSourceNone || o.RetokenizeAll) && c.Error == "" && c.HTTPStatus < 300 && selected {
 			if err := retokenize(&c, o.Retokenize); err != nil {
 				retokenizeFailed = true
 				slog.Debug("bridge: call not retokenized", "rollout", c.RolloutID, "attempt", c.AttemptID,

@@ -29,6 +29,9 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	if o.Estimator == "" {
 		o.Estimator = advantage.None
 	}
+	if o.RetokenizeAll && o.Retokenize == nil {
+		return nil, optionErrorf("bridge: --retokenize-all needs --retokenize (the model's tokenizer and chat template)")
+	}
 	if o.Logprobs == "" && o.Retokenize != nil {
 		// Retokenized samples have no logprobs at all: a batch that asks for
 		// them leaves rollout_log_probs out rather than exclude them.

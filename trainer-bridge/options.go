@@ -69,9 +69,16 @@ type Options struct {
 	// of excluding them; their samples carry token_source "retokenized" and
 	// zero rollout logprobs (recompute them in the trainer), are counted in
 	// Stats.Retokenized and never merged with other calls' ids in trajectory
-	// mode. Calls with ids (engine, tokenize) are never touched. Nil (the
-	// default) excludes such calls as unverified_ids.
+	// mode. Calls with ids (engine, tokenize) are never touched unless
+	// RetokenizeAll is set. Nil (the default) excludes such calls as
+	// unverified_ids.
 	Retokenize Retokenizer
+	// RetokenizeAll (with Retokenize) rebuilds the ids of every call from
+	// its text, even when the engine's ids were captured, and drops the
+	// engine's logprobs: every sample is then retokenized. It exists to
+	// measure what retokenising does to training data (the experiment of
+	// examples/train-cpu/RETOKENIZE.md), not to train on.
+	RetokenizeAll bool
 	// GroupBy chooses the advantage group (the trainer's uid): GroupGroup
 	// (default: the rollout's group_id, minted per task per enqueue call by
 	// the task queue or given at registration, else as GroupTaskPolicy),
@@ -165,7 +172,7 @@ type Stats struct {
 	DroppedGroups      int            // zero-variance groups dropped
 	DroppedSamples     int            // samples of those groups (also in Excluded[zero_variance])
 	SmallGroups        int            // groups sampled with fewer than MinGroupSize members
-	Retokenized        int            // calls whose ids Options.Retokenize rebuilt (token_source none -> retokenized)
+	Retokenized        int            // calls whose ids Options.Retokenize rebuilt (token_source none, or any with RetokenizeAll -> retokenized)
 	RetokenizedSamples int            // samples among Samples with token_source retokenized
 	Excluded           map[string]int // by reason (Excl* constants)
 	Breaks             map[string]int // trajectory breaks by class (Break* constants)

@@ -62,6 +62,10 @@ type Request struct {
 	// operator's configured tokenizers instead (controlplane's
 	// Config.BridgeTokenizers) and sets Options.Retokenize itself.
 	Retokenize string `json:"-"`
+	// RetokenizeAll retokenizes every call, engine ids or not
+	// (Options.RetokenizeAll): the command line's --retokenize-all only, an
+	// experiment's switch rather than a training option.
+	RetokenizeAll bool `json:"-"`
 }
 
 // DefaultEstimator is the estimator of a Request that names none.
@@ -117,6 +121,7 @@ func (r *Request) Options() (Options, error) {
 		}
 		o.Retokenize = rt
 	}
+	o.RetokenizeAll = r.RetokenizeAll
 	if r.AIR == nil || *r.AIR {
 		cfg := air.DefaultConfig()
 		if len(r.AIRFailurePatterns) > 0 {

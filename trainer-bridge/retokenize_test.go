@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -223,5 +224,78 @@ func TestRetokenize(t *testing.T) {
 				t.Errorf("engine call: %s %v", g.TokenSource, g.SequenceIDs)
 			}
 		})
+	}
+}
+
+// TestRetokenizeAll: with Options.RetokenizeAll, calls captured with the
+// engine's ids (here deliberately not the template's: [1 2 3] -> [4], as a
+// non-canonical sample would be) are retokenized from their text too, their
+// engine logprobs dropped; without it Retokenize leaves them alone, and
+// RetokenizeAll without a Retokenizer is the caller's mistake.
+func TestRetokenizeAll(t *testing.T) {
+	r, err := chattemplate.LoadDir(chattemplatetest.ModelDir(t, "qwen2_5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := chattemplatetest.Reference(t, "qwen2_5", []chattemplatetest.Case{
+		{Name: "e/1", Messages: json.RawMessage(`[` + rtUser + `]`), Tools: json.RawMessage(rtTools), Response: json.RawMessage(rtCall), FinishReason: "tool_calls"},
+	})
+	if ref[0].Error != "" || ref[0].Response == nil {
+		t.Fatalf("reference: %q", ref[0].Error)
+	}
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "bridge.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	req := `{"model":"qwen","messages":[` + rtUser + `],"tools":` + rtTools + `}`
+	b := &export.Batch{
+		Calls: []export.Call{cs{ro: "e", at: "a1", task: "tq", agent: "solver", seq: 1, req: req, msg: rtCall, finish: "tool_calls",
+			prompt: []uint32{1, 2, 3}, resp: []uint32{4}, lp: []float32{-0.1}}.call()},
+		Rollouts: []export.Rollout{{RolloutID: "e", AttemptID: "a1", TaskID: "tq", Status: "succeeded", Metadata: "{}", CreatedUnixNano: 1, UpdatedUnixNano: 2}},
+		Rewards:  []export.Reward{{RolloutID: "e", AttemptID: "a1", Name: "primary", Value: 1, Source: "api", TimeUnixNano: 1}},
+	}
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	res, err := Build(ctx, s, Options{Selection: DefaultSelection(), Retokenize: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 1 || res.Stats.Retokenized != 0 || res.Samples[0].TokenSource != export.TokenSourceEngine ||
+		sp(res.Samples[0].Prompt, res.Samples[0].Response) != "[1 2 3] [4]" {
+		t.Fatalf("Retokenize alone touched the engine call: %+v %+v", res.Stats, res.Samples)
+	}
+
+	res, err = Build(ctx, s, Options{Selection: DefaultSelection(), Retokenize: r, RetokenizeAll: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 1 || res.Stats.Retokenized != 1 || res.Stats.RetokenizedSamples != 1 {
+		t.Fatalf("RetokenizeAll: %d samples, stats %+v", len(res.Samples), res.Stats)
+	}
+	g := res.Samples[0]
+	if g.TokenSource != export.TokenSourceRetokenized || g.HasLogprobs ||
+		!slices.Equal(g.Prompt, ref[0].PromptIDs) || !slices.Equal(g.Response, ref[0].ResponseIDs) ||
+		slices.ContainsFunc(g.Logprobs, func(x float32) bool { return x != 0 }) {
+		t.Errorf("RetokenizeAll sample: %s has logprobs %v %v\n prompt %v\n want   %v\n response %v\n want     %v",
+			g.TokenSource, g.HasLogprobs, g.Logprobs, g.Prompt, ref[0].PromptIDs, g.Response, ref[0].ResponseIDs)
+	}
+
+	// Asking to keep logprobs excludes the retokenized sample rather than
+	// write zeros as the engine's.
+	res, err = Build(ctx, s, Options{Selection: DefaultSelection(), Retokenize: r, RetokenizeAll: true, Logprobs: LogprobsKeep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Samples) != 0 || res.Stats.Excluded[ExclNoLogprobs] != 1 {
+		t.Errorf("RetokenizeAll with --logprobs keep: %d samples, stats %+v", len(res.Samples), res.Stats)
+	}
+
+	var oe *OptionError
+	if _, err := Build(ctx, s, Options{Selection: DefaultSelection(), RetokenizeAll: true}); !errors.As(err, &oe) {
+		t.Errorf("RetokenizeAll without Retokenize: %v, want an OptionError", err)
 	}
 }

@@ -37,7 +37,8 @@ const bridgeSummary = `rollgate bridge — turn captured calls and rewards into 
 
 Selects rollout attempts (latest succeeded by default), excludes and counts calls that
 errored or lack verified token ids (with --retokenize, calls captured without ids get ids
-from the model's chat template and tokenizer instead, marked token_source retokenized),
+from the model's chat template and tokenizer instead, marked token_source retokenized;
+--retokenize-all does so to every call, to measure what retokenising changes),
 adds automatic intermediate rewards (AIR) from rules over the captured calls, spreads
 rewards over calls (credit), computes advantages per group (the rollouts' group_id: one
 task's rollouts of one enqueue; --group-by) and writes one sample
@@ -104,6 +105,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	leaseTTL := fs.Duration("lease-ttl", 5*time.Minute, "with --serve: an unacknowledged lease returns its samples to the queue after this long")
 	insecureAdmin := fs.Bool("insecure-admin", false, "allow --serve on a non-loopback address without ROLLGATE_ADMIN_TOKEN: anyone who reaches the port can then lease and acknowledge (consume) every sample. With ROLLGATE_ADMIN_TOKEN set, every request of the lease API needs Authorization: Bearer <token>, as serve's /api/v1")
 	retokenizeDir := fs.String("retokenize", "", "Hugging Face model folder (tokenizer.json, tokenizer_config.json, chat_template.jinja if shipped): calls captured without token ids (token_source none) get ids from its chat template and tokenizer, marked token_source retokenized, logprobs 0, never merged with engine ids by --mode trajectories (default off: such calls are excluded as unverified_ids). Its files must be regular files (symlinks to them are followed) of at most 64 MiB each; a device, FIFO or larger file is refused")
+	retokenizeAll := fs.Bool("retokenize-all", false, "with --retokenize: rebuild the ids of every call from its text (chat template + tokenizer), even those captured with the engine's ids, and drop the engine's logprobs (token_source retokenized, logprobs omitted by default); for measuring what retokenising changes (examples/train-cpu/RETOKENIZE.md), not for training")
 	reportPath := fs.String("report", "", "write a JSON report to this file: every selected attempt, its calls and samples, included or excluded with the reason")
 	explain := fs.String("explain", "", "print what became of this rollout's attempts, calls and samples and why (with the selection and options given; --out is then optional)")
 	setFlags, err := parseWithEnv(fs, args)
@@ -154,7 +156,8 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 		Credit: *creditMode, Gamma: gamma, Estimator: *estimator, Level: *level, DropZeroVariance: *dropZero,
 		MaxPrompt: *maxPrompt, MaxResponse: *maxResponse, Truncation: *truncation, MissingReward: *missingReward,
 		MinGroupSize: *minGroup, GroupBy: *groupBy, Logprobs: *logprobsPolicy, AIR: airOn, AIRRules: splitList(*airRules),
-		AIRFailurePatterns: airPatterns, AIRMinRepeats: *airMinRepeats, WriteAIR: *airWrite, Retokenize: *retokenizeDir}
+		AIRFailurePatterns: airPatterns, AIRMinRepeats: *airMinRepeats, WriteAIR: *airWrite, Retokenize: *retokenizeDir,
+		RetokenizeAll: *retokenizeAll}
 	if req.Statuses == nil {
 		req.Statuses = []string{} // --status "": any status
 	}
@@ -496,7 +499,7 @@ func printSummary(w io.Writer, st *bridge.Stats, out string) {
 			st.Truncated, st.Trimmed, st.DroppedGroups, st.DroppedSamples, st.SmallGroups, st.FilledRewards)
 	}
 	if st.Retokenized > 0 {
-		fmt.Fprintf(w, "  retokenized: %d calls without engine ids, %d samples (token_source retokenized)\n", st.Retokenized, st.RetokenizedSamples)
+		fmt.Fprintf(w, "  retokenized: %d calls from their text, %d samples (token_source retokenized)\n", st.Retokenized, st.RetokenizedSamples)
 	}
 	fmt.Fprintf(w, "  excluded: %s\n", kv(st.Excluded))
 	fmt.Fprintf(w, "  AIR hits: %s\n", kv(st.AIRHits))

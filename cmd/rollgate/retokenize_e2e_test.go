@@ -174,7 +174,7 @@ func TestRetokenizeThroughGateway(t *testing.T) {
 	if code := run([]string{"bridge", "--db", db, "--out", out, "--estimator", "none", "--retokenize", qwen}, &stdout, &stderr); code != 0 {
 		t.Fatalf("bridge --retokenize: exit %d\n%s", code, stderr.String())
 	}
-	if !strings.Contains(stderr.String(), "retokenized: 2 calls without engine ids, 2 samples") {
+	if !strings.Contains(stderr.String(), "retokenized: 2 calls from their text, 2 samples") {
 		t.Errorf("summary does not count the retokenized calls:\n%s", stderr.String())
 	}
 	check(readJSONL(t, out))

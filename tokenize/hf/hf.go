@@ -18,6 +18,9 @@
 // (special or not) are split out of the text first, leftmost-longest, as
 // Hugging Face does; the normalizer (NFC, NFKC, NFD, NFKD) is then applied to
 // the text between them, and the split regex cuts it into pieces for BPE.
+// A vocabulary may lack some bytes (SmolLM2's does) when it has no
+// unk_token: characters made of them are dropped from each piece, as
+// Hugging Face does.
 //
 // Not supported (Load returns an error wrapping ErrUnsupported): byte-fallback
 // and SentencePiece-style models (Llama 2, Mistral v1, Gemma), WordPiece and
@@ -37,6 +40,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/dlclark/regexp2"
 	"github.com/pkoukk/tiktoken-go"
 	"golang.org/x/text/unicode/norm"
 )
@@ -62,6 +66,10 @@ type Tokenizer struct {
 	special   map[uint32]bool
 	dec       []string // id -> bytes ("" = unknown id)
 	pattern   string
+	// missing marks the bytes without a token (nil when none); split is
+	// then the pre-tokenizer's regex, to drop them piece by piece.
+	missing *[256]bool
+	split   *regexp2.Regexp
 }
 
 // LoadFile reads (ReadFile: a regular file of at most MaxFileBytes) and
@@ -92,6 +100,7 @@ type fileJSON struct {
 		Vocab                   map[string]int64  `json:"vocab"`
 		Merges                  []json.RawMessage `json:"merges"`
 		ByteFallback            bool              `json:"byte_fallback"`
+		UnkToken                *string           `json:"unk_token"`
 		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
 		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
 	} `json:"model"`
@@ -160,9 +169,17 @@ func Load(data []byte) (*Tokenizer, error) {
 		ranks[b] = int(id)
 		maxSeen = max(maxSeen, id)
 	}
+	// A vocabulary may lack a few bytes (SmolLM2's: six control characters
+	// and lead bytes of unassigned planes); Hugging Face's BPE, without
+	// unk_token or byte fallback, then drops them from the text.
+	var missing [256]bool
+	anyMissing := false
 	for i := range 256 {
 		if _, ok := ranks[string([]byte{byte(i)})]; !ok {
-			return nil, fmt.Errorf("%w: no token for byte 0x%02x", ErrUnsupported, i)
+			if m.UnkToken != nil && *m.UnkToken != "" {
+				return nil, fmt.Errorf("%w: no token for byte 0x%02x and an unk_token", ErrUnsupported, i)
+			}
+			missing[i], anyMissing = true, true
 		}
 	}
 	if err := checkMerges(m.Merges, m.Vocab); err != nil {
@@ -171,6 +188,12 @@ func Load(data []byte) (*Tokenizer, error) {
 
 	added := map[string]int{}
 	t := &Tokenizer{normalize: normalize, pattern: pattern, addedIDs: map[string]uint32{}, special: map[uint32]bool{}}
+	if anyMissing {
+		t.missing = &missing
+		if t.split, err = regexp2.Compile(pattern, regexp2.None); err != nil {
+			return nil, fmt.Errorf("hf: split regex %q: %w", pattern, err)
+		}
+	}
 	for _, a := range f.AddedTokens {
 		if a.ID == nil || *a.ID < 0 || *a.ID >= maxID || a.Content == "" {
 			return nil, fmt.Errorf("hf: added token %q without a valid id", a.Content)
@@ -259,8 +282,47 @@ func (t *Tokenizer) appendOrdinary(dst []uint32, s string) []uint32 {
 	if t.normalize != nil {
 		s = t.normalize(s)
 	}
+	if t.missing != nil && strings.ContainsFunc(s, t.unencodable) {
+		return t.appendDropping(dst, s)
+	}
 	for _, id := range t.core.EncodeOrdinary(s) {
 		dst = append(dst, uint32(id))
+	}
+	return dst
+}
+
+// unencodable says that r's UTF-8 bytes include one without a token.
+func (t *Tokenizer) unencodable(r rune) bool {
+	var b [utf8.UTFMax]byte
+	for _, c := range b[:utf8.EncodeRune(b[:], r)] {
+		if t.missing[c] {
+			return true
+		}
+	}
+	return false
+}
+
+// appendDropping encodes s, which holds characters with bytes the
+// vocabulary lacks, as Hugging Face does: s is split by the pre-tokenizer's
+// regex with those characters in place, then they are dropped from each
+// piece before BPE. (Hugging Face drops only the missing bytes: for the
+// lead byte of a character of planes 4 to 11, unassigned, it keeps the
+// continuation bytes, which are dropped here with it.)
+func (t *Tokenizer) appendDropping(dst []uint32, s string) []uint32 {
+	m, err := t.split.FindStringMatch(s)
+	for ; err == nil && m != nil; m, err = t.split.FindNextMatch(m) {
+		piece := strings.Map(func(r rune) rune {
+			if t.unencodable(r) {
+				return -1
+			}
+			return r
+		}, m.String())
+		if piece == "" {
+			continue
+		}
+		for _, id := range t.core.EncodeOrdinary(piece) {
+			dst = append(dst, uint32(id))
+		}
 	}
 	return dst
 }

@@ -359,7 +359,10 @@ func TestLoadErrors(t *testing.T) {
 		{"not byte-level", func(d map[string]any) { model(d)["vocab"].(map[string]any)["▁the"] = 400 }, true, "not byte-level"},
 		{"negative id", func(d map[string]any) { model(d)["vocab"].(map[string]any)["ab"] = -1 }, false, "out of range"},
 		{"huge id", func(d map[string]any) { model(d)["vocab"].(map[string]any)["ab"] = 1 << 40 }, false, "out of range"},
-		{"missing byte", func(d map[string]any) { delete(model(d)["vocab"].(map[string]any), ByteLevel([]byte{7})) }, true, "byte 0x07"},
+		{"missing byte with unk_token", func(d map[string]any) {
+			delete(model(d)["vocab"].(map[string]any), ByteLevel([]byte{7}))
+			model(d)["unk_token"] = "<s>"
+		}, true, "byte 0x07"},
 		{"merge order", func(d map[string]any) {
 			model(d)["merges"] = []any{"a bc", "a b"}
 			model(d)["vocab"].(map[string]any)["bc"] = 258
@@ -444,6 +447,47 @@ func TestGPT2ByteLevelRegex(t *testing.T) {
 	}
 	if got := tk.Encode("a w"); !slices.Equal(got, []uint32{'a', 256}) {
 		t.Fatalf("Encode = %v", got)
+	}
+}
+
+// TestMissingBytesDropped: a vocabulary without some bytes (SmolLM2's lacks
+// six control characters) loads, and Encode drops those characters after
+// the split, as Hugging Face's BPE without unk_token does
+// (tokenizers.Tokenizer.encode on SmolLM2: "a\x04b" -> [a, b], "a \x04 b"
+// -> [a, Ġ, Ġb], "\x04" -> []): the neighbours of a dropped character in
+// another piece never merge.
+func TestMissingBytesDropped(t *testing.T) {
+	ranks := map[string]int{}
+	for i := range 256 {
+		if i != 4 {
+			ranks[string([]byte{byte(i)})] = i
+		}
+	}
+	ranks["ab"] = 256
+	ranks[" b"] = 257
+	var doc map[string]any
+	if err := json.Unmarshal(tokenizerJSON(t, ranks, nil, "x", "null", false), &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["pre_tokenizer"] = map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}
+	data, _ := json.Marshal(doc)
+	tk, err := Load(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		text string
+		want []uint32
+	}{
+		{"ab", []uint32{256}},
+		{"a\x04b", []uint32{'a', 'b'}}, // "a", "\x04", "b": three pieces, "ab" never formed
+		{"a \x04 b", []uint32{'a', ' ', 257}},
+		{"\x04", nil},
+		{"ab\x04\x04!", []uint32{256, '!'}},
+	} {
+		if got := tk.Encode(c.text); !slices.Equal(got, c.want) {
+			t.Errorf("Encode(%q) = %v, want %v", c.text, got, c.want)
+		}
 	}
 }
 
