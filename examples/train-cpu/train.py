@@ -345,14 +345,19 @@ def main():
         opt.zero_grad()
         total = mask.sum()
         loss_sum = 0.0
-        for mb in micro_batches(len(data)):  # not `rows`: that holds the steps' results
+        # A step whose groups all have equal rewards has advantages of 0 and
+        # no gradient: it is skipped, since AdamW would still move the
+        # adapter on its momentum (what made the first 15-step run drift).
+        updated = bool((adv[mask.bool()] != 0).any())
+        for mb in micro_batches(len(data)) if updated else []:  # not `rows`: that holds the steps' results
             new = response_logprobs(model, b, mb)
             m = mask[mb]
             l, clipfrac, kl, _ = core_algos.compute_policy_loss(old[mb], new, adv[mb], m, cliprange=0.2,
                                                                  loss_agg_mode="token-mean")
             (l * m.sum() / total).backward()
             loss_sum += float(l.detach()) * float(m.sum() / total)
-        opt.step()
+        if updated:
+            opt.step()
         loss = torch.tensor(loss_sum)
         t_train = time.monotonic() - t0
 
@@ -363,7 +368,7 @@ def main():
         after = probe(args)
         # The new weights reached the engine: its logprobs of the probe moved.
         update_delta = max(abs(a - b) for a, b in zip(after, before))
-        if update_delta == 0:
+        if updated and update_delta == 0:
             sys.exit(f"step {step}: the engine's logprobs did not change after loading {adapter}: the update did not reach vLLM")
 
         rewards = np.array([e["reward"] for e in eps])
@@ -377,7 +382,7 @@ def main():
             "logprob_diff_max": float(diff.max()),
             "tool_turn_logprob_diff_mean": float(diff_tool.mean()) if diff_tool.size else None,
             "loss": float(loss.detach()), "rollout_s": round(t_roll, 1), "train_s": round(t_train, 1),
-            "update_s": round(t_update, 1), "engine_probe_delta": update_delta, "step_s": round(time.monotonic() - t_step, 1),
+            "update_s": round(t_update, 1), "engine_probe_delta": update_delta, "updated": updated, "step_s": round(time.monotonic() - t_step, 1),
             "example_answer": eps[0]["answer"],
         }
         rows.append(row)

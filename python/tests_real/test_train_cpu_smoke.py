@@ -37,6 +37,11 @@ def test_train_cpu_two_steps(gateway, vllm, tmp_path):
     assert [r["policy_version"] for r in rows] == [0, 1]
     for r in rows:
         assert r["episodes"] == 4 and r["samples"] == r["calls"] >= 4, r
-        assert r["engine_probe_delta"] > 0, f"step {r['step']}: the update did not change the engine's logprobs"
+        # A step with any nonzero advantage updates the adapter, and the
+        # engine's logprobs must then move; an all-equal step is skipped.
+        if r["updated"]:
+            assert r["engine_probe_delta"] > 0, f"step {r['step']}: the update did not change the engine's logprobs"
+        else:
+            assert r["loss"] == 0, r
     assert (out / "reward.png").stat().st_size > 1000
     assert (out / "adapters" / "step-2" / "adapter_config.json").exists()
