@@ -143,7 +143,7 @@ def explain(tok, a, b):
     elif any(x in special for x in da + db) and tok.decode([x for x in da if x not in special]) == tok.decode([x for x in db if x not in special]):
         kind = "special tokens only"
     else:
-        kind = "different text (template re-rendering)"
+        kind = "different text"
     return {"kind": kind, "at": i, "engine": sa, "retokenized": sb, "engine_ids": da[:40], "retokenized_ids": db[:40]}
 
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -424,14 +425,17 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
-// TestGPT2ByteLevelRegex: ByteLevel with use_regex alone selects GPT-2's
-// split regex.
-func TestGPT2ByteLevelRegex(t *testing.T) {
+// gpt2ByteLevel loads a tokenizer.json with a ByteLevel pre-tokenizer
+// (use_regex: GPT-2's split), every byte but skip (-1: none) and extra.
+func gpt2ByteLevel(t *testing.T, skip int, extra map[string]int) *Tokenizer {
+	t.Helper()
 	ranks := map[string]int{}
 	for i := range 256 {
-		ranks[string([]byte{byte(i)})] = i
+		if i != skip {
+			ranks[string([]byte{byte(i)})] = i
+		}
 	}
-	ranks[" w"] = 256
+	maps.Copy(ranks, extra)
 	var doc map[string]any
 	if err := json.Unmarshal(tokenizerJSON(t, ranks, nil, "x", "null", false), &doc); err != nil {
 		t.Fatal(err)
@@ -442,6 +446,13 @@ func TestGPT2ByteLevelRegex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tk
+}
+
+// TestGPT2ByteLevelRegex: ByteLevel with use_regex alone selects GPT-2's
+// split regex.
+func TestGPT2ByteLevelRegex(t *testing.T) {
+	tk := gpt2ByteLevel(t, -1, map[string]int{" w": 256})
 	if tk.Pattern() != GPT2Pattern {
 		t.Fatalf("pattern %q", tk.Pattern())
 	}
@@ -457,24 +468,7 @@ func TestGPT2ByteLevelRegex(t *testing.T) {
 // -> [a, Ġ, Ġb], "\x04" -> []): the neighbours of a dropped character in
 // another piece never merge.
 func TestMissingBytesDropped(t *testing.T) {
-	ranks := map[string]int{}
-	for i := range 256 {
-		if i != 4 {
-			ranks[string([]byte{byte(i)})] = i
-		}
-	}
-	ranks["ab"] = 256
-	ranks[" b"] = 257
-	var doc map[string]any
-	if err := json.Unmarshal(tokenizerJSON(t, ranks, nil, "x", "null", false), &doc); err != nil {
-		t.Fatal(err)
-	}
-	doc["pre_tokenizer"] = map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}
-	data, _ := json.Marshal(doc)
-	tk, err := Load(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk := gpt2ByteLevel(t, 4, map[string]int{"ab": 256, " b": 257})
 	for _, c := range []struct {
 		text string
 		want []uint32
