@@ -251,6 +251,10 @@ def main():
     ap.add_argument("--tasks", type=int, default=4, help="tasks (GRPO groups) per step")
     ap.add_argument("--group-size", type=int, default=4, help="rollouts per task")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--loss-turns", choices=["answer", "all"], default="answer",
+                    help="turns whose tokens enter the loss: 'answer' (default) leaves out the tool-call turns, which vLLM "
+                         "samples under its structured output (a grammar-masked distribution the trainer cannot compute); "
+                         "'all' trains on every turn (the first two 15-step runs: the tool-call turns drifted and the reward collapsed)")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="folder for adapters, batches, steps.jsonl and reward.png")
@@ -339,19 +343,23 @@ def main():
         d_all = (old - engine).abs()
         diff = d_all[mask.bool() & answer_rows.unsqueeze(1)].numpy()
         diff_tool = d_all[mask.bool() & ~answer_rows.unsqueeze(1)].numpy()
+        # The loss's mask: with --loss-turns answer the tool-call turns'
+        # tokens are left out (counted in the step's row as masked_tokens).
+        loss_mask = mask * answer_rows.unsqueeze(1).to(mask.dtype) if args.loss_turns == "answer" else mask
+        masked_tokens = int(mask.sum() - loss_mask.sum())
         # verl's clipped policy loss, token-mean over the whole step: each
         # micro-batch's token-mean weighted by its share of the step's tokens
         # (gradients accumulated), as verl's actor does over micro-batches.
         opt.zero_grad()
-        total = mask.sum()
+        total = loss_mask.sum()
         loss_sum = 0.0
         # A step whose groups all have equal rewards has advantages of 0 and
         # no gradient: it is skipped, since AdamW would still move the
         # adapter on its momentum (what made the first 15-step run drift).
-        updated = bool((adv[mask.bool()] != 0).any())
+        updated = bool((adv[loss_mask.bool()] != 0).any())
         for mb in micro_batches(len(data)) if updated else []:  # not `rows`: that holds the steps' results
             new = response_logprobs(model, b, mb)
-            m = mask[mb]
+            m = loss_mask[mb]
             l, clipfrac, kl, _ = core_algos.compute_policy_loss(old[mb], new, adv[mb], m, cliprange=0.2,
                                                                  loss_agg_mode="token-mean")
             (l * m.sum() / total).backward()
@@ -381,7 +389,7 @@ def main():
             "logprob_diff_mean": float(diff.mean()), "logprob_diff_p99": float(np.percentile(diff, 99)),
             "logprob_diff_max": float(diff.max()),
             "tool_turn_logprob_diff_mean": float(diff_tool.mean()) if diff_tool.size else None,
-            "loss": float(loss.detach()), "rollout_s": round(t_roll, 1), "train_s": round(t_train, 1),
+            "loss": float(loss.detach()), "loss_turns": args.loss_turns, "masked_tokens": masked_tokens, "rollout_s": round(t_roll, 1), "train_s": round(t_train, 1),
             "update_s": round(t_update, 1), "engine_probe_delta": update_delta, "updated": updated, "step_s": round(time.monotonic() - t_step, 1),
             "example_answer": eps[0]["answer"],
         }
