@@ -24,12 +24,12 @@ scenarios do (cmd/rollgate/loop_e2e_test.go, realvllm_e2e_test.go):
 
 Engines: rollgate's built-in mock (no --upstream) and the real vLLM of
 ROLLGATE_TEST_VLLM_URL (SmolLM2-135M-Instruct, hermes tool parser). The first
-call forces a tool call (tool_choice "required", which vLLM's structured output
-makes even the tiny model honour), the next ones answer with tool_choice
-"none" (the LangGraph graph and the plain SDK loop) or "auto" (openai-agents
-resets it after a tool use; whatever the model then does is checked the same
-way). Without ROLLGATE_TEST_VLLM_URL the vLLM cases fail (conftest.vllm),
-never skip.
+call forces a tool call (tool_choice "required" on a strict tool, which vLLM's
+structured output makes even the tiny model honour), the next ones answer with
+tool_choice "none" (the LangGraph graph and the plain SDK loop) or "auto"
+(openai-agents resets it after a tool use; whatever the model then does is
+checked the same way). Without ROLLGATE_TEST_VLLM_URL the vLLM cases fail
+(conftest.vllm), never skip.
 """
 
 import asyncio
@@ -57,7 +57,11 @@ TOOLS = [
                 "type": "object",
                 "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                 "required": ["a", "b"],
+                "additionalProperties": False,
             },
+            # vLLM's structured output enforces the parameters' schema only
+            # for strict tools: without it SmolLM2 writes "2 + 3".
+            "strict": True,
         },
     }
 ]
@@ -213,7 +217,7 @@ def run_langgraph(base_url, headers, model, stream, wire):
 
     def model_node(state):
         first = not any(isinstance(m, ToolMessage) for m in state["messages"])
-        bound = llm.bind_tools([add_tool], tool_choice="required" if first else "none")
+        bound = llm.bind_tools([add_tool], tool_choice="required" if first else "none", strict=True)
         return {"messages": [bound.invoke(state["messages"])]}
 
     g = StateGraph(MessagesState)
