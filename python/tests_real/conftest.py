@@ -9,6 +9,7 @@ missing; they never skip.
 """
 
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -53,7 +54,9 @@ def vllm():
 
 
 class Gateway:
-    """A running `rollgate serve` in front of the real vLLM."""
+    """A running `rollgate serve` in front of the real vLLM, or of its built-in
+    mock engine when upstream is None. engine_url is the engine's /v1 base URL
+    (the mock's as `serve` reports it), for direct calls that bypass rollgate."""
 
     def __init__(self, binary, upstream, db, log):
         self.binary = binary
@@ -61,11 +64,11 @@ class Gateway:
         self.addr = f"127.0.0.1:{_free_port()}"
         self.url = "http://" + self.addr
         self._log = open(log, "w")
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--listen", self.addr, "--db", db, "--upstream", upstream, "--upstream-kind", "vllm"],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        args = [binary, "serve", "--listen", self.addr, "--db", db]
+        if upstream is not None:
+            args += ["--upstream", upstream, "--upstream-kind", "vllm"]
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.engine_url = upstream
         self.log_path = log
         deadline = time.monotonic() + 60
         while True:
@@ -80,6 +83,11 @@ class Gateway:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"rollgate serve not ready after 60s:\n{open(log).read()}")
             time.sleep(0.05)  # polling /readyz: the process cannot tell us otherwise
+        if upstream is None:
+            m = re.search(r"started the built-in mock vLLM engine at (http://\S+/v1)", open(log).read())
+            if not m:
+                raise RuntimeError(f"rollgate serve did not report its built-in mock engine's address:\n{open(log).read()}")
+            self.engine_url = m.group(1)
 
     def stop(self):
         self.proc.terminate()
