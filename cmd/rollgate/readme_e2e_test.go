@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 	"github.com/rollgate/rollgate/internal/testenv"
 )
 
@@ -389,15 +390,8 @@ func TestReadmeAgentLightning(t *testing.T) {
 			// Before the engine is registered: 503, as the README says.
 			key := sh.output(`echo "$AGL_KEY"`)
 			aglPost := func(path, body string) (int, string) {
-				req, _ := http.NewRequest("POST", "http://"+gw+path, strings.NewReader(body))
-				req.Header.Set("Authorization", "Bearer "+key)
-				r, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer r.Body.Close()
-				b, _ := io.ReadAll(r.Body)
-				return r.StatusCode, string(b)
+				r := gatewaytest.Do(t, "POST", "http://"+gw+path, body, "Authorization", "Bearer "+key)
+				return r.Status, string(r.Body)
 			}
 			if code, body := aglPost("/api/rollouts", `[{"rollout_id":"r0","input":{}}]`); code != 201 {
 				t.Fatalf("POST /api/rollouts: %d %s", code, body)
@@ -486,19 +480,12 @@ func TestReadmeAgentLightning(t *testing.T) {
 	base := "http://127.0.0.1:" + exposedPort
 	f := func(method, path, auth, body string, want int) {
 		t.Helper()
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		h := []string{}
 		if auth != "" {
-			req.Header.Set("Authorization", "Bearer "+auth)
+			h = []string{"Authorization", "Bearer " + auth}
 		}
-		req.Header.Set("Content-Type", "application/json")
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(r.Body)
-		r.Body.Close()
-		if r.StatusCode != want {
-			t.Fatalf("%s %s (auth %q) on the exposed gateway: %d %s, want %d", method, path, auth, r.StatusCode, b, want)
+		if r := gatewaytest.Do(t, method, base+path, body, h...); r.Status != want {
+			t.Fatalf("%s %s (auth %q) on the exposed gateway: %d %s, want %d", method, path, auth, r.Status, r.Body, want)
 		}
 	}
 	f("POST", "/api/rollouts", "", `[{"rollout_id":"x","input":{}}]`, 401)
