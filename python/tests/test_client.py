@@ -15,7 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The package from the source tree, unless the installed one is under test
+# (ROLLGATE_TEST_INSTALLED=1: scripts/test's fresh environment, test_package.py).
+if os.environ.get("ROLLGATE_TEST_INSTALLED") != "1":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import rollgate  # noqa: E402
 from rollgate import Gateway, GatewayError, Lease  # noqa: E402
