@@ -94,8 +94,21 @@ func TestEditOwnerAPI(t *testing.T) {
 		if err := q.AddEvent(ctx, &Event{RolloutID: "nope", Type: "x"}); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("event of a missing rollout: %v", err)
 		}
-		if evs, err := q.Events(ctx, "r1"); err != nil || len(evs) != 1 || evs[0].Seq == 0 || string(evs[0].Data) != `{"value":1}` {
-			t.Fatalf("events: %+v %v", evs, err)
+		if err := q.AddEvent(ctx, &Event{RolloutID: "r1", AttemptID: "1", Type: "y"}); err != nil {
+			t.Fatal(err)
+		}
+		evs, err := q.EventHeads(ctx, "r1", "0")
+		if err != nil || len(evs) != 1 || evs[0].Seq == 0 || evs[0].Data != nil || evs[0].Size != int64(len(`{"value":1}`)) || evs[0].Type != "reward" {
+			t.Fatalf("event heads of attempt 0: %+v %v", evs, err)
+		}
+		if all, err := q.EventHeads(ctx, "r1", ""); err != nil || len(all) != 2 || all[1].AttemptID != "1" || all[1].Seq <= all[0].Seq {
+			t.Fatalf("event heads of every attempt: %+v %v", all, err)
+		}
+		if e, err := q.Event(ctx, "r1", evs[0].Seq); err != nil || string(e.Data) != `{"value":1}` || e.AttemptID != "0" {
+			t.Fatalf("event: %+v %v", e, err)
+		}
+		if _, err := q.Event(ctx, "r2", evs[0].Seq); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("event of another rollout: %v, want ErrNotFound", err)
 		}
 
 		if total, err := q.Completed(ctx); err != nil || total != 2 {
@@ -115,7 +128,7 @@ func TestEditOwnerAPI(t *testing.T) {
 			t.Fatalf("list statuses: %+v %v", list, err)
 		}
 		q.Delete(ctx, "r1")
-		if evs, err := q.Events(ctx, "r1"); err != nil || len(evs) != 0 {
+		if evs, err := q.EventHeads(ctx, "r1", ""); err != nil || len(evs) != 0 {
 			t.Fatalf("events outlive their rollout: %+v %v", evs, err)
 		}
 
