@@ -102,14 +102,15 @@ const (
 	// one answer. An answer that stops there names the next position in
 	// nextAfterHeader.
 	maxEventPage = 10000
-	// maxEventPageBytes ends a page asked for with ?after= or ?limit=
-	// once its events' stored data (bodies of captured calls, data of
-	// posted events) reach it; a page always holds at least one event.
-	maxEventPageBytes = 16 << 20
 	// nextAfterHeader carries the ?after= of the next page when events
 	// follow the page answered; it is absent on the last page.
 	nextAfterHeader = "X-Rollgate-Next-After"
 )
+
+// maxEventPageBytes ends a page asked for with ?after= or ?limit= once
+// its events' stored data (bodies of captured calls, data of posted events)
+// reach it; a page always holds at least one event. (A variable for tests.)
+var maxEventPageBytes int64 = 16 << 20
 
 // getEvents serves GET /api/rollouts/{r}/events?event_type=&format=triplet
 // &after=&limit=: the events of attempt last_attempt_id (or "0"), from
