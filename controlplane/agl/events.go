@@ -166,16 +166,33 @@ func (s *Server) getEvents(ctx *fasthttp.RequestCtx, id string) {
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
-	ctx.SetBodyStream(&eventStream{refs: page[:n], load: func(r eventRef) ([]byte, error) {
+	ctx.SetBodyStream(&eventStream{refs: page[:n], load: func(r eventRef) ([][]byte, error) {
 		c, cancel := storeCtx()
 		defer cancel()
-		e, err := s.loadEvent(c, r, triplet)
+		parts, err := s.eventJSON(c, r, triplet)
 		if err != nil {
 			s.log.Warn("agl: reading an event while answering; the answer is cut off", "rollout_id", id, "err", err)
-			return nil, err
 		}
-		return json.Marshal(e)
+		return parts, err
 	}}, -1)
+}
+
+// eventJSON is the JSON of the event r names, in parts: a stored event's
+// data is written as stored (JSON checked when it was recorded), not
+// copied into one buffer with the rest.
+func (s *Server) eventJSON(c context.Context, r eventRef, triplet bool) ([][]byte, error) {
+	e, err := s.loadEvent(c, r, triplet)
+	if err != nil {
+		return nil, err
+	}
+	data := e.Data
+	e.Data = json.RawMessage("0")
+	head, err := json.Marshal(e)
+	if err != nil {
+		return nil, err
+	}
+	// head ends with the placeholder: "data":0}
+	return [][]byte{head[:len(head)-2], data, []byte("}")}, nil
 }
 
 // rangeQuery reads an integer query parameter within [lo, hi] (def when
@@ -197,44 +214,52 @@ func rangeQuery(ctx *fasthttp.RequestCtx, name string, def, lo, hi int64) (int64
 }
 
 // eventStream is the JSON array of a page of events, as an io.Reader that
-// fasthttp pulls from while writing the answer: each event's data is read
-// (load) when the previous one has been written. A failed load ends the
-// answer with the error, which cuts the connection: the client never takes
-// a shortened array for the whole.
+// fasthttp pulls from while writing the answer: each event is read (load,
+// which returns its JSON in parts) when the previous one has been written.
+// A failed load ends the answer with the error, which cuts the connection:
+// the client never takes a shortened array for the whole.
 type eventStream struct {
-	refs []eventRef
-	load func(eventRef) ([]byte, error)
-	next int    // refs[next] is loaded next
-	buf  []byte // bytes not yet read, buf[off:]
-	off  int
-	done bool
+	refs  []eventRef
+	load  func(eventRef) ([][]byte, error)
+	next  int      // refs[next] is loaded next
+	parts [][]byte // bytes not yet read: parts[0][off:], then the rest
+	off   int
+	done  bool
 }
+
+var (
+	jsonOpen, jsonComma, jsonClose = []byte("["), []byte(","), []byte("]")
+	jsonEmpty                      = []byte("[]")
+)
 
 // Read implements io.Reader.
 func (r *eventStream) Read(p []byte) (int, error) {
-	for r.off == len(r.buf) {
+	for len(r.parts) > 0 && r.off == len(r.parts[0]) {
+		r.parts, r.off = r.parts[1:], 0
+	}
+	if len(r.parts) == 0 {
 		switch {
 		case r.done:
 			return 0, io.EOF
 		case r.next == len(r.refs):
-			r.buf, r.off, r.done = []byte("]"), 0, true
+			r.parts, r.done = [][]byte{jsonClose}, true
 			if r.next == 0 {
-				r.buf = []byte("[]")
+				r.parts[0] = jsonEmpty
 			}
 		default:
-			b, err := r.load(r.refs[r.next])
+			parts, err := r.load(r.refs[r.next])
 			if err != nil {
 				return 0, err
 			}
-			sep := byte(',')
+			sep := jsonComma
 			if r.next == 0 {
-				sep = '['
+				sep = jsonOpen
 			}
-			r.buf, r.off = append(append(r.buf[:0], sep), b...), 0
+			r.parts = append([][]byte{sep}, parts...)
 			r.next++
 		}
 	}
-	n := copy(p, r.buf[r.off:])
+	n := copy(p, r.parts[0][r.off:])
 	r.off += n
 	return n, nil
 }
