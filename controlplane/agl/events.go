@@ -1,16 +1,20 @@
 package agl
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -166,33 +170,71 @@ func (s *Server) getEvents(ctx *fasthttp.RequestCtx, id string) {
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
-	ctx.SetBodyStream(&eventStream{refs: page[:n], load: func(r eventRef) ([][]byte, error) {
+	ctx.SetBodyStream(&eventStream{refs: page[:n], load: func(r eventRef) (io.Reader, error) {
 		c, cancel := storeCtx()
 		defer cancel()
-		parts, err := s.eventJSON(c, r, triplet)
+		rd, err := s.eventJSON(c, r, triplet)
 		if err != nil {
 			s.log.Warn("agl: reading an event while answering; the answer is cut off", "rollout_id", id, "err", err)
 		}
-		return parts, err
+		return rd, err
 	}}, -1)
 }
 
-// eventJSON is the JSON of the event r names, in parts: a stored event's
-// data is written as stored (JSON checked when it was recorded), not
-// copied into one buffer with the rest.
-func (s *Server) eventJSON(c context.Context, r eventRef, triplet bool) ([][]byte, error) {
-	e, err := s.loadEvent(c, r, triplet)
-	if err != nil {
-		return nil, err
+// eventChunk is the most characters of a stored event's data read at once.
+const eventChunk = 1 << 20
+
+// eventJSON is the JSON of the event r names, as a reader: a stored event
+// that the answer does not reshape has its data read in parts of
+// eventChunk characters, as stored (JSON checked when it was recorded),
+// while the answer is written.
+func (s *Server) eventJSON(c context.Context, r eventRef, triplet bool) (io.Reader, error) {
+	if r.call != nil || triplet && (r.typ == "model_request" || r.typ == "reward") {
+		e, err := s.loadEvent(c, r, triplet)
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(e)
+		return bytes.NewReader(b), err
 	}
-	data := e.Data
-	e.Data = json.RawMessage("0")
-	head, err := json.Marshal(e)
+	head, err := json.Marshal(eventView{EventType: r.typ, RolloutID: r.rollout, AttemptID: r.attempt, Timestamp: nsToSeconds(r.timeNano), Data: json.RawMessage("0")})
 	if err != nil {
 		return nil, err
 	}
 	// head ends with the placeholder: "data":0}
-	return [][]byte{head[:len(head)-2], data, []byte("}")}, nil
+	return io.MultiReader(bytes.NewReader(head[:len(head)-2]), &eventData{q: s.d.Queue, r: r, log: s.log}, strings.NewReader("}")), nil
+}
+
+// eventData reads a stored event's data in parts of eventChunk characters.
+type eventData struct {
+	q    *tasks.Queue
+	r    eventRef
+	log  *slog.Logger
+	from int64 // characters read so far
+	part string
+}
+
+// Read implements io.Reader.
+func (d *eventData) Read(p []byte) (int, error) {
+	if d.part == "" {
+		if d.from >= d.r.size {
+			return 0, io.EOF
+		}
+		c, cancel := storeCtx()
+		part, err := d.q.EventData(c, d.r.rollout, d.r.seq, d.from, eventChunk)
+		cancel()
+		if err == nil && part == "" {
+			err = fmt.Errorf("event %d of %s ends at %d of its %d characters", d.r.seq, d.r.rollout, d.from, d.r.size)
+		}
+		if err != nil {
+			d.log.Warn("agl: reading an event while answering; the answer is cut off", "rollout_id", d.r.rollout, "err", err)
+			return 0, err
+		}
+		d.part, d.from = part, d.from+int64(utf8.RuneCountInString(part))
+	}
+	n := copy(p, d.part)
+	d.part = d.part[n:]
+	return n, nil
 }
 
 // rangeQuery reads an integer query parameter within [lo, hi] (def when
@@ -214,60 +256,59 @@ func rangeQuery(ctx *fasthttp.RequestCtx, name string, def, lo, hi int64) (int64
 }
 
 // eventStream is the JSON array of a page of events, as an io.Reader that
-// fasthttp pulls from while writing the answer: each event is read (load,
-// which returns its JSON in parts) when the previous one has been written.
-// A failed load ends the answer with the error, which cuts the connection:
-// the client never takes a shortened array for the whole.
+// fasthttp pulls from while writing the answer: each event is read (load)
+// when the previous one has been written. A failed read ends the answer
+// with the error, which cuts the connection: the client never takes a
+// shortened array for the whole.
 type eventStream struct {
-	refs  []eventRef
-	load  func(eventRef) ([][]byte, error)
-	next  int      // refs[next] is loaded next
-	parts [][]byte // bytes not yet read: parts[0][off:], then the rest
-	off   int
-	done  bool
+	refs []eventRef
+	load func(eventRef) (io.Reader, error)
+	next int       // refs[next] is loaded next
+	cur  io.Reader // the bytes being written, nil between events
+	done bool
 }
-
-var (
-	jsonOpen, jsonComma, jsonClose = []byte("["), []byte(","), []byte("]")
-	jsonEmpty                      = []byte("[]")
-)
 
 // Read implements io.Reader.
 func (r *eventStream) Read(p []byte) (int, error) {
-	for len(r.parts) > 0 && r.off == len(r.parts[0]) {
-		r.parts, r.off = r.parts[1:], 0
-	}
-	if len(r.parts) == 0 {
-		switch {
-		case r.done:
-			return 0, io.EOF
-		case r.next == len(r.refs):
-			r.parts, r.done = [][]byte{jsonClose}, true
-			if r.next == 0 {
-				r.parts[0] = jsonEmpty
+	for {
+		if r.cur == nil {
+			switch {
+			case r.done:
+				return 0, io.EOF
+			case r.next == len(r.refs):
+				r.cur, r.done = strings.NewReader("]"), true
+				if r.next == 0 {
+					r.cur = strings.NewReader("[]")
+				}
+			default:
+				ev, err := r.load(r.refs[r.next])
+				if err != nil {
+					return 0, err
+				}
+				sep := ","
+				if r.next == 0 {
+					sep = "["
+				}
+				r.cur = io.MultiReader(strings.NewReader(sep), ev)
+				r.next++
 			}
-		default:
-			parts, err := r.load(r.refs[r.next])
-			if err != nil {
-				return 0, err
-			}
-			sep := jsonComma
-			if r.next == 0 {
-				sep = jsonOpen
-			}
-			r.parts = append([][]byte{sep}, parts...)
-			r.next++
 		}
+		n, err := r.cur.Read(p)
+		if err == io.EOF {
+			r.cur, err = nil, nil
+			if n == 0 {
+				continue
+			}
+		}
+		return n, err
 	}
-	n := copy(p, r.parts[0][r.off:])
-	r.off += n
-	return n, nil
 }
 
 // eventRef is one event of a rollout without its data: what to read it
 // by, and the stored size of what reading it loads.
 type eventRef struct {
 	rollout  string
+	attempt  string
 	typ      string
 	timeNano int64
 	size     int64
@@ -299,7 +340,7 @@ func (s *Server) eventRefs(c context.Context, st *tasks.State, attempt string, s
 	}
 	var out []eventRef
 	for _, e := range stored {
-		out = append(out, eventRef{rollout: e.RolloutID, typ: e.Type, timeNano: e.TimeNano, size: e.Size, seq: e.Seq})
+		out = append(out, eventRef{rollout: e.RolloutID, attempt: e.AttemptID, typ: e.Type, timeNano: e.TimeNano, size: e.Size, seq: e.Seq})
 	}
 	if !gateway.ValidID([]byte(st.RolloutID)) || !gateway.ValidID([]byte(attempt)) { // never true for a stored rollout; the ids are quoted below
 		return nil, fmt.Errorf("rollout %q, attempt %q cannot be queried", st.RolloutID, attempt)
@@ -327,7 +368,7 @@ func (s *Server) eventRefs(c context.Context, st *tasks.State, attempt string, s
 				return nil, fmt.Errorf("reading the calls of %s: column %d %q: %w", st.RolloutID, i+2, v, err)
 			}
 		}
-		out = append(out, eventRef{rollout: st.RolloutID, typ: "model_request", timeNano: nums[2], size: nums[3], span: row[0],
+		out = append(out, eventRef{rollout: st.RolloutID, attempt: attempt, typ: "model_request", timeNano: nums[2], size: nums[3], span: row[0],
 			call: &export.CallKey{RolloutID: st.RolloutID, AttemptID: attempt, SequenceID: uint64(nums[0]), ChoiceIndex: uint32(nums[1])}})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return nsToSeconds(out[i].timeNano) < nsToSeconds(out[j].timeNano) })
@@ -614,8 +655,8 @@ func choiceLogprobs(lp gjson.Result) []float64 {
 }
 
 // attemptsOf returns the attempts of a rollout that have events, with the
-// time (unix ns) of the first: stored events, and captured calls counted in
-// the store (one aggregate query: the trainer polls GET /api/rollouts/{id}
+// time (unix ns) of the first: stored events and captured calls, each
+// counted in its store (one aggregate query: the trainer polls GET /api/rollouts/{id}
 // for every pending rollout, and a call's bodies are not needed here).
 func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int64, error) {
 	first := map[string]int64{}
@@ -624,12 +665,12 @@ func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int6
 			first[attempt] = ns
 		}
 	}
-	stored, err := s.d.Queue.EventHeads(c, st.RolloutID, "")
+	stored, err := s.d.Queue.EventAttempts(c, st.RolloutID)
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range stored {
-		note(e.AttemptID, e.TimeNano)
+	for attempt, ns := range stored {
+		note(attempt, ns)
 	}
 	if !gateway.ValidID([]byte(st.RolloutID)) { // never true for a stored rollout; the id is quoted below
 		return nil, fmt.Errorf("rollout id %q cannot be queried", st.RolloutID)
