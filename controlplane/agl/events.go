@@ -1,13 +1,20 @@
 package agl
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -92,9 +99,40 @@ func (s *Server) postEvent(ctx *fasthttp.RequestCtx, rolloutID, attemptID string
 		Timestamp: nsToSeconds(e.TimeNano), Data: e.Data})
 }
 
-// getEvents serves GET /api/rollouts/{r}/events?event_type=&format=triplet:
-// the events of attempt last_attempt_id (or "0").
+// Paging of GET /api/rollouts/{r}/events (beyond AGL, whose clients send
+// neither parameter and read every event).
+const (
+	// maxEventPage is the default and the largest ?limit: the events of
+	// one answer. An answer that stops there names the next position in
+	// nextAfterHeader.
+	maxEventPage = 10000
+	// nextAfterHeader carries the ?after= of the next page when events
+	// follow the page answered; it is absent on the last page.
+	nextAfterHeader = "X-Rollgate-Next-After"
+)
+
+// maxEventPageBytes ends a page asked for with ?after= or ?limit= once
+// its events' stored data (bodies of captured calls, data of posted events)
+// reach it; a page always holds at least one event. (A variable for tests.)
+var maxEventPageBytes int64 = 16 << 20
+
+// getEvents serves GET /api/rollouts/{r}/events?event_type=&format=triplet
+// &after=&limit=: the events of attempt last_attempt_id (or "0"), from
+// position after (0-based, in the list the filters give) on, at most limit
+// of them. It lists the events without their data, then streams the JSON
+// array out reading one event's data at a time, so an answer holds one
+// event in memory, however large the rollout's events are.
 func (s *Server) getEvents(ctx *fasthttp.RequestCtx, id string) {
+	args := ctx.QueryArgs()
+	after, ok := rangeQuery(ctx, "after", 0, 0, math.MaxInt64)
+	if !ok {
+		return
+	}
+	limit, ok := rangeQuery(ctx, "limit", maxEventPage, 1, maxEventPage)
+	if !ok {
+		return
+	}
+	paged := args.Has("after") || args.Has("limit")
 	c, cancel := storeCtx()
 	defer cancel()
 	st, ok := s.rollout(ctx, c, id)
@@ -105,36 +143,185 @@ func (s *Server) getEvents(ctx *fasthttp.RequestCtx, id string) {
 	if attempt == "" {
 		attempt = defaultAttempt
 	}
-	evs, err := s.events(c, st, attempt, true)
+	refs, err := s.eventRefs(c, st, attempt, true)
 	if err != nil {
 		s.storeError(ctx, "reading the events of "+id, err)
 		return
 	}
-	args := ctx.QueryArgs()
 	if args.Has("event_type") {
 		typ := string(args.Peek("event_type"))
-		kept := evs[:0]
-		for _, e := range evs {
-			if e.EventType == typ {
-				kept = append(kept, e)
-			}
+		refs = slices.DeleteFunc(refs, func(r eventRef) bool { return r.typ != typ })
+	}
+	triplet := string(args.Peek("format")) == "triplet"
+	if triplet {
+		if refs, err = s.lastOfEachPrompt(c, refs); err != nil {
+			s.storeError(ctx, "reading the events of "+id, err)
+			return
 		}
-		evs = kept
 	}
-	if string(args.Peek("format")) == "triplet" {
-		evs = triplets(evs)
+	page := refs[min(after, int64(len(refs))):]
+	n, size := 0, int64(0)
+	for n < len(page) && n < int(limit) && (n == 0 || !paged || size < maxEventPageBytes) {
+		size += page[n].size
+		n++
 	}
-	if evs == nil {
-		evs = []eventView{}
+	if n < len(page) {
+		ctx.Response.Header.Set(nextAfterHeader, strconv.FormatInt(after+int64(n), 10))
 	}
-	writeJSON(ctx, fasthttp.StatusOK, evs)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.SetBodyStream(&eventStream{refs: page[:n], load: func(r eventRef) (io.Reader, error) {
+		c, cancel := storeCtx()
+		defer cancel()
+		rd, err := s.eventJSON(c, r, triplet)
+		if err != nil {
+			s.log.Warn("agl: reading an event while answering; the answer is cut off", "rollout_id", id, "err", err)
+		}
+		return rd, err
+	}}, -1)
 }
 
-// events returns the rollout's events of attempt ("" = every attempt):
-// the stored ones and a model_request for each captured call, ordered by
-// time (a call's event is made when its response ends, as AGL's proxy
-// records it). sync first waits for the capture of calls already answered.
-func (s *Server) events(c context.Context, st *tasks.State, attempt string, sync bool) ([]eventView, error) {
+// eventChunk is the most characters of a stored event's data read at once.
+const eventChunk = 1 << 20
+
+// eventJSON is the JSON of the event r names, as a reader: a stored event
+// that the answer does not reshape has its data read in parts of
+// eventChunk characters, as stored (JSON checked when it was recorded),
+// while the answer is written.
+func (s *Server) eventJSON(c context.Context, r eventRef, triplet bool) (io.Reader, error) {
+	if r.call != nil || triplet && (r.typ == "model_request" || r.typ == "reward") {
+		e, err := s.loadEvent(c, r, triplet)
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(e)
+		return bytes.NewReader(b), err
+	}
+	head, err := json.Marshal(eventView{EventType: r.typ, RolloutID: r.rollout, AttemptID: r.attempt, Timestamp: nsToSeconds(r.timeNano), Data: json.RawMessage("0")})
+	if err != nil {
+		return nil, err
+	}
+	// head ends with the placeholder: "data":0}
+	return io.MultiReader(bytes.NewReader(head[:len(head)-2]), &eventData{q: s.d.Queue, r: r, log: s.log}, strings.NewReader("}")), nil
+}
+
+// eventData reads a stored event's data in parts of eventChunk characters.
+type eventData struct {
+	q    *tasks.Queue
+	r    eventRef
+	log  *slog.Logger
+	from int64 // characters read so far
+	part string
+}
+
+// Read implements io.Reader.
+func (d *eventData) Read(p []byte) (int, error) {
+	if d.part == "" {
+		if d.from >= d.r.size {
+			return 0, io.EOF
+		}
+		c, cancel := storeCtx()
+		part, err := d.q.EventData(c, d.r.rollout, d.r.seq, d.from, eventChunk)
+		cancel()
+		if err == nil && part == "" {
+			err = fmt.Errorf("event %d of %s ends at %d of its %d characters", d.r.seq, d.r.rollout, d.from, d.r.size)
+		}
+		if err != nil {
+			d.log.Warn("agl: reading an event while answering; the answer is cut off", "rollout_id", d.r.rollout, "err", err)
+			return 0, err
+		}
+		d.part, d.from = part, d.from+int64(utf8.RuneCountInString(part))
+	}
+	n := copy(p, d.part)
+	d.part = d.part[n:]
+	return n, nil
+}
+
+// rangeQuery reads an integer query parameter within [lo, hi] (def when
+// absent); false after answering 422 naming the parameter and its range.
+func rangeQuery(ctx *fasthttp.RequestCtx, name string, def, lo, hi int64) (int64, bool) {
+	n, ok := intQuery(ctx, name, def)
+	if !ok {
+		return 0, false
+	}
+	switch {
+	case n < lo:
+		invalid(ctx, fieldError{Type: "greater_than_equal", Loc: []any{"query", name}, Msg: fmt.Sprintf("Input should be greater than or equal to %d", lo), Input: string(ctx.QueryArgs().Peek(name))})
+		return 0, false
+	case n > hi:
+		invalid(ctx, fieldError{Type: "less_than_equal", Loc: []any{"query", name}, Msg: fmt.Sprintf("Input should be less than or equal to %d", hi), Input: string(ctx.QueryArgs().Peek(name))})
+		return 0, false
+	}
+	return n, true
+}
+
+// eventStream is the JSON array of a page of events, as an io.Reader that
+// fasthttp pulls from while writing the answer: each event is read (load)
+// when the previous one has been written. A failed read ends the answer
+// with the error, which cuts the connection: the client never takes a
+// shortened array for the whole.
+type eventStream struct {
+	refs []eventRef
+	load func(eventRef) (io.Reader, error)
+	next int       // refs[next] is loaded next
+	cur  io.Reader // the bytes being written, nil between events
+	done bool
+}
+
+// Read implements io.Reader.
+func (r *eventStream) Read(p []byte) (int, error) {
+	for {
+		if r.cur == nil {
+			switch {
+			case r.done:
+				return 0, io.EOF
+			case r.next == len(r.refs):
+				r.cur, r.done = strings.NewReader("]"), true
+				if r.next == 0 {
+					r.cur = strings.NewReader("[]")
+				}
+			default:
+				ev, err := r.load(r.refs[r.next])
+				if err != nil {
+					return 0, err
+				}
+				sep := ","
+				if r.next == 0 {
+					sep = "["
+				}
+				r.cur = io.MultiReader(strings.NewReader(sep), ev)
+				r.next++
+			}
+		}
+		n, err := r.cur.Read(p)
+		if err == io.EOF {
+			r.cur, err = nil, nil
+			if n == 0 {
+				continue
+			}
+		}
+		return n, err
+	}
+}
+
+// eventRef is one event of a rollout without its data: what to read it
+// by, and the stored size of what reading it loads.
+type eventRef struct {
+	rollout  string
+	attempt  string
+	typ      string
+	timeNano int64
+	size     int64
+	seq      int64 // a stored event's Seq (tasks.Event), when call is nil
+	call     *export.CallKey
+	span     string // the captured call's span id
+}
+
+// eventRefs lists the rollout's events of attempt: the stored ones and a
+// model_request for each captured call, ordered by time (a call's event is
+// made when its response ends, as AGL's proxy records it), without their
+// data. sync first waits for the capture of calls already answered.
+func (s *Server) eventRefs(c context.Context, st *tasks.State, attempt string, sync bool) ([]eventRef, error) {
 	if sync && s.d.Capture != nil {
 		// After a kill, the calls of the earlier run come back from the
 		// capture WAL: wait for them too.
@@ -147,34 +334,133 @@ func (s *Server) events(c context.Context, st *tasks.State, attempt string, sync
 			return nil, err
 		}
 	}
-	stored, err := s.d.Queue.Events(c, st.RolloutID)
+	stored, err := s.d.Queue.EventHeads(c, st.RolloutID, attempt)
 	if err != nil {
 		return nil, err
 	}
-	var out []eventView
+	var out []eventRef
 	for _, e := range stored {
-		if attempt == "" || e.AttemptID == attempt {
-			out = append(out, eventView{EventType: e.Type, RolloutID: e.RolloutID, AttemptID: e.AttemptID,
-				Timestamp: nsToSeconds(e.TimeNano), Data: e.Data})
-		}
+		out = append(out, eventRef{rollout: e.RolloutID, attempt: e.AttemptID, typ: e.Type, timeNano: e.TimeNano, size: e.Size, seq: e.Seq})
 	}
-	calls, err := s.d.Store.Calls(c, export.CallFilter{RolloutID: st.RolloutID, AttemptID: attempt})
+	if !gateway.ValidID([]byte(st.RolloutID)) || !gateway.ValidID([]byte(attempt)) { // never true for a stored rollout; the ids are quoted below
+		return nil, fmt.Errorf("rollout %q, attempt %q cannot be queried", st.RolloutID, attempt)
+	}
+	// The calls' keys and body sizes, not their rows: the bodies are read
+	// one call at a time when the event is written.
+	res, err := s.d.Store.Query(c, fmt.Sprintf(`SELECT span_id, sequence_id, choice_index, end_time_unix_nano,
+		length(request_body) + length(response_body) FROM llm_calls
+		WHERE rollout_id = '%s' AND attempt_id = '%s' AND start_time_unix_nano >= %d AND endpoint != 'embeddings'
+		ORDER BY sequence_id, choice_index`, st.RolloutID, attempt, st.CreatedNano))
 	if err != nil {
 		return nil, fmt.Errorf("reading the calls of %s: %w", st.RolloutID, err)
 	}
 	seen := map[string]bool{}
-	for i := range calls {
-		cl := &calls[i]
-		// Rows of a deleted rollout of the same id stay in llm_calls: only
-		// calls made since this rollout was created are its events.
-		if seen[cl.SpanID] || int64(cl.StartTimeUnixNano) < st.CreatedNano || cl.Endpoint == "embeddings" {
+	for _, row := range res.Rows {
+		if len(row) != 5 || seen[row[0]] {
 			continue
 		}
-		seen[cl.SpanID] = true
-		out = append(out, eventView{EventType: "model_request", RolloutID: cl.RolloutID, AttemptID: cl.AttemptID,
-			Timestamp: nsToSeconds(int64(cl.EndTimeUnixNano)), Data: modelRequestData(cl), call: cl})
+		// Rows of a deleted rollout of the same id stay in llm_calls: only
+		// calls made since this rollout was created (above) are its events.
+		seen[row[0]] = true
+		var nums [4]int64
+		for i, v := range row[1:] {
+			if nums[i], err = strconv.ParseInt(v, 10, 64); err != nil {
+				return nil, fmt.Errorf("reading the calls of %s: column %d %q: %w", st.RolloutID, i+2, v, err)
+			}
+		}
+		out = append(out, eventRef{rollout: st.RolloutID, attempt: attempt, typ: "model_request", timeNano: nums[2], size: nums[3], span: row[0],
+			call: &export.CallKey{RolloutID: st.RolloutID, AttemptID: attempt, SequenceID: uint64(nums[0]), ChoiceIndex: uint32(nums[1])}})
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
+	sort.SliceStable(out, func(i, j int) bool { return nsToSeconds(out[i].timeNano) < nsToSeconds(out[j].timeNano) })
+	return out, nil
+}
+
+// loadEvent reads the data of the event r names, trimmed as a triplet when
+// triplet is set.
+func (s *Server) loadEvent(c context.Context, r eventRef, triplet bool) (*eventView, error) {
+	var e *eventView
+	if r.call == nil {
+		ev, err := s.d.Queue.Event(c, r.rollout, r.seq)
+		if err != nil {
+			return nil, err
+		}
+		e = &eventView{EventType: ev.Type, RolloutID: ev.RolloutID, AttemptID: ev.AttemptID, Timestamp: nsToSeconds(ev.TimeNano), Data: ev.Data}
+	} else {
+		cl, err := s.call(c, r)
+		if err != nil {
+			return nil, err
+		}
+		e = &eventView{EventType: "model_request", RolloutID: cl.RolloutID, AttemptID: cl.AttemptID,
+			Timestamp: nsToSeconds(int64(cl.EndTimeUnixNano)), Data: modelRequestData(cl), call: cl}
+	}
+	if triplet {
+		trimTriplet(e)
+	}
+	return e, nil
+}
+
+// call reads the captured row of r through Store.Call (one row), or, when
+// another call of the attempt has the same sequence id and started later,
+// by its span id.
+func (s *Server) call(c context.Context, r eventRef) (*export.Call, error) {
+	cl, err := s.d.Store.Call(c, *r.call)
+	if err == nil && (cl == nil || cl.SpanID != r.span) {
+		var rows []export.Call
+		rows, err = s.d.Store.Calls(c, export.CallFilter{RolloutID: r.call.RolloutID, AttemptID: r.call.AttemptID, SpanID: r.span, Limit: 1})
+		cl = nil
+		if len(rows) > 0 {
+			cl = &rows[0]
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading call %d of %s: %w", r.call.SequenceID, r.call.RolloutID, err)
+	}
+	if cl == nil {
+		return nil, fmt.Errorf("call %d (span %s) of %s is no longer stored", r.call.SequenceID, r.span, r.call.RolloutID)
+	}
+	return cl, nil
+}
+
+// lastOfEachPrompt is AGL's triplet de-dup: among model_request events,
+// only the last of each prompt_token_ids list is kept. Each event's prompt
+// is read on its own (a captured call's row without its bodies) and only
+// its hash is kept.
+func (s *Server) lastOfEachPrompt(c context.Context, refs []eventRef) ([]eventRef, error) {
+	keys := make([][sha256.Size]byte, len(refs))
+	last := map[[sha256.Size]byte]int{}
+	gone := map[int]bool{}
+	for i, r := range refs {
+		if r.typ != "model_request" {
+			continue
+		}
+		var prompt []byte
+		if r.call == nil {
+			e, err := s.loadEvent(c, r, true)
+			if err != nil {
+				return nil, err
+			}
+			prompt = []byte(gjson.GetBytes(e.Data, "prompt_token_ids").Raw)
+		} else {
+			rows, err := s.d.Store.Calls(c, export.CallFilter{RolloutID: r.call.RolloutID, AttemptID: r.call.AttemptID, SpanID: r.span, Limit: 1,
+				Omit: export.ReadOptions{NoRequestBody: true, NoResponseBody: true}})
+			if err != nil {
+				return nil, fmt.Errorf("reading call %d of %s: %w", r.call.SequenceID, r.call.RolloutID, err)
+			}
+			if len(rows) == 0 { // deleted since listed
+				gone[i] = true
+				continue
+			}
+			prompt, _ = json.Marshal(promptIDs(&rows[0]))
+		}
+		keys[i] = sha256.Sum256(prompt)
+		last[keys[i]] = i
+	}
+	out := refs[:0]
+	for i, r := range refs {
+		if r.typ != "model_request" || !gone[i] && last[keys[i]] == i {
+			out = append(out, r)
+		}
+	}
 	return out, nil
 }
 
@@ -237,33 +523,34 @@ func modelRequestData(cl *export.Call) json.RawMessage {
 	return b
 }
 
-// triplets is AGL's ?format=triplet: model_request and reward events
-// trimmed, then only the last model_request of each prompt kept.
-func triplets(evs []eventView) []eventView {
-	last := map[string]int{}
-	for i := range evs {
-		e := &evs[i]
-		switch e.EventType {
-		case "model_request":
-			e.Data = tripletData(e)
-			last[gjson.GetBytes(e.Data, "prompt_token_ids").Raw] = i
-		case "reward":
-			d := map[string]json.RawMessage{"value": json.RawMessage(rawOr(gjson.GetBytes(e.Data, "value").Raw, "null"))}
-			for _, k := range []string{"source", "reason"} {
-				if v := gjson.GetBytes(e.Data, k); v.Exists() {
-					d[k] = json.RawMessage(v.Raw)
-				}
+// trimTriplet is AGL's ?format=triplet trim of one event: model_request
+// and reward events keep only what a triplet needs (lastOfEachPrompt then
+// keeps the last model_request of each prompt).
+func trimTriplet(e *eventView) {
+	switch e.EventType {
+	case "model_request":
+		e.Data = tripletData(e)
+	case "reward":
+		d := map[string]json.RawMessage{"value": json.RawMessage(rawOr(gjson.GetBytes(e.Data, "value").Raw, "null"))}
+		for _, k := range []string{"source", "reason"} {
+			if v := gjson.GetBytes(e.Data, k); v.Exists() {
+				d[k] = json.RawMessage(v.Raw)
 			}
-			e.Data, _ = json.Marshal(d)
 		}
+		e.Data, _ = json.Marshal(d)
 	}
-	out := evs[:0]
-	for i, e := range evs {
-		if e.EventType != "model_request" || last[gjson.GetBytes(e.Data, "prompt_token_ids").Raw] == i {
-			out = append(out, e)
-		}
+}
+
+// promptIDs is a captured call's prompt_token_ids as its triplet has them:
+// none for an errored call (AGL reads the ids from the engine's body, which
+// an error has none of, so every error event shares the key [] in the
+// de-dup; ids a fallback tokenizer may have put on the row are not the
+// engine's).
+func promptIDs(cl *export.Call) []uint32 {
+	if cl.PromptTokenIDs == nil || cl.HTTPStatus >= 400 || cl.HTTPStatus == 0 {
+		return []uint32{}
 	}
-	return out
+	return cl.PromptTokenIDs
 }
 
 // tripletData trims a model_request: token ids and logprobs from the
@@ -274,18 +561,9 @@ func tripletData(e *eventView) json.RawMessage {
 	if cl == nil { // a model_request posted by a client: AGL reads its response
 		return tripletFromResponse(e.Data)
 	}
-	prompt, response := cl.PromptTokenIDs, cl.ResponseTokenIDs
+	prompt, response := promptIDs(cl), cl.ResponseTokenIDs
 	errored := cl.HTTPStatus >= 400 || cl.HTTPStatus == 0
-	if errored {
-		// AGL reads the ids from the engine's body, which an error has none
-		// of (so every error event shares the key [] in the de-dup); ids a
-		// fallback tokenizer may have put on the row are not the engine's.
-		prompt, response = nil, nil
-	}
-	if prompt == nil {
-		prompt = []uint32{}
-	}
-	if response == nil {
+	if response == nil || errored { // as promptIDs
 		response = []uint32{}
 	}
 	var logprobs any
@@ -377,8 +655,8 @@ func choiceLogprobs(lp gjson.Result) []float64 {
 }
 
 // attemptsOf returns the attempts of a rollout that have events, with the
-// time (unix ns) of the first: stored events, and captured calls counted in
-// the store (one aggregate query: the trainer polls GET /api/rollouts/{id}
+// time (unix ns) of the first: stored events and captured calls, each
+// counted in its store (one aggregate query: the trainer polls GET /api/rollouts/{id}
 // for every pending rollout, and a call's bodies are not needed here).
 func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int64, error) {
 	first := map[string]int64{}
@@ -387,12 +665,12 @@ func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int6
 			first[attempt] = ns
 		}
 	}
-	stored, err := s.d.Queue.Events(c, st.RolloutID)
+	stored, err := s.d.Queue.EventAttempts(c, st.RolloutID)
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range stored {
-		note(e.AttemptID, e.TimeNano)
+	for attempt, ns := range stored {
+		note(attempt, ns)
 	}
 	if !gateway.ValidID([]byte(st.RolloutID)) { // never true for a stored rollout; the id is quoted below
 		return nil, fmt.Errorf("rollout id %q cannot be queried", st.RolloutID)

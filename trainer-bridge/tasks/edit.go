@@ -44,6 +44,9 @@ type Event struct {
 	Type      string          `json:"event_type"`
 	TimeNano  int64           `json:"time_unix_nano"`
 	Data      json.RawMessage `json:"data"`
+	// Size is the length of Data as stored, in characters (set by
+	// EventHeads, which leaves Data nil).
+	Size int64 `json:"-"`
 }
 
 // Edit is a change to one rollout, made by Update. Nil fields are left as
@@ -300,10 +303,17 @@ func (q *Queue) AddEvent(ctx context.Context, e *Event) error {
 	})
 }
 
-// Events returns a rollout's events, every attempt, in the order recorded.
-func (q *Queue) Events(ctx context.Context, rolloutID string) ([]Event, error) {
-	rows, err := q.db.QueryContext(ctx, q.sql(`SELECT seq, rollout_id, attempt_id, event_type, time_ns, data
-		FROM rg_events WHERE rollout_id = ? ORDER BY seq`), rolloutID)
+// EventHeads returns a rollout's events of attemptID ("" = every attempt)
+// in the order recorded, without their data: Data is nil and Size its
+// stored length in characters. A reader of many events reads each one's
+// data with Event or, in parts, EventData.
+func (q *Queue) EventHeads(ctx context.Context, rolloutID, attemptID string) ([]Event, error) {
+	query, args := `SELECT seq, rollout_id, attempt_id, event_type, time_ns, length(data)
+		FROM rg_events WHERE rollout_id = ?`, []any{rolloutID}
+	if attemptID != "" {
+		query, args = query+" AND attempt_id = ?", append(args, attemptID)
+	}
+	rows, err := q.db.QueryContext(ctx, q.sql(query+" ORDER BY seq"), args...)
 	if err != nil {
 		return nil, fmt.Errorf("tasks: reading events of %s: %w", rolloutID, err)
 	}
@@ -311,14 +321,66 @@ func (q *Queue) Events(ctx context.Context, rolloutID string) ([]Event, error) {
 	var out []Event
 	for rows.Next() {
 		var e Event
-		var data string
-		if err := rows.Scan(&e.Seq, &e.RolloutID, &e.AttemptID, &e.Type, &e.TimeNano, &data); err != nil {
+		if err := rows.Scan(&e.Seq, &e.RolloutID, &e.AttemptID, &e.Type, &e.TimeNano, &e.Size); err != nil {
 			return nil, fmt.Errorf("tasks: reading events of %s: %w", rolloutID, err)
 		}
-		e.Data = json.RawMessage(data)
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// Event reads one event of a rollout by its Seq; ErrNotFound when there is
+// none (the rollout was deleted since its events were listed).
+func (q *Queue) Event(ctx context.Context, rolloutID string, seq int64) (*Event, error) {
+	var e Event
+	var data string
+	err := q.db.QueryRowContext(ctx, q.sql(`SELECT seq, rollout_id, attempt_id, event_type, time_ns, data
+		FROM rg_events WHERE rollout_id = ? AND seq = ?`), rolloutID, seq).Scan(&e.Seq, &e.RolloutID, &e.AttemptID, &e.Type, &e.TimeNano, &data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tasks: reading event %d of %s: %w", seq, rolloutID, err)
+	}
+	e.Data, e.Size = json.RawMessage(data), int64(len(data))
+	return &e, nil
+}
+
+// EventAttempts returns the attempts of a rollout that have events, with
+// the time (unix ns) of each one's first, reading none of their data.
+func (q *Queue) EventAttempts(ctx context.Context, rolloutID string) (map[string]int64, error) {
+	rows, err := q.db.QueryContext(ctx, q.sql(`SELECT attempt_id, min(time_ns) FROM rg_events WHERE rollout_id = ? GROUP BY attempt_id`), rolloutID)
+	if err != nil {
+		return nil, fmt.Errorf("tasks: reading the attempts of %s: %w", rolloutID, err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var attempt string
+		var first int64
+		if err := rows.Scan(&attempt, &first); err != nil {
+			return nil, fmt.Errorf("tasks: reading the attempts of %s: %w", rolloutID, err)
+		}
+		out[attempt] = first
+	}
+	return out, rows.Err()
+}
+
+// EventData reads up to n characters of an event's data from character
+// from (0-based), as stored: a reader of a large event reads it in parts
+// (Size, from EventHeads, is its length in characters). Past the end it
+// returns "".
+func (q *Queue) EventData(ctx context.Context, rolloutID string, seq, from, n int64) (string, error) {
+	var data string
+	err := q.db.QueryRowContext(ctx, q.sql(`SELECT substr(data, ?, ?) FROM rg_events WHERE rollout_id = ? AND seq = ?`),
+		from+1, n, rolloutID, seq).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("tasks: reading event %d of %s: %w", seq, rolloutID, err)
+	}
+	return data, nil
 }
 
 // PutSetting stores a named value (state a surface keeps across restarts,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -94,8 +95,47 @@ func TestEditOwnerAPI(t *testing.T) {
 		if err := q.AddEvent(ctx, &Event{RolloutID: "nope", Type: "x"}); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("event of a missing rollout: %v", err)
 		}
-		if evs, err := q.Events(ctx, "r1"); err != nil || len(evs) != 1 || evs[0].Seq == 0 || string(evs[0].Data) != `{"value":1}` {
-			t.Fatalf("events: %+v %v", evs, err)
+		if err := q.AddEvent(ctx, &Event{RolloutID: "r1", AttemptID: "1", Type: "y", Data: json.RawMessage(`"ééé"`)}); err != nil {
+			t.Fatal(err)
+		}
+		evs, err := q.EventHeads(ctx, "r1", "0")
+		if err != nil || len(evs) != 1 || evs[0].Seq == 0 || evs[0].Data != nil || evs[0].Size != int64(len(`{"value":1}`)) || evs[0].Type != "reward" {
+			t.Fatalf("event heads of attempt 0: %+v %v", evs, err)
+		}
+		if all, err := q.EventHeads(ctx, "r1", ""); err != nil || len(all) != 2 || all[1].AttemptID != "1" || all[1].Seq <= all[0].Seq {
+			t.Fatalf("event heads of every attempt: %+v %v", all, err)
+		}
+		if first, err := q.EventAttempts(ctx, "r1"); err != nil || len(first) != 2 || first["0"] != evs[0].TimeNano || first["1"] < first["0"] {
+			t.Fatalf("event attempts: %v %v", first, err)
+		}
+		// Sizes and parts count characters: a part never splits one.
+		if all, _ := q.EventHeads(ctx, "r1", "1"); len(all) != 1 || all[0].Size != 5 {
+			t.Fatalf("size of \"ééé\": %+v, want 5 characters", all)
+		} else if part, err := q.EventData(ctx, "r1", all[0].Seq, 1, 2); err != nil || part != "éé" {
+			t.Fatalf("characters 1-2 of \"ééé\": %q %v", part, err)
+		}
+		if e, err := q.Event(ctx, "r1", evs[0].Seq); err != nil || string(e.Data) != `{"value":1}` || e.AttemptID != "0" {
+			t.Fatalf("event: %+v %v", e, err)
+		}
+		var parts []string
+		for from := int64(0); from <= evs[0].Size; from += 4 {
+			part, err := q.EventData(ctx, "r1", evs[0].Seq, from, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts = append(parts, part)
+		}
+		if got := strings.Join(parts, "|"); got != `{"va|lue"|:1}` {
+			t.Fatalf("event data in parts of 4: %s", got)
+		}
+		if part, err := q.EventData(ctx, "r1", evs[0].Seq, evs[0].Size, 4); err != nil || part != "" {
+			t.Fatalf("event data past the end: %q %v", part, err)
+		}
+		if _, err := q.EventData(ctx, "r2", evs[0].Seq, 0, 4); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("event data of another rollout: %v, want ErrNotFound", err)
+		}
+		if _, err := q.Event(ctx, "r2", evs[0].Seq); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("event of another rollout: %v, want ErrNotFound", err)
 		}
 
 		if total, err := q.Completed(ctx); err != nil || total != 2 {
@@ -115,7 +155,7 @@ func TestEditOwnerAPI(t *testing.T) {
 			t.Fatalf("list statuses: %+v %v", list, err)
 		}
 		q.Delete(ctx, "r1")
-		if evs, err := q.Events(ctx, "r1"); err != nil || len(evs) != 0 {
+		if evs, err := q.EventHeads(ctx, "r1", ""); err != nil || len(evs) != 0 {
 			t.Fatalf("events outlive their rollout: %+v %v", evs, err)
 		}
 
