@@ -52,7 +52,7 @@ needs Authorization: Bearer $ROLLGATE_ADMIN_TOKEN when that is set, and a non-lo
 A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goes to stderr.`
 
 func runBridge(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("bridge", bridgeSummary, stdout)
+	fs := newFlagSet("bridge", bridgeSummary, stdout, bridgeSections...) // a new flag needs its line in bridgeSections
 	clickhouseDSN := fs.String("clickhouse", "", "ClickHouse DSN (empty = embedded store)")
 	dbPath := fs.String("db", defaultDB, "embedded SQLite store path, used when --clickhouse is empty")
 	out := fs.String("out", "", "output file (required; '-' = stdout, JSONL only)")

@@ -2,19 +2,24 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"io"
 
 	"github.com/rollgate/rollgate/internal/config"
 )
 
-// newFlagSet returns a FlagSet whose usage prints the command's summary and flags.
-func newFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
+// newFlagSet returns a FlagSet whose -h prints the command's summary and
+// flags to out, grouped by sections when given (printHelp). A parse error
+// prints nothing: the command reports it in one line (flagError).
+func newFlagSet(name, summary string, out io.Writer, sections ...flagSection) *flag.FlagSet {
 	fs := flag.NewFlagSet("rollgate "+name, flag.ContinueOnError)
-	fs.SetOutput(out)
+	failure := &parseFailure{}
+	fs.SetOutput(failure)
 	fs.Usage = func() {
-		fmt.Fprintf(out, "%s\n\nFlags (each also read from ROLLGATE_<FLAG_NAME_IN_UPPER_SNAKE_CASE>):\n", summary)
-		fs.PrintDefaults()
+		if failure.failed {
+			failure.failed = false
+			return
+		}
+		printHelp(out, fs, summary, sections)
 	}
 	return fs
 }
@@ -25,7 +30,7 @@ func newFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
 // file use it; serve loads its file too (config.Load).
 func parseWithEnv(fs *flag.FlagSet, args []string) (map[string]bool, error) {
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, flagError(fs, err)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
