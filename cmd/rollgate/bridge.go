@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -323,9 +322,9 @@ func serveSamples(addr string, ttl time.Duration, adminToken string, samples []*
 		}
 		q.Add(b)
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen("--serve", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
+		return err
 	}
 	handler := func(ctx *fasthttp.RequestCtx) {
 		if controlplane.AdminAuthorized(ctx, adminToken, "lease API route") {
