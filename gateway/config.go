@@ -113,9 +113,10 @@ type Config struct {
 	// and counts in rollgate_calls_rejected_total{reason="sequence_store"}
 	// (default 5s).
 	SequenceStoreTimeout time.Duration `yaml:"sequence_store_timeout"`
-	// AdminToken, when set, is required as "Authorization: Bearer ..." on the
-	// /api/v1 write routes (backends, pause/resume, rollouts, rewards, status).
-	// Set it through the environment (ROLLGATE_ADMIN_TOKEN), not a file.
+	// AdminToken, when set, is required as "Authorization: Bearer ..." on
+	// every /api/v1 route, reads included (controlplane.AdminAuthorized), and
+	// on the viewer /ui. Set it through the environment
+	// (ROLLGATE_ADMIN_TOKEN), not a file.
 	AdminToken string `yaml:"-"`
 	// AllowedHosts are the names (or IP addresses) besides loopback ones
 	// (localhost, 127.0.0.0/8, ::1), the listen and public address and the

@@ -103,8 +103,7 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		s.reject(ctx, &c, rejectTooDeep, fasthttp.StatusBadRequest, errInvalidRequest, "request body: "+err.Error())
 		return
 	case err != nil:
-		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest,
-			"request body is not a JSON object: send Content-Type: application/json with a JSON body")
+		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, notObjectMessage(body, ctx.Request.Header.ContentType()))
 		return
 	}
 	if rec := opts.force.Record(); rec != "" {

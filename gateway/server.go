@@ -295,7 +295,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if s.serveMounted(ctx, path) {
 		return
 	}
-	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
+	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, unknownRouteMessage(ctx.Method(), ctx.Path()))
 }
 
 // readOnly answers 405 to a method other than GET and HEAD on a

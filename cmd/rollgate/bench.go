@@ -166,6 +166,7 @@ func runBenchTable(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintln(stderr, "rollgate bench table:", flagError(fs, err))
 		return 2
 	}
 	var reps []*load.Report

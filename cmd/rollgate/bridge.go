@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -52,7 +51,7 @@ needs Authorization: Bearer $ROLLGATE_ADMIN_TOKEN when that is set, and a non-lo
 A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goes to stderr.`
 
 func runBridge(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("bridge", bridgeSummary, stdout)
+	fs := newFlagSet("bridge", bridgeSummary, stdout, bridgeSections...) // a new flag needs its line in bridgeSections
 	clickhouseDSN := fs.String("clickhouse", "", "ClickHouse DSN (empty = embedded store)")
 	dbPath := fs.String("db", defaultDB, "embedded SQLite store path, used when --clickhouse is empty")
 	out := fs.String("out", "", "output file (required; '-' = stdout, JSONL only)")
@@ -323,9 +322,9 @@ func serveSamples(addr string, ttl time.Duration, adminToken string, samples []*
 		}
 		q.Add(b)
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen("--serve", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
+		return err
 	}
 	handler := func(ctx *fasthttp.RequestCtx) {
 		if controlplane.AdminAuthorized(ctx, adminToken, "lease API route") {

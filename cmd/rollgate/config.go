@@ -58,7 +58,8 @@ type fileConfig struct {
 	Serve serveFlags `yaml:"-"`
 }
 
-// registerFlags registers every component's flags on fs, bound to c.
+// registerFlags registers every component's flags on fs, bound to c. A new
+// flag also needs its line in serveSections (help.go), its group in --help.
 func (c *fileConfig) registerFlags(fs *flag.FlagSet) {
 	c.Gateway.RegisterFlags(fs)
 	c.ControlPlane.RegisterFlags(fs)
@@ -76,12 +77,12 @@ func (c *fileConfig) registerFlags(fs *flag.FlagSet) {
 // loadServeConfig reads serve's configuration from args, the environment
 // and the --config file (see fileConfig), and checks it.
 func loadServeConfig(args []string, stdout io.Writer) (*fileConfig, config.Result, error) {
-	fs := newFlagSet("serve", serveSummary, stdout)
+	fs := newFlagSet("serve", serveSummary, stdout, serveSections...)
 	c := &fileConfig{}
 	c.registerFlags(fs)
 	res, err := config.Load(fs, args, "config", c)
 	if err != nil {
-		return nil, res, err
+		return nil, res, flagError(fs, err)
 	}
 	c.Store.setDefaults()
 	return c, res, c.check(res)

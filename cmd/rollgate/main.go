@@ -14,22 +14,29 @@ const usage = `rollgate — transparent OpenAI-compatible gateway that captures 
 Usage:
   rollgate serve [flags]        run the gateway (embedded store ./rollgate.db by default;
                                 without --upstream it also starts the built-in mock engine)
-  rollgate sql [flags] "QUERY"  run SQL on the configured store and print a table
-  rollgate mock [flags]         run the mock vLLM engine (for tests and benchmarks)
-  rollgate bench [flags]        generate agent load, report latency/throughput, check the capture
   rollgate bridge [flags]       turn captured calls and rewards into training samples
                                 (JSONL, Parquet, safetensors, or an HTTP lease API with --serve)
+  rollgate sql [flags] "QUERY"  run SQL on the configured store and print a table
   rollgate help [command]       show help for a command
 
-Every flag can also be set through the environment: --some-flag is ROLLGATE_SOME_FLAG.
-serve takes each setting from its flag, else its variable, else --config's file, else
-its default.
-Secrets belong in the environment: ROLLGATE_CLICKHOUSE (a DSN with a password),
-ROLLGATE_UPSTREAM_API_KEY (sent to --upstream as a bearer token), ROLLGATE_ADMIN_TOKEN
-(required as a bearer token on /api/v1 write routes when set), ROLLGATE_CLIENT_KEYS
-("name=key,name2=key2": keys agents must send as their OPENAI_API_KEY; the name is
-recorded on captured rows), and the variables named by api_key_env / key_env in the
-config file.
+Testing and benchmarks:
+  rollgate mock [flags]         run the mock vLLM engine (for tests and benchmarks)
+  rollgate bench [flags]        generate agent load, report latency/throughput, check the capture
+
+Settings: every flag can also be set through the environment: --some-flag is
+ROLLGATE_SOME_FLAG. serve takes each setting from its flag, else its variable, else
+--config's file, else its default.
+
+Secrets belong in the environment:
+  ROLLGATE_ADMIN_TOKEN       when set, required as Authorization: Bearer on every /api/v1
+                             route (reads included), the viewer /ui and bridge --serve's lease
+                             API; unset, serve refuses a non-loopback --listen and bridge a
+                             non-loopback --serve, unless --insecure-admin
+  ROLLGATE_CLIENT_KEYS       "name=key,name2=key2": keys agents must send as their
+                             OPENAI_API_KEY; the name is recorded on captured rows
+  ROLLGATE_UPSTREAM_API_KEY  sent to --upstream as a bearer token
+  ROLLGATE_CLICKHOUSE        a ClickHouse DSN with a password
+  and the variables named by api_key_env / key_env in the config file.
 
 Run "rollgate help serve" (or "rollgate serve --help") for the flags of a command.
 `
@@ -66,6 +73,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "bridge":
 		return runBridge(rest, stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "rollgate: unknown command %q\n\n%s", cmd, usage)
+	msg := fmt.Sprintf("rollgate: unknown command %q", cmd)
+	if near := closest(commands, cmd, 2); len(near) > 0 {
+		msg += "; did you mean " + oneOf(near) + "?"
+	}
+	fmt.Fprintln(stderr, msg+` Run "rollgate --help" for the commands.`)
 	return 2
 }
+
+// commands are rollgate's subcommands, for the closest names to a misspelt one.
+var commands = []string{"serve", "bridge", "sql", "help", "mock", "bench"}

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,7 +19,7 @@ Per-request knobs: headers x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens, x-mock-
 
 func runMock(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("mock", mockSummary, stdout)
-	listen := fs.String("listen", "127.0.0.1:8001", "address to serve on")
+	addr := fs.String("listen", "127.0.0.1:8001", "address to serve on")
 	var cfg mock.Config
 	cfg.RegisterFlags(fs)
 	_, err := parseWithEnv(fs, args)
@@ -31,9 +30,9 @@ func runMock(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "rollgate mock:", err)
 		return 2
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := listen("--listen", *addr)
 	if err != nil {
-		fmt.Fprintf(stderr, "rollgate mock: listen on %s: %v\n", *listen, err)
+		fmt.Fprintln(stderr, "rollgate mock:", err)
 		return 1
 	}
 	s := mock.New(cfg)

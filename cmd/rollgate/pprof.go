@@ -1,9 +1,7 @@
 package main
 
 import (
-	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/pprof"
 )
@@ -12,9 +10,9 @@ import (
 // `go tool pprof http://ADDR/debug/pprof/profile?seconds=10` under load. It
 // is a separate listener so the gateway's own port never exposes them.
 func servePprof(addr string, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen("--debug-listen", addr)
 	if err != nil {
-		return fmt.Errorf("--debug-listen: %w", err)
+		return err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -102,18 +102,24 @@ func (s *serving) start(c *fileConfig, stderr io.Writer) error {
 	if err := mountAGL(c.AGL, !isLoopbackAddr(shown.Listen) && !c.Serve.InsecureAdmin, s.srv, s.cp, s.tasks, s.store.Store, s.pipe, s.log); err != nil {
 		return refused(err)
 	}
+	// Bound before "listening" is said: a port in use is the one line.
+	ln, err := listen("--listen", shown.Listen)
+	if err != nil {
+		return failed(err)
+	}
+	if c.Serve.DebugListen != "" {
+		if err := servePprof(c.Serve.DebugListen, s.log); err != nil {
+			ln.Close()
+			return refused(err)
+		}
+	}
 	where := "embedded store " + c.Store.DB
 	if c.Store.ClickHouse != "" {
 		where = "ClickHouse " + redactDSN(c.Store.ClickHouse)
 	}
 	fmt.Fprintf(stderr, "rollgate listening on http://%s (OPENAI_BASE_URL=%s/v1), capturing to %s\n", shown.Listen, shown.PublicURL, where)
-	if c.Serve.DebugListen != "" {
-		if err := servePprof(c.Serve.DebugListen, s.log); err != nil {
-			return refused(err)
-		}
-	}
 	s.started = true
-	go func() { s.served <- s.srv.ListenAndServe() }()
+	go func() { s.served <- s.srv.Serve(ln) }()
 	return nil
 }
 
