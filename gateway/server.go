@@ -43,9 +43,9 @@ type Server struct {
 	transport   hangupTransport                 // every backend client's RoundTripper (hangup.go)
 	seq         sequences
 	tokenIn     *tokenin.Store // token-in mode's attempts (nil: no backend can use it)
-	texts       interner // task and agent names
-	modelNames  interner // model names sent to a wildcard route
-	rollouts    sync.Map // rollout_id → registered task id (string)
+	texts       interner       // task and agent names
+	modelNames  interner       // model names sent to a wildcard route
+	rollouts    sync.Map       // rollout_id → registered task id (string)
 	draining    atomic.Bool
 	pause       pauser
 	slots       chan struct{} // MaxConcurrency tokens; nil = no limit
