@@ -108,7 +108,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 
 	rendered, err := s.tokenInRender(r, body, deadline)
 	if err != nil {
-		s.log.Debug("token-in: render failed; passing the call through", "backend", r.Name(), "err", err)
+		s.log.Warn("token-in: render failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonRender)
 	}
 	outcome, prompt := tokenin.First, rendered.ids
@@ -143,7 +143,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	}
 	der, err := s.tokenInDerender(r, gen, prompt, body, deadline)
 	if err != nil {
-		s.log.Debug("token-in: derender failed; passing the call through", "backend", r.Name(), "err", err)
+		s.log.Warn("token-in: derender failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonDerender)
 	}
 	s.noteTokenIn(c, outcome)
@@ -272,7 +272,16 @@ func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, dead
 		req.Header.Set("Authorization", a)
 	}
 	req.SetBodyRaw(body)
-	if err := r.Client().DoDeadline(req, resp, deadline); err != nil {
+	err := r.Client().DoDeadline(req, resp, deadline)
+	if err != nil && staleConn(err) {
+		// A kept-alive connection the engine closed meanwhile (uvicorn
+		// closes idle ones after 5 s; see proxyWith): once more, dialled
+		// afresh.
+		r.Client().CloseIdleConnections()
+		resp.Reset()
+		err = r.Client().DoDeadline(req, resp, deadline)
+	}
+	if err != nil {
 		return nil, 0, err
 	}
 	if len(resp.Body()) > s.cfg.MaxResponseBodyBytes {
