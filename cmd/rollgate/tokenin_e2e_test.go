@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -208,4 +209,19 @@ func TestTokenInRealVLLM(t *testing.T) {
 	}
 	t.Cleanup(v.Stop)
 	tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48)
+}
+
+// TestTokenInRefusedForOtherKinds: --token-in with a replica of a kind that
+// has no token-in endpoints stops serve at start, naming the kind.
+func TestTokenInRefusedForOtherKinds(t *testing.T) {
+	for _, kind := range []string{"sglang", "llamacpp", "openai"} {
+		addr := freeAddr(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a serve that starts is killed: the test fails
+		out, err := exec.CommandContext(ctx, binary, "serve", "--listen", addr, "--db", filepath.Join(t.TempDir(), "db"),
+			"--upstream", "http://127.0.0.1:1/v1", "--upstream-kind", kind, "--token-in").CombinedOutput()
+		cancel()
+		if err == nil || !strings.Contains(string(out), `kind "`+kind+`" has no token-in endpoints`) {
+			t.Errorf("--token-in with kind %s: err %v, output %s", kind, err, out)
+		}
+	}
 }
