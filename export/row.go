@@ -91,6 +91,15 @@ type Call struct {
 	// 0 on rows written before the column existed and on calls that never
 	// reached a backend. Extra column.
 	BackendAttempts uint16
+	// TokenIn says how token-in mode (serve --token-in) served the call:
+	// "extended" (prompt = the previous call's prompt + response ids + the
+	// new messages' rendered ids), "first" (rendered whole by the engine's
+	// template: the attempt's first call), "whole:REASON" (rendered whole:
+	// edited, assistant, no_new, template, not_ended, join) or
+	// "passthrough:REASON" (sent as text, the engine rendered it: stream, n,
+	// no_attempt, render, derender, kind, bad_messages); '' when token-in
+	// mode was off. Extra column.
+	TokenIn string
 	// ParentSpanID is the span id of the client's W3C traceparent ('' when
 	// none was sent), so exported spans nest under the caller's span. Not a
 	// stored column: it travels to the OTLP sink only.
@@ -138,6 +147,7 @@ var CallTable = NewTable("llm_calls",
 	Col("response_token_source", func(c *Call) any { return &c.ResponseTokenSource }, LowCard, Since(3)),
 	Col("overrides", func(c *Call) any { return &c.Overrides }, LowCard, Since(4)),
 	Col("backend_attempts", func(c *Call) any { return &c.BackendAttempts }, Since(5)),
+	Col("token_in", func(c *Call) any { return &c.TokenIn }, LowCard, Since(6)),
 )
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

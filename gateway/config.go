@@ -153,6 +153,24 @@ type Config struct {
 	// Config leaves it off; RegisterFlags (rollgate serve) turns it on unless
 	// --inject-logprobs=false or the config file says inject_logprobs: false.
 	InjectLogprobs bool `yaml:"inject_logprobs"`
+	// TokenIn serves the chat calls of vLLM replicas token-in (issue 31):
+	// the gateway renders the messages with the engine's template
+	// (/v1/chat/completions/render), and for a call whose messages extend
+	// the attempt's previous call plus the answer returned, sends the
+	// previous prompt ids + the previous response ids + the new messages'
+	// rendered ids to /inference/v1/generate, then turns the ids back into
+	// a chat completion with the engine's own parsers
+	// (/v1/chat/completions/derender). The token_in column records how
+	// each call was served. Streamed calls and n > 1 are passed through.
+	// A backend's token_in overrides it. Default off.
+	TokenIn bool `yaml:"token_in"`
+	// TokenInMaxAttempts and TokenInMaxBytes bound the attempts whose last
+	// call token-in mode keeps (messages, prompt and response ids): past
+	// either the least recently used are evicted
+	// (rollgate_token_in_evictions_total) and their next call is rendered
+	// whole. Defaults 65536 and 512 MiB.
+	TokenInMaxAttempts int   `yaml:"token_in_max_attempts"`
+	TokenInMaxBytes    int64 `yaml:"token_in_max_bytes"`
 	// CaptureEmbeddingBodies stores request/response bodies of embedding calls (default false).
 	CaptureEmbeddingBodies bool `yaml:"capture_embedding_bodies"`
 	// Backends is the initial routing table.
@@ -244,6 +262,12 @@ func (c *Config) SetDefaults() {
 	}
 	if c.SequenceStoreTimeout <= 0 {
 		c.SequenceStoreTimeout = defaultSequenceStoreTimeout
+	}
+	if c.TokenInMaxAttempts <= 0 {
+		c.TokenInMaxAttempts = 1 << 16
+	}
+	if c.TokenInMaxBytes <= 0 {
+		c.TokenInMaxBytes = 512 << 20
 	}
 	if c.Routing == "" {
 		c.Routing = RoutingAffine

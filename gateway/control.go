@@ -31,6 +31,9 @@ func (s *Server) Backends() BackendsView {
 // calls use the new table. The error says what is wrong with backends; the
 // table is then unchanged.
 func (s *Server) ReplaceBackends(spec []Backend) (BackendsView, error) {
+	if err := tokenInKinds(s.cfg.TokenIn, spec); err != nil {
+		return BackendsView{}, err
+	}
 	if err := s.backends.Replace(spec); err != nil {
 		return BackendsView{}, err
 	}

@@ -218,10 +218,15 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 			s.tracing.attemptStart(&c, r, attempt, path)
 		}
 		var hw *hangupWatch // nil for streams (streamBody sees the client go)
-		if !info.Stream {
+		tokenIn := s.tokenInOn(pl, c.endpoint)
+		if !info.Stream && !tokenIn {
 			hw = s.watchHangup(ctx, req, deadline)
 		}
-		err = r.Client().DoDeadline(req, resp, deadline)
+		if tokenIn {
+			err = s.serveTokenIn(&c, r, info, req, resp, rewritten, deadline)
+		} else {
+			err = r.Client().DoDeadline(req, resp, deadline)
+		}
 		if hw.stop() {
 			if err == nil {
 				r.MarkSuccess()

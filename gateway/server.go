@@ -21,6 +21,7 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/gateway/tokenin"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/hf"
@@ -41,9 +42,10 @@ type Server struct {
 	mountedSets atomic.Pointer[[]*backends.Set] // NewMountedBackends: mounted surfaces' own tables
 	transport   hangupTransport                 // every backend client's RoundTripper (hangup.go)
 	seq         sequences
-	texts       interner // task and agent names
-	modelNames  interner // model names sent to a wildcard route
-	rollouts    sync.Map // rollout_id → registered task id (string)
+	tokenIn     *tokenin.Store // token-in mode's attempts (nil: no backend can use it)
+	texts       interner       // task and agent names
+	modelNames  interner       // model names sent to a wildcard route
+	rollouts    sync.Map       // rollout_id → registered task id (string)
 	draining    atomic.Bool
 	pause       pauser
 	slots       chan struct{} // MaxConcurrency tokens; nil = no limit
@@ -75,6 +77,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	if log == nil {
 		log = slog.Default()
 	}
+	if err := tokenInKinds(cfg.TokenIn, cfg.Backends); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	s := &Server{
 		cfg:      cfg,
 		capture:  pipe,
@@ -88,6 +93,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	s.texts = interner{max: 1 << 16, maxBytes: 8 << 20, maxLen: MaxNameLen}
 	s.modelNames = interner{max: 1 << 12, maxBytes: 1 << 20, maxLen: MaxNameLen}
 	s.seq.setLimits(cfg.MaxTrackedAttempts, cfg.MaxTrackedAttemptBytes, m.SequenceEvictions)
+	// Token-in mode's store exists from the start (a backend registered
+	// later may turn it on); it holds nothing until a call uses it.
+	s.tokenIn = tokenin.NewStore(cfg.TokenInMaxAttempts, cfg.TokenInMaxBytes, m.TokenInEvictions.Inc)
 	s.seq.setStore(cfg.SequenceStore, cfg.SequenceStoreTimeout)
 	keys, err := resolveClientKeys(cfg.ClientKeys)
 	if err != nil {

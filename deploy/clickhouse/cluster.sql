@@ -86,7 +86,8 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
     prompt_token_source String,
     response_token_source String,
     overrides String,
-    backend_attempts UInt16
+    backend_attempts UInt16,
+    token_in String
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

@@ -28,6 +28,12 @@ type Backend struct {
 	// LoadFactor is affine routing's bound c ≥ 1 (see Config.RoutingLoadFactor);
 	// 0 = the gateway's.
 	LoadFactor float64 `yaml:"load_factor" json:"load_factor,omitempty"`
+	// TokenIn turns token-in mode on (true) or off (false) for this model's
+	// chat calls whatever the gateway's Config.TokenIn; nil = the gateway's.
+	// Only vLLM replicas serve it (their /v1/chat/completions/render,
+	// /inference/v1/generate and /v1/chat/completions/derender, vLLM >= 0.32
+	// started with --enable-scale-out).
+	TokenIn *bool `yaml:"token_in" json:"token_in,omitempty"`
 }
 
 // Replica is one inference server.
@@ -72,6 +78,9 @@ func Validate(bs []Backend) error {
 			return fmt.Errorf("backends[%d] (model %q): %w", i, b.Model, err)
 		}
 		for j, r := range b.Replicas {
+			if err := TokenInKind(b.TokenIn != nil && *b.TokenIn, r.Kind); err != nil {
+				return fmt.Errorf("backends[%d].replicas[%d]: %w", i, j, err)
+			}
 			u, err := url.Parse(r.URL)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return fmt.Errorf("backends[%d].replicas[%d]: url %q is not an http(s) URL like http://host:8000/v1", i, j, r.URL)
@@ -85,6 +94,21 @@ func Validate(bs []Backend) error {
 				return fmt.Errorf("backends[%d].replicas[%d]: weight %d is negative", i, j, r.Weight)
 			}
 		}
+	}
+	return nil
+}
+
+// TokenInKind refuses token-in mode (on) for a replica of a configured
+// engine kind that has no token-in endpoints: only vLLM has them (and
+// "auto", resolved by the probe: a replica found to be another kind has its
+// calls passed through, token_in = "passthrough:kind").
+func TokenInKind(on bool, kind string) error {
+	switch kind {
+	case "", "auto", "vllm":
+		return nil
+	}
+	if on {
+		return fmt.Errorf("token_in: kind %q has no token-in endpoints (render, token-in generate, derender) that rollgate uses; only vllm has; turn token_in off for this backend", kind)
 	}
 	return nil
 }

@@ -112,7 +112,12 @@ type Pool struct {
 	replicas []*Upstream
 	sel      Selector      // the pool's routing policy (affinity.go)
 	next     atomic.Uint64 // rotates the starting point of ties
+	tokenIn  *bool         // Backend.TokenIn
 }
+
+// TokenIn is the pool's Backend.TokenIn: nil when the gateway's setting
+// applies.
+func (p *Pool) TokenIn() *bool { return p.tokenIn }
 
 // Model is the routed model name ("*" for the wildcard pool).
 func (p *Pool) Model() string { return p.model }
@@ -313,7 +318,7 @@ func buildTable(spec []Backend, old *Table, cc *clientCache, keys *UpstreamKeys,
 		if err != nil {
 			return nil, err
 		}
-		p := &Pool{model: b.Model, sel: sel}
+		p := &Pool{model: b.Model, sel: sel, tokenIn: b.TokenIn}
 		for _, rs := range b.Replicas {
 			if rs.Weight == 0 {
 				rs.Weight = 1

@@ -27,6 +27,12 @@ type Metrics struct {
 	// SequenceEvictions counts (rollout, attempt) entries moved out of the
 	// gateway's in-memory sequence table to keep it within its bounds.
 	SequenceEvictions prometheus.Counter
+	// TokenIn counts chat calls under token-in mode by outcome ("extended",
+	// "first", "whole:REASON", "passthrough:REASON"; the token_in column).
+	TokenIn *prometheus.CounterVec
+	// TokenInEvictions counts attempts token-in mode forgot to stay within
+	// its bounds.
+	TokenInEvictions prometheus.Counter
 	// RequestDuration is the time from request arrival to the last response byte.
 	RequestDuration *prometheus.HistogramVec
 	// TTFT is the time from request arrival to the first streamed event.
@@ -105,6 +111,12 @@ func New() *Metrics {
 		SequenceEvictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rollgate_sequence_evictions_total", Help: "Attempts moved out of the in-memory sequence table to keep it within its bounds (their counters are kept compactly).",
 		}),
+		TokenIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_token_in_calls_total", Help: "Chat calls under token-in mode by outcome: extended (previous prompt + response ids + the new messages), first, whole:REASON (rendered whole), passthrough:REASON (the engine rendered the text).",
+		}, []string{"outcome"}),
+		TokenInEvictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rollgate_token_in_evictions_total", Help: "Attempts whose last call token-in mode forgot to stay within --token-in-max-attempts and --token-in-max-bytes (their next call is rendered whole).",
+		}),
 		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rollgate_request_duration_seconds", Help: "Time from request arrival to the last response byte.", Buckets: latencyBuckets,
 		}, []string{"model", "endpoint", "stream"}),
@@ -172,7 +184,7 @@ func New() *Metrics {
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.Requests, m.CallsRejected, m.SequenceEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
+		m.Requests, m.CallsRejected, m.SequenceEvictions, m.TokenIn, m.TokenInEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
 		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Detok, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)

@@ -61,7 +61,8 @@ func RepoRoot() string {
 // server, which Stop leaves running. Otherwise it makes the engine environment
 // and the model (scripts/pyenv engine, scripts/model: both cached outside the
 // repository), starts `python -m vllm.entrypoints.openai.api_server` on a free
-// loopback port with the hermes tool parser, run-time LoRA adapters and extra appended to its
+// loopback port with the hermes tool parser, run-time LoRA adapters, the
+// token-in (scale-out) endpoints and extra appended to its
 // arguments, and waits up to VLLMStartTimeout for /v1/models. Errors say
 // what is missing and the command that installs it.
 func StartVLLM(extra ...string) (*VLLM, error) {
@@ -99,6 +100,11 @@ func StartVLLM(extra ...string) (*VLLM, error) {
 		// step's weights to the engine while the base model, which the
 		// other tests call, stays as it is.
 		"--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
+		// The token-in endpoints (/v1/chat/completions/render,
+		// /inference/v1/generate, /v1/chat/completions/derender): vLLM
+		// 0.32 registers them only with this flag
+		// (vllm/entrypoints/scale_out/factories.py).
+		"--enable-scale-out",
 		"--disable-uvicorn-access-log",
 	}, extra...)
 	// `vllm serve` would need a "vllm" distribution's metadata, which the

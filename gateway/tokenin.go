@@ -1,0 +1,335 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/export/arrays"
+	"github.com/rollgate/rollgate/gateway/backends"
+	"github.com/rollgate/rollgate/gateway/rewrite"
+	"github.com/rollgate/rollgate/gateway/tokenin"
+	"github.com/rollgate/rollgate/internal/openai"
+)
+
+// vLLM 0.32's token-in endpoints (registered with --enable-scale-out;
+// vllm/entrypoints/scale_out/factories.py):
+//   - render: vllm/entrypoints/scale_out/render/api_router.py, a
+//     ChatCompletionRequest in, a GenerateRequest out (token_ids and the
+//     resolved sampling_params, structured output for tool choices
+//     included; token_in_token_out/protocol.py);
+//   - generate: token_in_token_out/api_router.py, that GenerateRequest in,
+//     a GenerateTokensResponse out (choices[].token_ids with the
+//     end-of-turn token, finish_reason, stop_reason, logprobs by token id);
+//   - derender: derender/api_router.py, a DerenderChatRequest
+//     (generate_response, prompt_token_ids, chat_request) in, a
+//     ChatCompletionResponse out, built by vLLM's own tool and reasoning
+//     parsers (renderers/online_derenderer.py).
+const (
+	pathRender   = "/v1/chat/completions/render"
+	pathGenerate = "/inference/v1/generate"
+	pathDerender = "/v1/chat/completions/derender"
+)
+
+// errTokenIn marks an engine answer token-in mode cannot use.
+var errTokenIn = errors.New("token-in")
+
+// tokenInOn says whether token-in mode applies to a chat call to pool pl.
+func (s *Server) tokenInOn(pl *backends.Pool, ep openai.Endpoint) bool {
+	if ep != openai.ChatCompletions || s.tokenIn == nil {
+		return false
+	}
+	if on := pl.TokenIn(); on != nil {
+		return *on
+	}
+	return s.cfg.TokenIn
+}
+
+// tokenInKinds refuses a routing table where token-in mode is on (the
+// gateway's setting, or a backend's) for a replica whose configured engine
+// kind has no token-in endpoints.
+func tokenInKinds(global bool, bs []Backend) error {
+	for i, b := range bs {
+		on := global
+		if b.TokenIn != nil {
+			on = *b.TokenIn
+		}
+		for j, r := range b.Replicas {
+			if err := backends.TokenInKind(on, r.Kind); err != nil {
+				return fmt.Errorf("backends[%d].replicas[%d] (model %q): %w (--token-in is on)", i, j, b.Model, err)
+			}
+		}
+	}
+	return nil
+}
+
+// noteTokenIn records how token-in mode served the call and counts it.
+func (s *Server) noteTokenIn(c *call, outcome string) {
+	c.pend.Meta.TokenIn = outcome
+	s.m.TokenIn.WithLabelValues(outcome).Inc()
+}
+
+// serveTokenIn sends a chat call to replica r in token-in mode and leaves
+// in resp a vLLM chat completion as the ordinary path would have received
+// it with body's injected fields (prompt_token_ids, choices[].token_ids,
+// logprobs), so stripping and capture treat it alike. A call it cannot
+// serve so (see tokenin's Reason constants) goes the ordinary way: req
+// (already built from body) is sent as it is. The error is a transport
+// error of the last engine request, for the caller's retry policy.
+func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, body []byte, deadline time.Time) error {
+	pass := func(reason string) error {
+		s.noteTokenIn(c, tokenin.PassthroughPrefix+reason)
+		return r.Client().DoDeadline(req, resp, deadline)
+	}
+	switch {
+	case r.Kind() != openai.KindVLLM:
+		return pass(tokenin.ReasonKind)
+	case info.Stream:
+		return pass(tokenin.ReasonStream)
+	case info.N != 1:
+		return pass(tokenin.ReasonN)
+	case len(c.attr.rolloutID) == 0 || len(c.attr.attemptID) == 0:
+		return pass(tokenin.ReasonNoAttempt)
+	}
+	msgsRaw := gjson.GetBytes(body, "messages")
+	msgs, err := tokenin.Canonical([]byte(msgsRaw.Raw))
+	if err != nil || len(msgs) == 0 {
+		return pass(tokenin.ReasonBadMessages)
+	}
+	renderKey := tokenin.RenderKey(body)
+	key := tokenin.Key(string(c.attr.rolloutID), string(c.attr.attemptID))
+	prev := s.tokenIn.Get(key)
+
+	rendered, err := s.tokenInRender(r, body, deadline)
+	if err != nil {
+		s.log.Warn("token-in: render failed; passing the call through", "backend", r.Name(), "err", err)
+		return pass(tokenin.ReasonRender)
+	}
+	outcome, prompt := tokenin.First, rendered.ids
+	if prev != nil {
+		outcome = tokenin.WholePrefix
+		if why := tokenin.Check(prev, msgs, renderKey); why != "" {
+			outcome += why
+		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline); err != nil {
+			outcome += tokenin.ReasonJoin
+		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Response)+len(rendered.ids)), prev, closed.ids, rendered.ids); ok {
+			outcome, prompt = tokenin.Extended, joined
+		} else {
+			outcome += tokenin.ReasonJoin
+		}
+	}
+	genBody, err := sjson.SetBytes(rendered.raw, "token_ids", prompt)
+	if err != nil {
+		return pass(tokenin.ReasonRender)
+	}
+	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline)
+	if err != nil {
+		return err
+	}
+	if status != fasthttp.StatusOK {
+		// The engine's own error (a prompt over the context, bad sampling
+		// parameters) reaches the client as it is.
+		s.noteTokenIn(c, outcome)
+		resp.SetStatusCode(status)
+		resp.Header.SetContentType("application/json")
+		resp.SetBody(gen)
+		return nil
+	}
+	der, err := s.tokenInDerender(r, gen, prompt, body, deadline)
+	if err != nil {
+		s.log.Warn("token-in: derender failed; passing the call through", "backend", r.Name(), "err", err)
+		return pass(tokenin.ReasonDerender)
+	}
+	s.noteTokenIn(c, outcome)
+	resp.SetStatusCode(fasthttp.StatusOK)
+	resp.Header.SetContentType("application/json")
+	resp.SetBodyRaw(der)
+
+	choice := gjson.GetBytes(gen, "choices.0")
+	answer, err := tokenin.CanonicalAnswer([]byte(gjson.GetBytes(der, "choices.0.message").Raw))
+	respIDs, ok := tokenIDs(choice.Get("token_ids"))
+	if err != nil || !ok {
+		return nil // nothing to extend next time: the next call renders whole
+	}
+	stop := choice.Get("stop_reason")
+	s.tokenIn.Put(key, &tokenin.Prev{
+		Messages:  msgs,
+		Answer:    answer,
+		RenderKey: renderKey,
+		Prompt:    prompt,
+		Response:  respIDs,
+		Ended:     choice.Get("finish_reason").Str == "stop" && (stop.Type == gjson.Null || stop.Type == gjson.Number),
+	})
+	return nil
+}
+
+// renderedPrompt is a render answer: the GenerateRequest JSON and its ids.
+type renderedPrompt struct {
+	raw []byte
+	ids []uint32
+}
+
+// tokenInRender renders a chat request with the engine's template.
+func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time) (renderedPrompt, error) {
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline)
+	if err != nil {
+		return renderedPrompt{}, err
+	}
+	if status != fasthttp.StatusOK {
+		return renderedPrompt{}, fmt.Errorf("%w: render answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
+	}
+	ids, ok := tokenIDs(gjson.GetBytes(out, "token_ids"))
+	if !ok || len(ids) == 0 {
+		return renderedPrompt{}, fmt.Errorf("%w: render answered no token_ids", errTokenIn)
+	}
+	return renderedPrompt{raw: out, ids: ids}, nil
+}
+
+// tokenInDerender turns a generate answer into the chat completion the
+// ordinary path would have received: vLLM's derender builds the message
+// from the ids without a final stop token (vLLM 0.32's derender decodes
+// every id, and with a tool parser keeps special tokens, so the
+// end-of-turn token's text would end the content: the ordinary path's
+// text never has it), then the choices' ids and the usage are the
+// generate answer's;
+// prompt_token_ids (derender leaves it null) and, as vLLM's chat serving
+// does (vllm/entrypoints/openai/chat_completion/serving.py: "tool_calls"
+// for auto or required tool calls, "stop" for named ones), the finish
+// reason of a choice with tool calls are set here.
+func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time) ([]byte, error) {
+	trimmed := gen
+	choices := gjson.GetBytes(gen, "choices").Array()
+	for i, ch := range choices {
+		stop := ch.Get("stop_reason")
+		ids := ch.Get("token_ids").Array()
+		if ch.Get("finish_reason").Str != "stop" || !(stop.Type == gjson.Null || stop.Type == gjson.Number) || len(ids) < 2 {
+			continue
+		}
+		var err error
+		if trimmed, err = sjson.DeleteBytes(trimmed, "choices."+strconv.Itoa(i)+".token_ids."+strconv.Itoa(len(ids)-1)); err != nil {
+			return nil, err
+		}
+	}
+	buf := make([]byte, 0, len(gen)+len(chatReq)+8*len(prompt)+128)
+	buf = append(buf, `{"generate_response":`...)
+	buf = append(buf, trimmed...)
+	buf = append(buf, `,"prompt_tokens":`...)
+	buf = strconv.AppendInt(buf, int64(len(prompt)), 10)
+	buf = append(buf, `,"prompt_token_ids":`...)
+	buf = arrays.AppendUint32s(buf, prompt)
+	buf = append(buf, `,"chat_request":`...)
+	buf = append(buf, chatReq...)
+	buf = append(buf, '}')
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline)
+	if err != nil {
+		return nil, err
+	}
+	if status != fasthttp.StatusOK || !gjson.ValidBytes(out) {
+		return nil, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
+	}
+	idsJSON := arrays.AppendUint32s(make([]byte, 0, 8*len(prompt)), prompt)
+	if out, err = sjson.SetRawBytes(out, "prompt_token_ids", idsJSON); err != nil {
+		return nil, err
+	}
+	if u := gjson.GetBytes(gen, "usage"); u.IsObject() {
+		if out, err = sjson.SetRawBytes(out, "usage", []byte(u.Raw)); err != nil {
+			return nil, err
+		}
+	}
+	for i, ch := range choices {
+		if out, err = sjson.SetRawBytes(out, "choices."+strconv.Itoa(i)+".token_ids", []byte(ch.Get("token_ids").Raw)); err != nil {
+			return nil, err
+		}
+	}
+	named := gjson.GetBytes(chatReq, "tool_choice").IsObject()
+	for i, ch := range gjson.GetBytes(out, "choices").Array() {
+		if !named && ch.Get("finish_reason").Str == "stop" && len(ch.Get("message.tool_calls").Array()) > 0 {
+			if out, err = sjson.SetBytes(out, "choices."+strconv.Itoa(i)+".finish_reason", "tool_calls"); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// tokenInPost POSTs a JSON body to the replica and returns the answer's
+// body and status.
+func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time) ([]byte, int, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	if a := r.Auth(); a != "" {
+		req.Header.Set("Authorization", a)
+	}
+	req.SetBodyRaw(body)
+	err := r.Client().DoDeadline(req, resp, deadline)
+	if err != nil && staleConn(err) {
+		// A kept-alive connection the engine closed meanwhile (uvicorn
+		// closes idle ones after 5 s; see proxyWith): once more, dialled
+		// afresh.
+		r.Client().CloseIdleConnections()
+		resp.Reset()
+		err = r.Client().DoDeadline(req, resp, deadline)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(resp.Body()) > s.cfg.MaxResponseBodyBytes {
+		return nil, 0, fmt.Errorf("%w: answer larger than %d bytes (raise max_response_body_bytes)", errTokenIn, s.cfg.MaxResponseBodyBytes)
+	}
+	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
+}
+
+// closedHistory is the render request of the history up to and including
+// message n-1 (the answer returned), without a generation prompt: the
+// template's rendering of the turn's end, which tokenin.Join aligns with.
+// tool_choice goes (a forced tool choice asks for a generation).
+func closedHistory(body []byte, msgs gjson.Result, n int) []byte {
+	arr := make([]byte, 0, len(msgs.Raw))
+	arr = append(arr, '[')
+	i := 0
+	msgs.ForEach(func(_, m gjson.Result) bool {
+		if i > 0 {
+			arr = append(arr, ',')
+		}
+		arr = append(arr, m.Raw...)
+		i++
+		return i < n
+	})
+	arr = append(arr, ']')
+	out, err := sjson.SetRawBytes(append([]byte(nil), body...), "messages", arr)
+	if err != nil {
+		return body
+	}
+	out, _ = sjson.SetBytes(out, "add_generation_prompt", false)
+	out, _ = sjson.DeleteBytes(out, "tool_choice")
+	return out
+}
+
+// tokenIDs reads a JSON array of token ids; false when it is not one.
+func tokenIDs(v gjson.Result) ([]uint32, bool) {
+	if !v.IsArray() {
+		return nil, false
+	}
+	ok := true
+	var ids []uint32
+	v.ForEach(func(_, e gjson.Result) bool {
+		if e.Type != gjson.Number || e.Num < 0 || e.Num > math.MaxUint32 || e.Num != math.Trunc(e.Num) {
+			ok = false
+			return false
+		}
+		ids = append(ids, uint32(e.Num))
+		return true
+	})
+	return ids, ok
+}

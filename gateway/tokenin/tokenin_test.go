@@ -1,0 +1,105 @@
+package tokenin
+
+import (
+	"slices"
+	"testing"
+)
+
+// ChatML-like ids: 1 <|im_start|>, 2 <|im_end|>, 3 "\n", 10+ text.
+func TestJoin(t *testing.T) {
+	f := func(prev *Prev, closed, full, want []uint32) {
+		t.Helper()
+		got, ok := Join(nil, prev, closed, full)
+		if ok != (want != nil) || !slices.Equal(got, want) {
+			t.Fatalf("Join = %v, %v; want %v", got, ok, want)
+		}
+	}
+	prev := &Prev{Prompt: []uint32{1, 10, 11, 2, 3, 1, 20, 3}, Response: []uint32{30, 31, 2}, Ended: true}
+	// The template re-renders the answer differently (40 instead of 30 31):
+	// the join after <|im_end|> ("\n") and the new message come from full.
+	closed := []uint32{1, 10, 11, 2, 3, 1, 20, 3, 40, 2, 3}
+	full := []uint32{1, 10, 11, 2, 3, 1, 20, 3, 40, 2, 3, 1, 50, 51, 2, 3, 1, 20, 3}
+	f(prev, closed, full, []uint32{1, 10, 11, 2, 3, 1, 20, 3, 30, 31, 2, 3, 1, 50, 51, 2, 3, 1, 20, 3})
+	// The join in full is not the one closed renders.
+	f(prev, closed, []uint32{1, 10, 11, 2, 3, 1, 20, 3, 40, 2, 9, 1, 50, 2}, nil)
+	// The end-of-turn token is not near the end of closed.
+	f(prev, append(slices.Clone(closed), 60, 61, 62, 63, 64, 65, 66, 67, 68), full, nil)
+	// No new ids after the join.
+	f(prev, closed, closed, nil)
+	// An answer whose last id the template never renders.
+	f(&Prev{Prompt: []uint32{1}, Response: []uint32{30, 99}}, closed, full, nil)
+	f(&Prev{}, closed, full, nil)
+}
+
+func TestCheck(t *testing.T) {
+	msgs, err := Canonical([]byte(`[{"role":"user","content":"hi"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := CanonicalAnswer([]byte(`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}],"refusal":null,"reasoning":null}`))
+	prev := &Prev{Messages: msgs, Answer: answer, RenderKey: "k", Ended: true}
+	f := func(next, key, want string) {
+		t.Helper()
+		m, err := Canonical([]byte(next))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Check(prev, m, key); got != want {
+			t.Fatalf("Check(%s) = %q, want %q", next, got, want)
+		}
+	}
+	// The client re-serialises the arguments and drops members: still the answer.
+	ext := `[{"content":"hi","role":"user","name":null},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"arguments":"{\"a\":1}","name":"f"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]`
+	f(ext, "k", "")
+	f(ext, "k2", ReasonTemplate)
+	f(`[{"role":"user","content":"hello"},{"role":"assistant","content":""},{"role":"user","content":"x"}]`, "k", ReasonEdited)
+	f(`[{"role":"user","content":"hi"},{"role":"assistant","content":"other"},{"role":"user","content":"x"}]`, "k", ReasonAssistant)
+	f(`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"arguments":"{\"a\":1}","name":"f"}}]}]`, "k", ReasonShorter)
+	f(`[{"role":"system","content":"new"},{"role":"user","content":"hi"}]`, "k", ReasonEdited)
+	prev.Ended = false
+	f(ext, "k", ReasonNotEnded)
+}
+
+func TestStoreBounds(t *testing.T) {
+	evicted := 0
+	s := NewStore(2, 1<<20, func() { evicted++ })
+	for i, k := range []string{"a", "b", "c"} {
+		s.Put(k, &Prev{Prompt: make([]uint32, i+1)})
+	}
+	if s.Get("a") != nil || s.Get("b") == nil || s.Get("c") == nil || evicted != 1 || s.Len() != 2 {
+		t.Fatalf("after 3 puts into 2 entries: len %d, evicted %d", s.Len(), evicted)
+	}
+	// An entry bigger than the byte budget is not kept.
+	small := NewStore(10, 1000, func() { evicted++ })
+	small.Put("big", &Prev{Prompt: make([]uint32, 1000)})
+	if small.Get("big") != nil || small.Bytes() != 0 || evicted != 2 {
+		t.Fatalf("an entry over the budget was kept: %d bytes, evicted %d", small.Bytes(), evicted)
+	}
+	// Bytes evict the least recently used.
+	for i := range 20 {
+		small.Put(string(rune('a'+i)), &Prev{Prompt: make([]uint32, 50)})
+	}
+	if small.Bytes() > 1000 {
+		t.Fatalf("%d bytes held, budget 1000", small.Bytes())
+	}
+}
+
+func FuzzCanonical(f *testing.F) {
+	f.Add([]byte(`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]}]`))
+	f.Add([]byte(`[1,null,{"tool_calls":[null,{"function":3}]}]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		msgs, err := Canonical(b)
+		if err != nil {
+			return
+		}
+		// Canonical forms are fixed points and answers compare.
+		for _, m := range msgs {
+			again, err := Canonical([]byte("[" + m + "]"))
+			if err != nil || len(again) != 1 || again[0] != m {
+				t.Fatalf("not a fixed point: %s -> %v %v", m, again, err)
+			}
+			_ = AnswerOf(m)
+		}
+		_ = RenderKey(b)
+	})
+}
