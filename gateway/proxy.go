@@ -554,6 +554,7 @@ const (
 	rejectPaused          = "paused"
 	rejectSequenceStore   = "sequence_store" // no sequence id could be reserved
 	rejectTooDeep         = "json_depth"     // the body nests deeper than jsonscan.MaxDepth
+	rejectUnattributed    = "unattributed"   // no rollout named, with Config.Unattributed "refuse"
 )
 
 // admissible checks what a call must pass before anything of it is kept:
@@ -571,6 +572,17 @@ func (s *Server) admissible(ctx *fasthttp.RequestCtx, attr attribution) (keyName
 	if msg := attributionError(attr, attr.fromPath); msg != "" {
 		s.reject(ctx, nil, rejectInvalidID, fasthttp.StatusBadRequest, errInvalidRequest, msg)
 		return "", false
+	}
+	if len(attr.rolloutID) == 0 && s.cfg.Unattributed == UnattributedRefuse {
+		s.reject(ctx, nil, rejectUnattributed, fasthttp.StatusBadRequest, errInvalidRequest,
+			"this call names no rollout: use the base URL "+s.cfg.PublicURL+"/rollout/{rollout_id}/attempt/{attempt_id}/v1"+
+				" (or send the headers x-rollout-id and x-attempt-id); this gateway refuses unattributed calls (--unattributed refuse)")
+		return "", false
+	}
+	if len(attr.rolloutID) == 0 && !s.toldUnattributed.Load() && !s.toldUnattributed.Swap(true) {
+		s.log.Warn("a call named no rollout: captured with an empty rollout_id, listed as (unattributed) in /ui, never selected by the trainer bridge;"+
+			" agents should use the base URL "+s.cfg.PublicURL+"/rollout/{rollout_id}/attempt/{attempt_id}/v1 (--unattributed refuse answers such calls 400; logged once)",
+			"path", string(ctx.Path()))
 	}
 	return keyName, true
 }

@@ -34,6 +34,9 @@ type Server struct {
 	m        *metrics.Metrics
 	log      *slog.Logger
 	affinity routeCounters // rollgate_routing_affinity_total by outcome (routing.go)
+	// toldUnattributed is set once the first unattributed call captured
+	// was logged (Config.Unattributed).
+	toldUnattributed atomic.Bool
 
 	backends    *backends.Set // the routing table and replica health
 	backendOpts backends.Options
@@ -113,6 +116,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		if s.forceModes, err = newForceModes(cfg.Force, cfg.ForceModes); err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
+	}
+	if cfg.Unattributed != UnattributedCapture && cfg.Unattributed != UnattributedRefuse {
+		return nil, fmt.Errorf("gateway: unattributed %q is not %s or %s (--unattributed)", cfg.Unattributed, UnattributedCapture, UnattributedRefuse)
 	}
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
