@@ -9,7 +9,7 @@ import (
 )
 
 // TestUnattributedAndRolloutRewards: calls captured without a rollout
-// (rollout_id '') are listed as (unattributed) with a link that opens
+// (rollout_id ”) are listed as (unattributed) with a link that opens
 // them, and an episode reward posted without attempt_id (as the README's
 // first run posts it) shows on the rollout page and in the list, as the
 // trainer bridge counts it.
