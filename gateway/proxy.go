@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -345,6 +346,20 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		} else if msg := gjson.GetBytes(p.Body, "message").String(); msg != "" {
 			p.Meta.Error += ": " + truncate(msg, 500)
 		}
+		if status == fasthttp.StatusNotFound && routeMissing(p.Body, r) {
+			// The engine has no such route, most often a replica URL
+			// without /v1: said in the row and logged once per replica.
+			hint := r.PathHint(status)
+			route := r.BasePath() + strings.TrimPrefix(string(path), "/v1")
+			p.Meta.Error += " (the engine has no route " + route + ")"
+			if hint != "" {
+				p.Meta.Error += ": " + hint
+			}
+			if r.NoteBare404() {
+				s.log.Warn("a replica answered a call 404 Not Found (no such route): calls to it fail", "replica", r.Name(),
+					"url", r.Spec().URL, "path", route, "hint", hint)
+			}
+		}
 	}
 	s.finish(&c, time.Now())
 }
@@ -624,6 +639,25 @@ func (s *Server) finish(c *call, end time.Time) {
 	if c.opts.onEnd != nil {
 		c.opts.onEnd()
 	}
+}
+
+// routeMissing reports whether an engine's 404 says the route does not
+// exist (a body without a message, or the frameworks' plain "Not Found":
+// FastAPI's {"detail": "Not Found"}, vLLM's error of that message), rather
+// than that a model or resource of a served route is unknown; or whether
+// the replica's URL lacks /v1, where any 404 most likely means that.
+func routeMissing(body []byte, r *backends.Upstream) bool {
+	if !strings.HasSuffix(r.BasePath(), "/v1") {
+		return true
+	}
+	msg := gjson.GetBytes(body, "error.message").String()
+	if msg == "" {
+		msg = gjson.GetBytes(body, "message").String()
+	}
+	if msg == "" {
+		msg = gjson.GetBytes(body, "detail").String()
+	}
+	return msg == "" || strings.EqualFold(strings.TrimSpace(msg), "not found")
 }
 
 // statusLabels holds the label text of every HTTP status, so counting a call

@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -440,7 +441,34 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 		status = "no backends configured"
 	}
 	body := append(append(make([]byte, 0, 128), `{"status":"`...), status...)
-	ctx.SetBody(append(s.appendStoreStatus(append(body, '"')), '}'))
+	body = s.appendStoreStatus(append(body, '"'))
+	// Replicas whose last check failed, by URL; the status code stays (a
+	// pool may have others, and the engine may still be loading).
+	first := true
+	for _, p := range s.backends.Load().Pools() {
+		for _, u := range p.Replicas() {
+			if !u.Unreachable() {
+				continue
+			}
+			if first {
+				body, first = append(body, `,"upstreams_unreachable":[`...), false
+			} else {
+				body = append(body, ',')
+			}
+			body = strconv.AppendQuote(body, u.Spec().URL)
+		}
+	}
+	if !first {
+		body = append(body, ']')
+	}
+	ctx.SetBody(append(body, '}'))
+}
+
+// CheckUpstreams asks every replica of the routing table for its model
+// list, once (backends.Set.CheckUpstreams): serve logs the answers at start,
+// and /readyz names the replicas that did not answer until one does.
+func (s *Server) CheckUpstreams(timeout time.Duration) []backends.UpstreamReport {
+	return s.backends.CheckUpstreams(timeout)
 }
 
 // fasthttpLogger sends fasthttp's own messages (mostly broken client
