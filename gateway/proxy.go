@@ -357,7 +357,7 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 			}
 			if r.NoteBare404() {
 				s.log.Warn("a replica answered a call 404 Not Found (no such route): calls to it fail", "replica", r.Name(),
-					"url", r.Spec().URL, "path", route, "hint", hint)
+					"url", r.URL(), "path", route, "hint", hint)
 			}
 		}
 	}

@@ -455,7 +455,7 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 			} else {
 				body = append(body, ',')
 			}
-			body = strconv.AppendQuote(body, u.Spec().URL)
+			body = strconv.AppendQuote(body, u.URL())
 		}
 	}
 	if !first {

@@ -10,7 +10,8 @@ import (
 
 // UpstreamReport is what CheckUpstreams found of one replica.
 type UpstreamReport struct {
-	Model, Replica, URL string
+	Model, Replica string
+	URL            string // Upstream.URL
 	// Status is the answer's HTTP status to GET {url}/models (0: no
 	// answer: refused, timed out, not HTTP).
 	Status int
@@ -33,7 +34,7 @@ func (s *Set) CheckUpstreams(timeout time.Duration) []UpstreamReport {
 	var ups []*Upstream
 	for _, p := range s.Load().Pools() {
 		for _, u := range p.Replicas() {
-			out = append(out, UpstreamReport{Model: p.Model(), Replica: u.Name(), URL: u.spec.URL})
+			out = append(out, UpstreamReport{Model: p.Model(), Replica: u.Name(), URL: u.URL()})
 			ups = append(ups, u)
 		}
 	}
@@ -63,13 +64,17 @@ func (s *Set) CheckUpstreams(timeout time.Duration) []UpstreamReport {
 // the answer's HTTP status (0: none).
 func (u *Upstream) PathHint(status int) string {
 	if !strings.HasSuffix(u.basePath, "/v1") {
-		return "the URL " + u.spec.URL + " does not end in /v1: rollgate sends calls to it + /chat/completions, and vLLM, SGLang, llama.cpp and OpenAI serve them under /v1 (use " + u.origin + u.basePath + "/v1)"
+		return "the URL " + u.URL() + " does not end in /v1: rollgate sends calls to it + /chat/completions, and vLLM, SGLang, llama.cpp and OpenAI serve them under /v1 (use " + u.origin + u.basePath + "/v1)"
 	}
 	if status == 404 {
-		return "the engine answered 404 Not Found: is " + u.spec.URL + " its OpenAI base URL (http://HOST:PORT/v1)?"
+		return "the engine answered 404 Not Found: is " + u.URL() + " its OpenAI base URL (http://HOST:PORT/v1)?"
 	}
 	return ""
 }
+
+// URL is the replica's base URL as shown in logs and answers: its origin
+// and path, never credentials or a query the configuration may hold.
+func (u *Upstream) URL() string { return u.origin + u.basePath }
 
 // Unreachable reports whether the replica's last check (CheckUpstreams at
 // start, then every health check) failed.
