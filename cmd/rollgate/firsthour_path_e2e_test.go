@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,38 +11,24 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/internal/gatewaytest"
 )
+
+const mathCall = `{"model":"mock-model","messages":[{"role":"user","content":"What is 2+2?"}]}`
 
 // callWith posts a chat completion to url with the given headers.
 func callWith(t *testing.T, url string, headers ...string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest("POST", url, strings.NewReader(`{"model":"mock-model","messages":[{"role":"user","content":"What is 2+2?"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	return r.StatusCode, string(b)
+	r := gatewaytest.Do(t, "POST", url, mathCall, headers...)
+	return r.Status, string(r.Body)
 }
 
 // getPage fetches url and returns its status and body.
 func getPage(t *testing.T, url string) (int, string) {
 	t.Helper()
-	r, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	return r.StatusCode, string(b)
+	r := gatewaytest.Do(t, "GET", url, "")
+	return r.Status, string(r.Body)
 }
 
 // TestFirstHourNaturalPath (issue 30, item 2): four rollouts of one task
