@@ -286,11 +286,56 @@ func (s *Server) postReward(ctx *fasthttp.RequestCtx, rolloutID string) {
 		Name: in.Name, Value: *in.Value, Source: "api", TimeUnixNano: uint64(time.Now().UnixNano())}
 	c, cancel := s.storeCtx()
 	defer cancel()
+	known, err := s.rolloutKnown(c, rolloutID)
+	if err != nil {
+		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "reading rollout: "+err.Error())
+		return
+	}
+	if !known {
+		// A reward under an id nothing else carries (a typo, a rollout of
+		// another store) would be trained on by no one: say so.
+		s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, fmt.Sprintf("rollout %s not found: no call was made on %s/rollout/%s/attempt/{attempt_id}/v1"+
+			" (or with the x-rollout-id header) and it was never registered (POST /api/v1/rollouts) or enqueued (POST /api/v1/tasks); reward not stored",
+			rolloutID, s.cfg.PublicURL, rolloutID))
+		return
+	}
 	if err := s.store.Write(c, &export.Batch{Rewards: []export.Reward{row}}); err != nil {
 		s.plainError(ctx, fasthttp.StatusServiceUnavailable, errServer, "storing reward: "+err.Error())
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, rewardView(row))
+}
+
+// rolloutKnown reports whether anything names the rollout: a registration
+// or the task queue, a call admitted by the gateway (before its capture is
+// stored; with a shared sequence store, by any gateway), or the store's
+// calls, rollouts rows or rewards. Cheapest first.
+func (s *Server) rolloutKnown(c context.Context, rolloutID string) (bool, error) {
+	if _, ok := s.rollouts.Load(rolloutID); ok {
+		return true, nil
+	}
+	if seen, err := s.gw.RolloutSeen(c, rolloutID); err != nil || seen {
+		return seen, err
+	}
+	if q := s.queue.Load(); q != nil {
+		_, err := q.Get(c, rolloutID)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, tasks.ErrNotFound) {
+			return false, err
+		}
+	}
+	d, err := s.store.ReadRollout(c, rolloutID, export.ReadOptions{NoCalls: true})
+	if err != nil {
+		return false, err
+	}
+	if len(d.Attempts) > 0 || len(d.Rewards) > 0 {
+		return true, nil
+	}
+	calls, err := s.store.Calls(c, export.CallFilter{RolloutID: rolloutID, Limit: 1,
+		Omit: export.ReadOptions{NoRequestBody: true, NoResponseBody: true}})
+	return len(calls) > 0, err
 }
 
 // postStatus records a rollout's status. On a rollout of the task queue

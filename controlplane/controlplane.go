@@ -9,6 +9,7 @@
 package controlplane
 
 import (
+	"context"
 	"flag"
 	"log/slog"
 	"sync"
@@ -49,6 +50,10 @@ type Gateway interface {
 	// ClientAuthorized checks the agent's API key (OTLP ingest is an agent
 	// route).
 	ClientAuthorized(ctx *fasthttp.RequestCtx) bool
+	// RolloutSeen reports whether calls of the rollout were admitted (by
+	// this gateway, or through a shared sequence store by any), before
+	// their capture is stored.
+	RolloutSeen(ctx context.Context, rolloutID string) (bool, error)
 }
 
 var _ Gateway = (*gateway.Server)(nil)

@@ -185,6 +185,15 @@ type Config struct {
 	// set none: a replica with ceil(c × average outstanding calls) or more is
 	// passed over for the rollout's next replica (default 1.25).
 	RoutingLoadFactor float64 `yaml:"routing_load_factor"`
+	// Unattributed says what becomes of a call on the OpenAI routes that
+	// names no rollout (no /rollout/{r}/attempt/{a} prefix, no x-rollout-id
+	// header): UnattributedCapture (the default, docs/contract.md §1.1:
+	// proxied and captured with empty rollout fields, which the viewer lists
+	// as "(unattributed)" and the trainer bridge never selects) or
+	// UnattributedRefuse (answered 400 showing the per-rollout base URL,
+	// counted in rollgate_calls_rejected_total{reason="unattributed"},
+	// never captured).
+	Unattributed string `yaml:"unattributed"`
 	// Tracing, when set, makes the gateway's own spans (the proxy hop and
 	// each backend attempt, see NewTracing); nil (the default) = no tracing
 	// work at all. The owner shuts it down after the gateway.
@@ -275,7 +284,16 @@ func (c *Config) SetDefaults() {
 	if c.RoutingLoadFactor == 0 {
 		c.RoutingLoadFactor = DefaultRoutingLoadFactor
 	}
+	if c.Unattributed == "" {
+		c.Unattributed = UnattributedCapture
+	}
 }
+
+// Unattributed policies (Config.Unattributed).
+const (
+	UnattributedCapture = "capture"
+	UnattributedRefuse  = "refuse"
+)
 
 // ClientKey is one API key agents may use.
 type ClientKey struct {

@@ -1,7 +1,11 @@
 package gateway
 
 import (
+	"context"
+
 	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/gateway/seqstore"
 )
 
 // ControlPlane serves the routes the gateway hands over to it: every path
@@ -53,6 +57,24 @@ func (s *Server) RegisterRollout(rolloutID, taskID string) {
 // could be reserved in time.
 func (s *Server) NextSequenceID(rolloutID, attemptID string) (uint64, error) {
 	return s.seq.next(rolloutID, attemptID)
+}
+
+// RolloutSeen reports whether this gateway admitted a call of the rollout,
+// or, with a sequence store, any gateway sharing its database did (within
+// its retention): true before the calls' capture is stored.
+func (s *Server) RolloutSeen(ctx context.Context, rolloutID string) (bool, error) {
+	seen := false
+	s.seq.forRollout(rolloutID, func(*seqEntry) { seen = true })
+	if seen {
+		return true, nil
+	}
+	s.seq.mu.RLock()
+	st := s.seq.store
+	s.seq.mu.RUnlock()
+	if f, ok := st.(seqstore.RolloutFinder); ok {
+		return f.HasRollout(ctx, rolloutID)
+	}
+	return false, nil
 }
 
 // ClientAuthorized reports whether the request carries an accepted client

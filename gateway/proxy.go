@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -349,6 +350,20 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		} else if msg := gjson.GetBytes(p.Body, "message").String(); msg != "" {
 			p.Meta.Error += ": " + truncate(msg, 500)
 		}
+		if status == fasthttp.StatusNotFound && routeMissing(p.Body, r) {
+			// The engine has no such route, most often a replica URL
+			// without /v1: said in the row and logged once per replica.
+			hint := r.PathHint(status)
+			route := r.BasePath() + strings.TrimPrefix(string(path), "/v1")
+			p.Meta.Error += " (the engine has no route " + route + ")"
+			if hint != "" {
+				p.Meta.Error += ": " + hint
+			}
+			if r.NoteBare404() {
+				s.log.Warn("a replica answered a call 404 Not Found (no such route): calls to it fail", "replica", r.Name(),
+					"url", r.URL(), "path", route, "hint", hint)
+			}
+		}
 	}
 	s.finish(&c, time.Now())
 }
@@ -558,6 +573,7 @@ const (
 	rejectPaused          = "paused"
 	rejectSequenceStore   = "sequence_store" // no sequence id could be reserved
 	rejectTooDeep         = "json_depth"     // the body nests deeper than jsonscan.MaxDepth
+	rejectUnattributed    = "unattributed"   // no rollout named, with Config.Unattributed "refuse"
 )
 
 // admissible checks what a call must pass before anything of it is kept:
@@ -575,6 +591,17 @@ func (s *Server) admissible(ctx *fasthttp.RequestCtx, attr attribution) (keyName
 	if msg := attributionError(attr, attr.fromPath); msg != "" {
 		s.reject(ctx, nil, rejectInvalidID, fasthttp.StatusBadRequest, errInvalidRequest, msg)
 		return "", false
+	}
+	if len(attr.rolloutID) == 0 && s.cfg.Unattributed == UnattributedRefuse {
+		s.reject(ctx, nil, rejectUnattributed, fasthttp.StatusBadRequest, errInvalidRequest,
+			"this call names no rollout: use the base URL "+s.cfg.PublicURL+"/rollout/{rollout_id}/attempt/{attempt_id}/v1"+
+				" (or send the headers x-rollout-id and x-attempt-id); this gateway refuses unattributed calls (--unattributed refuse)")
+		return "", false
+	}
+	if len(attr.rolloutID) == 0 && !s.toldUnattributed.Load() && !s.toldUnattributed.Swap(true) {
+		s.log.Warn("a call named no rollout: captured with an empty rollout_id, listed as (unattributed) in /ui, never selected by the trainer bridge;"+
+			" agents should use the base URL "+s.cfg.PublicURL+"/rollout/{rollout_id}/attempt/{attempt_id}/v1 (--unattributed refuse answers such calls 400; logged once)",
+			"path", string(ctx.Path()))
 	}
 	return keyName, true
 }
@@ -616,6 +643,25 @@ func (s *Server) finish(c *call, end time.Time) {
 	if c.opts.onEnd != nil {
 		c.opts.onEnd()
 	}
+}
+
+// routeMissing reports whether an engine's 404 says the route does not
+// exist (a body without a message, or the frameworks' plain "Not Found":
+// FastAPI's {"detail": "Not Found"}, vLLM's error of that message), rather
+// than that a model or resource of a served route is unknown; or whether
+// the replica's URL lacks /v1, where any 404 most likely means that.
+func routeMissing(body []byte, r *backends.Upstream) bool {
+	if !strings.HasSuffix(r.BasePath(), "/v1") {
+		return true
+	}
+	msg := gjson.GetBytes(body, "error.message").String()
+	if msg == "" {
+		msg = gjson.GetBytes(body, "message").String()
+	}
+	if msg == "" {
+		msg = gjson.GetBytes(body, "detail").String()
+	}
+	return msg == "" || strings.EqualFold(strings.TrimSpace(msg), "not found")
 }
 
 // statusLabels holds the label text of every HTTP status, so counting a call

@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,9 @@ type Server struct {
 	m        *metrics.Metrics
 	log      *slog.Logger
 	affinity routeCounters // rollgate_routing_affinity_total by outcome (routing.go)
+	// toldUnattributed is set once the first unattributed call captured
+	// was logged (Config.Unattributed).
+	toldUnattributed atomic.Bool
 
 	backends    *backends.Set // the routing table and replica health
 	backendOpts backends.Options
@@ -121,6 +125,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		if s.forceModes, err = newForceModes(cfg.Force, cfg.ForceModes); err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
+	}
+	if cfg.Unattributed != UnattributedCapture && cfg.Unattributed != UnattributedRefuse {
+		return nil, fmt.Errorf("gateway: unattributed %q is not %s or %s (--unattributed)", cfg.Unattributed, UnattributedCapture, UnattributedRefuse)
 	}
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
@@ -442,7 +449,34 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 		status = "no backends configured"
 	}
 	body := append(append(make([]byte, 0, 128), `{"status":"`...), status...)
-	ctx.SetBody(append(s.appendStoreStatus(append(body, '"')), '}'))
+	body = s.appendStoreStatus(append(body, '"'))
+	// Replicas whose last check failed, by URL; the status code stays (a
+	// pool may have others, and the engine may still be loading).
+	first := true
+	for _, p := range s.backends.Load().Pools() {
+		for _, u := range p.Replicas() {
+			if !u.Unreachable() {
+				continue
+			}
+			if first {
+				body, first = append(body, `,"upstreams_unreachable":[`...), false
+			} else {
+				body = append(body, ',')
+			}
+			body = strconv.AppendQuote(body, u.URL())
+		}
+	}
+	if !first {
+		body = append(body, ']')
+	}
+	ctx.SetBody(append(body, '}'))
+}
+
+// CheckUpstreams asks every replica of the routing table for its model
+// list, once (backends.Set.CheckUpstreams): serve logs the answers at start,
+// and /readyz names the replicas that did not answer until one does.
+func (s *Server) CheckUpstreams(timeout time.Duration) []backends.UpstreamReport {
+	return s.backends.CheckUpstreams(timeout)
 }
 
 // fasthttpLogger sends fasthttp's own messages (mostly broken client

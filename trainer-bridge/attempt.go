@@ -102,10 +102,12 @@ func eachOne(ctx context.Context, read export.Store, i int, ref AttemptRef, o Op
 	}
 	if !a.rewarded {
 		if a.report != nil {
-			a.report.Reason = ExclNoReward
+			if a.report.Reason == "" {
+				a.report.Reason = ExclNoReward
+			}
 			return f(i, ref, a) // reported, no unit
 		}
-		return nil // counted as no_reward
+		return nil // counted as no_reward or unfinished
 	}
 	if len(a.samples) == 0 {
 		st.Excluded[ExclNoSample]++
@@ -198,6 +200,15 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 	}
 	episode, ok := finalReward(d.Rewards, ref.AttemptID, o.RewardName)
 	if !ok {
+		// An unregistered attempt's reward is what says its episode ended:
+		// without one it may still be running, and never joins a group.
+		if ref.Status == StatusUnregistered {
+			st.Excluded[ExclUnfinished]++
+			if out.report != nil {
+				out.report.RewardMissing, out.report.Reason = true, ExclUnfinished
+			}
+			return out, nil
+		}
 		if o.MissingReward == MissingDrop {
 			st.Excluded[ExclNoReward]++
 			if out.report != nil {

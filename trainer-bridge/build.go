@@ -77,11 +77,19 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 	defer refs.close()
 	selected := 0
 	var rec recordEncoder
+	notSelected := map[string]int{}
+	unattributed := 0
 	err = selectEach(ctx, store, o.Selection, o.SpillDir, func(a AttemptRef) error {
 		selected++
 		rec = rec[:0]
 		encodeRef(&rec, &a, a.FirstCallUnixNano)
 		return refs.append(rec)
+	}, func(why string, n int) {
+		if why == SkipUnattributed {
+			unattributed += n
+		} else {
+			notSelected[why] += n
+		}
 	})
 	if err != nil {
 		return nil, err
@@ -94,7 +102,7 @@ func Build(ctx context.Context, store export.Store, o Options) (*Result, error) 
 			return nil, err
 		}
 	}
-	res := &Result{Stats: Stats{Attempts: selected, Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
+	res := &Result{Stats: Stats{Attempts: selected, MinGroupSize: o.MinGroupSize, NotSelected: notSelected, UnattributedCalls: unattributed, Excluded: map[string]int{}, Breaks: map[string]int{}, AIRHits: map[string]int{}, Tasks: map[string]TaskStat{}}}
 	// One pass over the store: every selected attempt's samples, kept in
 	// memory, or, when streaming, in a spill file until the advantages are
 	// known; its units (what an advantage is computed for) go to a sorter

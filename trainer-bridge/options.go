@@ -172,12 +172,19 @@ type Stats struct {
 	DroppedGroups      int            // zero-variance groups dropped
 	DroppedSamples     int            // samples of those groups (also in Excluded[zero_variance])
 	SmallGroups        int            // groups sampled with fewer than MinGroupSize members
+	MinGroupSize       int            // the minimum group size in force (Options.MinGroupSize or the estimator's)
 	Retokenized        int            // calls whose ids Options.Retokenize rebuilt (token_source none, or any with RetokenizeAll -> retokenized)
 	RetokenizedSamples int            // samples among Samples with token_source retokenized
 	Excluded           map[string]int // by reason (Excl* constants)
-	Breaks             map[string]int // trajectory breaks by class (Break* constants)
-	AIRHits            map[string]int // AIR reward rows by rule
-	Tasks              map[string]TaskStat
+	// NotSelected counts the attempts with calls that the selection left
+	// out, by reason (Skip* constants; "status:running" and the like).
+	NotSelected map[string]int
+	// UnattributedCalls counts the call rows attributed to no rollout,
+	// which no selection includes.
+	UnattributedCalls int
+	Breaks            map[string]int // trajectory breaks by class (Break* constants)
+	AIRHits           map[string]int // AIR reward rows by rule
+	Tasks             map[string]TaskStat
 }
 
 // Result is what Build returns.

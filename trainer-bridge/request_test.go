@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/rollgate/rollgate/trainer-bridge/advantage"
@@ -15,7 +16,7 @@ func TestRequestOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Estimator != advantage.GRPO || o.Gamma != 1 || o.AIR == nil || len(o.Selection.Statuses) != 2 {
+	if o.Estimator != advantage.GRPO || o.Gamma != 1 || o.AIR == nil || !slices.Equal(o.Selection.Statuses, []string{"succeeded", "failed", "unregistered"}) {
 		t.Fatalf("defaults: %+v", o)
 	}
 	off := false

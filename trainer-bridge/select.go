@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +38,30 @@ const (
 	ExclNoSample      = "no_sample"            // attempts left without any sample (attempts); their score still counts in their group
 	ExclSmallGroup    = "small_group"          // samples of a group sampled with fewer than MinGroupSize members (samples)
 	ExclZeroVariance  = "zero_variance"        // samples of a group whose scores are all equal, with DropZeroVariance (samples)
+	ExclUnfinished    = "unfinished"           // attempts selected as StatusUnregistered that have no episode reward yet (attempts)
+)
+
+// StatusUnregistered in Selection.Statuses selects the attempts the
+// rollouts table does not know (calls made on the per-rollout URL without
+// POST /api/v1/rollouts or the task queue) once they have an episode
+// reward of Options.RewardName: for such a rollout the reward is the only
+// sign that its episode ended, so one without it (still running, or never
+// scored) is left out as ExclUnfinished before it joins a group, and never
+// moves a sibling's baseline. The viewer shows these rollouts with this
+// status too.
+const StatusUnregistered = "unregistered"
+
+// Reasons an attempt was not selected (Stats.NotSelected); "status:" is
+// followed by the attempt's status (StatusUnregistered for attempts the
+// rollouts table does not know).
+const (
+	SkipStatus   = "status:"
+	SkipTasks    = "tasks"
+	SkipRollouts = "rollouts"
+	SkipTime     = "since_until"
+	// SkipUnattributed counts call rows (not attempts) attributed to no
+	// rollout: no rollout path or x-rollout-id header.
+	SkipUnattributed = "unattributed_calls"
 )
 
 // Selection chooses rollout attempts and calls. The zero value selects every
@@ -51,7 +76,8 @@ type Selection struct {
 	// completion cursor resolves to such a list.
 	RolloutIDs []string
 	// Statuses keeps attempts whose latest status is one of these (empty =
-	// any, including attempts never registered in the rollouts table).
+	// any, including attempts never registered in the rollouts table;
+	// StatusUnregistered names those, selected only once rewarded).
 	Statuses []string
 	// AgentName keeps only calls whose agent_name matches (nil = all).
 	AgentName *regexp.Regexp
@@ -63,11 +89,17 @@ type Selection struct {
 	Attempts string
 }
 
-// DefaultSelection selects the latest succeeded or failed attempt of every
-// rollout: failed attempts are trained on with their reward (0 when none),
-// as Agent Lightning does; cancelled and running ones are not selected.
+// DefaultStatuses are the statuses DefaultSelection selects.
+var DefaultStatuses = []string{"succeeded", "failed", StatusUnregistered}
+
+// DefaultSelection selects the latest finished attempt of every rollout:
+// succeeded or failed in the rollouts table (failed attempts are trained
+// on with their reward, 0 when none, as Agent Lightning does), or never
+// registered there and rewarded (StatusUnregistered: the natural path of
+// calls on the per-rollout URL plus POST .../rewards); cancelled, queued
+// and running ones are not selected.
 func DefaultSelection() Selection {
-	return Selection{Statuses: []string{"succeeded", "failed"}, Attempts: AttemptsLatest}
+	return Selection{Statuses: slices.Clone(DefaultStatuses), Attempts: AttemptsLatest}
 }
 
 // AttemptRef names one selected attempt.
@@ -88,7 +120,7 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 	err := selectEach(ctx, store, sel, "", func(a AttemptRef) error {
 		out = append(out, a)
 		return nil
-	})
+	}, nil)
 	return out, err
 }
 
@@ -102,8 +134,10 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 // the rollouts rows (one per attempt once merged) wait in a temporary file
 // in dir while the aggregate is read, so memory holds one rollout's
 // attempts, not the selection. Filtering happens here so no value is
-// spliced into SQL.
-func selectEach(ctx context.Context, store export.Store, sel Selection, dir string, f func(AttemptRef) error) error {
+// spliced into SQL. skip, when set, is told why each attempt with calls
+// that sel leaves out was left out (the Skip* reasons), and about calls
+// attributed to no rollout (SkipUnattributed, once per call row).
+func selectEach(ctx context.Context, store export.Store, sel Selection, dir string, f func(AttemptRef) error, skip func(reason string, n int)) error {
 	if sel.Attempts != "" && sel.Attempts != AttemptsLatest && sel.Attempts != AttemptsAll {
 		return fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
 	}
@@ -190,7 +224,10 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 	if err := advance(); err != nil {
 		return err
 	}
-	choose := chooser(sel, f)
+	if skip == nil {
+		skip = func(string, int) {}
+	}
+	choose := chooser(sel, f, skip)
 	var run []attemptRow // the attempts of one rollout
 	add := func(a attemptRow) error {
 		if len(run) > 0 && run[0].RolloutID != a.RolloutID {
@@ -204,9 +241,9 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 		return nil
 	}
 	var last attemptRow
-	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano) FROM llm_calls"+
+	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano), count(*) FROM llm_calls"+
 		" GROUP BY rollout_id, attempt_id ORDER BY rollout_id, attempt_id", func(row []string) error {
-		if len(row) < 4 {
+		if len(row) < 5 {
 			return fmt.Errorf("row with %d columns", len(row))
 		}
 		first, err := strconv.ParseUint(row[3], 10, 64)
@@ -214,7 +251,10 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 			return fmt.Errorf("start time %q: %w", row[3], err)
 		}
 		if row[0] == "" {
-			return nil // calls not attributed to any rollout
+			// Calls attributed to no rollout: counted, never selected.
+			n, _ := strconv.Atoi(row[4])
+			skip(SkipUnattributed, n)
+			return nil
 		}
 		a := attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
 		if last.RolloutID != "" && compareAttempts(&last, &a) >= 0 {
@@ -267,7 +307,7 @@ func compareAttempts(a, b *attemptRow) int {
 // chooser returns what selectEach does with the attempts of one rollout,
 // in attempt order: the group from any of them, then the attempts that
 // pass sel's filters, all or the latest, handed to f.
-func chooser(sel Selection, f func(AttemptRef) error) func(run []attemptRow) error {
+func chooser(sel Selection, f func(AttemptRef) error, skip func(string, int)) func(run []attemptRow) error {
 	tasks := set(sel.TaskIDs)
 	rollouts := set(sel.RolloutIDs)
 	statuses := set(sel.Statuses)
@@ -287,16 +327,29 @@ func chooser(sel Selection, f func(AttemptRef) error) func(run []attemptRow) err
 		var best *attemptRow
 		for i := range run {
 			a := &run[i]
+			status := a.Status
+			if status == "" && len(statuses) > 0 {
+				status = StatusUnregistered
+			}
+			why := ""
 			switch {
-			case !a.hasCalls,
-				len(tasks) > 0 && !tasks[a.TaskID],
-				len(rollouts) > 0 && !rollouts[a.RolloutID],
-				len(statuses) > 0 && !statuses[a.Status],
-				since != 0 && a.FirstCallUnixNano < since,
+			case !a.hasCalls:
+				continue
+			case len(rollouts) > 0 && !rollouts[a.RolloutID]:
+				why = SkipRollouts
+			case len(tasks) > 0 && !tasks[a.TaskID]:
+				why = SkipTasks
+			case since != 0 && a.FirstCallUnixNano < since,
 				until != 0 && a.FirstCallUnixNano >= until:
+				why = SkipTime
+			case len(statuses) > 0 && !statuses[status]:
+				why = SkipStatus + status
+			}
+			if why != "" {
+				skip(why, 1)
 				continue
 			}
-			a.GroupID = group
+			a.GroupID, a.Status = group, status
 			if sel.Attempts == AttemptsAll {
 				if err := f(a.AttemptRef); err != nil {
 					return err

@@ -376,7 +376,8 @@ func (s *Server) pageDetails(ctx context.Context, ids []string, byID map[string]
 	}
 	for _, r := range res.Rows {
 		row := byID[r[0]]
-		if row == nil || len(r) < 4 || (row.Attempt != "" && r[1] != row.Attempt) {
+		// A reward without attempt_id is the rollout's, whatever its attempt.
+		if row == nil || len(r) < 4 || (r[1] != "" && row.Attempt != "" && r[1] != row.Attempt) {
 			continue
 		}
 		row.Reward = r[2] // the last (latest) wins

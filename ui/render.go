@@ -14,10 +14,35 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// Unattributed is how the viewer names, in its pages and paths, the calls
+// captured without a rollout (rollout_id ”; no /rollout/{r}/attempt/{a}
+// path and no x-rollout-id header): its parentheses are outside the rollout
+// id charset, so no rollout can have this id.
+const Unattributed = "(unattributed)"
+
+// rolloutSegment escapes a rollout id as a path segment; the empty id of
+// unattributed calls is Unattributed.
+func rolloutSegment(id string) string {
+	if id == "" {
+		return Unattributed
+	}
+	return url.PathEscape(id)
+}
+
+// rolloutName is a rollout id as a page shows it: Unattributed for the
+// empty id.
+func rolloutName(id string) string {
+	if id == "" {
+		return Unattributed
+	}
+	return id
+}
+
 // parsePages parses each page template of assets/ with the shared layout.
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"seg":     url.PathEscape,
+		"seg":     rolloutSegment,
+		"rid":     rolloutName,
 		"query":   url.QueryEscape,
 		"nanos":   fmtNanos,
 		"dur":     fmtDur,

@@ -168,7 +168,7 @@ func (s *Server) serveRollout(ctx *fasthttp.RequestCtx, id string) {
 	}
 	p.Total = total
 	fillRolloutPage(&p, prev, calls, rewards, s.air)
-	s.render(ctx, fasthttp.StatusOK, "rollout", "Rollout "+id, p)
+	s.render(ctx, fasthttp.StatusOK, "rollout", "Rollout "+rolloutName(id), p)
 }
 
 // rolloutAttempts reads a rollout's registered attempts (the latest state
@@ -241,7 +241,10 @@ func (s *Server) rolloutCounts(ctx context.Context, id, attempt string, first, l
 	if len(res.Rows) > 0 && len(res.Rows[0]) > 0 {
 		total = atoi(res.Rows[0][0])
 	}
-	res, err = s.store.Query(ctx, "SELECT sequence_id, name, value, source FROM rewards"+cond+
+	// A reward posted without attempt_id is the rollout's: it counts for
+	// every attempt, as the trainer bridge counts it.
+	res, err = s.store.Query(ctx, "SELECT sequence_id, name, value, source FROM rewards"+
+		" WHERE rollout_id = "+s.d.lit(id)+" AND (attempt_id = "+s.d.lit(attempt)+" OR attempt_id = '')"+
 		" AND (sequence_id = 0 OR (sequence_id >= "+u64(first)+" AND sequence_id <= "+u64(last)+"))"+
 		" ORDER BY sequence_id, time_unix_nano, name LIMIT "+strconv.Itoa(maxRewardsRead))
 	if err != nil {

@@ -137,6 +137,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.fail(ctx, fasthttp.StatusNotFound, "No such page: the path is not a valid URL path.")
 		return
 	}
+	if len(parts) >= 2 && parts[0] == "rollouts" && parts[1] == Unattributed {
+		parts[1] = "" // the calls captured without a rollout
+	}
 	switch {
 	case len(parts) == 2 && parts[0] == "rollouts":
 		s.serveRollout(ctx, parts[1])

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -34,13 +35,15 @@ const bridgeSummary = `rollgate bridge — turn captured calls and rewards into 
   rollgate bridge --out batch.jsonl --estimator grpo
   rollgate bridge --mode trajectories --agent '^solver$' --status succeeded,failed --out batch.parquet
 
-Selects rollout attempts (latest succeeded by default), excludes and counts calls that
+Selects rollout attempts (by default, per rollout, the latest attempt that succeeded or
+failed, or that was never registered and has an episode reward: --status), groups them by
+the rollouts' group_id, else by task (the x-task-id header of their calls; --group-by),
+excludes and counts calls that
 errored or lack verified token ids (with --retokenize, calls captured without ids get ids
 from the model's chat template and tokenizer instead, marked token_source retokenized;
 --retokenize-all does so to every call, to measure what retokenising changes),
 adds automatic intermediate rewards (AIR) from rules over the captured calls, spreads
-rewards over calls (credit), computes advantages per group (the rollouts' group_id: one
-task's rollouts of one enqueue; --group-by) and writes one sample
+rewards over calls (credit), computes advantages per group and writes one sample
 per line (JSONL), one per row (Parquet) or a padded batch with verl's tensor names
 (safetensors), chosen by --format or the file extension.
 With --serve, online trainers pull the samples instead: POST /lease {"n": N} hands out
@@ -48,7 +51,10 @@ the next N under a lease id, POST /ack {"lease_id": ...} consumes them, and a le
 acknowledged within --lease-ttl returns its samples to the queue. As serve's /api/v1, it
 needs Authorization: Bearer $ROLLGATE_ADMIN_TOKEN when that is set, and a non-loopback
 --serve address needs the token (or --insecure-admin).
-A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goes to stderr.`
+A summary (samples, groups, exclusions by reason, AIR hits, reward per task) goes to stderr;
+whatever it leaves out is named with its reason and the flag or header that changes it.
+Batch files are created with mode 0666 less the umask (0644 under the usual 022): they hold
+prompts and answers as token ids, so set a stricter umask (077) to keep them private.`
 
 func runBridge(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bridge", bridgeSummary, stdout, bridgeSections...) // a new flag needs its line in bridgeSections
@@ -72,7 +78,7 @@ func runBridge(args []string, stdout, stderr io.Writer) int {
 	since := fs.String("since", "", "first call at or after this time (RFC 3339 or unix nanoseconds)")
 	until := fs.String("until", "", "first call before this time (RFC 3339 or unix nanoseconds)")
 	tasks := fs.String("tasks", "", "comma-separated task ids (empty = all)")
-	status := fs.String("status", "succeeded,failed", "comma-separated attempt statuses (empty = any); failed attempts train with their reward (0 when none), as Agent Lightning does")
+	status := fs.String("status", strings.Join(bridge.DefaultStatuses, ","), "comma-separated attempt statuses (empty = any, rewarded or not): succeeded, failed, cancelled, queued, running, or "+bridge.StatusUnregistered+" = rollouts never registered (calls on the per-rollout URL alone), selected once they have an episode reward, which marks their end (without one: unfinished). Failed attempts train with their reward (0 when none), as Agent Lightning does")
 	missingReward := fs.String("missing-reward", bridge.MissingZero, "a selected attempt without an episode reward: 0 (reward 0, counted), drop (exclude it: no_reward) or drop-group (exclude its whole group: missing_reward_group)")
 	groupBy := fs.String("group-by", bridge.GroupGroup, "advantage group (the trainer's uid): group (the rollout's group_id: one per task per enqueue call of POST /api/v1/tasks, or given to POST /api/v1/rollouts; rollouts without one as task+policy), task+policy (task and the policy version of the attempt's first call) or task")
 	minGroup := fs.Int("min-group-size", 0, "exclude the samples of groups sampled with fewer members (small_group); 0 = 2 for grpo, drgrpo and rloo, 1 otherwise")
@@ -375,9 +381,9 @@ func streamSamples(ctx context.Context, store export.Store, o bridge.Options, pa
 		}
 		return res, w.Close()
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".bridge-*")
+	tmp, err := createOutput(path)
 	if err != nil {
-		return nil, fmt.Errorf("creating output: %w", err)
+		return nil, err
 	}
 	defer os.Remove(tmp.Name())
 	w := newWriter(tmp)
@@ -398,14 +404,34 @@ func streamSamples(ctx context.Context, store export.Store, o bridge.Options, pa
 	return res, nil
 }
 
+// createOutput creates the temporary file a batch is written to before it
+// is renamed to path, in path's folder, with mode 0666 less the umask (as
+// any file a command writes; os.CreateTemp's 0600 would make the batch
+// unreadable to the trainer's other users whatever the umask says).
+func createOutput(path string) (*os.File, error) {
+	dir := filepath.Dir(path)
+	for range 100 {
+		name := filepath.Join(dir, ".bridge-"+strconv.FormatUint(rand.Uint64(), 36))
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("creating output: %w", err)
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("creating output in %s: no free temporary name", dir)
+}
+
 func writeSamples(path, format string, to bridge.TensorOptions, stdout io.Writer, samples []*bridge.Sample) (bridge.TensorStats, error) {
 	var ts bridge.TensorStats
 	if path == "-" {
 		return ts, bridge.WriteJSONL(stdout, samples)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".bridge-*")
+	tmp, err := createOutput(path)
 	if err != nil {
-		return ts, fmt.Errorf("creating output: %w", err)
+		return ts, err
 	}
 	defer os.Remove(tmp.Name())
 	switch format {
@@ -483,7 +509,7 @@ func writeReport(path, explain string, res *bridge.Result, w io.Writer) error {
 		}
 	}
 	if !found {
-		fmt.Fprintf(w, "rollout %s: not selected (check --status, --tasks, --since/--until, --attempts; cancelled and running attempts are never selected)\n", explain)
+		fmt.Fprintf(w, "rollout %s: not selected (check --status, default %s: queued, running and cancelled attempts are not selected; --tasks, --since/--until, --attempts)\n", explain, strings.Join(bridge.DefaultStatuses, ","))
 	}
 	return nil
 }
@@ -500,7 +526,7 @@ func printSummary(w io.Writer, st *bridge.Stats, out string) {
 	if st.Retokenized > 0 {
 		fmt.Fprintf(w, "  retokenized: %d calls from their text, %d samples (token_source retokenized)\n", st.Retokenized, st.RetokenizedSamples)
 	}
-	fmt.Fprintf(w, "  excluded: %s\n", kv(st.Excluded))
+	printLeftOut(w, st)
 	fmt.Fprintf(w, "  AIR hits: %s\n", kv(st.AIRHits))
 	tasks := make([]string, 0, len(st.Tasks))
 	for t := range st.Tasks {
@@ -547,4 +573,47 @@ func parseTime(s string) (time.Time, error) {
 		return time.Unix(0, n), nil
 	}
 	return time.Parse(time.RFC3339Nano, s)
+}
+
+// printLeftOut prints what the batch left out, each reason with what
+// changes it (bridge.Hint): attempts the selection did not take, calls
+// attributed to no rollout, and the exclusions. With nothing left out and
+// no sample it says where the calls should have come from.
+func printLeftOut(w io.Writer, st *bridge.Stats) {
+	reasons := func(m map[string]int) []string {
+		keys := make([]string, 0, len(m))
+		for k, n := range m {
+			if n > 0 {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		return keys
+	}
+	line := func(what string, n int, reason string) {
+		if h := bridge.Hint(reason, st.MinGroupSize); h != "" {
+			fmt.Fprintf(w, "  %s: %s=%d (%s)\n", what, reason, n, h)
+		} else {
+			fmt.Fprintf(w, "  %s: %s=%d\n", what, reason, n)
+		}
+	}
+	for _, r := range reasons(st.NotSelected) {
+		line("not selected", st.NotSelected[r], r)
+	}
+	if st.UnattributedCalls > 0 {
+		line("not selected", st.UnattributedCalls, bridge.SkipUnattributed)
+	}
+	excl := reasons(st.Excluded)
+	for _, r := range excl {
+		line("excluded", st.Excluded[r], r)
+	}
+	switch {
+	case len(excl) > 0:
+	case st.Samples > 0:
+		fmt.Fprintf(w, "  excluded: none\n")
+	case st.Attempts > 0 || len(st.NotSelected) > 0 || st.UnattributedCalls > 0:
+		fmt.Fprintf(w, "  no sample: every call was left out for the reasons above\n")
+	default:
+		fmt.Fprintf(w, "  no sample: the store holds no call of any rollout (check --db or --clickhouse; agents call on http://GATEWAY/rollout/{rollout_id}/attempt/{attempt_id}/v1)\n")
+	}
 }

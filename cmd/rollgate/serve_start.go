@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/rollgate/rollgate/bench/mock"
@@ -120,7 +121,32 @@ func (s *serving) start(c *fileConfig, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "rollgate listening on http://%s (OPENAI_BASE_URL=%s/v1), capturing to %s\n", shown.Listen, shown.PublicURL, where)
 	s.started = true
 	go func() { s.served <- s.srv.Serve(ln) }()
+	go checkUpstreams(s.srv, s.log)
 	return nil
+}
+
+// upstreamCheckTimeout bounds the start check of each replica.
+const upstreamCheckTimeout = 5 * time.Second
+
+// checkUpstreams asks every replica for its model list once at start and
+// logs what each serves, or that it did not answer (then /readyz names it
+// until a health check or a call succeeds), with a hint when its URL looks
+// wrong (no /v1).
+func checkUpstreams(srv *gateway.Server, log *slog.Logger) {
+	for _, r := range srv.CheckUpstreams(upstreamCheckTimeout) {
+		switch {
+		case r.OK() && r.Hint == "":
+			log.Info("upstream answered", "model_route", r.Model, "url", r.URL, "models", strings.Join(r.Models, ","))
+		case r.OK():
+			log.Warn("upstream answered, but its URL looks wrong", "model_route", r.Model, "url", r.URL, "models", strings.Join(r.Models, ","), "hint", r.Hint)
+		case r.Status == 0:
+			log.Warn("upstream unreachable: calls routed to it fail until it answers (GET /readyz lists it in upstreams_unreachable)",
+				"model_route", r.Model, "url", r.URL, "checked", r.URL+"/models", "hint", r.Hint)
+		default:
+			log.Warn("upstream did not list its models: calls routed to it may fail (GET /readyz lists it in upstreams_unreachable)",
+				"model_route", r.Model, "url", r.URL, "status", r.Status, "checked", r.URL+"/models", "hint", r.Hint)
+		}
+	}
 }
 
 // routeBackends sets the initial routing table: the file's backends, plus

@@ -22,6 +22,9 @@ func (u *Upstream) MarkSuccess() {
 	if u.unhealthyUntil.Load() != 0 {
 		u.unhealthyUntil.Store(0)
 	}
+	if u.unreachable.Load() {
+		u.unreachable.Store(false)
+	}
 }
 
 // Healthy reports whether the replica is in selection now.
@@ -80,7 +83,9 @@ func (s *Set) CheckLoop(stop <-chan struct{}, h Health) {
 		}
 		for _, p := range s.Load().Pools() {
 			for _, r := range p.replicas {
-				if r.checkHealth(2 * time.Second) {
+				ok := r.checkHealth(2 * time.Second)
+				r.unreachable.Store(!ok)
+				if ok {
 					r.MarkSuccess()
 				} else {
 					r.MarkFailure(h.UnhealthyAfter, h.Cooldown)

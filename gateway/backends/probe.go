@@ -100,7 +100,10 @@ func (u *Upstream) Kind() openai.Kind {
 }
 
 // get fetches a small document from the replica's origin.
-func (u *Upstream) get(path string) (int, []byte) {
+func (u *Upstream) get(path string) (int, []byte) { return u.getTimeout(path, 3*time.Second) }
+
+// getTimeout is get within timeout.
+func (u *Upstream) getTimeout(path string, timeout time.Duration) (int, []byte) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	req.SetRequestURI(u.origin + path)
@@ -108,7 +111,7 @@ func (u *Upstream) get(path string) (int, []byte) {
 	if u.auth != "" {
 		req.Header.Set("Authorization", u.auth)
 	}
-	if err := u.client.DoTimeout(req, resp, 3*time.Second); err != nil {
+	if err := u.client.DoTimeout(req, resp, timeout); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return 0, nil
 	}

@@ -37,6 +37,10 @@ type Upstream struct {
 	// replica is left out of selection.
 	fails          atomic.Int32
 	unhealthyUntil atomic.Int64
+	// unreachable: the last check (CheckUpstreams, health checks) failed;
+	// told404: a bare 404 of this replica was logged (startcheck.go).
+	unreachable atomic.Bool
+	told404     atomic.Bool
 
 	filler      *fallback.Client // id filler for vLLM replicas
 	llamaFiller *fallback.Client // id filler for llama.cpp replicas

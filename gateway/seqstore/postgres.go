@@ -139,6 +139,7 @@ func OpenPostgres(ctx context.Context, dsn string, opt Options) (*Postgres, erro
 		db.Close()
 		return nil, err
 	}
+	p.has = `SELECT 1 FROM rg_sequences WHERE rollout_id = $1 LIMIT 1`
 	if err := p.init(db, opt, postgresReserve, `DELETE FROM rg_sequences WHERE updated_ns < $1`); err != nil {
 		db.Close()
 		return nil, err

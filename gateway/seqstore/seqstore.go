@@ -61,6 +61,13 @@ type Store interface {
 	Close() error
 }
 
+// RolloutFinder is a Store that can say whether ids were ever reserved for
+// a rollout (by any gateway on the same database, within the retention):
+// whether calls of it were admitted, before their capture is stored.
+type RolloutFinder interface {
+	HasRollout(ctx context.Context, rollout string) (bool, error)
+}
+
 // Options tune a Store. Zero values take the defaults.
 type Options struct {
 	// MinBlock is the size of an attempt's first block, and of the first
@@ -174,3 +181,8 @@ func newMetrics(r prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+var (
+	_ RolloutFinder = (*SQLite)(nil)
+	_ RolloutFinder = (*Postgres)(nil)
+)

@@ -41,6 +41,7 @@ type sqlStore struct {
 	m        *metrics
 	reserve  string // the reservation statement of the dialect
 	prune    string
+	has      string // the statement of HasRollout
 	log      *slog.Logger
 
 	stopPrune chan struct{}
@@ -127,6 +128,7 @@ func NewSQLite(ctx context.Context, db *sql.DB, opt Options) (*SQLite, error) {
 		return nil, err
 	}
 	s := &SQLite{reqs: make(chan *sqliteReq, maxGroup), stopGroup: make(chan struct{}), groupDone: make(chan struct{})}
+	s.has = `SELECT 1 FROM rg_sequences WHERE rollout_id = ? LIMIT 1`
 	if err := s.init(db, opt, sqliteReserve, `DELETE FROM rg_sequences WHERE updated_ns < ?`); err != nil {
 		return nil, err
 	}
@@ -261,6 +263,20 @@ func (s *sqlStore) init(db *sql.DB, opt Options, reserve, prune string) error {
 	s.stopPrune, s.pruneDone = make(chan struct{}), make(chan struct{})
 	go s.pruneLoop()
 	return nil
+}
+
+// HasRollout reports whether ids of the rollout are reserved in the
+// database (seqstore.RolloutFinder).
+func (s *sqlStore) HasRollout(ctx context.Context, rollout string) (bool, error) {
+	var one int
+	err := s.db.QueryRowContext(ctx, s.has, rollout).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("seqstore: looking up rollout %q: %w", rollout, err)
+	}
+	return true, nil
 }
 
 // Instance is this store's gateway instance id, the holder it writes.
