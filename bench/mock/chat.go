@@ -13,16 +13,20 @@ import (
 // Tools: when the request has tools, tool_choice is not "none" and the last message is a
 // user message, every choice calls one tool (the first, or the one tool_choice names) with
 // arguments that give every schema property a deterministic value, and finishes with
-// "tool_calls". The generated ids are Encode(`<tool_call>{"name":"f","arguments":`) +
-// Encode(arguments) + Encode(`}</tool_call>`); if max_tokens cuts them short the choice
-// is plain text (their decoded prefix) with finish "length". Otherwise (e.g. the last
-// message is a tool result) the answer is text.
+// "tool_calls" ("stop" for a named tool_choice in the vllm flavour, as vLLM 0.32.0). The
+// generated ids are Encode(`<tool_call>{"name":"f","arguments":`) + Encode(arguments) +
+// Encode(`}</tool_call>`); if max_tokens cuts them short the choice is plain text (their
+// decoded prefix) with finish "length". Otherwise (e.g. the last message is a tool
+// result) the answer is text.
 //
-// Streaming: after TTFT, one role chunk per choice (the very first also carries
-// prompt_token_ids when asked), then one chunk per token per choice (ITL between steps);
-// a tool call streams a header chunk (its ids: the prefix), then one chunk per argument
-// token; each choice ends with a finish chunk (delta {}, token_ids [] — or the suffix ids
-// of a tool call); then the usage chunk if include_usage, then [DONE].
+// Streaming (vllm flavour, as vLLM 0.32.0 with the hermes tool parser): after TTFT, one
+// role chunk per choice, then per step one output per token per choice (ITL between
+// steps): a chunk with the text it adds, or the hermes parser's tool-call delta
+// (hermes.go), or, when it adds nothing to send, an empty delta {} sent only with
+// logprobs or return_token_ids; a choice's last token rides on its finish chunk; then the
+// usage chunk if include_usage, then [DONE]. The sglang and llamacpp flavours stream a
+// tool call as a header chunk (its ids: the prefix) and one chunk per argument token,
+// and end each choice with a finish chunk of its own (their files).
 
 func (s *Server) chat(ctx *fasthttp.RequestCtx, k *knobs) {
 	var f fields

@@ -11,9 +11,10 @@ import (
 
 // Completions (POST /v1/completions). The prompt is a string, a list of strings, a list of
 // token ids or a list of lists of token ids; each prompt gets n choices with index
-// output_index + prompt_index*n. Streams: per choice one chunk per token (prompt_token_ids
-// on its first chunk when asked), then a finish chunk (text "", token_ids [] when asked),
-// then the usage chunk if include_usage, then [DONE]. echo, suffix and best_of are ignored.
+// output_index + prompt_index*n. Streams (vllm flavour): per choice one chunk per token
+// (prompt_token_ids on its first chunk when asked), the last one carrying the finish
+// reason, then the usage chunk if include_usage, then [DONE]. echo, suffix and best_of
+// are ignored.
 
 func (s *Server) completions(ctx *fasthttp.RequestCtx, k *knobs) {
 	var f fields
