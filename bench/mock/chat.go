@@ -410,12 +410,7 @@ func (p *plan) appendChunkUsage(dst []byte, completion int, chat bool) []byte {
 // streamChat writes the SSE stream of a chat completion.
 func (p *plan) streamChat(w *bufio.Writer) { p.streamWith(w, &vllmChatWire) }
 
-var vllmChatWire = wire{
-	role:   (*plan).appendChatRole,
-	chunk:  (*plan).appendChatChunk,
-	finish: (*plan).appendChatFinish,
-	usage:  (*plan).appendChatUsageChunk,
-}
+var vllmChatWire = perTokenWire((*plan).appendChatRole, (*plan).appendChatStep, (*plan).appendChatUsageChunk)
 
 // appendChatRole appends the first chunk of choice i (the very first carries
 // prompt_token_ids when asked).
@@ -443,21 +438,6 @@ func (p *plan) appendChatUsageChunk(dst []byte) []byte {
 }
 
 var doneEvent = []byte("[DONE]")
-
-// appendChatChunk appends the chunk of step st of choice i, but none for its
-// last step: that token rides on the finish chunk (appendChatFinish).
-func (p *plan) appendChatChunk(dst []byte, i int, c *planChoice, st int) []byte {
-	if st == c.steps()-1 {
-		return dst
-	}
-	return p.appendChatStep(dst, i, c, st, false)
-}
-
-// appendChatFinish appends the finish chunk of choice i: its last token's
-// delta, logprobs and id with the finish and stop reasons.
-func (p *plan) appendChatFinish(dst []byte, i int, c *planChoice) []byte {
-	return p.appendChatStep(dst, i, c, c.steps()-1, true)
-}
 
 // appendChatStep appends the chunk vLLM sends for the token c.ids[st]: the
 // text it adds ({"content":…}), or the hermes parser's tool-call delta
@@ -489,21 +469,55 @@ func (p *plan) appendChatStep(dst []byte, i int, c *planChoice, st int, final bo
 	}
 	dst = append(dst, `,"logprobs":`...)
 	dst = p.appendChatLogprobs(dst, c, st, st+1)
-	if final {
+	dst = appendFinishReason(dst, c, final, false)
+	return p.appendStepTail(dst, c, st, final, true)
+}
+
+// perTokenWire is a vLLM stream format built from step, which appends the
+// chunk of one token (final: the choice's last, with the finish reason):
+// each token makes one output and the last one rides on the finish chunk
+// (chat_completion/serving.py, completion/serving.py, vLLM 0.32.0).
+func perTokenWire(role func(*plan, []byte, int) []byte, step func(p *plan, dst []byte, i int, c *planChoice, st int, final bool) []byte, usage func(*plan, []byte) []byte) wire {
+	return wire{
+		role: role,
+		chunk: func(p *plan, dst []byte, i int, c *planChoice, st int) []byte {
+			if st == c.steps()-1 {
+				return dst // the finish chunk sends it
+			}
+			return step(p, dst, i, c, st, false)
+		},
+		finish: func(p *plan, dst []byte, i int, c *planChoice) []byte {
+			return step(p, dst, i, c, c.steps()-1, true)
+		},
+		usage: usage,
+	}
+}
+
+// appendFinishReason appends a vLLM chunk's finish_reason and, on the final
+// chunk (or always, nullStop: completions), its stop_reason.
+func appendFinishReason(dst []byte, c *planChoice, final, nullStop bool) []byte {
+	switch {
+	case final:
 		dst = append(dst, `,"finish_reason":"`...)
 		dst = append(dst, c.finish...)
 		dst = append(dst, `","stop_reason":`...)
-		dst = appendStopReason(dst, c)
-	} else {
-		dst = append(dst, `,"finish_reason":null`...)
+		return appendStopReason(dst, c)
+	case nullStop:
+		return append(dst, `,"finish_reason":null,"stop_reason":null`...)
 	}
-	// vLLM passes token_ids explicitly (None when not asked): the key is
-	// always there. --drop-ids-every imitates versions before PR #29074,
-	// which sent no ids on a swallowed chunk.
+	return append(dst, `,"finish_reason":null`...)
+}
+
+// appendStepTail closes the chunk of token c.ids[st]: its token_ids, the
+// usage of continuous usage stats, and on the final chunk the fingerprint
+// when no usage chunk follows. vLLM passes token_ids explicitly (None when
+// not asked): the key is always there. --drop-ids-every imitates versions
+// before PR #29074, which sent no ids on a swallowed chunk.
+func (p *plan) appendStepTail(dst []byte, c *planChoice, st int, final, chat bool) []byte {
 	dst = append(dst, `,"token_ids":`...)
 	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
 	dst = append(dst, "}]"...)
-	dst = p.appendChunkUsage(dst, st+1, true)
+	dst = p.appendChunkUsage(dst, st+1, chat)
 	if final && !p.includeUsage {
 		dst = appendFingerprint(dst, p)
 	}

@@ -315,26 +315,7 @@ func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int
 // streamCompletion writes the SSE stream of a completion.
 func (p *plan) streamCompletion(w *bufio.Writer) { p.streamWith(w, &vllmCompletionWire) }
 
-var vllmCompletionWire = wire{
-	chunk:  (*plan).appendCompletionChunk,
-	finish: (*plan).appendCompletionFinish,
-	usage:  (*plan).appendCompletionUsageChunk,
-}
-
-// appendCompletionChunk appends the chunk of step st of choice i, but none
-// for its last step: that token rides on the finish chunk.
-func (p *plan) appendCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
-	if st == c.steps()-1 {
-		return dst
-	}
-	return p.appendCompletionStep(dst, i, c, st, false)
-}
-
-// appendCompletionFinish appends the finish chunk of choice i: its last
-// token's text, logprobs and id with the finish and stop reasons.
-func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
-	return p.appendCompletionStep(dst, i, c, c.steps()-1, true)
-}
+var vllmCompletionWire = perTokenWire(nil, (*plan).appendCompletionStep, (*plan).appendCompletionUsageChunk)
 
 // appendCompletionStep appends the chunk of token c.ids[st]: every key is
 // present, and a chunk is sent for every token, text or not
@@ -342,25 +323,11 @@ func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
 func (p *plan) appendCompletionStep(dst []byte, i int, c *planChoice, st int, final bool) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	dst = p.appendCompletionStepHead(dst, i, c, st)
-	if final {
-		dst = append(dst, `,"finish_reason":"`...)
-		dst = append(dst, c.finish...)
-		dst = append(dst, `","stop_reason":`...)
-		dst = appendStopReason(dst, c)
-	} else {
-		dst = append(dst, `,"finish_reason":null,"stop_reason":null`...)
-	}
+	dst = appendFinishReason(dst, c, final, true)
 	dst = append(dst, `,"prompt_token_ids":`...)
 	dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs && st == 0)
-	dst = append(dst, `,"token_ids":`...)
-	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
-	dst = append(dst, `}]`...)
 	// No usage key unless continuous usage stats were asked for.
-	dst = p.appendChunkUsage(dst, st+1, false)
-	if final && !p.includeUsage {
-		dst = appendFingerprint(dst, p)
-	}
-	return append(dst, '}')
+	return p.appendStepTail(dst, c, st, final, false)
 }
 
 // appendCompletionUsageChunk appends the final usage chunk.
