@@ -13,16 +13,20 @@ import (
 // Tools: when the request has tools, tool_choice is not "none" and the last message is a
 // user message, every choice calls one tool (the first, or the one tool_choice names) with
 // arguments that give every schema property a deterministic value, and finishes with
-// "tool_calls". The generated ids are Encode(`<tool_call>{"name":"f","arguments":`) +
-// Encode(arguments) + Encode(`}</tool_call>`); if max_tokens cuts them short the choice
-// is plain text (their decoded prefix) with finish "length". Otherwise (e.g. the last
-// message is a tool result) the answer is text.
+// "tool_calls" ("stop" for a named tool_choice in the vllm flavour, as vLLM 0.32.0). The
+// generated ids are Encode(`<tool_call>{"name":"f","arguments":`) + Encode(arguments) +
+// Encode(`}</tool_call>`); if max_tokens cuts them short the choice is plain text (their
+// decoded prefix) with finish "length". Otherwise (e.g. the last message is a tool
+// result) the answer is text.
 //
-// Streaming: after TTFT, one role chunk per choice (the very first also carries
-// prompt_token_ids when asked), then one chunk per token per choice (ITL between steps);
-// a tool call streams a header chunk (its ids: the prefix), then one chunk per argument
-// token; each choice ends with a finish chunk (delta {}, token_ids [] — or the suffix ids
-// of a tool call); then the usage chunk if include_usage, then [DONE].
+// Streaming (vllm flavour, as vLLM 0.32.0 with the hermes tool parser): after TTFT, one
+// role chunk per choice, then per step one output per token per choice (ITL between
+// steps): a chunk with the text it adds, or the hermes parser's tool-call delta
+// (hermes.go), or, when it adds nothing to send, an empty delta {} sent only with
+// logprobs or return_token_ids; a choice's last token rides on its finish chunk; then the
+// usage chunk if include_usage, then [DONE]. The sglang and llamacpp flavours stream a
+// tool call as a header chunk (its ids: the prefix) and one chunk per argument token,
+// and end each choice with a finish chunk of its own (their files).
 
 func (s *Server) chat(ctx *fasthttp.RequestCtx, k *knobs) {
 	var f fields
@@ -136,6 +140,8 @@ func (p *plan) buildChat(f *fields) string {
 			return "Tool '" + want + "' has not been passed in `tools`."
 		}
 		useTool = tool.Exists() && !(f.toolChoice.Type == gjson.String && f.toolChoice.Str == "none") && lastRole == "user"
+		p.namedTool = want != ""
+		p.requiredTool = f.toolChoice.Type == gjson.String && f.toolChoice.Str == "required"
 	}
 
 	p.setModel(f)
@@ -149,6 +155,7 @@ func (p *plan) buildChat(f *fields) string {
 	p.returnIDs = p.wantIDs(f)
 	p.asTokenIDs = p.wantTokenIDStrings(f)
 	p.includeUsage = f.stream && f.includeUsage()
+	p.continuousUsage = f.stream && f.continuousUsage()
 
 	h := newHasher()
 	h.str(b2s(p.model))
@@ -166,9 +173,11 @@ func (p *plan) buildChat(f *fields) string {
 		name = tool.Get("function.name").Str
 		params = tool.Get("function.parameters")
 	}
+	vllm := p.s.cfg.Flavor == FlavorVLLM
 	for i := 0; i < f.n; i++ {
 		c := p.addChoice()
 		c.seed = mix64(textSeed + uint64(i)*0x9e3779b97f4a7c15)
+		c.perToken = vllm
 		if !useTool {
 			p.genText(c, limit)
 			continue
@@ -188,12 +197,20 @@ func (p *plan) buildChat(f *fields) string {
 		c.ids = appendEncode(c.ids, "}</tool_call>")
 		c.nSuffix = len(c.ids) - n
 		c.finish = "tool_calls"
+		if vllm && p.namedTool {
+			// vLLM: "tool_calls" for auto and required, "stop" for a named
+			// choice (chat_completion/serving.py, 0.32.0).
+			c.finish = "stop"
+		}
 		if limit != unset && limit < len(c.ids) {
 			c.ids = c.ids[:limit]
 			c.tool = false
 			c.finish = "length"
 		}
 		p.endTurn(c, limit)
+		if vllm {
+			planHermes(c) // a call cut short streams what the parser made of it
+		}
 	}
 	return ""
 }
@@ -302,6 +319,14 @@ func (p *plan) appendLogprobEntry(dst []byte, id uint32, lp float64) []byte {
 	return appendFloat(dst, lp)
 }
 
+// appendChatFull appends a whole chat answer as vLLM 0.32.0 writes it: every
+// member of ChatCompletionResponse, ChatCompletionResponseChoice and
+// ChatMessage, null when unset, in their declaration order, except a message's
+// tool_calls, left out when empty (chat_completion/protocol.py,
+// ChatMessage._serialize). A tool call's content is "" under a named or
+// "required" tool_choice (content or ""), and the hermes parser's text before
+// the call, none here, under "auto" (chat_completion/serving.py,
+// chat_completion_full_generator).
 func (p *plan) appendChatFull(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion")
 	for i := range p.choices {
@@ -312,20 +337,30 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 		dst = append(dst, `{"index":`...)
 		dst = strconv.AppendInt(dst, int64(i), 10)
 		dst = append(dst, `,"message":{"role":"assistant","content":`...)
+		switch {
+		case c.tool && (p.namedTool || p.requiredTool):
+			dst = append(dst, `""`...)
+		case c.tool:
+			dst = append(dst, "null"...)
+		default:
+			dst = append(dst, '"')
+			dst = appendChoiceText(dst, c)
+			dst = append(dst, '"')
+		}
+		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null`...)
 		if c.tool {
-			dst = append(dst, `null,"tool_calls":[{"id":`...)
+			dst = append(dst, `,"tool_calls":[{"id":`...)
 			dst = appendCallID(dst, c)
 			dst = append(dst, `,"type":"function","function":{"name":`...)
 			dst = appendJSONString(dst, b2s(c.name))
 			dst = append(dst, `,"arguments":`...)
-			dst = appendJSONString(dst, b2s(c.args))
-			dst = append(dst, "}}]},"...)
-		} else {
-			dst = append(dst, '"')
-			dst = appendChoiceText(dst, c)
-			dst = append(dst, `","tool_calls":[]},`...)
+			// The parser's json.dumps(arguments): a string of ", "/": " JSON.
+			n := len(dst)
+			dst = appendPyJSON(dst, c.args)
+			dst = append(dst[:n], appendJSONString(p.text[:0], b2s(dst[n:]))...)
+			dst = append(dst, "}}]"...)
 		}
-		dst = append(dst, `"logprobs":`...)
+		dst = append(dst, `,"reasoning":null},"logprobs":`...)
 		dst = p.appendChatLogprobs(dst, c, 0, len(c.ids))
 		dst = append(dst, `,"finish_reason":"`...)
 		dst = append(dst, c.finish...)
@@ -333,24 +368,49 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 		dst = appendStopReason(dst, c)
 		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDsOrNull(dst, c.ids, p.returnIDs)
-		dst = append(dst, '}')
+		dst = append(dst, `,"routed_experts":null}`...)
 	}
-	dst = append(dst, `],"usage":`...)
-	dst = p.appendUsageOf(dst)
+	dst = append(dst, `],"service_tier":null`...)
+	dst = appendFingerprint(dst, p)
+	dst = append(dst, `,"usage":`...)
+	dst = p.appendWholeUsage(dst)
 	dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
 	dst = appendIDsOrNull(dst, p.prompts, p.returnIDs)
-	return append(dst, '}')
+	return append(dst, `,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}`...)
+}
+
+// appendWholeUsage appends the usage of a whole vLLM answer: UsageInfo with
+// every member, null when unset (vllm/entrypoints/serve/engine/protocol.py,
+// 0.32.0). Stream usage chunks leave the nulls out (exclude_none).
+func (p *plan) appendWholeUsage(dst []byte) []byte {
+	dst = p.appendUsageOf(dst)
+	dst = dst[:len(dst)-1]
+	if p.cached == 0 {
+		dst = append(dst, `,"prompt_tokens_details":null`...)
+	}
+	return append(dst, `,"completion_tokens_details":null}`...)
+}
+
+// appendChunkUsage appends the usage member of a chunk when the request asked
+// for continuous_usage_stats: the prompt and the choice's tokens so far, with
+// "completion_tokens_details": null on chat chunks, which pass it explicitly
+// (chat_completion/serving.py and completion/serving.py, 0.32.0).
+func (p *plan) appendChunkUsage(dst []byte, completion int, chat bool) []byte {
+	if !p.continuousUsage {
+		return dst
+	}
+	dst = append(dst, `,"usage":`...)
+	dst = appendUsage(dst, p.promptTokens(), completion)
+	if chat {
+		dst = append(dst[:len(dst)-1], `,"completion_tokens_details":null}`...)
+	}
+	return dst
 }
 
 // streamChat writes the SSE stream of a chat completion.
 func (p *plan) streamChat(w *bufio.Writer) { p.streamWith(w, &vllmChatWire) }
 
-var vllmChatWire = wire{
-	role:   (*plan).appendChatRole,
-	chunk:  (*plan).appendChatChunk,
-	finish: (*plan).appendChatFinish,
-	usage:  (*plan).appendChatUsageChunk,
-}
+var vllmChatWire = perTokenWire((*plan).appendChatRole, (*plan).appendChatStep, (*plan).appendChatUsageChunk)
 
 // appendChatRole appends the first chunk of choice i (the very first carries
 // prompt_token_ids when asked).
@@ -359,6 +419,7 @@ func (p *plan) appendChatRole(dst []byte, i int) []byte {
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	dst = p.appendChunkUsage(dst, 0, true)
 	// vLLM passes prompt_token_ids (None when not asked) and prompt_text
 	// explicitly on every role chunk, so both keys are always there
 	// (chat_completion/serving.py, 0.32.0; TestMockMatchesRealVLLM).
@@ -378,53 +439,86 @@ func (p *plan) appendChatUsageChunk(dst []byte) []byte {
 
 var doneEvent = []byte("[DONE]")
 
-// appendChatChunk appends the chunk of step st of choice i.
-func (p *plan) appendChatChunk(dst []byte, i int, c *planChoice, st int) []byte {
+// appendChatStep appends the chunk vLLM sends for the token c.ids[st]: the
+// text it adds ({"content":…}), or the hermes parser's tool-call delta
+// (hermes.go), or an empty delta {} when the token adds nothing to send (an
+// end-of-turn token, text held back for a stop string, a tool call's
+// markup). vLLM (serving with a tool parser, as the mock imitates) sends such
+// an empty chunk only when the client asked for logprobs or return_token_ids,
+// or when it finishes the choice; otherwise the step sends nothing
+// (chat_completion/serving.py, the `delta_message is None` branch, 0.32.0).
+func (p *plan) appendChatStep(dst []byte, i int, c *planChoice, st int, final bool) []byte {
+	start := len(dst)
 	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
-	from, to := c.stepRange(st)
-	switch {
-	case !c.tool:
-		dst = append(dst, `,"delta":{"content":"`...)
-		dst = appendJSONStringBody(dst, c.stepTextOf(st))
-		dst = append(dst, `"},"logprobs":`...)
-	case st == 0:
-		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"id":`...)
-		dst = appendCallID(dst, c)
-		dst = append(dst, `,"type":"function","function":{"name":`...)
-		dst = appendJSONString(dst, b2s(c.name))
-		dst = append(dst, `,"arguments":""}}]},"logprobs":`...)
+	dst = append(dst, `,"delta":`...)
+	empty := false
+	switch t := c.stepTextOf(st); {
+	case c.hermes:
+		dst, empty = appendHermesDelta(dst, c, st)
+	case t == "":
+		dst, empty = append(dst, "{}"...), true
 	default:
-		dst = append(dst, `,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"`...)
-		dst = appendJSONStringBody(dst, vocab[c.ids[from]])
-		dst = append(dst, `"}}]},"logprobs":`...)
+		dst = append(dst, `{"content":"`...)
+		dst = appendJSONStringBody(dst, t)
+		dst = append(dst, `"}`...)
 	}
-	dst = p.appendChatLogprobs(dst, c, from, to)
-	dst = append(dst, `,"finish_reason":null,"token_ids":`...)
-	// vLLM passes token_ids explicitly (None when not asked): the key is
-	// always there. --drop-ids-every imitates versions before PR #29074,
-	// which sent no ids on a swallowed chunk.
-	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs && !p.dropIDs(st+1))
-	return append(dst, "}]}"...)
+	if empty && !final && !p.logprobs && !p.returnIDs {
+		return dst[:start]
+	}
+	dst = append(dst, `,"logprobs":`...)
+	dst = p.appendChatLogprobs(dst, c, st, st+1)
+	dst = appendFinishReason(dst, c, final, false)
+	return p.appendStepTail(dst, c, st, final, true)
 }
 
-// appendChatFinish appends the finish chunk of choice i.
-func (p *plan) appendChatFinish(dst []byte, i int, c *planChoice) []byte {
-	dst = p.appendPrefix(dst, "chatcmpl-", "chat.completion.chunk")
-	dst = append(dst, `{"index":`...)
-	dst = strconv.AppendInt(dst, int64(i), 10)
-	from, to := c.finishRange()
-	dst = append(dst, `,"delta":{},"logprobs":`...)
-	dst = p.appendChatLogprobs(dst, c, from, to)
-	dst = append(dst, `,"finish_reason":"`...)
-	dst = append(dst, c.finish...)
-	dst = append(dst, `","stop_reason":`...)
-	dst = appendStopReason(dst, c)
+// perTokenWire is a vLLM stream format built from step, which appends the
+// chunk of one token (final: the choice's last, with the finish reason):
+// each token makes one output and the last one rides on the finish chunk
+// (chat_completion/serving.py, completion/serving.py, vLLM 0.32.0).
+func perTokenWire(role func(*plan, []byte, int) []byte, step func(p *plan, dst []byte, i int, c *planChoice, st int, final bool) []byte, usage func(*plan, []byte) []byte) wire {
+	return wire{
+		role: role,
+		chunk: func(p *plan, dst []byte, i int, c *planChoice, st int) []byte {
+			if st == c.steps()-1 {
+				return dst // the finish chunk sends it
+			}
+			return step(p, dst, i, c, st, false)
+		},
+		finish: func(p *plan, dst []byte, i int, c *planChoice) []byte {
+			return step(p, dst, i, c, c.steps()-1, true)
+		},
+		usage: usage,
+	}
+}
+
+// appendFinishReason appends a vLLM chunk's finish_reason and, on the final
+// chunk (or always, nullStop: completions), its stop_reason.
+func appendFinishReason(dst []byte, c *planChoice, final, nullStop bool) []byte {
+	switch {
+	case final:
+		dst = append(dst, `,"finish_reason":"`...)
+		dst = append(dst, c.finish...)
+		dst = append(dst, `","stop_reason":`...)
+		return appendStopReason(dst, c)
+	case nullStop:
+		return append(dst, `,"finish_reason":null,"stop_reason":null`...)
+	}
+	return append(dst, `,"finish_reason":null`...)
+}
+
+// appendStepTail closes the chunk of token c.ids[st]: its token_ids, the
+// usage of continuous usage stats, and on the final chunk the fingerprint
+// when no usage chunk follows. vLLM passes token_ids explicitly (None when
+// not asked): the key is always there. --drop-ids-every imitates versions
+// before PR #29074, which sent no ids on a swallowed chunk.
+func (p *plan) appendStepTail(dst []byte, c *planChoice, st int, final, chat bool) []byte {
 	dst = append(dst, `,"token_ids":`...)
-	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
+	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
 	dst = append(dst, "}]"...)
-	if !p.includeUsage {
+	dst = p.appendChunkUsage(dst, st+1, chat)
+	if final && !p.includeUsage {
 		dst = appendFingerprint(dst, p)
 	}
 	return append(dst, '}')

@@ -11,9 +11,10 @@ import (
 
 // Completions (POST /v1/completions). The prompt is a string, a list of strings, a list of
 // token ids or a list of lists of token ids; each prompt gets n choices with index
-// output_index + prompt_index*n. Streams: per choice one chunk per token (prompt_token_ids
-// on its first chunk when asked), then a finish chunk (text "", token_ids [] when asked),
-// then the usage chunk if include_usage, then [DONE]. echo, suffix and best_of are ignored.
+// output_index + prompt_index*n. Streams (vllm flavour): per choice one chunk per token
+// (prompt_token_ids on its first chunk when asked), the last one carrying the finish
+// reason, then the usage chunk if include_usage, then [DONE]. echo, suffix and best_of
+// are ignored.
 
 func (s *Server) completions(ctx *fasthttp.RequestCtx, k *knobs) {
 	var f fields
@@ -133,6 +134,7 @@ func (p *plan) buildCompletions(f *fields) string {
 	p.returnIDs = p.wantIDs(f)
 	p.asTokenIDs = p.wantTokenIDStrings(f)
 	p.includeUsage = f.stream && f.includeUsage()
+	p.continuousUsage = f.stream && f.continuousUsage()
 
 	idh := newHasher()
 	idh.str(b2s(p.model))
@@ -152,6 +154,7 @@ func (p *plan) buildCompletions(f *fields) string {
 			c := p.addChoice()
 			c.prompt = pi
 			c.seed = mix64(seed + uint64(o)*0x9e3779b97f4a7c15)
+			c.perToken = p.s.cfg.Flavor == FlavorVLLM
 			p.genText(c, limit)
 			// llama.cpp streams a completion's end-of-turn token as a chunk
 			// of its own (text "", with its logprobs).
@@ -251,6 +254,10 @@ func appendTextOffsets(dst []byte, c *planChoice, from, to, offset int) []byte {
 	return append(dst, ']')
 }
 
+// appendCompletionFull appends a whole completion as vLLM 0.32.0 writes it:
+// every member of CompletionResponse and CompletionResponseChoice, null when
+// unset, in the order the engine sends them (completion/protocol.py; the
+// choice's token_ids come before prompt_logprobs).
 func (p *plan) appendCompletionFull(dst []byte) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	for i := range p.choices {
@@ -261,15 +268,17 @@ func (p *plan) appendCompletionFull(dst []byte) []byte {
 		dst = p.appendCompletionChoiceHead(dst, i, c)
 		dst = append(dst, `","stop_reason":`...)
 		dst = appendStopReason(dst, c)
-		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
-		dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs)
 		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDsOrNull(dst, c.ids, p.returnIDs)
-		dst = append(dst, '}')
+		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
+		dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs)
+		dst = append(dst, `,"routed_experts":null}`...)
 	}
-	dst = append(dst, `],"usage":`...)
-	dst = p.appendUsageOf(dst)
-	return append(dst, '}')
+	dst = append(dst, `],"service_tier":null`...)
+	dst = appendFingerprint(dst, p)
+	dst = append(dst, `,"usage":`...)
+	dst = p.appendWholeUsage(dst)
+	return append(dst, `,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}`...)
 }
 
 // appendCompletionChoiceHead appends the start of choice i of a whole
@@ -296,53 +305,29 @@ func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int
 	dst = appendJSONStringBody(dst, c.stepTextOf(st))
 	dst = append(dst, `","logprobs":`...)
 	dst = p.appendCompletionLogprobs(dst, c, st, st+1, c.offset)
-	c.offset += len(c.stepTextOf(st))
+	// The offset advances by the tokens reported, not by the text sent: text
+	// held back for stop strings lags the tokens (completion/serving.py,
+	// vLLM 0.32.0).
+	c.offset += len(tokenText(c.ids[st]))
 	return dst
 }
 
 // streamCompletion writes the SSE stream of a completion.
 func (p *plan) streamCompletion(w *bufio.Writer) { p.streamWith(w, &vllmCompletionWire) }
 
-var vllmCompletionWire = wire{
-	chunk:  (*plan).appendCompletionChunk,
-	finish: (*plan).appendCompletionFinish,
-	usage:  (*plan).appendCompletionUsageChunk,
-}
+var vllmCompletionWire = perTokenWire(nil, (*plan).appendCompletionStep, (*plan).appendCompletionUsageChunk)
 
-// appendCompletionChunk appends the chunk of step st of choice i: every key is present.
-func (p *plan) appendCompletionChunk(dst []byte, i int, c *planChoice, st int) []byte {
+// appendCompletionStep appends the chunk of token c.ids[st]: every key is
+// present, and a chunk is sent for every token, text or not
+// (completion/serving.py, vLLM 0.32.0).
+func (p *plan) appendCompletionStep(dst []byte, i int, c *planChoice, st int, final bool) []byte {
 	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
 	dst = p.appendCompletionStepHead(dst, i, c, st)
-	dst = append(dst, `,"finish_reason":null,"stop_reason":null,"prompt_token_ids":`...)
+	dst = appendFinishReason(dst, c, final, true)
+	dst = append(dst, `,"prompt_token_ids":`...)
 	dst = appendIDsOrNull(dst, p.prompt(c.prompt), p.returnIDs && st == 0)
-	dst = append(dst, `,"token_ids":`...)
-	dst = appendIDsOrNull(dst, c.ids[st:st+1], p.returnIDs && !p.dropIDs(st+1))
-	// No usage key: vLLM 0.32.0 sets usage only with continuous usage stats
-	// (completion/serving.py; TestMockMatchesRealVLLM).
-	return append(dst, `}]}`...)
-}
-
-// appendCompletionFinish appends the finish chunk of choice i.
-func (p *plan) appendCompletionFinish(dst []byte, i int, c *planChoice) []byte {
-	dst = p.appendPrefix(dst, "cmpl-", "text_completion")
-	dst = append(dst, `{"index":`...)
-	dst = strconv.AppendInt(dst, int64(i), 10)
-	// The output that finishes carries the end-of-turn token, if any: its id
-	// and logprob come with this chunk.
-	from, to := c.finishRange()
-	dst = append(dst, `,"text":"","logprobs":`...)
-	dst = p.appendCompletionLogprobs(dst, c, from, to, c.offset)
-	dst = append(dst, `,"finish_reason":"`...)
-	dst = append(dst, c.finish...)
-	dst = append(dst, `","stop_reason":`...)
-	dst = appendStopReason(dst, c)
-	dst = append(dst, `,"prompt_token_ids":null,"token_ids":`...)
-	dst = appendIDsOrNull(dst, c.ids[from:to], p.returnIDs)
-	dst = append(dst, `}]`...)
-	if !p.includeUsage {
-		dst = appendFingerprint(dst, p)
-	}
-	return append(dst, '}')
+	// No usage key unless continuous usage stats were asked for.
+	return p.appendStepTail(dst, c, st, final, false)
 }
 
 // appendCompletionUsageChunk appends the final usage chunk.

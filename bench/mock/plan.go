@@ -39,10 +39,25 @@ type planChoice struct {
 	name             []byte
 	callID           uint64
 	args             []byte
+
+	// perToken (vLLM): a stream sends one output per sampled token and the
+	// last one rides on the finish chunk, so steps() counts every id and the
+	// wire's finish writes the last step (chat_completion/serving.py and
+	// completion/serving.py, vLLM 0.32.0).
+	perToken bool
+	// nameAt and argDiff: what vLLM's hermes tool parser streams for a tool
+	// call, token by token (hermes.go): the step that completes the name, and
+	// the argument text each step adds.
+	hermes  bool
+	nameAt  int
+	argDiff []string
 }
 
 // steps returns how many streamed token steps the choice takes.
 func (c *planChoice) steps() int {
+	if c.perToken {
+		return len(c.ids)
+	}
 	if c.tool {
 		return 1 + len(c.ids) - c.nPrefix - c.nSuffix
 	}
@@ -89,6 +104,8 @@ type plan struct {
 	choices   []planChoice
 
 	returnIDs, logprobs, asTokenIDs, includeUsage bool
+	continuousUsage                               bool // usage on every chunk (vLLM)
+	namedTool, requiredTool                       bool // tool_choice names a tool, or is "required"
 	topLogprobs                                   int
 	stops                                         []string // the request's stop strings
 	k                                             knobs
@@ -114,6 +131,7 @@ func acquirePlan(s *Server, k *knobs) *plan {
 	p.promptOff = append(p.promptOff[:0], 0)
 	p.choices = p.choices[:0]
 	p.returnIDs, p.logprobs, p.asTokenIDs, p.includeUsage = false, false, false, false
+	p.continuousUsage, p.namedTool, p.requiredTool = false, false, false
 	p.topLogprobs = 0
 	p.stops = p.stops[:0]
 	p.cached = 0
@@ -141,7 +159,7 @@ func (p *plan) addChoice() *planChoice {
 		p.choices = append(p.choices, planChoice{})
 	}
 	c := &p.choices[len(p.choices)-1]
-	*c = planChoice{ids: c.ids[:0], name: c.name[:0], args: c.args[:0]}
+	*c = planChoice{ids: c.ids[:0], name: c.name[:0], args: c.args[:0], argDiff: c.argDiff[:0]}
 	return c
 }
 
@@ -443,6 +461,7 @@ func (p *plan) genText(c *planChoice, limit int) {
 	p.insertSplitChars(c)
 	p.applyStop(c)
 	p.endTurn(c, limit)
+	p.holdBack(c)
 }
 
 // endTurn appends the end-of-turn token to a choice that stopped on its own, when

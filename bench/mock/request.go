@@ -164,6 +164,13 @@ func (f *fields) includeUsage() bool {
 	return f.streamOptions.IsObject() && f.streamOptions.Get("include_usage").Type == gjson.True
 }
 
+// continuousUsage reports whether stream_options asks for usage on every
+// chunk: continuous_usage_stats counts only with include_usage
+// (should_include_usage, vllm/entrypoints/serve/utils/api_utils.py, 0.32.0).
+func (f *fields) continuousUsage() bool {
+	return f.includeUsage() && f.streamOptions.Get("continuous_usage_stats").Type == gjson.True
+}
+
 // seedHash mixes the fields that change generated text into h.
 func (f *fields) seedHash(h *hasher, cfgSeed uint64) {
 	h.u64(cfgSeed)

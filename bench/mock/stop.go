@@ -13,9 +13,8 @@ import (
 // sampled token in usage and leave the stop string and what follows out of the text
 // (docs/engines.md):
 //   - vLLM (v1 detokenizer) keeps all those tokens in token_ids and logprobs and reports
-//     the string as stop_reason. Its streams hold back a few characters per chunk until
-//     the finish; the mock sends each token's text (cut at the stop string) instead:
-//     chunk boundaries differ, the total text and the ids do not.
+//     the string as stop_reason. Its streams hold back len(longest stop)-1 characters
+//     until the finish (holdBack), as the mock does.
 //   - llama.cpp (server-context.cpp process_token, send_final_response) trims a
 //     non-streamed answer's logprobs by as many tokens as the stop string tokenizes to,
 //     and in a stream sends a token's text only when it is not a possible start of a
@@ -61,18 +60,50 @@ func (p *plan) applyStop(c *planChoice) {
 		}
 		c.ids = c.ids[:k+1]
 		c.stopStr, c.textLen, c.finish = which, at, "stop"
-		c.stepText = c.stepText[:0]
 		if p.s.cfg.Flavor == FlavorLlamaCpp {
-			c.stepText = llamaCppSent(c.stepText, c.ids, p.stops)
-		} else {
-			off := 0
-			for _, id := range c.ids {
-				t := vocab[id]
-				c.stepText = append(c.stepText, s[min(off, at):min(off+len(t), at)])
-				off += len(t)
-			}
+			c.stepText = llamaCppSent(c.stepText[:0], c.ids, p.stops)
 		}
 		return
+	}
+}
+
+// holdBack sets the text each stream step of a vLLM text choice sends when the
+// request has stop strings, matched or not: the incremental detokenizer holds
+// back the last len(longest stop)-1 characters until the output finishes, and
+// the last output sends the rest up to the match (stop_buffer_length and
+// get_next_output_text, vllm/v1/engine/detokenizer.py, 0.32.0). A step whose
+// text is all held back sends "" (no chat delta).
+func (p *plan) holdBack(c *planChoice) {
+	if len(p.stops) == 0 || p.s.cfg.Flavor != FlavorVLLM || c.tool || c.hidden != nil || len(c.ids) == 0 {
+		return
+	}
+	hold := 0
+	for _, w := range p.stops {
+		hold = max(hold, len(w)-1)
+	}
+	var text strings.Builder
+	for _, id := range c.ids {
+		text.WriteString(tokenText(id))
+	}
+	s := text.String()
+	end := len(s)
+	if c.stopStr != "" {
+		end = c.textLen
+	}
+	c.stepText = c.stepText[:0]
+	off, sent := 0, 0
+	for k, id := range c.ids {
+		off += len(tokenText(id))
+		upto := min(off-hold, end)
+		if k == len(c.ids)-1 {
+			upto = end
+		}
+		if upto <= sent {
+			c.stepText = append(c.stepText, "")
+			continue
+		}
+		c.stepText = append(c.stepText, s[sent:upto])
+		sent = upto
 	}
 }
 
