@@ -71,6 +71,9 @@ type TrainingStep struct {
 	// registered status is so (the rest are queued, running, cancelled or
 	// never registered).
 	Attempts, Succeeded, Failed int
+	// FinishedNoReward counts the succeeded and failed attempts without an
+	// episode reward (the trainer bridge's default gives them 0).
+	FinishedNoReward int
 	// Rewarded counts the attempts with an episode reward (sequence 0,
 	// name "primary"; the latest when several); RewardSum, RewardSumSq,
 	// RewardMin and RewardMax are over those rewards (0 when none).
@@ -148,7 +151,8 @@ func TrainingSQL(q TrainingQuery, sources string) string {
 		" sum(CASE WHEN a_status = 'succeeded' THEN 1 ELSE 0 END), sum(CASE WHEN a_status = 'failed' THEN 1 ELSE 0 END)," +
 		" sum(a_hasrw), sum(a_reward), sum(a_reward * a_reward)," +
 		" min(CASE WHEN a_hasrw = 1 THEN a_reward ELSE 1e308 END), max(CASE WHEN a_hasrw = 1 THEN a_reward ELSE -1e308 END)," +
-		" sum(a_calls), sum(a_failed), sum(a_verified), sum(a_pt), sum(a_ct)" +
+		" sum(a_calls), sum(a_failed), sum(a_verified), sum(a_pt), sum(a_ct)," +
+		" sum(CASE WHEN a_status IN ('succeeded', 'failed') AND a_hasrw = 0 THEN 1 ELSE 0 END)" +
 		" FROM (" + attempts + ")" + cond + " GROUP BY k1, k2 ORDER BY min(a_t0) DESC, k1 DESC, k2 DESC LIMIT " + strconv.Itoa(q.Limit)
 }
 
@@ -156,8 +160,8 @@ func TrainingSQL(q TrainingQuery, sources string) string {
 // Store.Query.
 func ParseTrainingRow(by string, row []string) (TrainingStep, error) {
 	var s TrainingStep
-	if len(row) != 20 {
-		return s, fmt.Errorf("training read: row with %d columns, want 20", len(row))
+	if len(row) != 21 {
+		return s, fmt.Errorf("training read: row with %d columns, want 21", len(row))
 	}
 	if by == TrainingByGroup {
 		s.GroupID = row[0]
@@ -200,6 +204,7 @@ func ParseTrainingRow(by string, row []string) (TrainingStep, error) {
 	}
 	s.Calls, s.FailedCalls, s.VerifiedCalls = int(u(15)), int(u(16)), int(u(17))
 	s.PromptTokens, s.CompletionTokens = u(18), u(19)
+	s.FinishedNoReward = int(u(20))
 	return s, err
 }
 

@@ -91,12 +91,12 @@ func testTrainingSteps(t *testing.T, s export.Store) {
 	}
 	check("by policy", read(export.TrainingQuery{By: export.TrainingByPolicy, Limit: 10}), []export.TrainingStep{
 		{PolicyVersion: "", TaskID: "t2", FirstStart: 5000, LastStart: 5000, LastActivity: 5000, Attempts: 1},
-		{PolicyVersion: "2", TaskID: "t3", FirstStart: 1300, LastStart: 6000, LastActivity: 6100, Attempts: 3, Succeeded: 2, Rewarded: 2,
+		{PolicyVersion: "2", TaskID: "t3", FirstStart: 1300, LastStart: 6000, LastActivity: 6100, Attempts: 3, Succeeded: 2, FinishedNoReward: 1, Rewarded: 2,
 			RewardSum: 0.75, RewardSumSq: 0.3125, RewardMin: 0.25, RewardMax: 0.5, Calls: 3, VerifiedCalls: 2, PromptTokens: 30, CompletionTokens: 15},
 		{PolicyVersion: "1", TaskID: "t1", FirstStart: 1000, LastStart: 1200, LastActivity: 2500, Attempts: 2, Succeeded: 1, Failed: 1, Rewarded: 2,
 			RewardSum: 1, RewardSumSq: 1, RewardMin: 0, RewardMax: 1, Calls: 3, FailedCalls: 1, VerifiedCalls: 2, PromptTokens: 30, CompletionTokens: 15},
 	})
-	g1 := export.TrainingStep{GroupID: "g1", TaskID: "t1", FirstStart: 1000, LastStart: 1300, LastActivity: 2500, Attempts: 3, Succeeded: 2, Failed: 1, Rewarded: 2,
+	g1 := export.TrainingStep{GroupID: "g1", TaskID: "t1", FirstStart: 1000, LastStart: 1300, LastActivity: 2500, Attempts: 3, Succeeded: 2, Failed: 1, FinishedNoReward: 1, Rewarded: 2,
 		RewardSum: 1, RewardSumSq: 1, RewardMin: 0, RewardMax: 1, Calls: 4, FailedCalls: 1, VerifiedCalls: 2, PromptTokens: 40, CompletionTokens: 20}
 	check("by group", read(export.TrainingQuery{By: export.TrainingByGroup, Limit: 10}), []export.TrainingStep{
 		{TaskID: "t3", FirstStart: 6000, LastStart: 6000, LastActivity: 6100, Attempts: 1, Rewarded: 1,
@@ -113,7 +113,7 @@ func testTrainingSteps(t *testing.T, s export.Store) {
 	check("by group, [1100, 5000)", read(export.TrainingQuery{By: export.TrainingByGroup, Since: 1100, Until: 5000, Limit: 10}), []export.TrainingStep{
 		{GroupID: "g2", TaskID: "t2", FirstStart: 4000, LastStart: 4000, LastActivity: 4600, Attempts: 1, Succeeded: 1, Rewarded: 1,
 			RewardSum: 0.5, RewardSumSq: 0.25, RewardMin: 0.5, RewardMax: 0.5, Calls: 1, VerifiedCalls: 1, PromptTokens: 10, CompletionTokens: 5},
-		{GroupID: "g1", TaskID: "t1", FirstStart: 1200, LastStart: 1300, LastActivity: 2500, Attempts: 2, Succeeded: 1, Failed: 1, Rewarded: 1,
+		{GroupID: "g1", TaskID: "t1", FirstStart: 1200, LastStart: 1300, LastActivity: 2500, Attempts: 2, Succeeded: 1, Failed: 1, FinishedNoReward: 1, Rewarded: 1,
 			RewardSum: 0, RewardSumSq: 0, RewardMin: 0, RewardMax: 0, Calls: 2, FailedCalls: 1, PromptTokens: 20, CompletionTokens: 10},
 	})
 	if m, sd := g1.RewardMean(), g1.RewardStd(); m != 0.5 || sd != 0.5 {
