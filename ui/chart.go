@@ -91,12 +91,29 @@ func yOf(v, lo, hi float64) float64 {
 // round1 keeps one decimal of a coordinate.
 func round1(f float64) float64 { return math.Round(f*10) / 10 }
 
-// yTicks are five labels from lo to hi.
-func yTicks(lo, hi float64, unit string) []tick {
-	out := make([]tick, 0, 5)
-	for i := 0; i <= 4; i++ {
-		v := lo + (hi-lo)*float64(i)/4
-		out = append(out, tick{yOf(v, lo, hi), fmtTick(v) + unit})
+// niceRange widens [lo, hi] to multiples of a round step (1, 2, 2.5 or 5
+// times a power of ten) that cuts it in about four.
+func niceRange(lo, hi float64) (float64, float64, float64) {
+	raw := (hi - lo) / 4
+	if raw <= 0 {
+		return lo, hi, 1
+	}
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := 10 * mag
+	for _, m := range []float64{1, 2, 2.5, 5} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	return math.Floor(lo/step+1e-9) * step, math.Ceil(hi/step-1e-9) * step, step
+}
+
+// yTicks labels the multiples of step from lo to hi.
+func yTicks(lo, hi, step float64, unit string) []tick {
+	var out []tick
+	for v := lo; v <= hi+step/2; v += step {
+		out = append(out, tick{yOf(v, lo, hi), fmtTick(round4(v)) + unit})
 	}
 	return out
 }
@@ -118,7 +135,8 @@ func barChart(id, title string, labels []string, ss []series, unit string, fixed
 	if hi <= 0 {
 		hi = 1
 	}
-	c.YTicks = yTicks(0, hi, unit)
+	_, hi, step := niceRange(0, hi)
+	c.YTicks = yTicks(0, hi, step, unit)
 	slot := (plotR - plotL) / float64(max(len(labels), 1))
 	w := math.Max(slot*0.7, 1)
 	for i, l := range labels {
@@ -155,16 +173,15 @@ func rewardChart(id, title string, labels []string, mean, std, lo, hi []float64)
 		yHi = math.Max(yHi, math.Max(hi[i], mean[i]+std[i]))
 	}
 	if math.IsInf(yLo, 1) {
-		c.YTicks = yTicks(0, 1, "")
+		c.YTicks = yTicks(0, 1, 0.25, "")
 		return c
 	}
 	c.Empty = false
 	if yHi-yLo < 1e-9 {
 		yLo, yHi = yLo-0.5, yHi+0.5
 	}
-	pad := (yHi - yLo) * 0.05
-	yLo, yHi = yLo-pad, yHi+pad
-	c.YTicks = yTicks(yLo, yHi, "")
+	yLo, yHi, step := niceRange(yLo, yHi)
+	c.YTicks = yTicks(yLo, yHi, step, "")
 	var line []string
 	for i, l := range labels {
 		if math.IsNaN(mean[i]) {

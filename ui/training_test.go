@@ -164,3 +164,14 @@ func TestShellQuote(t *testing.T) {
 		}
 	}
 }
+
+func TestNiceRange(t *testing.T) {
+	for _, c := range []struct{ lo, hi, wlo, whi, wstep float64 }{
+		{-0.202, 1.2, -0.5, 1.5, 0.5}, {0, 66, 0, 80, 20}, {0, 100, 0, 100, 25}, {0, 4, 0, 4, 1}, {0, 1, 0, 1, 0.25}, {0, 7, 0, 8, 2},
+	} {
+		lo, hi, step := niceRange(c.lo, c.hi)
+		if math.Abs(lo-c.wlo) > 1e-9 || math.Abs(hi-c.whi) > 1e-9 || math.Abs(step-c.wstep) > 1e-9 {
+			t.Errorf("niceRange(%v, %v) = %v, %v, %v; want %v, %v, %v", c.lo, c.hi, lo, hi, step, c.wlo, c.whi, c.wstep)
+		}
+	}
+}
