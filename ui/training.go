@@ -71,16 +71,12 @@ type trainingPage struct {
 
 // parseTrainingForm reads and checks the query string.
 func parseTrainingForm(a *fasthttp.Args) (trainingForm, error) {
-	f := trainingForm{Rollout: strings.TrimSpace(string(a.Peek("rollout"))),
-		Since: strings.TrimSpace(string(a.Peek("since"))), Until: strings.TrimSpace(string(a.Peek("until"))), Steps: defaultTrainingSteps}
+	f := trainingForm{Rollout: strings.TrimSpace(string(a.Peek("rollout"))), Steps: defaultTrainingSteps}
 	if err := checkValue("rollout", f.Rollout); err != nil {
 		return f, err
 	}
 	var err error
-	if f.since, err = parseTime("since", f.Since); err != nil {
-		return f, err
-	}
-	if f.until, err = parseTime("until", f.Until); err != nil {
+	if f.Since, f.Until, f.since, f.until, err = parseWindow(a); err != nil {
 		return f, err
 	}
 	if f.until != 0 && f.until <= f.since {

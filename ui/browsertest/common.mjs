@@ -35,3 +35,14 @@ export async function open(BASE, TOKEN, contextOptions = {}) {
   page.on("request", (r) => { if (!r.url().startsWith(BASE)) offsite.push(r.url()); });
   return { browser, context, page, failures, offsite, allow404: () => { expect404 = true; } };
 }
+
+// finish closes the browser, then exits non-zero listing the failures, or
+// prints ok.
+export async function finish(browser, failures, ok) {
+  await browser.close();
+  if (failures.length) {
+    console.error("FAIL\n" + failures.join("\n"));
+    process.exit(1);
+  }
+  console.log(ok);
+}

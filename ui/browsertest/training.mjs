@@ -10,7 +10,7 @@
 // training-groups.png (per group). Exits non-zero on a failed assertion.
 import assert from "node:assert/strict";
 import path from "node:path";
-import { env, open } from "./common.mjs";
+import { env, finish, open } from "./common.mjs";
 
 const BASE = env("BASE"), TOKEN = env("TOKEN"), OUT = env("OUT"), DB = env("DB"), SEARCH = env("SEARCH");
 
@@ -76,11 +76,5 @@ try {
   assert.deepEqual(offsite, [], "the page made no request outside the gateway");
 } catch (e) {
   failures.push(e.message);
-} finally {
-  await browser.close();
 }
-if (failures.length) {
-  console.error("FAIL\n" + failures.join("\n"));
-  process.exit(1);
-}
-console.log("ok: training view (policy, groups, copy, search, group link)");
+await finish(browser, failures, "ok: training view (policy, groups, copy, search, group link)");

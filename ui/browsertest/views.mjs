@@ -9,7 +9,7 @@
 // assertion, printing what was expected and what the page showed.
 import assert from "node:assert/strict";
 import path from "node:path";
-import { env, open } from "./common.mjs";
+import { env, finish, open } from "./common.mjs";
 
 const BASE = env("BASE"), TOKEN = env("TOKEN"), OUT = env("OUT");
 const GROUP = env("GROUP"), GOOD = env("GOOD"), CUT = env("CUT"), BAD = env("BAD");
@@ -82,11 +82,5 @@ try {
   assert.deepEqual(offsite, [], "the page made no request outside the gateway");
 } catch (e) {
   failures.push(e.message);
-} finally {
-  await browser.close();
 }
-if (failures.length) {
-  console.error("FAIL\n" + failures.join("\n"));
-  process.exit(1);
-}
-console.log("ok: list (live), group, rollout, tokens, not found");
+await finish(browser, failures, "ok: list (live), group, rollout, tokens, not found");
