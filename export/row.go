@@ -402,6 +402,10 @@ type Store interface {
 	// rollout's attempts and rewards alone sets NoCalls: a rollout's calls
 	// and their bodies are unbounded).
 	ReadRollout(ctx context.Context, rolloutID string, opt ReadOptions) (*RolloutDetail, error)
+	// TrainingSteps aggregates the attempts of the latest training steps
+	// along q's axis in the store (one row per step, at most q.Limit), the
+	// latest first: what the viewer's training view draws.
+	TrainingSteps(ctx context.Context, q TrainingQuery) ([]TrainingStep, error)
 	// Close flushes and releases the store.
 	Close() error
 }

@@ -40,6 +40,9 @@ type groupPage struct {
 	Excluded   []string // "reason: n" over the group
 	Filled     int      // attempts given reward 0
 	Note       string
+	// Cmd is the rollgate bridge command of this group's rollouts with the
+	// page's options ("" with CmdNote when none can be written).
+	Cmd, CmdNote string
 }
 
 // serveGroup serves a group's rollouts side by side with the trainer
@@ -103,6 +106,14 @@ func (s *Server) serveGroup(ctx *fasthttp.RequestCtx, id string) {
 	}
 	p := groupPage{ID: id, Estimator: string(opt.Estimator), Mode: orDefault(opt.Mode, bridge.ModeTransitions), AIR: airOn,
 		Estimators: []string{"grpo", "drgrpo", "rloo", "reinforce++-baseline", "none"}}
+	cmd := []any{"--rollouts", ids, "--estimator", p.Estimator, "--mode", p.Mode}
+	if !airOn {
+		cmd = append(cmd, "--air=false", nil)
+	}
+	if opt.MaxResponse > 0 {
+		cmd = append(cmd, "--max-response", strconv.Itoa(opt.MaxResponse))
+	}
+	p.Cmd, p.CmdNote = s.bridgeCmd(cmd...)
 	if err != nil {
 		s.log.Warn("ui: trainer bridge failed for a group", "group", id, "err", err)
 		p.Note = "The trainer bridge could not score this group; the gateway's log has the error."

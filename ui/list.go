@@ -63,7 +63,6 @@ func parseListFilter(a *fasthttp.Args) (listFilter, error) {
 	f := listFilter{
 		Task: string(a.Peek("task")), Group: string(a.Peek("group")), Status: string(a.Peek("status")),
 		Agent: string(a.Peek("agent")), Policy: string(a.Peek("policy")),
-		Since: strings.TrimSpace(string(a.Peek("since"))), Until: strings.TrimSpace(string(a.Peek("until"))),
 		beforeID: string(a.Peek("before_id")),
 	}
 	for _, v := range []struct{ name, val string }{{"task", f.Task}, {"group", f.Group}, {"status", f.Status},
@@ -73,10 +72,7 @@ func parseListFilter(a *fasthttp.Args) (listFilter, error) {
 		}
 	}
 	var err error
-	if f.since, err = parseTime("since", f.Since); err != nil {
-		return f, err
-	}
-	if f.until, err = parseTime("until", f.Until); err != nil {
+	if f.Since, f.Until, f.since, f.until, err = parseWindow(a); err != nil {
 		return f, err
 	}
 	if b := a.Peek("before"); len(b) > 0 {
@@ -93,6 +89,17 @@ var (
 	minFilterTime = time.Unix(0, 1).UTC()
 	maxFilterTime = time.Unix(0, math.MaxInt64).UTC()
 )
+
+// parseWindow reads the since and until filters: as typed (trimmed) and
+// as unix times in nanoseconds (0: unbounded).
+func parseWindow(a *fasthttp.Args) (since, until string, sinceNs, untilNs uint64, err error) {
+	since, until = strings.TrimSpace(string(a.Peek("since"))), strings.TrimSpace(string(a.Peek("until")))
+	if sinceNs, err = parseTime("since", since); err != nil {
+		return
+	}
+	untilNs, err = parseTime("until", until)
+	return
+}
 
 // parseTime reads a filter time: RFC 3339, or a browser's datetime-local
 // value taken as UTC.

@@ -1,6 +1,8 @@
 // Package ui serves rollgate's read-only trajectory viewer at /ui: the
 // rollouts captured in a store (list, filters, live refresh), a GRPO group
 // side by side with the trainer bridge's scores, advantages and exclusions,
+// the training curves (reward, calls, tokens, verified ids and exclusions
+// per policy version and per group, drawn as server-rendered SVG),
 // one rollout's calls as a conversation with rewards and trajectory-merge
 // breaks, and one call's prompt and response as tokens shaded by logprob.
 //
@@ -44,6 +46,7 @@ var Routes = []string{
 	"GET /ui/rollouts/{rollout_id}/calls/{sequence_id}",
 	"GET /ui/rollouts/{rollout_id}/calls/{sequence_id}/raw",
 	"GET /ui/groups/{group_id}",
+	"GET /ui/training",
 	"GET /ui/static/{file}",
 }
 
@@ -128,6 +131,10 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.serveList(ctx)
 		return
 	}
+	if rest == "/training" {
+		s.serveTraining(ctx)
+		return
+	}
 	if strings.HasPrefix(rest, "/static/") {
 		s.serveStatic(ctx, strings.TrimPrefix(rest, "/static/"))
 		return
@@ -150,7 +157,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	case len(parts) == 2 && parts[0] == "groups":
 		s.serveGroup(ctx, parts[1])
 	default:
-		s.fail(ctx, fasthttp.StatusNotFound, "No such page. The viewer has /ui (rollouts), /ui/rollouts/{id}, /ui/rollouts/{id}/calls/{sequence_id} and /ui/groups/{group_id}.")
+		s.fail(ctx, fasthttp.StatusNotFound, "No such page. The viewer has /ui (rollouts), /ui/rollouts/{id}, /ui/rollouts/{id}/calls/{sequence_id}, /ui/groups/{group_id} and /ui/training.")
 	}
 }
 

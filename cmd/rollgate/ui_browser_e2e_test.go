@@ -1,10 +1,8 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,51 +26,11 @@ var browserDir = filepath.Join("..", "..", "ui", "browsertest")
 // Screenshots go to ROLLGATE_UI_SCREENSHOTS when set (the README's are made
 // so: ROLLGATE_UI_SCREENSHOTS=$PWD/docs/ui scripts/test -run TestViewerInBrowser ./cmd/rollgate/).
 func TestViewerInBrowser(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatal("node is not installed: apt-get install nodejs npm (scripts/test does)")
-	}
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatal("Debian's chromium is not installed: apt-get install chromium (scripts/test does)")
-	}
-	if _, err := os.Stat(filepath.Join(browserDir, "node_modules", "playwright-core")); err != nil {
-		t.Fatalf("playwright-core is missing: (cd ui/browsertest && npm ci) — scripts/test does it: %v", err)
-	}
-	const token = "ui-test-token"
-	addr := freeAddr(t)
-	base := "http://" + addr
-	dir := t.TempDir()
-	cmd := exec.Command(binary, "serve", "--listen", addr, "--db", filepath.Join(dir, "r.db"))
-	cmd.Env = append(os.Environ(), "ROLLGATE_ADMIN_TOKEN="+token)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	waitUntil(t, "the gateway to answer /healthz", 20*time.Second, func() bool {
-		r, err := http.Get(base + "/healthz")
-		if err == nil {
-			r.Body.Close()
-		}
-		return err == nil && r.StatusCode == 200
-	})
+	g := startUIGateway(t)
+	base := g.base
 	admin := func(method, path, body string) gjson.Result {
 		t.Helper()
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Body.Close()
-		b, err := io.ReadAll(r.Body)
-		if err != nil || r.StatusCode >= 300 {
-			t.Fatalf("%s %s: %d %s %v", method, path, r.StatusCode, b, err)
-		}
-		return gjson.ParseBytes(b)
+		return g.admin(t, method, path, body)
 	}
 	const tools = `"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]}}}]`
 	user := `{"role":"system","content":"Answer with the lookup tool."},{"role":"user","content":"What is <img src=x onerror=alert(1)>?"}`
@@ -116,19 +74,7 @@ func TestViewerInBrowser(t *testing.T) {
 			return len(admin("GET", "/api/v1/rollouts/"+ro, "").Get("calls").Array()) == 2
 		})
 	}
-	out := os.Getenv("ROLLGATE_UI_SCREENSHOTS")
-	if out == "" {
-		out = t.TempDir()
-	}
-	script := exec.Command(node, "views.mjs")
-	script.Dir = browserDir
-	script.Env = append(os.Environ(), "BASE="+base, "TOKEN="+token, "OUT="+out, "CHROMIUM="+chromium,
-		"GROUP=g-ui", "GOOD="+ids["good"], "CUT="+ids["cut"], "BAD="+ids["bad"])
-	res, err := script.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the browser test failed: %v\n%s\ngateway log:\n%s", err, res, logs.String())
-	}
-	t.Logf("%s", res)
+	out := g.runScript(t, "views.mjs", "GROUP=g-ui", "GOOD="+ids["good"], "CUT="+ids["cut"], "BAD="+ids["bad"])
 	for _, f := range []string{"list.png", "group.png", "rollout.png", "tokens.png"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() < 5000 {
 			t.Errorf("screenshot %s missing or empty: %v", f, err)

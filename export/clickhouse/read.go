@@ -395,3 +395,22 @@ func (s *Store) readAttempts(ctx context.Context, in clickhouse.GroupSet, out ma
 
 // spanOf names a call in a scan error.
 func spanOf(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }
+
+// trainingSources are export.TrainingSQL's per-attempt rows in ClickHouse
+// (argMax over unmerged ReplacingMergeTree rows of rollouts); the casts
+// give every SELECT of the UNION ALL the same types, as 18.16 requires.
+const trainingSources = "SELECT rollout_id, attempt_id, toUInt64(count()) AS calls, toUInt64(countIf(error != '' OR http_status >= 300)) AS failed," +
+	" toUInt64(countIf(token_source IN ('engine', 'tokenize') AND token_check = '' AND error = '' AND http_status < 300)) AS verified," +
+	" toUInt64(sum(prompt_tokens)) AS pt, toUInt64(sum(completion_tokens)) AS ct, max(task_id) AS task, min(start_time_unix_nano) AS t0," +
+	" max(start_time_unix_nano) AS t1, argMin(policy_version, start_time_unix_nano) AS pv, '' AS st, '' AS grp, '' AS rtask," +
+	" toUInt64(0) AS upd, toUInt8(1) AS seen, toUInt64(0) AS tw, toUInt8(0) AS hasrw, toFloat64(0) AS reward FROM llm_calls GROUP BY rollout_id, attempt_id" +
+	" UNION ALL SELECT rollout_id, attempt_id, toUInt64(0), toUInt64(0), toUInt64(0), toUInt64(0), toUInt64(0), '', toUInt64(0), toUInt64(0), '', argMax(status, updated_unix_nano)," +
+	" argMax(group_id, updated_unix_nano), argMax(task_id, updated_unix_nano), max(updated_unix_nano), toUInt8(1), toUInt64(0), toUInt8(0), toFloat64(0)" +
+	" FROM rollouts GROUP BY rollout_id, attempt_id" +
+	" UNION ALL SELECT rollout_id, attempt_id, toUInt64(0), toUInt64(0), toUInt64(0), toUInt64(0), toUInt64(0), '', toUInt64(0), toUInt64(0), '', '', '', '', toUInt64(0), toUInt8(0)," +
+	" max(time_unix_nano), toUInt8(1), argMax(value, time_unix_nano) FROM rewards WHERE sequence_id = 0 AND name = 'primary' GROUP BY rollout_id, attempt_id"
+
+// TrainingSteps implements export.Store: one aggregate query, run by the server.
+func (s *Store) TrainingSteps(ctx context.Context, q export.TrainingQuery) ([]export.TrainingStep, error) {
+	return export.ReadTrainingSteps(q, trainingSources, func(sql string) (*export.Result, error) { return s.Query(ctx, sql) })
+}

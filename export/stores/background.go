@@ -259,6 +259,15 @@ func (b *Background) ReadRollout(ctx context.Context, rolloutID string, opt expo
 	return s.ReadRollout(ctx, rolloutID, opt)
 }
 
+// TrainingSteps implements export.Store.
+func (b *Background) TrainingSteps(ctx context.Context, q export.TrainingQuery) ([]export.TrainingStep, error) {
+	s, err := b.get()
+	if err != nil {
+		return nil, err
+	}
+	return s.TrainingSteps(ctx, q)
+}
+
 // Rollouts implements export.BulkRolloutReader.
 func (b *Background) Rollouts(ctx context.Context, ids []string, opt export.ReadOptions) (map[string]*export.RolloutDetail, error) {
 	s, err := b.get()

@@ -33,6 +33,7 @@ func Run(t *testing.T, open func(t *testing.T) export.Store) {
 		{"QueryError", testQueryError},
 		{"EmptyBatch", testEmptyBatch},
 		{"ConcurrentWrites", testConcurrentWrites},
+		{"TrainingSteps", testTrainingSteps},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

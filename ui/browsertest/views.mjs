@@ -7,42 +7,17 @@
 //
 // Screenshots of each view go to OUT. Exits non-zero on the first failed
 // assertion, printing what was expected and what the page showed.
-import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
 import path from "node:path";
+import { env, finish, open } from "./common.mjs";
 
-const env = (k) => {
-  const v = process.env[k];
-  if (!v) throw new Error(`views.mjs: ${k} is not set`);
-  return v;
-};
 const BASE = env("BASE"), TOKEN = env("TOKEN"), OUT = env("OUT");
 const GROUP = env("GROUP"), GOOD = env("GOOD"), CUT = env("CUT"), BAD = env("BAD");
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
-const failures = [];
+// Any console error (a CSP violation, a script error) or dialog (an
+// injected alert) fails the run.
+const { browser, page, failures, offsite, allow404 } = await open(BASE, TOKEN);
 try {
-  const context = await browser.newContext({
-    httpCredentials: { username: "admin", password: TOKEN },
-    viewport: { width: 1280, height: 900 },
-  });
-  const page = await context.newPage();
-  // Any console error (a CSP violation, a script error) or dialog (an
-  // injected alert) fails the run.
-  let expect404 = false; // the not-found check's own 404 is logged by the browser
-  page.on("console", (m) => {
-    if (m.type() !== "error") return;
-    if (expect404 && m.text().includes("status of 404")) return;
-    failures.push("console error: " + m.text() + " at " + m.location().url);
-  });
-  page.on("pageerror", (e) => failures.push("page error: " + e.message));
-  page.on("dialog", (d) => { failures.push("a dialog opened: " + d.message()); d.dismiss(); });
-  const offsite = [];
-  page.on("request", (r) => { if (!r.url().startsWith(BASE)) offsite.push(r.url()); });
-
   // 1. The rollout list, live.
   await page.goto(`${BASE}/ui`);
   const rows = page.locator("#rollout-rows tr[data-rollout]");
@@ -99,7 +74,7 @@ try {
   await page.screenshot({ path: path.join(OUT, "tokens.png"), fullPage: true });
 
   // 5. Unknown ids.
-  expect404 = true;
+  allow404(); // the not-found check's own 404 is logged by the browser
   const resp = await page.goto(`${BASE}/ui/rollouts/no-such-rollout`);
   assert.equal(resp.status(), 404);
   assert.match(await page.locator("#error-message").innerText(), /was not found/);
@@ -107,11 +82,5 @@ try {
   assert.deepEqual(offsite, [], "the page made no request outside the gateway");
 } catch (e) {
   failures.push(e.message);
-} finally {
-  await browser.close();
 }
-if (failures.length) {
-  console.error("FAIL\n" + failures.join("\n"));
-  process.exit(1);
-}
-console.log("ok: list (live), group, rollout, tokens, not found");
+await finish(browser, failures, "ok: list (live), group, rollout, tokens, not found");
