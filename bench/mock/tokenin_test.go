@@ -1,6 +1,7 @@
 package mock
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,7 +49,13 @@ func callsOf(m gjson.Result) []string {
 // and tool calls; generate reports a tool call's finish as "stop" (vLLM's
 // engine; its chat serving says "tool_calls").
 func TestTokenInMatchesChat(t *testing.T) {
-	_, base := startT(t, Config{ScaleOut: true, EndOfTurn: true})
+	for _, eot := range []bool{true, false} {
+		t.Run(fmt.Sprintf("end-of-turn=%v", eot), func(t *testing.T) { tokenInMatchesChat(t, eot) })
+	}
+}
+
+func tokenInMatchesChat(t *testing.T, eot bool) {
+	_, base := startT(t, Config{ScaleOut: true, EndOfTurn: eot})
 	cases := map[string]string{
 		"text":        `{"model":"m1","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}]}`,
 		"seeded n=2":  `{"messages":[{"role":"user","content":"Hi"}],"seed":7,"temperature":0.7,"n":2,"logprobs":true,"top_logprobs":3}`,
