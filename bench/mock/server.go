@@ -76,7 +76,7 @@ const (
 
 var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathModels,
 	PathVersion, PathHealth, PathTokenize, PathDetokenize, PathSleep, PathWakeUp, PathIsSleeping,
-	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics}
+	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender}
 
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
@@ -353,6 +353,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.method(ctx, fasthttp.MethodGet) {
 			s.writeMetrics(ctx)
 		}
+	case PathRender, PathGenerate, PathDerender:
+		s.scaleOut(ctx, path, &k)
 	case PathIsSleeping:
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, strconv.AppendBool([]byte(`{"is_sleeping":`), s.sleeping.Load()))

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/export/sqlite"
+)
+
+// TestTokenInMock runs tool-using agents (a forced tool call, the tool's
+// result, text turns, another tool call) through a --token-in gateway and a
+// passthrough gateway on one mock engine serving vLLM's token-in endpoints
+// (rollgate mock --enable-scale-out --end-of-turn), and checks:
+//   - every call of an attempt after the first is "extended" when the
+//     previous answer ended on the end-of-turn token, its prompt ids
+//     starting with the previous prompt + response ids (and capture's turn
+//     check agrees), else "whole:not_ended" (answers cut by max_tokens);
+//   - token-in and passthrough give the same answers (content, tool calls,
+//     finish reason) and response ids on every turn: the mock samples from
+//     the prompt's text, the same both ways;
+//   - an edited history is rendered whole ("whole:edited"); a history the
+//     template cannot render (an unknown role) and messages that are not
+//     objects go the ordinary way with the reason ("passthrough:render",
+//     "passthrough:bad_messages");
+//   - rollgate_token_in_calls_total counts each outcome as the rows say.
+func TestTokenInMock(t *testing.T) {
+	mockAddr := freeAddr(t)
+	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--enable-scale-out", "--end-of-turn")
+	upstream := "http://" + mockAddr + "/v1"
+	dir := t.TempDir()
+	tiAddr, ptAddr := freeAddr(t), freeAddr(t)
+	tiDB, ptDB := filepath.Join(dir, "ti.db"), filepath.Join(dir, "pt.db")
+	_, tiLogs := start(t, tiAddr, "/readyz", "serve", "--listen", tiAddr, "--db", tiDB, "--upstream", upstream, "--upstream-kind", "vllm", "--token-in")
+	_, ptLogs := start(t, ptAddr, "/readyz", "serve", "--listen", ptAddr, "--db", ptDB, "--upstream", upstream, "--upstream-kind", "vllm")
+	tiStore, err := sqlite.Open(tiDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tiStore.Close() })
+	ptStore, err := sqlite.Open(ptDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ptStore.Close() })
+
+	want := map[string]int{}
+	var toolCalls, ptBreaks, ptLater int
+	cities := []string{"Paris", "Tokyo", "Lima", "Oslo"}
+	for i, city := range cities {
+		maxTokens := 48
+		if i == len(cities)-1 {
+			maxTokens = 8 // every answer is cut: the next call cannot extend it
+		}
+		rollout := fmt.Sprintf("tim-%d", i)
+		tiTurns := tiAgent(t, "http://"+tiAddr+"/rollout/"+rollout+"/attempt/a1/v1", "mock-model", city, maxTokens)
+		ptTurns := tiAgent(t, "http://"+ptAddr+"/rollout/"+rollout+"/attempt/a1/v1", "mock-model", city, maxTokens)
+		tiR := tiRows(t, tiStore, rollout, "a1", len(tiTurns), tiLogs)
+		ptR := tiRows(t, ptStore, rollout, "a1", len(ptTurns), ptLogs)
+		for k := range tiTurns {
+			a, b := tiTurns[k], ptTurns[k]
+			if a.content != b.content || !slices.Equal(a.calls, b.calls) || a.finish != b.finish {
+				t.Errorf("%s call %d: token-in answered %+v, passthrough %+v", city, k, a, b)
+			}
+			toolCalls += len(a.calls)
+			if !slices.Equal(tiR[k].ResponseTokenIDs, ptR[k].ResponseTokenIDs) {
+				t.Errorf("%s call %d: response ids differ: token-in %v, passthrough %v", city, k, tiR[k].ResponseTokenIDs, ptR[k].ResponseTokenIDs)
+			}
+		}
+		for k := 1; k < len(ptR); k++ {
+			ptLater++
+			if ptR[k].TurnKind != "prefix" {
+				ptBreaks++
+			}
+		}
+		for k, r := range tiR {
+			want[r.TokenIn]++
+			if k == 0 {
+				if r.TokenIn != "first" {
+					t.Errorf("%s call 0: token_in %q, want first", city, r.TokenIn)
+				}
+				continue
+			}
+			prev := tiR[k-1]
+			ended := prev.FinishReason == "stop" || prev.FinishReason == "tool_calls"
+			switch {
+			case ended && r.TokenIn == "extended":
+				head := slices.Concat(prev.PromptTokenIDs, prev.ResponseTokenIDs)
+				if len(r.PromptTokenIDs) <= len(head) || !slices.Equal(r.PromptTokenIDs[:len(head)], head) {
+					t.Errorf("%s call %d: extended, but its %d prompt ids do not start with the previous %d prompt + %d response ids", city, k, len(r.PromptTokenIDs), len(prev.PromptTokenIDs), len(prev.ResponseTokenIDs))
+				}
+				if r.TurnKind != "prefix" {
+					t.Errorf("%s call %d: extended, but capture's turn check says %q", city, k, r.TurnKind)
+				}
+			case ended:
+				t.Errorf("%s call %d: the previous answer ended (%s), token_in %q, want extended\n%s", city, k, prev.FinishReason, r.TokenIn, tiLogs)
+			case r.TokenIn != "whole:not_ended":
+				t.Errorf("%s call %d: the previous answer did not end (%s), token_in %q, want whole:not_ended", city, k, prev.FinishReason, r.TokenIn)
+			}
+		}
+	}
+	if want["extended"] < 3*(len(cities)-1) || want["whole:not_ended"] < 3 || toolCalls < 2*(len(cities)-1) {
+		t.Errorf("outcomes %v with %d tool calls: want every later call of the first %d agents extended, the last agent's whole:not_ended, and tool calls", want, toolCalls, len(cities)-1)
+	}
+	t.Logf("token-in: outcomes %v; passthrough: %d of %d later calls broke the prefix (turn_kind != prefix)", want, ptBreaks, ptLater)
+
+	// An edited history, a role the template cannot render, messages that
+	// are not objects.
+	chat := func(attempt, messages string) (int, []byte) {
+		status, b, _ := postReal(t, "http://"+tiAddr+"/rollout/edits/attempt/"+attempt+"/v1/chat/completions",
+			`{"model":"mock-model","messages":`+messages+`,"max_tokens":48}`)
+		return status, b
+	}
+	status, b := chat("edit", `[{"role":"user","content":"Hi"}]`)
+	if status != 200 {
+		t.Fatalf("edit call 0: %d %s", status, b)
+	}
+	answer := gjson.GetBytes(b, "choices.0.message.content").Raw
+	if status, b = chat("edit", `[{"role":"user","content":"Hi, edited"},{"role":"assistant","content":`+answer+`},{"role":"user","content":"More"}]`); status != 200 {
+		t.Fatalf("edit call 1: %d %s", status, b)
+	}
+	if status, b = chat("hostile", `[{"role":"user","content":"Hi"},{"role":"wizard","content":"abracadabra"}]`); status != 200 {
+		t.Fatalf("unknown role through passthrough: %d %s", status, b)
+	}
+	chat("bad", `[1,2]`) // the engine's 400 reaches the client; counted below
+	rows := tiRows(t, tiStore, "edits", "edit", 2, tiLogs)
+	if rows[0].TokenIn != "first" || rows[1].TokenIn != "whole:edited" {
+		t.Errorf("edited history: token_in %q then %q, want first then whole:edited", rows[0].TokenIn, rows[1].TokenIn)
+	}
+	if r := tiRows(t, tiStore, "edits", "hostile", 1, tiLogs); r[0].TokenIn != "passthrough:render" {
+		t.Errorf("unknown role: token_in %q, want passthrough:render", r[0].TokenIn)
+	}
+	want["first"]++
+	want["whole:edited"]++
+	want["passthrough:render"]++
+	want["passthrough:bad_messages"]++
+	for outcome, n := range want {
+		if got := metricSum(t, tiAddr, `rollgate_token_in_calls_total{outcome="`+outcome+`"}`); got != float64(n) {
+			t.Errorf("rollgate_token_in_calls_total{outcome=%q} = %v, want %d", outcome, got, n)
+		}
+	}
+	if got := metricSum(t, ptAddr, "rollgate_token_in_calls_total"); got != 0 {
+		t.Errorf("the passthrough gateway counted %v token-in calls", got)
+	}
+}
