@@ -182,32 +182,12 @@ func (p *plan) buildChat(f *fields) string {
 			p.genText(c, limit)
 			continue
 		}
-		r := rng(c.seed)
-		c.tool = true
-		c.name = append(c.name, name...)
-		c.callID = r.next()
-		c.args = appendToolArgs(c.args, params, &r, 0)
-		p.text = append(p.text[:0], `<tool_call>{"name":`...)
-		p.text = appendJSONString(p.text, name)
-		p.text = append(p.text, `,"arguments":`...)
-		c.ids = appendEncode(c.ids, b2s(p.text))
-		c.nPrefix = len(c.ids)
-		c.ids = appendEncode(c.ids, b2s(c.args))
-		n := len(c.ids)
-		c.ids = appendEncode(c.ids, "}</tool_call>")
-		c.nSuffix = len(c.ids) - n
-		c.finish = "tool_calls"
-		if vllm && p.namedTool {
+		p.genToolCall(c, name, params, limit)
+		if vllm && p.namedTool && c.finish == "tool_calls" {
 			// vLLM: "tool_calls" for auto and required, "stop" for a named
 			// choice (chat_completion/serving.py, 0.32.0).
 			c.finish = "stop"
 		}
-		if limit != unset && limit < len(c.ids) {
-			c.ids = c.ids[:limit]
-			c.tool = false
-			c.finish = "length"
-		}
-		p.endTurn(c, limit)
 		if vllm {
 			planHermes(c) // a call cut short streams what the parser made of it
 		}

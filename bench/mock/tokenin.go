@@ -554,7 +554,8 @@ func appendHermes(dst []byte, text string, parse, forced bool, ids []uint32, ind
 			args := obj.Get("arguments")
 			a := "{}"
 			if args.Exists() {
-				a = string(appendCompactJSON(nil, args.Raw))
+				// The hermes parser's json.dumps, as on the chat path (hermes.go).
+				a = string(appendPyJSON(nil, appendCompactJSON(nil, args.Raw)))
 			}
 			calls = append(calls, call{name.Str, a})
 		}

@@ -1,6 +1,8 @@
 package mock
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -136,6 +138,19 @@ func TestTokenInExtendedPrompt(t *testing.T) {
 	if !call.Exists() {
 		t.Fatalf("first answer has no tool call: %s", der1.Raw)
 	}
+	// The agent sends the call back with the arguments as sampled (compact):
+	// derender gives them as the hermes parser's json.dumps writes them, and
+	// a history with those re-rendered texts is a different prompt (the
+	// retokenisation token-in avoids), which this test is not about.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(call.Get("function.arguments").Str)); err != nil {
+		t.Fatal(err)
+	}
+	callRaw, err := sjson.Set(call.Raw, "function.arguments", compact.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	call = gjson.Parse(callRaw)
 	msgs := gjson.Get(first, "messages").Raw
 	msgs = msgs[:len(msgs)-1] + `,{"role":"assistant","content":null,"tool_calls":[` + call.Raw + `]},{"role":"tool","tool_call_id":` + call.Get("id").Raw + `,"content":"Sunny"}]`
 	second, err := sjson.SetRaw(first, "messages", msgs)
