@@ -211,6 +211,12 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 		if ch.Get("finish_reason").Str != "stop" || !(stop.Type == gjson.Null || stop.Type == gjson.Number) || len(ids) < 2 {
 			continue
 		}
+		// A stop token id is the stop_reason (vLLM's v1 engine); the
+		// end-of-sequence token gives null. Only a last id that is the
+		// stop token is left out.
+		if stop.Type == gjson.Number && ids[len(ids)-1].Uint() != stop.Uint() {
+			continue
+		}
 		var err error
 		if trimmed, err = sjson.DeleteBytes(trimmed, "choices."+strconv.Itoa(i)+".token_ids."+strconv.Itoa(len(ids)-1)); err != nil {
 			return nil, err
