@@ -75,7 +75,10 @@ type TrainingStep struct {
 	// episode reward (the trainer bridge's default gives them 0).
 	FinishedNoReward int
 	// Rewarded counts the attempts with an episode reward (sequence 0,
-	// name "primary"; the latest when several); RewardSum, RewardSumSq,
+	// name "primary"; the latest when several). One posted without
+	// attempt_id is the rollout's and counts for each of its attempts, as
+	// the trainer bridge counts it: an attempt's reward is the later of its
+	// own and its rollout's, its own on a tie. RewardSum, RewardSumSq,
 	// RewardMin and RewardMax are over those rewards (0 when none).
 	Rewarded                                     int
 	RewardSum, RewardSumSq, RewardMin, RewardMax float64
@@ -112,15 +115,18 @@ func (s TrainingStep) RewardStd() float64 {
 
 // TrainingSQL renders q as one query over a store's per-attempt rows,
 // sources: a UNION ALL of one SELECT per table, each grouped by rollout_id
-// and attempt_id (a store writes them with its own aggregate functions and
-// casts), with these columns, 0 or ” where the table has no such value:
+// and attempt_id (a store writes them with its own aggregate functions,
+// casts and join), with these columns, 0 or ” where the table has no such value:
 //
 //	rollout_id, attempt_id,
 //	calls, failed, verified, pt, ct, task, t0, t1, pv   (llm_calls: counts, token sums, max task_id, first and last start, first call's policy_version)
 //	st, grp, rtask, upd                                 (rollouts: the latest row's status, group_id, task_id and updated_unix_nano)
 //	seen                                                (1 in the rows of llm_calls and rollouts)
-//	tw, hasrw, reward                                   (rewards: the latest episode reward's time, 1, its value)
+//	tw, hasrw, reward                                   (rewards: the attempt's episode reward's time, 1, its value)
 //
+// The rewards rows are at most one per attempt, with the reward the
+// trainer bridge takes: the later of the attempt's own latest and its
+// rollout's latest posted without attempt_id, its own on a tie.
 // An attempt is one seen in llm_calls or rollouts: a reward alone makes none.
 // The rest is SQL that SQLite and ClickHouse (from 18.16: no JOIN, no
 // common table expression) both run: the sources are merged per attempt,

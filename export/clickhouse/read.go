@@ -399,6 +399,10 @@ func spanOf(c *export.Call) string { return fmt.Sprintf("span %q", c.SpanID) }
 // trainingSources are export.TrainingSQL's per-attempt rows in ClickHouse
 // (argMax over unmerged ReplacingMergeTree rows of rollouts); the casts
 // give every SELECT of the UNION ALL the same types, as 18.16 requires.
+// The rewards part gives one row per attempt: the later of its own latest
+// reward and its rollout's latest one posted without attempt_id (joined to
+// each of the rollout's attempts; the join holds one row per such rollout),
+// its own on a tie.
 const trainingSources = "SELECT rollout_id, attempt_id, toUInt64(count()) AS calls, toUInt64(countIf(error != '' OR http_status >= 300)) AS failed," +
 	" toUInt64(countIf(token_source IN ('engine', 'tokenize') AND token_check = '' AND error = '' AND http_status < 300)) AS verified," +
 	" toUInt64(sum(prompt_tokens)) AS pt, toUInt64(sum(completion_tokens)) AS ct, max(task_id) AS task, min(start_time_unix_nano) AS t0," +
@@ -408,7 +412,12 @@ const trainingSources = "SELECT rollout_id, attempt_id, toUInt64(count()) AS cal
 	" argMax(group_id, updated_unix_nano), argMax(task_id, updated_unix_nano), max(updated_unix_nano), toUInt8(1), toUInt64(0), toUInt8(0), toFloat64(0)" +
 	" FROM rollouts GROUP BY rollout_id, attempt_id" +
 	" UNION ALL SELECT rollout_id, attempt_id, toUInt64(0), toUInt64(0), toUInt64(0), toUInt64(0), toUInt64(0), '', toUInt64(0), toUInt64(0), '', '', '', '', toUInt64(0), toUInt8(0)," +
-	" max(time_unix_nano), toUInt8(1), argMax(value, time_unix_nano) FROM rewards WHERE sequence_id = 0 AND name = 'primary' GROUP BY rollout_id, attempt_id"
+	" max(tw), toUInt8(1), argMax(value, (tw, own)) FROM (SELECT rollout_id, attempt_id, time_unix_nano AS tw, value, toUInt8(1) AS own FROM rewards" +
+	" WHERE sequence_id = 0 AND name = 'primary' AND attempt_id != ''" +
+	" UNION ALL SELECT rollout_id, attempt_id, rtw, rvalue, toUInt8(0) FROM (SELECT rollout_id, attempt_id FROM llm_calls GROUP BY rollout_id, attempt_id" +
+	" UNION ALL SELECT rollout_id, attempt_id FROM rollouts GROUP BY rollout_id, attempt_id) ALL INNER JOIN (SELECT rollout_id, max(time_unix_nano) AS rtw," +
+	" argMax(value, time_unix_nano) AS rvalue FROM rewards WHERE sequence_id = 0 AND name = 'primary' AND attempt_id = '' GROUP BY rollout_id) USING rollout_id)" +
+	" GROUP BY rollout_id, attempt_id"
 
 // TrainingSteps implements export.Store: one aggregate query, run by the server.
 func (s *Store) TrainingSteps(ctx context.Context, q export.TrainingQuery) ([]export.TrainingStep, error) {

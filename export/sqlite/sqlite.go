@@ -462,15 +462,23 @@ func addMissingColumns(db *sql.DB, table string, cols []export.ColumnInfo) error
 // trainingSources are export.TrainingSQL's per-attempt rows in SQLite: a
 // bare column next to one min() or max() comes from the row that holds it
 // (the first call's policy version, the latest rollouts row, the latest
-// reward).
+// reward). The rewards part gives one row per attempt: the later of its own
+// latest reward and its rollout's latest one posted without attempt_id
+// (joined to each of the rollout's attempts), its own on a tie; -1 stands
+// for a missing one's time.
 const trainingSources = "SELECT rollout_id, attempt_id, count(*) AS calls, sum(CASE WHEN error != '' OR http_status >= 300 THEN 1 ELSE 0 END) AS failed," +
 	" sum(CASE WHEN token_source IN ('engine', 'tokenize') AND token_check = '' AND error = '' AND http_status < 300 THEN 1 ELSE 0 END) AS verified," +
 	" sum(prompt_tokens) AS pt, sum(completion_tokens) AS ct, max(task_id) AS task, 0 AS t0, max(start_time_unix_nano) AS t1, '' AS pv," +
 	" '' AS st, '' AS grp, '' AS rtask, 0 AS upd, 1 AS seen, 0 AS tw, 0 AS hasrw, 0 AS reward FROM llm_calls GROUP BY rollout_id, attempt_id" +
 	" UNION ALL SELECT rollout_id, attempt_id, 0, 0, 0, 0, 0, '', min(start_time_unix_nano), 0, policy_version, '', '', '', 0, 1, 0, 0, 0 FROM llm_calls GROUP BY rollout_id, attempt_id" +
 	" UNION ALL SELECT rollout_id, attempt_id, 0, 0, 0, 0, 0, '', 0, 0, '', status, group_id, task_id, max(updated_unix_nano), 1, 0, 0, 0 FROM rollouts GROUP BY rollout_id, attempt_id" +
-	" UNION ALL SELECT rollout_id, attempt_id, 0, 0, 0, 0, 0, '', 0, 0, '', '', '', '', 0, 0, max(time_unix_nano), 1, value FROM rewards" +
-	" WHERE sequence_id = 0 AND name = 'primary' GROUP BY rollout_id, attempt_id"
+	" UNION ALL SELECT rollout_id, attempt_id, 0, 0, 0, 0, 0, '', 0, 0, '', '', '', '', 0, 0, max(tw), 1," +
+	" CASE WHEN max(CASE WHEN own = 1 THEN tw ELSE -1 END) >= max(CASE WHEN own = 0 THEN tw ELSE -1 END) THEN sum(own * value) ELSE sum((1 - own) * value) END" +
+	" FROM (SELECT rollout_id, attempt_id, 1 AS own, max(time_unix_nano) AS tw, value FROM rewards" +
+	" WHERE sequence_id = 0 AND name = 'primary' AND attempt_id != '' GROUP BY rollout_id, attempt_id" +
+	" UNION ALL SELECT a.rollout_id, a.attempt_id, 0, w.tw, w.value FROM (SELECT rollout_id, attempt_id FROM llm_calls UNION SELECT rollout_id, attempt_id FROM rollouts) a" +
+	" JOIN (SELECT rollout_id, max(time_unix_nano) AS tw, value FROM rewards WHERE sequence_id = 0 AND name = 'primary' AND attempt_id = '' GROUP BY rollout_id) w" +
+	" ON w.rollout_id = a.rollout_id) GROUP BY rollout_id, attempt_id"
 
 // TrainingSteps implements export.Store: one aggregate query.
 func (s *Store) TrainingSteps(ctx context.Context, q export.TrainingQuery) ([]export.TrainingStep, error) {

@@ -34,6 +34,7 @@ func Run(t *testing.T, open func(t *testing.T) export.Store) {
 		{"EmptyBatch", testEmptyBatch},
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"TrainingSteps", testTrainingSteps},
+		{"TrainingRolloutRewards", testTrainingRolloutRewards},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -126,3 +126,80 @@ func testTrainingSteps(t *testing.T, s export.Store) {
 		}
 	}
 }
+
+// testTrainingRolloutRewards: an episode reward posted without attempt_id
+// (POST /api/v1/rollouts/{r}/rewards {"value":1}) is the rollout's and
+// counts for every attempt of the rollout, as the trainer bridge counts it:
+// an attempt's reward is the latest by time of its own and its rollout's,
+// its own on a tie. Each rollout is its own step (policy version = rollout).
+func testTrainingRolloutRewards(t *testing.T, s export.Store) {
+	ctx := context.Background()
+	var b export.Batch
+	attempt := func(r, a string, start uint64, status string) {
+		c := EmptyCall(r, a, 1)
+		c.StartTimeUnixNano, c.EndTimeUnixNano, c.PolicyVersion, c.TaskID, c.HTTPStatus = start, start+50, r, "t", 200
+		b.Calls = append(b.Calls, c)
+		if status != "" {
+			b.Rollouts = append(b.Rollouts, export.Rollout{RolloutID: r, AttemptID: a, TaskID: "t", Status: status, Metadata: "{}", CreatedUnixNano: start - 10, UpdatedUnixNano: start + 100})
+		}
+	}
+	reward := func(r, a string, v float64, at uint64) {
+		b.Rewards = append(b.Rewards, export.Reward{RolloutID: r, AttemptID: a, Name: "primary", Value: v, Source: "api", TimeUnixNano: at})
+	}
+	// q1: rollout-level rewards only (the latest of two counts).
+	attempt("q1", "a1", 1000, "succeeded")
+	reward("q1", "", 0.8, 1200)
+	reward("q1", "", 0.5, 1300)
+	// q2: its own reward, then a later rollout-level one: the later counts.
+	attempt("q2", "a1", 2000, "succeeded")
+	reward("q2", "a1", 0.1, 2200)
+	reward("q2", "", 0.9, 2300)
+	// q3: a rollout-level reward, then a later own one: the later counts.
+	attempt("q3", "a1", 3000, "succeeded")
+	reward("q3", "", 0.7, 3200)
+	reward("q3", "a1", 0.3, 3300)
+	// q4: both at the same time: the attempt's own counts.
+	attempt("q4", "a1", 4000, "failed")
+	reward("q4", "", 0.6, 4200)
+	reward("q4", "a1", 0.4, 4200)
+	// q5: two attempts; a2 has a later reward of its own.
+	attempt("q5", "a1", 5000, "failed")
+	attempt("q5", "a2", 5100, "succeeded")
+	reward("q5", "", 1, 5300)
+	reward("q5", "a2", 0.2, 5400)
+	// q6: never registered (calls only), rewarded without attempt_id.
+	attempt("q6", "a1", 6000, "")
+	reward("q6", "", 0.25, 6200)
+	// A rollout-level reward of a rollout without attempts makes none, and
+	// a step reward without attempt_id is not the episode's.
+	reward("q7", "", 3, 7000)
+	b.Rewards = append(b.Rewards, export.Reward{RolloutID: "q1", SequenceID: 1, Name: "primary", Value: 9, TimeUnixNano: 1400})
+	write(t, s, &b)
+
+	got, err := s.TrainingSteps(ctx, export.TrainingQuery{By: export.TrainingByPolicy, Limit: 10})
+	if err != nil {
+		t.Fatalf("TrainingSteps: %v", err)
+	}
+	type rewards struct {
+		Attempts, Rewarded, FinishedNoReward int
+		Sum, Min, Max                        float64
+		LastActivity                         uint64
+	}
+	want := map[string]rewards{
+		"q1": {1, 1, 0, 0.5, 0.5, 0.5, 1300},
+		"q2": {1, 1, 0, 0.9, 0.9, 0.9, 2300},
+		"q3": {1, 1, 0, 0.3, 0.3, 0.3, 3300},
+		"q4": {1, 1, 0, 0.4, 0.4, 0.4, 4200},
+		"q5": {2, 2, 0, 1.2, 0.2, 1, 5400},
+		"q6": {1, 1, 0, 0.25, 0.25, 0.25, 6200},
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d steps, want %d: %+v", len(got), len(want), got)
+	}
+	for _, st := range got {
+		g := rewards{st.Attempts, st.Rewarded, st.FinishedNoReward, math.Round(st.RewardSum*1e9) / 1e9, st.RewardMin, st.RewardMax, st.LastActivity}
+		if w, ok := want[st.PolicyVersion]; !ok || g != w {
+			t.Errorf("step %q: got %+v, want %+v", st.PolicyVersion, g, w)
+		}
+	}
+}
