@@ -157,15 +157,7 @@ func (p *plan) buildChat(f *fields) string {
 	p.includeUsage = f.stream && f.includeUsage()
 	p.continuousUsage = f.stream && f.continuousUsage()
 
-	h := newHasher()
-	h.str(b2s(p.model))
-	h.str(b2s(p.text))
-	f.seedHash(&h, p.s.cfg.Seed)
-	textSeed := h.sum()
-	h.u64(uint64(f.n))
-	h.u64(uint64(limit))
-	h.u64(uint64(p.k.tokens))
-	p.setID(h)
+	textSeed := p.seedAndID(f, limit)
 
 	var name string
 	var params gjson.Result
@@ -514,4 +506,21 @@ func appendFingerprint(dst []byte, p *plan) []byte {
 	dst = append(dst, `,"system_fingerprint":"vllm-`...)
 	dst = append(dst, p.s.cfg.Version...)
 	return append(dst, `-mock"`...)
+}
+
+// seedAndID hashes the model, the prompt text (p.text) and the request's
+// seed and temperature into the seed its choices are drawn from (the same
+// prompt text samples the same answer on the chat and token-in paths), and
+// sets the answer's id from that and n, the limit and the prefix cache.
+func (p *plan) seedAndID(f *fields, limit int) uint64 {
+	h := newHasher()
+	h.str(b2s(p.model))
+	h.str(b2s(p.text))
+	f.seedHash(&h, p.s.cfg.Seed)
+	textSeed := h.sum()
+	h.u64(uint64(f.n))
+	h.u64(uint64(limit))
+	h.u64(uint64(p.k.tokens))
+	p.setID(h)
+	return textSeed
 }

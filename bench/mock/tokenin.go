@@ -285,15 +285,7 @@ func (p *plan) buildGenerate(body []byte) string {
 	p.returnIDs = true
 
 	p.text = appendDecode(p.text[:0], p.prompts)
-	h := newHasher()
-	h.str(b2s(p.model))
-	h.str(b2s(p.text))
-	f.seedHash(&h, p.s.cfg.Seed)
-	textSeed := h.sum()
-	h.u64(uint64(f.n))
-	h.u64(uint64(limit))
-	h.u64(uint64(p.k.tokens))
-	p.setID(h)
+	textSeed := p.seedAndID(&f, limit)
 
 	tool := sp.Get("extra_args.mock_tool_call")
 	name := tool.Get("name")
