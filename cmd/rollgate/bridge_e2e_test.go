@@ -78,7 +78,7 @@ func TestBridgeThroughGateway(t *testing.T) {
 		}
 		json.Unmarshal(resp.Choices[0].Message, &msg)
 		toolResult, _ := json.Marshal(a.result)
-		req := `{"model":"mock-model","logprobs":true,"messages":[` + user + `,` + string(resp.Choices[0].Message) +
+		req := `{"model":"mock-model","logprobs":true,"messages":[` + user + `,` + asSampled(t, string(resp.Choices[0].Message)) +
 			`,{"role":"tool","tool_call_id":"` + msg.ToolCalls[0].ID + `","content":` + string(toolResult) + `}],"tools":` + tools
 		if a.maxTokens2 > 0 {
 			req += fmt.Sprintf(`,"max_tokens":%d`, a.maxTokens2)
@@ -151,8 +151,8 @@ func TestBridgeThroughGateway(t *testing.T) {
 		t.Errorf("air rows:\n%s", stdout.String())
 	}
 
-	// Trajectories: the mock's chat template renders the assistant turn as it
-	// was generated, so each rollout's second prompt extends the first call's
+	// Trajectories: the agents sent the tool calls back as sampled
+	// (asSampled), so each rollout's second prompt extends the first call's
 	// prompt + response: one sample per rollout, the tool turn masked.
 	stderr.Reset()
 	if code := run([]string{"bridge", "--db", db, "--out", out, "--mode", "trajectories", "--estimator", "none"}, &stdout, &stderr); code != 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +19,8 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 	"gopkg.in/yaml.v3"
 )
 
@@ -239,4 +243,26 @@ func TestLogprobsCapturedByDefault(t *testing.T) {
 			t.Fatalf("%v: %s rows with logprobs of 2, want logprobs stored: %v\n%s", tc.args, n, tc.want, out)
 		}
 	}
+}
+
+// asSampled returns an assistant message with each tool call's arguments
+// in the compact form the engine sampled them: vLLM's hermes parser (and
+// the mock, as it) re-writes a whole answer's arguments with json.dumps
+// (", ", ": "), and an agent echoing that message back makes a prompt the
+// template renders differently from the sampled ids, so a trajectory
+// breaks there (the retokenisation token-in avoids). Tests about what the
+// bridge and the viewer do with extending prompts send the sampled text.
+func asSampled(t *testing.T, msg string) string {
+	t.Helper()
+	for i, c := range gjson.Get(msg, "tool_calls").Array() {
+		var b bytes.Buffer
+		if err := json.Compact(&b, []byte(c.Get("function.arguments").Str)); err != nil {
+			t.Fatalf("tool call %d's arguments: %v", i, err)
+		}
+		var err error
+		if msg, err = sjson.Set(msg, "tool_calls."+strconv.Itoa(i)+".function.arguments", b.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return msg
 }

@@ -42,7 +42,7 @@ func TestViewerInBrowser(t *testing.T) {
 		if code != 200 {
 			t.Fatalf("%s call 1: %d %s", ro, code, body)
 		}
-		reply := gjson.Get(body, "choices.0.message").Raw
+		reply := asSampled(t, gjson.Get(body, "choices.0.message").Raw) // so the second prompt extends the first
 		callID := gjson.Get(body, "choices.0.message.tool_calls.0.id").Str
 		msgs := user + `,` + reply + `,{"role":"tool","tool_call_id":"` + callID + `","content":"a picture"}`
 		second := `{"model":"m","messages":[` + msgs + `],` + tools + `}`
