@@ -114,21 +114,8 @@ func tiRows(t *testing.T, store export.Store, rollout, attempt string, n int, lo
 // ways; any later call whose prompt ids are the same both ways gets the
 // same answer. It logs the passthrough break rate (turn_kind) beside.
 func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, maxTokens int) {
-	dir := t.TempDir()
-	tiAddr, ptAddr := freeAddr(t), freeAddr(t)
-	tiDB, ptDB := filepath.Join(dir, "ti.db"), filepath.Join(dir, "pt.db")
-	_, tiLogs := start(t, tiAddr, "/readyz", "serve", "--listen", tiAddr, "--db", tiDB, "--upstream", upstream, "--upstream-kind", kind, "--token-in")
-	_, ptLogs := start(t, ptAddr, "/readyz", "serve", "--listen", ptAddr, "--db", ptDB, "--upstream", upstream, "--upstream-kind", kind)
-	tiStore, err := sqlite.Open(tiDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tiStore.Close() })
-	ptStore, err := sqlite.Open(ptDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ptStore.Close() })
+	g := startTokenInGateways(t, upstream, kind)
+	tiAddr, ptAddr, tiStore, ptStore, tiLogs, ptLogs := g.tiAddr, g.ptAddr, g.tiStore, g.ptStore, g.tiLogs, g.ptLogs
 
 	var extended, later, ptBreaks, ptLater, same, comparable int
 	for i, city := range cities {
@@ -224,4 +211,35 @@ func TestTokenInRefusedForOtherKinds(t *testing.T) {
 			t.Errorf("--token-in with kind %s: err %v, output %s", kind, err, out)
 		}
 	}
+}
+
+// tokenInGateways are a --token-in gateway and a passthrough one in front
+// of the same upstream, each with its own embedded store.
+type tokenInGateways struct {
+	tiAddr, ptAddr   string
+	tiStore, ptStore *sqlite.Store
+	tiLogs, ptLogs   *syncBuffer
+}
+
+// startTokenInGateways starts both gateways on upstream (of kind) and opens
+// their stores.
+func startTokenInGateways(t *testing.T, upstream, kind string) tokenInGateways {
+	t.Helper()
+	dir := t.TempDir()
+	g := tokenInGateways{tiAddr: freeAddr(t), ptAddr: freeAddr(t)}
+	tiDB, ptDB := filepath.Join(dir, "ti.db"), filepath.Join(dir, "pt.db")
+	_, g.tiLogs = start(t, g.tiAddr, "/readyz", "serve", "--listen", g.tiAddr, "--db", tiDB, "--upstream", upstream, "--upstream-kind", kind, "--token-in")
+	_, g.ptLogs = start(t, g.ptAddr, "/readyz", "serve", "--listen", g.ptAddr, "--db", ptDB, "--upstream", upstream, "--upstream-kind", kind)
+	for _, s := range []struct {
+		db string
+		to **sqlite.Store
+	}{{tiDB, &g.tiStore}, {ptDB, &g.ptStore}} {
+		st, err := sqlite.Open(s.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		*s.to = st
+	}
+	return g
 }

@@ -2,13 +2,10 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/tidwall/gjson"
-
-	"github.com/rollgate/rollgate/export/sqlite"
 )
 
 // TestTokenInMock runs tool-using agents (a forced tool call, the tool's
@@ -31,21 +28,8 @@ func TestTokenInMock(t *testing.T) {
 	mockAddr := freeAddr(t)
 	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--enable-scale-out", "--end-of-turn")
 	upstream := "http://" + mockAddr + "/v1"
-	dir := t.TempDir()
-	tiAddr, ptAddr := freeAddr(t), freeAddr(t)
-	tiDB, ptDB := filepath.Join(dir, "ti.db"), filepath.Join(dir, "pt.db")
-	_, tiLogs := start(t, tiAddr, "/readyz", "serve", "--listen", tiAddr, "--db", tiDB, "--upstream", upstream, "--upstream-kind", "vllm", "--token-in")
-	_, ptLogs := start(t, ptAddr, "/readyz", "serve", "--listen", ptAddr, "--db", ptDB, "--upstream", upstream, "--upstream-kind", "vllm")
-	tiStore, err := sqlite.Open(tiDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tiStore.Close() })
-	ptStore, err := sqlite.Open(ptDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ptStore.Close() })
+	g := startTokenInGateways(t, upstream, "vllm")
+	tiAddr, ptAddr, tiStore, ptStore, tiLogs, ptLogs := g.tiAddr, g.ptAddr, g.tiStore, g.ptStore, g.tiLogs, g.ptLogs
 
 	want := map[string]int{}
 	var toolCalls, ptBreaks, ptLater, samePrompt int
