@@ -8,12 +8,16 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -403,6 +407,121 @@ func eventKind(d []byte) string {
 	return strings.Join(kinds, ",")
 }
 
+// recorder is a reverse proxy in front of the engine that keeps the body of
+// the last answer it passed on, as the engine sent it.
+type recorder struct {
+	url string
+	mu  sync.Mutex
+	buf *bytes.Buffer
+}
+
+// startRecorder starts a recorder in front of upstream (a base URL ending
+// in /v1) and returns it; url is the recorder's base URL, /v1 included.
+func startRecorder(t *testing.T, upstream string) *recorder {
+	t.Helper()
+	target, err := url.Parse(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{buf: &bytes.Buffer{}}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(&url.URL{Scheme: target.Scheme, Host: target.Host})
+		},
+		FlushInterval: -1,
+		ModifyResponse: func(r *http.Response) error {
+			if r.Request.Method != http.MethodPost {
+				return nil // rollgate's own checks (GET /models)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			rec.buf = &bytes.Buffer{}
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.TeeReader(r.Body, lockedWriter{&rec.mu, rec.buf}), r.Body}
+			return nil
+		},
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	rec.url = srv.URL + target.Path
+	return rec
+}
+
+// last returns the engine's bytes of the last answer, ids and timestamps
+// masked.
+func (r *recorder) last() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maskVolatile(bytes.Clone(r.buf.Bytes()))
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// sameChoiceStreams reports whether a client's stream through rollgate
+// (got) holds, per choice, exactly the chunks of the direct call's stream
+// (direct), in the order of the choices the engine sent on got's own call
+// (engine, which also holds what rollgate asked for on top of the client's
+// request). An error means rollgate changed the order the engine sent.
+func sameChoiceStreams(direct, got, engine []byte) (bool, error) {
+	perChoice := func(body []byte) (map[int][]string, []int) {
+		chunks, order := map[int][]string{}, []int{}
+		for _, d := range sseEvents(body) {
+			var r struct {
+				Choices []struct {
+					Index int `json:"index"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal([]byte(d), &r) != nil || len(r.Choices) != 1 {
+				continue // [DONE], a usage chunk: checked by the byte comparison's callers
+			}
+			i := r.Choices[0].Index
+			chunks[i] = append(chunks[i], d)
+			order = append(order, i)
+		}
+		return chunks, order
+	}
+	dChunks, _ := perChoice(direct)
+	gChunks, gOrder := perChoice(got)
+	_, eOrder := perChoice(engine)
+	if !slices.Equal(gOrder, eOrder) {
+		return false, fmt.Errorf("the client got the choices in the order %v; the engine sent them on that call in the order %v", gOrder, eOrder)
+	}
+	if len(dChunks) != len(gChunks) {
+		return false, nil
+	}
+	for i, d := range dChunks {
+		if !slices.Equal(d, gChunks[i]) {
+			return false, nil
+		}
+	}
+	// Beyond the choices' chunks (the first line of each event), the two
+	// bodies hold the same events in the same order.
+	rest := func(body []byte) []string {
+		var out []string
+		for _, d := range sseEvents(body) {
+			var r struct {
+				Choices []json.RawMessage `json:"choices"`
+			}
+			if json.Unmarshal([]byte(d), &r) != nil || len(r.Choices) != 1 {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	return slices.Equal(rest(direct), rest(got)), nil
+}
+
 // sameAnswer reports whether two answers say the same per choice: text,
 // ids, finish reasons (a stream whose chunks the engine cut differently).
 func sameAnswer(a, b *engineAnswer) bool {
@@ -440,7 +559,11 @@ func TestRealVLLM(t *testing.T) {
 
 	addr := freeAddr(t)
 	db := filepath.Join(t.TempDir(), "rollgate.db")
-	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", v.URL, "--upstream-kind", "vllm")
+	// rollgate reaches vLLM through a recorder, which keeps the engine's
+	// bytes of the last answer: what the engine sent on the very call the
+	// client's bytes came from.
+	engine := startRecorder(t, v.URL)
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", engine.url, "--upstream-kind", "vllm")
 	store, err := sqlite.Open(db)
 	if err != nil {
 		t.Fatal(err)
@@ -458,9 +581,12 @@ func TestRealVLLM(t *testing.T) {
 			// steps its API server has not yet sent (RequestOutputCollector,
 			// vllm/v1/engine/output_processor.py, 0.32.0), so two calls may
 			// cut (and, for n > 1, interleave) the same tokens differently
-			// under load. Such a pair (the same text, ids and finish reasons
-			// per choice) is sent again, at most 4 times in all; any other
-			// difference fails at once.
+			// under load. For n > 1 the choices' order is checked against the
+			// engine's own order on the same call (the recorder's copy), and
+			// each choice's chunks against the direct call's, byte for byte
+			// (sameChoiceStreams). A pair the engine cut differently (the
+			// same text, ids and finish reasons per choice) is sent again, at
+			// most 4 times in all; any other difference fails at once.
 			for attempt := 1; ; attempt++ {
 				status, b, _ := postReal(t, v.URL+c.path(), body)
 				if status != 200 {
@@ -473,6 +599,16 @@ func TestRealVLLM(t *testing.T) {
 				direct, got, span = maskVolatile(b), maskVolatile(gb), id
 				if bytes.Equal(direct, got) {
 					break
+				}
+				if c.stream && c.n > 1 {
+					same, err := sameChoiceStreams(direct, got, engine.last())
+					if err != nil {
+						t.Fatalf("%v\nrequest: %s\n direct:  %s\n rollgate: %s", err, body, direct, got)
+					}
+					if same {
+						t.Logf("attempt %d: the engine interleaved the choices otherwise than on the direct call; each choice's chunks are the direct call's, in the engine's order", attempt)
+						break
+					}
 				}
 				var err error
 				dAns, err = parseAnswer(direct, c.stream)
