@@ -13,10 +13,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/jsonscan"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // ServeAPI serves the /api/v1 routes; sub is the path after "/api/v1".

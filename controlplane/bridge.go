@@ -12,10 +12,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane/lease"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/tokenize/chattemplate"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
-	"github.com/rollgate/rollgate/trainer-bridge/lease"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // bridgeRequest is the body of POST /api/v1/bridge/batches: what rollout
@@ -34,7 +34,7 @@ type bridgeRequest struct {
 
 // bridgeRoutes serves /api/v1/bridge/*: POST batches builds samples from the
 // store into the lease queue; POST lease, POST ack and GET counts are the
-// trainer's pull API (trainer-bridge/lease).
+// trainer's pull API (controlplane/lease).
 func (s *Server) bridgeRoutes(ctx *fasthttp.RequestCtx, sub string) {
 	if sub == "/batches" && string(ctx.Method()) == "POST" {
 		s.postBatches(ctx)

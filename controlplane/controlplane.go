@@ -5,7 +5,7 @@
 // mounts it (gateway.Server.SetControlPlane) and the control plane drives the
 // gateway through the small Gateway interface; the stored data it reads and
 // writes goes through export.Store, the training loop's queue through
-// trainer-bridge/tasks.
+// controlplane/tasks.
 package controlplane
 
 import (
@@ -19,14 +19,14 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/controlplane/lease"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/internal/config"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/tokenize/chattemplate"
-	"github.com/rollgate/rollgate/trainer-bridge/lease"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // Gateway is what the control plane needs of the gateway it controls

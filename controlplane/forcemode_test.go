@@ -6,7 +6,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // TestForceModesFollowQueueMode: a dequeued task's mode selects its calls'

@@ -3,7 +3,7 @@ package controlplane
 import (
 	"context"
 
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 )
 
 // MirrorChanges writes task-queue state changes made outside the control

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // TestRewardForUnknownRollout: a reward under an id nothing carries (a

@@ -15,9 +15,9 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // SetTaskQueue mounts the training-loop routes (tasks, heartbeats, completed

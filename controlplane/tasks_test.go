@@ -10,10 +10,10 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
-	"github.com/rollgate/rollgate/internal/testenv"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // withQueue mounts a task queue (a fresh SQLite file unless dsn is given) on

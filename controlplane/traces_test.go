@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 )

@@ -164,7 +164,7 @@ func codeRoutes(t *testing.T) []route {
 	}
 	out = append(out, comparedRoutes(t, "../controlplane/api.go", "ServeAPI", "/api/v1", false)...)
 	out = append(out, comparedRoutes(t, "../controlplane/bridge.go", "bridgeRoutes", "/api/v1/bridge", true)...)
-	for _, r := range tableRoutes(t, "../trainer-bridge/lease/lease.go", "routes") {
+	for _, r := range tableRoutes(t, "../controlplane/lease/lease.go", "routes") {
 		out = append(out, route{r.Method, "/api/v1/bridge" + r.Path})
 	}
 	for _, pat := range varStrings(t, "../ui/ui.go", "Routes") {

@@ -8,11 +8,11 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
-// The harness lives in internal/gatewaytest (the control plane's tests
+// The harness lives in testkit/gatewaytest (the control plane's tests
 // share it); these are the short names the gateway's tests use.
 
 func TestMain(m *testing.M) { gatewaytest.Main(m) }

@@ -13,7 +13,7 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 const chatBody = gatewaytest.ChatBody

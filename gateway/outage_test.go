@@ -10,7 +10,7 @@ import (
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // spooledStore wraps a store: writes go through a durable spool, reads to the store.

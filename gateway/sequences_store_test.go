@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/rollgate/rollgate/gateway/seqstore"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // newStoreTable is a table taking ids from st.

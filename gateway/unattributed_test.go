@@ -6,7 +6,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // TestUnattributedCalls: a call that names no rollout is captured with an

@@ -2,7 +2,7 @@ package mock
 
 import (
 	"bufio"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 	"io"
 	"net"
 	"net/http"

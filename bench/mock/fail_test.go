@@ -5,7 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 	"io"
 	"net"
 	"net/http"

@@ -3,7 +3,7 @@ package spool
 import (
 	"context"
 	"fmt"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 	"testing"
 	"time"
 )

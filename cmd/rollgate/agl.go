@@ -7,9 +7,9 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/controlplane"
 	"github.com/rollgate/rollgate/controlplane/agl"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // mountAGL serves Agent Lightning's API gateway routes on srv when cfg

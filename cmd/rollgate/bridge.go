@@ -21,13 +21,13 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/controlplane"
+	"github.com/rollgate/rollgate/controlplane/lease"
+	taskqueue "github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/stores"
 	bridge "github.com/rollgate/rollgate/trainer-bridge"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 	"github.com/rollgate/rollgate/trainer-bridge/credit"
-	"github.com/rollgate/rollgate/trainer-bridge/lease"
-	taskqueue "github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 const bridgeSummary = `rollgate bridge — turn captured calls and rewards into training samples.

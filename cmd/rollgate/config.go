@@ -15,10 +15,10 @@ import (
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/controlplane"
 	"github.com/rollgate/rollgate/controlplane/agl"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/config"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // fileConfig is everything rollgate serve is configured with. The YAML

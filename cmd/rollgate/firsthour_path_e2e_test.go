@@ -12,7 +12,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 const mathCall = `{"model":"mock-model","messages":[{"role":"user","content":"What is 2+2?"}]}`

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rollgate/rollgate/internal/gatewaytest"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // The README's walk-throughs, run as written: the commands are read out of

@@ -23,7 +23,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // realCell is one request of TestRealVLLM: a vLLM cell of docs/engines.md's

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/export/clickhouse"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // drillITL and drillAgents shape the restart drill's load: the mock's

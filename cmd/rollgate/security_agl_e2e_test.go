@@ -21,8 +21,8 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/bench/mock"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+	"github.com/rollgate/rollgate/controlplane/tasks"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // startMock starts the mock engine (the operator's backend) until the

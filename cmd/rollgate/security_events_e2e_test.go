@@ -17,7 +17,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 )
 
 // TestAGLEventReadsAreBounded: a rollout with 20 posted events of 2 MB

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // exchange sends one request to url with the headers hdr (name, value

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // seqCall makes one chat call of (rollout, attempt) through the gateway at

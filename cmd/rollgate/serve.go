@@ -18,10 +18,10 @@ import (
 
 	"go.opentelemetry.io/otel"
 
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 const serveSummary = `rollgate serve — run the gateway.

@@ -16,13 +16,13 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/capture/spool"
 	"github.com/rollgate/rollgate/controlplane"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/seqstore"
 	"github.com/rollgate/rollgate/internal/metrics"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // serving is a started gateway and the parts it stops on shutdown; a nil

@@ -14,7 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export/clickhouse"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // readyzBody returns GET /readyz's status code and parsed body.

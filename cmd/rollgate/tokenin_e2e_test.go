@@ -13,7 +13,7 @@ import (
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // tiMessage is the part of a chat message the token-in agents send back.

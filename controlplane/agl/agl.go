@@ -5,7 +5,7 @@
 // surface" for the mapping onto rollgate's rollouts and task queue, and
 // shared design AGL.md for the surface itself.
 //
-// Rollouts are rows of the task queue (trainer-bridge/tasks); non-model
+// Rollouts are rows of the task queue (controlplane/tasks); non-model
 // events are the queue's events; model_request events are the captured
 // llm_calls rows of (rollout, attempt), built on read, and reward events
 // also land in the rewards table. The model proxy route is served by the
@@ -30,10 +30,10 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/backends"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // Gateway is what this surface needs of the gateway (*gateway.Server).

@@ -16,11 +16,11 @@ import (
 
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/controlplane/agl"
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
-	"github.com/rollgate/rollgate/internal/testenv"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 func TestMain(m *testing.M) { gatewaytest.Main(m) }

@@ -19,11 +19,11 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/jsonscan"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // eventView is AGL's Event.

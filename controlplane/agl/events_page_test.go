@@ -9,7 +9,7 @@ import (
 
 	"github.com/rollgate/rollgate/controlplane/agl"
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/internal/gatewaytest"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // eventPage reads one page of a rollout's events: the events, and the

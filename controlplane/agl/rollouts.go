@@ -15,9 +15,9 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/jsonscan"
-	"github.com/rollgate/rollgate/trainer-bridge/tasks"
 )
 
 // The mapping of an AGL rollout onto the task queue's row (rg_tasks), the

@@ -18,7 +18,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	chstore "github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/storetest"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // contractTables are the tables deploy/clickhouse/cluster.sql creates, each as

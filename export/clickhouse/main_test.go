@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // serverDSN is the DSN of the ClickHouse server TestMain started.

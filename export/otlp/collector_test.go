@@ -12,7 +12,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // startCollector runs the real OpenTelemetry Collector (scripts/otelcol) for

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/internal/openai"
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // TestReplaceKeepsUnchangedReplicas: a swap keeps the Upstream (its load,

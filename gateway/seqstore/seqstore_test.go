@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 var postgresDSN string

@@ -46,7 +46,7 @@ def vllm():
     if not url or not model_dir:
         pytest.fail(
             "these tests need a real vLLM: set ROLLGATE_TEST_VLLM_URL and ROLLGATE_TEST_VLLM_MODEL_DIR "
-            "(scripts/test does; by hand: go run ./internal/testenv/vllmserver prints both)"
+            "(scripts/test does; by hand: go run ./testkit/testenv/vllmserver prints both)"
         )
     with urllib.request.urlopen(url + "/models", timeout=30) as r:
         assert r.status == 200, f"{url}/models answered {r.status}"

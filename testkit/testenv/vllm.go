@@ -18,7 +18,7 @@ import (
 
 // EnvVLLMURL names the environment variable that points tests at an already
 // running real vLLM (its base URL, ending in /v1) instead of starting one.
-// scripts/test starts one for the whole run (internal/testenv/vllmserver).
+// scripts/test starts one for the whole run (testkit/testenv/vllmserver).
 const EnvVLLMURL = "ROLLGATE_TEST_VLLM_URL"
 
 // VLLMModel is the name the tests' vLLM serves its model under

@@ -22,7 +22,7 @@ import (
 
 // EnvOtelcol names the environment variable holding the path of the
 // OpenTelemetry Collector binary the OTLP tests export to, built from
-// internal/testenv/otelcol/builder.yaml by scripts/otelcol (scripts/test sets
+// testkit/testenv/otelcol/builder.yaml by scripts/otelcol (scripts/test sets
 // it).
 const EnvOtelcol = "ROLLGATE_TEST_OTELCOL"
 

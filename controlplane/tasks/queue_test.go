@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 var postgresDSN string

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/rollgate/rollgate/internal/testenv"
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 func main() {
