@@ -70,6 +70,9 @@ func (m InsertMode) String() string {
 
 // Store is an export.Store backed by ClickHouse. It is safe for concurrent use.
 type Store struct {
+	// SQLReads are the typed reads (export.Reader): their values are bound
+	// by bindArgs, the store's one escaper.
+	*export.SQLReads
 	conn     driver.Conn
 	db       string
 	version  Version
@@ -143,6 +146,13 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 	}
 	s := &Store{conn: conn, db: db, version: version, features: features, log: log, mode: InsertExternal, native: newNativeReader(chOpts, db)}
 	s.textReads.Store(opt.TextReads)
+	s.SQLReads = export.NewSQLReads(func(ctx context.Context, query string, args []any, f func(row []string) error) error {
+		body, err := bindArgs(query, args)
+		if err != nil {
+			return fmt.Errorf("clickhouse: query: %w", err)
+		}
+		return s.queryEach(ctx, body, func([]string) {}, f)
+	}, " FINAL", versionSQL)
 	if !opt.ExternalInsert {
 		ok, err := s.probeBatch(ctx)
 		if err != nil {
@@ -158,6 +168,11 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 		"insert_mode", s.mode.String())
 	return s, nil
 }
+
+// versionSQL is StoreVersion's query: the row counts, kept in the parts'
+// metadata (an update of a rollout is an insert, and a merge that changes a
+// count only costs the viewer one refresh).
+const versionSQL = "SELECT (SELECT count() FROM llm_calls), (SELECT count() FROM rewards), (SELECT count() FROM rollouts)"
 
 // probeBatch reports whether the server accepts PrepareBatch inserts: servers
 // that do answer `INSERT INTO t FORMAT Native` with the table's columns; older

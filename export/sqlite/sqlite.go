@@ -37,6 +37,8 @@ const BusyTimeout = 10 * time.Second
 // Store is an export.Store in a SQLite file. It is safe for concurrent use,
 // and several processes may open the same file.
 type Store struct {
+	// SQLReads are the typed reads (export.Reader), over queryEach.
+	*export.SQLReads
 	db   *sql.DB
 	path string
 	// writeMu serialises this process's write transactions so they queue
@@ -81,8 +83,17 @@ func Open(path string) (*Store, error) {
 			return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
 		}
 	}
-	return &Store{db: db, path: path}, nil
+	s := &Store{db: db, path: path}
+	s.SQLReads = export.NewSQLReads(func(ctx context.Context, query string, args []any, f func(row []string) error) error {
+		return s.queryEach(ctx, query, args, func([]string) {}, f)
+	}, "", versionSQL)
+	return s, nil
 }
+
+// versionSQL is StoreVersion's query: the largest rowids and the rollouts'
+// latest update (an index each), without reading the tables.
+const versionSQL = "SELECT (SELECT max(rowid) FROM llm_calls), (SELECT max(rowid) FROM rewards), (SELECT max(rowid) FROM rollouts)," +
+	" (SELECT max(updated_unix_nano) FROM rollouts)"
 
 // escapePath escapes the characters that would end the path part of a file: URI.
 func escapePath(p string) string {
@@ -262,19 +273,19 @@ func appendArgs[R any](dst []any, buf []byte, cols []export.Column[R], r *R) ([]
 // text they are stored as ([1,2,3]).
 func (s *Store) Query(ctx context.Context, query string) (*export.Result, error) {
 	return export.CollectRows(func(columns func([]string), row func([]string) error) error {
-		return s.queryEach(ctx, query, columns, row)
+		return s.queryEach(ctx, query, nil, columns, row)
 	})
 }
 
 // QueryEach is Query handing out one row at a time (export.RowStreamer).
 func (s *Store) QueryEach(ctx context.Context, query string, f func(row []string) error) error {
-	return s.queryEach(ctx, query, func([]string) {}, f)
+	return s.queryEach(ctx, query, nil, func([]string) {}, f)
 }
 
-// queryEach runs query, tells columns its column names, then calls f with
-// each row, freshly allocated.
-func (s *Store) queryEach(ctx context.Context, query string, columns func([]string), f func(row []string) error) error {
-	rows, err := s.db.QueryContext(ctx, query)
+// queryEach runs query with args bound to its ? placeholders, tells
+// columns its column names, then calls f with each row, freshly allocated.
+func (s *Store) queryEach(ctx context.Context, query string, args []any, columns func([]string), f func(row []string) error) error {
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("sqlite: query: %w", err)
 	}
