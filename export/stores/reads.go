@@ -33,7 +33,9 @@ func (b *Background) RolloutPage(ctx context.Context, q export.RolloutPageQuery)
 
 // RolloutAttempts implements export.Reader.
 func (b *Background) RolloutAttempts(ctx context.Context, rolloutID string, limit int) (*export.AttemptList, error) {
-	return read(b, func(s *clickhouse.Store) (*export.AttemptList, error) { return s.RolloutAttempts(ctx, rolloutID, limit) })
+	return read(b, func(s *clickhouse.Store) (*export.AttemptList, error) {
+		return s.RolloutAttempts(ctx, rolloutID, limit)
+	})
 }
 
 // AttemptTotals implements export.Reader.
