@@ -35,6 +35,8 @@ func Run(t *testing.T, open func(t *testing.T) export.Store) {
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"TrainingSteps", testTrainingSteps},
 		{"TrainingRolloutRewards", testTrainingRolloutRewards},
+		{"Reads", testReads},
+		{"ReadsHostileValues", testReadsHostileValues},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
