@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/rollgate/rollgate/export/arrays"
 )
 
 // Reader is the typed reads of the captured tables that the viewer, the
@@ -50,6 +52,9 @@ type Reader interface {
 	// AttemptFirstEnds reads, per attempt of a rollout, the earliest end
 	// of its calls (q.AttemptID is ignored).
 	AttemptFirstEnds(ctx context.Context, q CallHeadQuery) (map[string]uint64, error)
+	// CallChecks reads what a check of the capture compares of the calls
+	// of the rollouts in r (bench/load's Verify), without their bodies.
+	CallChecks(ctx context.Context, r RolloutRange) ([]CallCheck, error)
 }
 
 // MaxRolloutPage bounds RolloutPageQuery.Limit: a page is held whole.
@@ -167,6 +172,21 @@ type CallHead struct {
 	EndTimeUnixNano uint64
 	// BodyBytes is the length of its request and response bodies.
 	BodyBytes uint64
+}
+
+// RolloutRange names the rollouts whose id is in [From, To): a range
+// rather than LIKE, whose '_' is a wildcard ("run-" to "run." is every id
+// that starts with "run-").
+type RolloutRange struct{ From, To string }
+
+// CallCheck is one call row as CallChecks reads it.
+type CallCheck struct {
+	SpanID, RolloutID, AttemptID string
+	SequenceID                   uint64
+	TokenSource, TokenCheck      string
+	CompletionTokens             uint32
+	// ResponseTokens is the number of response token ids stored.
+	ResponseTokens int
 }
 
 // SQLReads implements Reader over a store's SQL. A store embeds the value
@@ -628,6 +648,31 @@ func (r *SQLReads) AttemptFirstEnds(ctx context.Context, q CallHeadQuery) (map[s
 		})
 	if err != nil {
 		return nil, fmt.Errorf("attempt ends: %w", err)
+	}
+	return out, nil
+}
+
+// CallChecks implements Reader.
+func (r *SQLReads) CallChecks(ctx context.Context, rr RolloutRange) ([]CallCheck, error) {
+	var out []CallCheck
+	err := r.each(ctx, "SELECT span_id, rollout_id, attempt_id, sequence_id, token_source, token_check, completion_tokens, response_token_ids"+
+		" FROM llm_calls WHERE rollout_id >= ? AND rollout_id < ?", []any{rr.From, rr.To}, func(vals []string) error {
+		p := newRow("call checks", vals, 8)
+		c := CallCheck{SpanID: p.s(0), RolloutID: p.s(1), AttemptID: p.s(2), SequenceID: p.u(3), TokenSource: p.s(4), TokenCheck: p.s(5),
+			CompletionTokens: uint32(min(p.u(6), math.MaxUint32))}
+		if p.err != nil {
+			return p.err
+		}
+		ids, err := arrays.ParseUint32s(p.s(7))
+		if err != nil {
+			return fmt.Errorf("call checks: response_token_ids of span %q: %w", c.SpanID, err)
+		}
+		c.ResponseTokens = len(ids)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("call checks: %w", err)
 	}
 	return out, nil
 }

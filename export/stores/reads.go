@@ -78,3 +78,8 @@ func (b *Background) CallHeads(ctx context.Context, q export.CallHeadQuery) ([]e
 func (b *Background) AttemptFirstEnds(ctx context.Context, q export.CallHeadQuery) (map[string]uint64, error) {
 	return read(b, func(s *clickhouse.Store) (map[string]uint64, error) { return s.AttemptFirstEnds(ctx, q) })
 }
+
+// CallChecks implements export.Reader.
+func (b *Background) CallChecks(ctx context.Context, r export.RolloutRange) ([]export.CallCheck, error) {
+	return read(b, func(s *clickhouse.Store) ([]export.CallCheck, error) { return s.CallChecks(ctx, r) })
+}

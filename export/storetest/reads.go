@@ -20,6 +20,8 @@ func readsFixture(t *testing.T, s export.Store) {
 			StartTimeUnixNano: start, EndTimeUnixNano: start + 5, Endpoint: "/v1/chat/completions", HTTPStatus: 200,
 			RequestBody: "12345", ResponseBody: "123", TokenSource: export.TokenSourceEngine, PromptTokens: 3, CompletionTokens: 2}
 	}
+	first := call("r1", "a1", "s1", 1, 100)
+	first.ResponseTokenIDs = []uint32{7, 8}
 	failed := call("r1", "a1", "s2", 2, 110)
 	failed.HTTPStatus, failed.Error = 500, "boom"
 	other := call("r3", "x", "s5", 1, 300)
@@ -27,7 +29,7 @@ func readsFixture(t *testing.T, s export.Store) {
 	embed := call("r1", "a2", "s6", 2, 220)
 	embed.Endpoint = "embeddings"
 	write(t, s, &export.Batch{
-		Calls: []export.Call{call("r1", "a1", "s1", 1, 100), failed, call("r1", "a2", "s3", 1, 200), embed, other,
+		Calls: []export.Call{first, failed, call("r1", "a2", "s3", 1, 200), embed, other,
 			call("", "", "s7", 0, 50), call("", "", "s8", 0, 60)},
 		Rollouts: []export.Rollout{
 			{RolloutID: "r1", AttemptID: "a1", TaskID: "t", GroupID: "g", Status: "failed", UpdatedUnixNano: 150},
@@ -177,6 +179,16 @@ func testReads(t *testing.T, s export.Store) {
 	ends, err := s.AttemptFirstEnds(ctx, export.CallHeadQuery{RolloutID: "r1"})
 	if want := map[string]uint64{"a1": 105, "a2": 205}; err != nil || !reflect.DeepEqual(ends, want) {
 		t.Errorf("AttemptFirstEnds(r1) = %v, %v; want %v (the embedding call left out)", ends, err, want)
+	}
+
+	checks, err := s.CallChecks(ctx, export.RolloutRange{From: "r1", To: "r2"})
+	if err != nil || len(checks) != 4 {
+		t.Fatalf("CallChecks(r1..r2) = %+v, %v; want r1's 4 calls", checks, err)
+	}
+	for _, c := range checks {
+		if want := map[bool]int{true: 2}[c.SpanID == "s1"]; c.RolloutID != "r1" || c.ResponseTokens != want || c.CompletionTokens != 2 || c.TokenSource != export.TokenSourceEngine {
+			t.Errorf("CallChecks row %+v: want r1's, %d response ids", c, want)
+		}
 	}
 
 	v1, err := s.StoreVersion(ctx)
