@@ -77,11 +77,9 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("sqlite: create tables in %s: %w", path, err)
 	}
-	for _, t := range export.Tables() {
-		if err := addMissingColumns(db, t.Name, t.Columns); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
-		}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
 	}
 	s := &Store{db: db, path: path}
 	s.SQLReads = export.NewSQLReads(func(ctx context.Context, query string, args []any, f func(row []string) error) error {
@@ -440,34 +438,52 @@ func (s *Store) ReadRollout(ctx context.Context, rolloutID string, opt export.Re
 	return d, nil
 }
 
-// addMissingColumns brings a table created by an older rollgate up to date:
-// it adds the columns it lacks (SQLite appends them; inserts and selects
-// name their columns, so the order does not matter), their defaults filling
-// the old rows.
-func addMissingColumns(db *sql.DB, table string, cols []export.ColumnInfo) error {
+// migrate brings tables created by an older rollgate up to date: it walks
+// export.Migrations and adds the columns a table lacks (SQLite appends
+// them; inserts and selects name their columns, so the order does not
+// matter), their defaults filling the old rows.
+func migrate(db *sql.DB) error {
+	have := map[string]map[string]bool{}
+	for _, m := range export.Migrations() {
+		for _, a := range m.Adds {
+			if have[a.Table] == nil {
+				cols, err := tableColumns(db, a.Table)
+				if err != nil {
+					return err
+				}
+				have[a.Table] = cols
+			}
+			if have[a.Table][a.Column.Name] {
+				continue
+			}
+			if _, err := db.Exec("ALTER TABLE " + a.Table + " ADD COLUMN " + a.Column.Name + " " + a.Column.SQLiteDecl()); err != nil {
+				return fmt.Errorf("adding column %s to %s (schema version %d): %w", a.Column.Name, a.Table, m.Version, err)
+			}
+			have[a.Table][a.Column.Name] = true
+		}
+	}
+	return nil
+}
+
+// tableColumns returns the names of table's columns.
+func tableColumns(db *sql.DB, table string) (map[string]bool, error) {
 	rows, err := db.Query("SELECT name FROM pragma_table_info(?)", table)
 	if err != nil {
-		return fmt.Errorf("reading the columns of %s: %w", table, err)
+		return nil, fmt.Errorf("reading the columns of %s: %w", table, err)
 	}
+	defer rows.Close()
 	have := map[string]bool{}
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return fmt.Errorf("reading the columns of %s: %w", table, err)
+			return nil, fmt.Errorf("reading the columns of %s: %w", table, err)
 		}
 		have[name] = true
 	}
-	rows.Close()
-	for _, c := range cols {
-		if have[c.Name] {
-			continue
-		}
-		if _, err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c.Name + " " + c.SQLiteDecl()); err != nil {
-			return fmt.Errorf("adding column %s to %s: %w", c.Name, table, err)
-		}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the columns of %s: %w", table, err)
 	}
-	return nil
+	return have, nil
 }
 
 // trainingSources are export.TrainingSQL's per-attempt rows in SQLite: a
