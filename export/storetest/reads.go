@@ -51,8 +51,8 @@ func readsFixture(t *testing.T, s export.Store) {
 	})
 }
 
-// testReads checks every method of export.Reader against readsFixture.
-func testReads(t *testing.T, s export.Store) {
+// testReadsPage checks RolloutPage (the viewer's list) against readsFixture.
+func testReadsPage(t *testing.T, s export.Store) {
 	ctx := context.Background()
 	readsFixture(t, s)
 
@@ -110,6 +110,12 @@ func testReads(t *testing.T, s export.Store) {
 		}
 	}
 
+}
+
+// testReadsRollout checks RolloutAttempts, AttemptTotals and GroupMembers (the viewer's rollout and group pages) against readsFixture.
+func testReadsRollout(t *testing.T, s export.Store) {
+	ctx := context.Background()
+	readsFixture(t, s)
 	l, err := s.RolloutAttempts(ctx, "r1", 10)
 	if err != nil {
 		t.Fatal(err)
@@ -138,6 +144,12 @@ func testReads(t *testing.T, s export.Store) {
 		t.Errorf("GroupMembers(g) = %+v, %v", members, err)
 	}
 
+}
+
+// testReadsBridge checks the trainer bridge's reads: EachRolloutState, EachAttemptCalls, FailedToolSpans against readsFixture.
+func testReadsBridge(t *testing.T, s export.Store) {
+	ctx := context.Background()
+	readsFixture(t, s)
 	var states []string
 	if err := s.EachRolloutState(ctx, func(r *export.Rollout) error {
 		if r.Status != "queued" { // a replaced row, which a merge may have removed
@@ -168,6 +180,12 @@ func testReads(t *testing.T, s export.Store) {
 		t.Errorf("FailedToolSpans = %+v, %v", spans, err)
 	}
 
+}
+
+// testReadsCalls checks CallHeads and AttemptFirstEnds (AGL's events), CallChecks and StoreVersion against readsFixture.
+func testReadsCalls(t *testing.T, s export.Store) {
+	ctx := context.Background()
+	readsFixture(t, s)
 	heads, err := s.CallHeads(ctx, export.CallHeadQuery{RolloutID: "r1", AttemptID: "a1", Since: 100})
 	wantHeads := []export.CallHead{{SpanID: "s1", SequenceID: 1, EndTimeUnixNano: 105, BodyBytes: 8}, {SpanID: "s2", SequenceID: 2, EndTimeUnixNano: 115, BodyBytes: 8}}
 	if err != nil || !reflect.DeepEqual(heads, wantHeads) {

@@ -35,7 +35,10 @@ func Run(t *testing.T, open func(t *testing.T) export.Store) {
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"TrainingSteps", testTrainingSteps},
 		{"TrainingRolloutRewards", testTrainingRolloutRewards},
-		{"Reads", testReads},
+		{"ReadsPage", testReadsPage},
+		{"ReadsRollout", testReadsRollout},
+		{"ReadsBridge", testReadsBridge},
+		{"ReadsCalls", testReadsCalls},
 		{"ReadsHostileValues", testReadsHostileValues},
 	}
 	for _, tc := range tests {
