@@ -348,14 +348,11 @@ func (r *SQLReads) RolloutPage(ctx context.Context, q RolloutPageQuery) ([]Rollo
 		return nil, false, err
 	}
 	sql, args := r.pageSQL(q)
-	var rows []RolloutSummary
-	err := r.each(ctx, sql, args, func(vals []string) error {
-		p := newRow("rollout page", vals, 2)
-		rows = append(rows, RolloutSummary{RolloutID: p.s(0), LastActivity: p.u(1)})
-		return p.err
+	rows, err := readAll(ctx, r, "rollout page", 2, sql, args, func(p *row) RolloutSummary {
+		return RolloutSummary{RolloutID: p.s(0), LastActivity: p.u(1)}
 	})
 	if err != nil {
-		return nil, false, fmt.Errorf("rollout page: %w", err)
+		return nil, false, err
 	}
 	more := len(rows) > q.Limit
 	if more {
@@ -533,14 +530,11 @@ func (r *SQLReads) AttemptTotals(ctx context.Context, q AttemptTotalsQuery) (int
 	if err != nil {
 		return 0, nil, fmt.Errorf("attempt totals: %w", err)
 	}
-	var rewards []Reward
-	err = r.each(ctx, "SELECT sequence_id, name, value, source FROM rewards"+
+	rewards, err := readAll(ctx, r, "attempt rewards", 4, "SELECT sequence_id, name, value, source FROM rewards"+
 		" WHERE rollout_id = ? AND (attempt_id = ? OR attempt_id = '') AND (sequence_id = 0 OR (sequence_id >= ? AND sequence_id <= ?))"+
 		" ORDER BY sequence_id, time_unix_nano, name LIMIT "+strconv.Itoa(q.MaxRewards),
-		[]any{q.RolloutID, q.AttemptID, q.FirstSeq, q.LastSeq}, func(vals []string) error {
-			p := newRow("attempt rewards", vals, 4)
-			rewards = append(rewards, Reward{RolloutID: q.RolloutID, AttemptID: q.AttemptID, SequenceID: p.u(0), Name: p.s(1), Value: p.f(2), Source: p.s(3)})
-			return p.err
+		[]any{q.RolloutID, q.AttemptID, q.FirstSeq, q.LastSeq}, func(p *row) Reward {
+			return Reward{RolloutID: q.RolloutID, AttemptID: q.AttemptID, SequenceID: p.u(0), Name: p.s(1), Value: p.f(2), Source: p.s(3)}
 		})
 	if err != nil {
 		return 0, nil, fmt.Errorf("attempt totals: %w", err)
@@ -601,39 +595,42 @@ func (r *SQLReads) EachAttemptCalls(ctx context.Context, f func(AttemptCalls) er
 	})
 }
 
-// FailedToolSpans implements Reader (StatusCode "error" and the columns
-// rollout_id, attempt_id, span_id, tool_name, tool_call_id and
-// start_time_unix_nano set; the others left empty).
-func (r *SQLReads) FailedToolSpans(ctx context.Context) ([]Span, error) {
-	var out []Span
-	err := r.each(ctx, "SELECT rollout_id, attempt_id, span_id, tool_name, tool_call_id, start_time_unix_nano FROM agent_spans"+
-		" WHERE status_code = 'error' AND rollout_id != '' AND (tool_name != '' OR tool_call_id != '')", nil, func(vals []string) error {
-		p := newRow("failed tool spans", vals, 6)
-		out = append(out, Span{RolloutID: p.s(0), AttemptID: p.s(1), SpanID: p.s(2), ToolName: p.s(3), ToolCallID: p.s(4),
-			StatusCode: "error", StartTimeUnixNano: p.u(5)})
-		return p.err
+// readAll runs query and collects what parse reads of each row of n
+// columns (parse may set p.err); what names the read in errors.
+func readAll[T any](ctx context.Context, r *SQLReads, what string, n int, query string, args []any, parse func(p *row) T) ([]T, error) {
+	var out []T
+	err := r.each(ctx, query, args, func(vals []string) error {
+		p := newRow(what, vals, n)
+		v := parse(p)
+		if p.err != nil {
+			return p.err
+		}
+		out = append(out, v)
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("failed tool spans: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
 }
 
+// FailedToolSpans implements Reader (StatusCode "error" and the columns
+// rollout_id, attempt_id, span_id, tool_name, tool_call_id and
+// start_time_unix_nano set; the others left empty).
+func (r *SQLReads) FailedToolSpans(ctx context.Context) ([]Span, error) {
+	return readAll(ctx, r, "failed tool spans", 6, "SELECT rollout_id, attempt_id, span_id, tool_name, tool_call_id, start_time_unix_nano FROM agent_spans"+
+		" WHERE status_code = 'error' AND rollout_id != '' AND (tool_name != '' OR tool_call_id != '')", nil, func(p *row) Span {
+		return Span{RolloutID: p.s(0), AttemptID: p.s(1), SpanID: p.s(2), ToolName: p.s(3), ToolCallID: p.s(4), StatusCode: "error", StartTimeUnixNano: p.u(5)}
+	})
+}
+
 // CallHeads implements Reader.
 func (r *SQLReads) CallHeads(ctx context.Context, q CallHeadQuery) ([]CallHead, error) {
-	var out []CallHead
-	err := r.each(ctx, "SELECT span_id, sequence_id, choice_index, end_time_unix_nano, length(request_body) + length(response_body) FROM llm_calls"+
+	return readAll(ctx, r, "call heads", 5, "SELECT span_id, sequence_id, choice_index, end_time_unix_nano, length(request_body) + length(response_body) FROM llm_calls"+
 		" WHERE rollout_id = ? AND attempt_id = ? AND start_time_unix_nano >= ? AND endpoint != 'embeddings' ORDER BY sequence_id, choice_index",
-		[]any{q.RolloutID, q.AttemptID, q.Since}, func(vals []string) error {
-			p := newRow("call heads", vals, 5)
-			out = append(out, CallHead{SpanID: p.s(0), SequenceID: p.u(1), ChoiceIndex: uint32(min(p.u(2), math.MaxUint32)),
-				EndTimeUnixNano: p.u(3), BodyBytes: p.u(4)})
-			return p.err
+		[]any{q.RolloutID, q.AttemptID, q.Since}, func(p *row) CallHead {
+			return CallHead{SpanID: p.s(0), SequenceID: p.u(1), ChoiceIndex: uint32(min(p.u(2), math.MaxUint32)), EndTimeUnixNano: p.u(3), BodyBytes: p.u(4)}
 		})
-	if err != nil {
-		return nil, fmt.Errorf("call heads: %w", err)
-	}
-	return out, nil
 }
 
 // AttemptFirstEnds implements Reader.
@@ -654,25 +651,17 @@ func (r *SQLReads) AttemptFirstEnds(ctx context.Context, q CallHeadQuery) (map[s
 
 // CallChecks implements Reader.
 func (r *SQLReads) CallChecks(ctx context.Context, rr RolloutRange) ([]CallCheck, error) {
-	var out []CallCheck
-	err := r.each(ctx, "SELECT span_id, rollout_id, attempt_id, sequence_id, token_source, token_check, completion_tokens, response_token_ids"+
-		" FROM llm_calls WHERE rollout_id >= ? AND rollout_id < ?", []any{rr.From, rr.To}, func(vals []string) error {
-		p := newRow("call checks", vals, 8)
+	return readAll(ctx, r, "call checks", 8, "SELECT span_id, rollout_id, attempt_id, sequence_id, token_source, token_check, completion_tokens, response_token_ids"+
+		" FROM llm_calls WHERE rollout_id >= ? AND rollout_id < ?", []any{rr.From, rr.To}, func(p *row) CallCheck {
 		c := CallCheck{SpanID: p.s(0), RolloutID: p.s(1), AttemptID: p.s(2), SequenceID: p.u(3), TokenSource: p.s(4), TokenCheck: p.s(5),
 			CompletionTokens: uint32(min(p.u(6), math.MaxUint32))}
-		if p.err != nil {
-			return p.err
+		if p.err == nil {
+			ids, err := arrays.ParseUint32s(p.s(7))
+			if err != nil {
+				p.err = fmt.Errorf("response_token_ids of span %q: %w", c.SpanID, err)
+			}
+			c.ResponseTokens = len(ids)
 		}
-		ids, err := arrays.ParseUint32s(p.s(7))
-		if err != nil {
-			return fmt.Errorf("call checks: response_token_ids of span %q: %w", c.SpanID, err)
-		}
-		c.ResponseTokens = len(ids)
-		out = append(out, c)
-		return nil
+		return c
 	})
-	if err != nil {
-		return nil, fmt.Errorf("call checks: %w", err)
-	}
-	return out, nil
 }
