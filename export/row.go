@@ -385,6 +385,7 @@ type ReadOptions struct {
 // Store is a Sink that can also be read: the embedded SQLite store and ClickHouse.
 type Store interface {
 	Sink
+	Reader
 	// Name is the store's kind, used as the "sink" metric label ("clickhouse", "sqlite").
 	Name() string
 	// Query runs ad-hoc SQL (rollgate sql) and renders every value as text.

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -491,23 +490,14 @@ func (a taskAccumulator) stats() map[string]TaskStat {
 // failedToolSpans reads the agent spans (agent_spans, sent over OTLP) that
 // report a failed tool call, by (rollout, attempt).
 func failedToolSpans(ctx context.Context, store export.Store) (map[[2]string][]export.Span, error) {
-	res, err := store.Query(ctx, "SELECT rollout_id, attempt_id, span_id, tool_name, tool_call_id, start_time_unix_nano FROM agent_spans "+
-		"WHERE status_code = 'error' AND rollout_id != '' AND (tool_name != '' OR tool_call_id != '')")
+	spans, err := store.FailedToolSpans(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: reading failed tool spans: %w", err)
 	}
 	out := map[[2]string][]export.Span{}
-	for _, r := range res.Rows {
-		if len(r) < 6 {
-			return nil, fmt.Errorf("bridge: reading failed tool spans: row with %d columns", len(r))
-		}
-		start, err := strconv.ParseUint(r[5], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("bridge: reading failed tool spans: start time %q: %w", r[5], err)
-		}
-		k := [2]string{r[0], r[1]}
-		out[k] = append(out[k], export.Span{RolloutID: r[0], AttemptID: r[1], SpanID: r[2], ToolName: r[3], ToolCallID: r[4],
-			StatusCode: "error", StartTimeUnixNano: start})
+	for _, sp := range spans {
+		k := [2]string{sp.RolloutID, sp.AttemptID}
+		out[k] = append(out[k], sp)
 	}
 	return out, nil
 }

@@ -128,15 +128,15 @@ func SelectAttempts(ctx context.Context, store export.Store, sel Selection) ([]A
 // rollout and attempt: the order of the stores' primary keys, so that
 // reading them in chunks reads neighbouring rows (ClickHouse reads whole
 // granules of 8,192 rows: in task order, each rollout of a chunk cost a
-// granule of its own). It reads the rollouts table and a per-attempt
-// aggregate of llm_calls through Store.Query with SQL that SQLite and
-// ClickHouse both run, each in key order, and merges them as they come:
-// the rollouts rows (one per attempt once merged) wait in a temporary file
-// in dir while the aggregate is read, so memory holds one rollout's
-// attempts, not the selection. Filtering happens here so no value is
-// spliced into SQL. skip, when set, is told why each attempt with calls
-// that sel leaves out was left out (the Skip* reasons), and about calls
-// attributed to no rollout (SkipUnattributed, once per call row).
+// granule of its own). It reads the rollouts table
+// (export.Reader.EachRolloutState) and a per-attempt aggregate of llm_calls
+// (EachAttemptCalls), each in key order, and merges them as they come: the
+// rollouts rows (one per attempt once merged) wait in a temporary file in
+// dir while the aggregate is read, so memory holds one rollout's attempts,
+// not the selection. Filtering happens here, not in the store. skip, when
+// set, is told why each attempt with calls that sel leaves out was left
+// out (the Skip* reasons), and about calls attributed to no rollout
+// (SkipUnattributed, once per call row).
 func selectEach(ctx context.Context, store export.Store, sel Selection, dir string, f func(AttemptRef) error, skip func(reason string, n int)) error {
 	if sel.Attempts != "" && sel.Attempts != AttemptsLatest && sel.Attempts != AttemptsAll {
 		return fmt.Errorf("bridge: attempt choice %q is not %q or %q", sel.Attempts, AttemptsLatest, AttemptsAll)
@@ -146,31 +146,63 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 		return err
 	}
 	defer listed.close()
+	if err := listAttempts(ctx, store, listed); err != nil {
+		return err
+	}
+	if err := listed.rewind(); err != nil {
+		return err
+	}
+	if skip == nil {
+		skip = func(string, int) {}
+	}
+	m := &attemptMerge{listed: listed, choose: chooser(sel, f, skip)}
+	if err := m.advance(); err != nil {
+		return err
+	}
+	var last attemptRow
+	err = store.EachAttemptCalls(ctx, func(c export.AttemptCalls) error {
+		if c.RolloutID == "" {
+			// Calls attributed to no rollout: counted, never selected.
+			skip(SkipUnattributed, c.Calls)
+			return nil
+		}
+		a := attemptRow{AttemptRef: AttemptRef{RolloutID: c.RolloutID, AttemptID: c.AttemptID}}
+		if last.RolloutID != "" && compareAttempts(&last, &a) >= 0 {
+			return errOrder
+		}
+		last = a
+		return m.withCalls(a, c)
+	})
+	for err == nil && m.next != nil {
+		err = m.addNext()
+	}
+	if err != nil {
+		return fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
+	}
+	if len(m.run) > 0 {
+		return m.choose(m.run)
+	}
+	return nil
+}
+
+// listAttempts writes one record per attempt of the rollouts table to
+// listed, in key order: the latest row's status (ReplacingMergeTree may
+// hold several rows), the latest task id and group that are not empty (a
+// row of an older release kept the group in its metadata alone).
+func listAttempts(ctx context.Context, store export.Store, listed *recordFile) error {
 	var rec recordEncoder
 	write := func(a *attemptRow) error {
 		rec = rec[:0]
 		encodeRef(&rec, &a.AttemptRef, a.updated)
 		return listed.append(rec)
 	}
-	// One entry per attempt: the latest row's status (ReplacingMergeTree may
-	// hold several rows), the latest task id and group that are not empty.
 	var cur attemptRow
 	have := false
-	// Metadata only where group_id is empty: rows of older releases kept the
-	// group there alone (and metadata can be large).
-	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, task_id, status, updated_unix_nano, group_id,"+
-		" CASE WHEN group_id = '' THEN metadata ELSE '' END FROM rollouts ORDER BY rollout_id, attempt_id, updated_unix_nano", func(row []string) error {
-		if len(row) < 7 {
-			return fmt.Errorf("row with %d columns", len(row))
-		}
-		upd, err := strconv.ParseUint(row[4], 10, 64)
-		if err != nil {
-			return fmt.Errorf("updated_unix_nano %q: %w", row[4], err)
-		}
-		a := attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1], TaskID: row[2], Status: row[3], GroupID: row[5]},
-			updated: upd}
+	err := store.EachRolloutState(ctx, func(r *export.Rollout) error {
+		a := attemptRow{AttemptRef: AttemptRef{RolloutID: r.RolloutID, AttemptID: r.AttemptID, TaskID: r.TaskID, Status: r.Status, GroupID: r.GroupID},
+			updated: r.UpdatedUnixNano}
 		if a.GroupID == "" {
-			if g := gjson.Get(row[6], "group_id"); g.Type == gjson.String {
+			if g := gjson.Get(r.Metadata, "group_id"); g.Type == gjson.String {
 				a.GroupID = g.Str
 			}
 		}
@@ -200,100 +232,79 @@ func selectEach(ctx context.Context, store export.Store, sel Selection, dir stri
 		}
 		return fmt.Errorf("bridge: listing rollouts: %w", err)
 	}
-	if err := listed.rewind(); err != nil {
-		return err
-	}
-	// The listed attempts, read back one ahead of the aggregate's rows.
-	var next *attemptRow
-	advance := func() error {
-		b, err := listed.next()
-		if err == io.EOF {
-			next = nil
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		a := &attemptRow{}
-		if a.AttemptRef, a.updated, err = decodeRef(b); err != nil {
-			return listed.readErr(err)
-		}
-		next = a
+	return nil
+}
+
+// attemptMerge merges the listed attempts (read back one ahead) with the
+// aggregate of llm_calls, and hands choose the attempts of one rollout at a
+// time.
+type attemptMerge struct {
+	listed *recordFile
+	next   *attemptRow // the next listed attempt, nil after the last
+	run    []attemptRow
+	choose func(run []attemptRow) error
+}
+
+// advance reads the next listed attempt.
+func (m *attemptMerge) advance() error {
+	b, err := m.listed.next()
+	if err == io.EOF {
+		m.next = nil
 		return nil
-	}
-	if err := advance(); err != nil {
-		return err
-	}
-	if skip == nil {
-		skip = func(string, int) {}
-	}
-	choose := chooser(sel, f, skip)
-	var run []attemptRow // the attempts of one rollout
-	add := func(a attemptRow) error {
-		if len(run) > 0 && run[0].RolloutID != a.RolloutID {
-			if err := choose(run); err != nil {
-				return err
-			}
-			clear(run)
-			run = run[:0]
-		}
-		run = append(run, a)
-		return nil
-	}
-	var last attemptRow
-	err = queryEach(ctx, store, "SELECT rollout_id, attempt_id, max(task_id), min(start_time_unix_nano), count(*) FROM llm_calls"+
-		" GROUP BY rollout_id, attempt_id ORDER BY rollout_id, attempt_id", func(row []string) error {
-		if len(row) < 5 {
-			return fmt.Errorf("row with %d columns", len(row))
-		}
-		first, err := strconv.ParseUint(row[3], 10, 64)
-		if err != nil {
-			return fmt.Errorf("start time %q: %w", row[3], err)
-		}
-		if row[0] == "" {
-			// Calls attributed to no rollout: counted, never selected.
-			n, _ := strconv.Atoi(row[4])
-			skip(SkipUnattributed, n)
-			return nil
-		}
-		a := attemptRow{AttemptRef: AttemptRef{RolloutID: row[0], AttemptID: row[1]}}
-		if last.RolloutID != "" && compareAttempts(&last, &a) >= 0 {
-			return errOrder
-		}
-		last = a
-		// Listed attempts before this one have no calls.
-		for next != nil && compareAttempts(next, &a) < 0 {
-			if err := add(*next); err != nil {
-				return err
-			}
-			if err := advance(); err != nil {
-				return err
-			}
-		}
-		if next != nil && compareAttempts(next, &a) == 0 {
-			a = *next
-			if err := advance(); err != nil {
-				return err
-			}
-		} // else an attempt never registered in the rollouts table
-		a.hasCalls, a.FirstCallUnixNano = true, first
-		if a.TaskID == "" {
-			a.TaskID = row[2]
-		}
-		return add(a)
-	})
-	for err == nil && next != nil {
-		if err = add(*next); err == nil {
-			err = advance()
-		}
 	}
 	if err != nil {
-		return fmt.Errorf("bridge: listing attempts of llm_calls: %w", err)
+		return err
 	}
-	if len(run) > 0 {
-		return choose(run)
+	a := &attemptRow{}
+	if a.AttemptRef, a.updated, err = decodeRef(b); err != nil {
+		return m.listed.readErr(err)
 	}
+	m.next = a
 	return nil
+}
+
+// add adds a to the current rollout's run, handing the run to choose first
+// when a starts another rollout.
+func (m *attemptMerge) add(a attemptRow) error {
+	if len(m.run) > 0 && m.run[0].RolloutID != a.RolloutID {
+		if err := m.choose(m.run); err != nil {
+			return err
+		}
+		clear(m.run)
+		m.run = m.run[:0]
+	}
+	m.run = append(m.run, a)
+	return nil
+}
+
+// addNext adds the next listed attempt (one without calls so far).
+func (m *attemptMerge) addNext() error {
+	if err := m.add(*m.next); err != nil {
+		return err
+	}
+	return m.advance()
+}
+
+// withCalls adds the attempt a of the aggregate row c, after the listed
+// attempts before it (which have no calls), merged with its listed entry
+// when it has one (else an attempt never registered in the rollouts table).
+func (m *attemptMerge) withCalls(a attemptRow, c export.AttemptCalls) error {
+	for m.next != nil && compareAttempts(m.next, &a) < 0 {
+		if err := m.addNext(); err != nil {
+			return err
+		}
+	}
+	if m.next != nil && compareAttempts(m.next, &a) == 0 {
+		a = *m.next
+		if err := m.advance(); err != nil {
+			return err
+		}
+	}
+	a.hasCalls, a.FirstCallUnixNano = true, c.FirstStart
+	if a.TaskID == "" {
+		a.TaskID = c.TaskID
+	}
+	return m.add(a)
 }
 
 // errOrder is a store handing out rows out of the order asked for.
@@ -370,25 +381,6 @@ type attemptRow struct {
 	AttemptRef
 	updated  uint64
 	hasCalls bool
-}
-
-// queryEach hands the rows of query to f one at a time when the store can
-// (export.RowStreamer: the selection then never holds every row of the
-// rollouts table as text), else from Store.Query's result.
-func queryEach(ctx context.Context, store export.Store, query string, f func(row []string) error) error {
-	if rs, ok := store.(export.RowStreamer); ok {
-		return rs.QueryEach(ctx, query, f)
-	}
-	res, err := store.Query(ctx, query)
-	if err != nil {
-		return err
-	}
-	for _, row := range res.Rows {
-		if err := f(row); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // later orders attempts by last status update, then first call, then id.

@@ -64,7 +64,7 @@ func (s *Server) serveGroup(ctx *fasthttp.RequestCtx, id string) {
 	}
 	qctx, cancel := s.queryCtx(ctx)
 	defer cancel()
-	res, err := s.store.Query(qctx, "SELECT rollout_id, attempt_id, status, updated_unix_nano FROM rollouts WHERE group_id = "+s.d.lit(id)+" ORDER BY rollout_id, attempt_id")
+	latestOf, err := s.store.GroupMembers(qctx, id)
 	if err != nil {
 		s.storeFailed(ctx, "group", err)
 		return
@@ -74,19 +74,9 @@ func (s *Server) serveGroup(ctx *fasthttp.RequestCtx, id string) {
 		upd             uint64
 	}
 	latest := map[string]att{}
-	var ids []string
-	for _, r := range res.Rows {
-		if len(r) < 4 {
-			continue
-		}
-		upd, _ := strconv.ParseUint(r[3], 10, 64)
-		cur, ok := latest[r[0]]
-		if !ok {
-			ids = append(ids, r[0])
-		}
-		if !ok || upd > cur.upd {
-			latest[r[0]] = att{r[1], r[2], upd}
-		}
+	ids := make([]string, len(latestOf))
+	for i, m := range latestOf {
+		ids[i], latest[m.RolloutID] = m.RolloutID, att{m.AttemptID, m.Status, m.UpdatedUnixNano}
 	}
 	if len(ids) == 0 {
 		s.fail(ctx, fasthttp.StatusNotFound, fmt.Sprintf("Group %q was not found: no rollout in the store has this group_id.", id))

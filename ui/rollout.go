@@ -172,94 +172,22 @@ func (s *Server) serveRollout(ctx *fasthttp.RequestCtx, id string) {
 }
 
 // rolloutAttempts reads a rollout's registered attempts (the latest state
-// of each) and names the attempt with the latest activity: its state's
-// last update or its last call, whichever is later; an attempt that only
-// has rewards when nothing else is known. found is false when the store
-// knows nothing of the rollout.
+// of each) and names the attempt with the latest activity
+// (export.Reader.RolloutAttempts); found is false when the store knows
+// nothing of the rollout.
 func (s *Server) rolloutAttempts(ctx context.Context, id string) (attempts []export.Rollout, latest string, found bool, err error) {
-	d, lit := s.d, s.d.lit(id)
-	final := ""
-	if d == dialectClickHouse {
-		final = " FINAL"
-	}
-	res, err := s.store.Query(ctx, "SELECT attempt_id, task_id, group_id, status, updated_unix_nano FROM rollouts"+final+
-		" WHERE rollout_id = "+lit+" ORDER BY attempt_id, updated_unix_nano LIMIT "+strconv.Itoa(maxAttemptsRead))
+	l, err := s.store.RolloutAttempts(ctx, id, maxAttemptsRead)
 	if err != nil {
 		return nil, "", false, err
 	}
-	bestT := uint64(0)
-	see := func(attempt string, t uint64) {
-		if !found || t > bestT || (t == bestT && attempt > latest) {
-			latest, bestT, found = attempt, t, true
-		}
-	}
-	for _, r := range res.Rows {
-		if len(r) < 5 {
-			continue
-		}
-		upd, _ := strconv.ParseUint(r[4], 10, 64)
-		row := export.Rollout{RolloutID: id, AttemptID: r[0], TaskID: r[1], GroupID: r[2], Status: r[3], UpdatedUnixNano: upd}
-		if n := len(attempts); n > 0 && attempts[n-1].AttemptID == row.AttemptID {
-			attempts[n-1] = row // ordered by update: the later row wins
-		} else {
-			attempts = append(attempts, row)
-		}
-		see(row.AttemptID, upd)
-	}
-	res, err = s.store.Query(ctx, "SELECT attempt_id, max(start_time_unix_nano) FROM llm_calls WHERE rollout_id = "+lit+
-		" GROUP BY attempt_id LIMIT "+strconv.Itoa(maxAttemptsRead))
-	if err != nil {
-		return nil, "", false, err
-	}
-	for _, r := range res.Rows {
-		if len(r) >= 2 {
-			t, _ := strconv.ParseUint(r[1], 10, 64)
-			see(r[0], t)
-		}
-	}
-	if !found {
-		res, err = s.store.Query(ctx, "SELECT attempt_id FROM rewards WHERE rollout_id = "+lit+" ORDER BY attempt_id LIMIT 1")
-		if err != nil {
-			return nil, "", false, err
-		}
-		if len(res.Rows) > 0 && len(res.Rows[0]) > 0 {
-			latest, found = res.Rows[0][0], true
-		}
-	}
-	return attempts, latest, found, nil
+	return l.Attempts, l.Latest, l.Found, nil
 }
 
 // rolloutCounts reads the number of calls of the attempt (first choices)
 // and its rewards: the episode's and those of the calls first..last.
 func (s *Server) rolloutCounts(ctx context.Context, id, attempt string, first, last uint64) (int, []export.Reward, error) {
-	cond := " WHERE rollout_id = " + s.d.lit(id) + " AND attempt_id = " + s.d.lit(attempt)
-	res, err := s.store.Query(ctx, "SELECT count(*) FROM llm_calls"+cond+" AND choice_index = 0")
-	if err != nil {
-		return 0, nil, err
-	}
-	total := 0
-	if len(res.Rows) > 0 && len(res.Rows[0]) > 0 {
-		total = atoi(res.Rows[0][0])
-	}
-	// A reward posted without attempt_id is the rollout's: it counts for
-	// every attempt, as the trainer bridge counts it.
-	res, err = s.store.Query(ctx, "SELECT sequence_id, name, value, source FROM rewards"+
-		" WHERE rollout_id = "+s.d.lit(id)+" AND (attempt_id = "+s.d.lit(attempt)+" OR attempt_id = '')"+
-		" AND (sequence_id = 0 OR (sequence_id >= "+u64(first)+" AND sequence_id <= "+u64(last)+"))"+
-		" ORDER BY sequence_id, time_unix_nano, name LIMIT "+strconv.Itoa(maxRewardsRead))
-	if err != nil {
-		return 0, nil, err
-	}
-	var rewards []export.Reward
-	for _, r := range res.Rows {
-		if len(r) < 4 {
-			continue
-		}
-		seq, _ := strconv.ParseUint(r[0], 10, 64)
-		v, _ := strconv.ParseFloat(r[2], 64)
-		rewards = append(rewards, export.Reward{RolloutID: id, AttemptID: attempt, SequenceID: seq, Name: r[1], Value: v, Source: r[3]})
-	}
-	return total, rewards, nil
+	return s.store.AttemptTotals(ctx, export.AttemptTotalsQuery{RolloutID: id, AttemptID: attempt, FirstSeq: first, LastSeq: last,
+		MaxRewards: maxRewardsRead})
 }
 
 // fillRolloutPage lays out one page of an attempt's calls (every choice,

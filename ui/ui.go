@@ -71,7 +71,6 @@ type Config struct {
 type Server struct {
 	cfg   Config
 	store export.Store
-	d     dialect
 	pages map[string]*template.Template
 	log   *slog.Logger
 	air   *air.Engine // the rollout view's AIR rules: the bridge's defaults
@@ -88,10 +87,7 @@ func New(store export.Store, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, store: store, log: cfg.Logger, d: dialectSQLite}
-	if store.Name() == "clickhouse" {
-		s.d = dialectClickHouse
-	}
+	s := &Server{cfg: cfg, store: store, log: cfg.Logger}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err

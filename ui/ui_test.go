@@ -232,7 +232,7 @@ func TestList(t *testing.T) {
 		if _, frag := get(t, base+"/ui/rollouts?part=rows&group=g1"); !strings.HasPrefix(frag, `<tbody id="rollout-rows">`) || len(rowsOf(frag)) != 3 {
 			t.Errorf("rows fragment: %.200s", frag)
 		}
-		for _, bad := range []string{"since=yesterday", "before=x", "task=" + strings.Repeat("x", 600), "task=%ff"} {
+		for _, bad := range []string{"since=yesterday", "before=x", "before=18446744073709551615", "task=" + strings.Repeat("x", 600), "task=%ff"} {
 			if code, body := get(t, base+"/ui/rollouts?"+bad); code != 400 || !strings.Contains(body, "Bad filter") {
 				t.Errorf("?%.40s: %d, want 400 with a reason", bad, code)
 			}

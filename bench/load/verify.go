@@ -72,7 +72,7 @@ func Verify(ctx context.Context, store export.Store, r *Result, wait time.Durati
 	}
 	prefix := r.Config.RunID + "-"
 	start := time.Now()
-	var rows []capRow
+	var rows []export.CallCheck
 	for {
 		var err error
 		rows, err = fetchRows(ctx, store, prefix)
@@ -81,7 +81,7 @@ func Verify(ctx context.Context, store export.Store, r *Result, wait time.Durati
 		}
 		found := 0
 		for i := range rows {
-			if want[rows[i].span] != nil {
+			if want[rows[i].SpanID] != nil {
 				found++
 			}
 		}
@@ -103,31 +103,31 @@ func Verify(ctx context.Context, store export.Store, r *Result, wait time.Durati
 	count := map[string]int{}
 	for i := range rows {
 		row := &rows[i]
-		call := want[row.span]
+		call := want[row.SpanID]
 		if call == nil {
 			c.Extra++
 			continue
 		}
-		count[row.span]++
-		if count[row.span] == 2 {
+		count[row.SpanID]++
+		if count[row.SpanID] == 2 {
 			c.Duplicate++
-			example("request %s stored more than once", row.span)
+			example("request %s stored more than once", row.SpanID)
 		}
-		if row.source != export.TokenSourceEngine || row.ids != row.completion {
+		if row.TokenSource != export.TokenSourceEngine || row.ResponseTokens != int(row.CompletionTokens) {
 			c.BadTokens++
 			example("request %s: token_source %q, %d response ids for completion_tokens %d (check %q)",
-				row.span, row.source, row.ids, row.completion, row.check)
+				row.SpanID, row.TokenSource, row.ResponseTokens, row.CompletionTokens, row.TokenCheck)
 		}
 		switch {
-		case row.rollout != call.RolloutID || row.attempt != call.AttemptID:
+		case row.RolloutID != call.RolloutID || row.AttemptID != call.AttemptID:
 			c.Mismatch++
-			example("request %s: stored for %s/%s, sent for %s/%s", row.span, row.rollout, row.attempt, call.RolloutID, call.AttemptID)
-		case call.SequenceID != "" && row.seq != call.SequenceID:
+			example("request %s: stored for %s/%s, sent for %s/%s", row.SpanID, row.RolloutID, row.AttemptID, call.RolloutID, call.AttemptID)
+		case call.SequenceID != "" && strconv.FormatUint(row.SequenceID, 10) != call.SequenceID:
 			c.Mismatch++
-			example("request %s: stored sequence id %s, client saw %s", row.span, row.seq, call.SequenceID)
-		case call.CompletionTokens >= 0 && row.completion != call.CompletionTokens:
+			example("request %s: stored sequence id %d, client saw %s", row.SpanID, row.SequenceID, call.SequenceID)
+		case call.CompletionTokens >= 0 && int(row.CompletionTokens) != call.CompletionTokens:
 			c.Mismatch++
-			example("request %s: stored completion_tokens %d, client saw %d", row.span, row.completion, call.CompletionTokens)
+			example("request %s: stored completion_tokens %d, client saw %d", row.SpanID, row.CompletionTokens, call.CompletionTokens)
 		}
 	}
 	c.Found = len(count)
@@ -141,55 +141,15 @@ func Verify(ctx context.Context, store export.Store, r *Result, wait time.Durati
 	return c, nil
 }
 
-// capRow is what Verify reads of one llm_calls row.
-type capRow struct {
-	span, rollout, attempt, seq, source, check string
-	completion, ids                            int
-}
-
-// verifyColumns are the llm_calls columns Verify reads, in capRow's order.
-const verifyColumns = "span_id, rollout_id, attempt_id, sequence_id, token_source, token_check, completion_tokens, response_token_ids"
-
-// fetchRows reads the rows of rollouts whose id starts with prefix. It uses
-// SQL that SQLite and ClickHouse both accept (a range on rollout_id rather
-// than LIKE, whose '_' is a wildcard) and reads only the columns it checks.
-func fetchRows(ctx context.Context, store export.Store, prefix string) ([]capRow, error) {
-	// prefix ends in '-'; '.' is the next byte, so the range is exactly the prefix.
-	q := "SELECT " + verifyColumns + " FROM llm_calls WHERE rollout_id >= '" + prefix +
-		"' AND rollout_id < '" + strings.TrimSuffix(prefix, "-") + ".'"
-	res, err := store.Query(ctx, q)
+// fetchRows reads the rows of rollouts whose id starts with prefix
+// (export.Reader.CallChecks: prefix ends in '-', and '.' is the next byte,
+// so the range is exactly the prefix).
+func fetchRows(ctx context.Context, store export.Store, prefix string) ([]export.CallCheck, error) {
+	rows, err := store.CallChecks(ctx, export.RolloutRange{From: prefix, To: strings.TrimSuffix(prefix, "-") + "."})
 	if err != nil {
 		return nil, fmt.Errorf("load: reading captured calls: %w", err)
 	}
-	if len(res.Columns) != 8 {
-		return nil, fmt.Errorf("load: reading captured calls: %d columns, want 8", len(res.Columns))
-	}
-	rows := make([]capRow, 0, len(res.Rows))
-	for _, v := range res.Rows {
-		if len(v) != 8 {
-			return nil, fmt.Errorf("load: reading captured calls: row of %d values, want 8", len(v))
-		}
-		completion, err := strconv.Atoi(v[6])
-		if err != nil {
-			return nil, fmt.Errorf("load: completion_tokens %q: %w", v[6], err)
-		}
-		rows = append(rows, capRow{span: v[0], rollout: v[1], attempt: v[2], seq: v[3], source: v[4], check: v[5],
-			completion: completion, ids: countArray(v[7])})
-	}
 	return rows, nil
-}
-
-// countArray counts the elements of an array of numbers rendered as text,
-// "[1,2,3]" (both stores render arrays that way); -1 when it is not one.
-func countArray(s string) int {
-	s = strings.TrimSpace(s)
-	if len(s) < 2 || s[0] != '[' || s[len(s)-1] != ']' {
-		return -1
-	}
-	if strings.TrimSpace(s[1:len(s)-1]) == "" {
-		return 0
-	}
-	return strings.Count(s, ",") + 1
 }
 
 // validRunID reports whether id is safe to put in SQL: letters, digits, '-'.

@@ -21,7 +21,6 @@ import (
 
 	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
-	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/jsonscan"
 )
@@ -342,34 +341,22 @@ func (s *Server) eventRefs(c context.Context, st *tasks.State, attempt string, s
 	for _, e := range stored {
 		out = append(out, eventRef{rollout: e.RolloutID, attempt: e.AttemptID, typ: e.Type, timeNano: e.TimeNano, size: e.Size, seq: e.Seq})
 	}
-	if !gateway.ValidID([]byte(st.RolloutID)) || !gateway.ValidID([]byte(attempt)) { // never true for a stored rollout; the ids are quoted below
-		return nil, fmt.Errorf("rollout %q, attempt %q cannot be queried", st.RolloutID, attempt)
-	}
 	// The calls' keys and body sizes, not their rows: the bodies are read
-	// one call at a time when the event is written.
-	res, err := s.d.Store.Query(c, fmt.Sprintf(`SELECT span_id, sequence_id, choice_index, end_time_unix_nano,
-		length(request_body) + length(response_body) FROM llm_calls
-		WHERE rollout_id = '%s' AND attempt_id = '%s' AND start_time_unix_nano >= %d AND endpoint != 'embeddings'
-		ORDER BY sequence_id, choice_index`, st.RolloutID, attempt, st.CreatedNano))
+	// one call at a time when the event is written. Rows of a deleted
+	// rollout of the same id stay in llm_calls: only calls made since this
+	// rollout was created are its events.
+	heads, err := s.d.Store.CallHeads(c, export.CallHeadQuery{RolloutID: st.RolloutID, AttemptID: attempt, Since: uint64(max(st.CreatedNano, 0))})
 	if err != nil {
 		return nil, fmt.Errorf("reading the calls of %s: %w", st.RolloutID, err)
 	}
 	seen := map[string]bool{}
-	for _, row := range res.Rows {
-		if len(row) != 5 || seen[row[0]] {
+	for _, h := range heads {
+		if seen[h.SpanID] {
 			continue
 		}
-		// Rows of a deleted rollout of the same id stay in llm_calls: only
-		// calls made since this rollout was created (above) are its events.
-		seen[row[0]] = true
-		var nums [4]int64
-		for i, v := range row[1:] {
-			if nums[i], err = strconv.ParseInt(v, 10, 64); err != nil {
-				return nil, fmt.Errorf("reading the calls of %s: column %d %q: %w", st.RolloutID, i+2, v, err)
-			}
-		}
-		out = append(out, eventRef{rollout: st.RolloutID, attempt: attempt, typ: "model_request", timeNano: nums[2], size: nums[3], span: row[0],
-			call: &export.CallKey{RolloutID: st.RolloutID, AttemptID: attempt, SequenceID: uint64(nums[0]), ChoiceIndex: uint32(nums[1])}})
+		seen[h.SpanID] = true
+		out = append(out, eventRef{rollout: st.RolloutID, attempt: attempt, typ: "model_request", timeNano: int64(h.EndTimeUnixNano), size: int64(h.BodyBytes),
+			span: h.SpanID, call: &export.CallKey{RolloutID: st.RolloutID, AttemptID: attempt, SequenceID: h.SequenceID, ChoiceIndex: h.ChoiceIndex}})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return nsToSeconds(out[i].timeNano) < nsToSeconds(out[j].timeNano) })
 	return out, nil
@@ -672,23 +659,12 @@ func (s *Server) attemptsOf(c context.Context, st *tasks.State) (map[string]int6
 	for attempt, ns := range stored {
 		note(attempt, ns)
 	}
-	if !gateway.ValidID([]byte(st.RolloutID)) { // never true for a stored rollout; the id is quoted below
-		return nil, fmt.Errorf("rollout id %q cannot be queried", st.RolloutID)
-	}
-	res, err := s.d.Store.Query(c, fmt.Sprintf(`SELECT attempt_id, min(end_time_unix_nano) FROM llm_calls
-		WHERE rollout_id = '%s' AND start_time_unix_nano >= %d AND endpoint != 'embeddings' GROUP BY attempt_id`,
-		st.RolloutID, st.CreatedNano))
+	ends, err := s.d.Store.AttemptFirstEnds(c, export.CallHeadQuery{RolloutID: st.RolloutID, Since: uint64(max(st.CreatedNano, 0))})
 	if err != nil {
 		return nil, fmt.Errorf("reading the calls of %s: %w", st.RolloutID, err)
 	}
-	for _, row := range res.Rows {
-		if len(row) == 2 {
-			ns, err := strconv.ParseInt(row[1], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("reading the calls of %s: end time %q: %w", st.RolloutID, row[1], err)
-			}
-			note(row[0], ns)
-		}
+	for attempt, ns := range ends {
+		note(attempt, int64(ns))
 	}
 	return first, nil
 }

@@ -70,6 +70,9 @@ func (m InsertMode) String() string {
 
 // Store is an export.Store backed by ClickHouse. It is safe for concurrent use.
 type Store struct {
+	// SQLReads are the typed reads (export.Reader): their values are bound
+	// by bindArgs, the store's one escaper.
+	*export.SQLReads
 	conn     driver.Conn
 	db       string
 	version  Version
@@ -130,10 +133,8 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("clickhouse: create table %s.%s: %w", db, tableOrder[i], err)
 		}
 	}
-	for _, t := range export.Tables() {
-		if err := addMissingColumns(ctx, bootConn, db, t.Name, t.Columns); err != nil {
-			return nil, err
-		}
+	if err := migrate(ctx, bootConn, db); err != nil {
+		return nil, err
 	}
 
 	chOpts.Auth.Database = db
@@ -143,6 +144,13 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 	}
 	s := &Store{conn: conn, db: db, version: version, features: features, log: log, mode: InsertExternal, native: newNativeReader(chOpts, db)}
 	s.textReads.Store(opt.TextReads)
+	s.SQLReads = export.NewSQLReads(func(ctx context.Context, query string, args []any, f func(row []string) error) error {
+		body, err := bindArgs(query, args)
+		if err != nil {
+			return fmt.Errorf("clickhouse: query: %w", err)
+		}
+		return s.queryEach(ctx, body, func([]string) {}, f)
+	}, " FINAL", versionSQL)
 	if !opt.ExternalInsert {
 		ok, err := s.probeBatch(ctx)
 		if err != nil {
@@ -158,6 +166,11 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 		"insert_mode", s.mode.String())
 	return s, nil
 }
+
+// versionSQL is StoreVersion's query: the row counts, kept in the parts'
+// metadata (an update of a rollout is an insert, and a merge that changes a
+// count only costs the viewer one refresh).
+const versionSQL = "SELECT (SELECT count() FROM llm_calls), (SELECT count() FROM rewards), (SELECT count() FROM rollouts)"
 
 // probeBatch reports whether the server accepts PrepareBatch inserts: servers
 // that do answer `INSERT INTO t FORMAT Native` with the table's columns; older
@@ -207,40 +220,60 @@ func redact(dsn string) string {
 	return dsn
 }
 
-// addMissingColumns brings a table created by an older rollgate up to date:
-// columns added since are added with ALTER TABLE ... ADD COLUMN ... AFTER the
-// column before them in cols, so an upgraded table has the layout of a new
-// one (their defaults fill old rows). 18.16 has no ADD COLUMN IF NOT EXISTS:
-// when another process added the column first, the ALTER fails and a second
-// look at the columns finds it. A Distributed table (deploy/clickhouse/cluster.sql)
-// is not altered: its _local tables need the column first, on every server.
-func addMissingColumns(ctx context.Context, conn driver.Conn, db, table string, cols []export.ColumnInfo) error {
-	have, engine, err := tableColumns(ctx, conn, db, table)
-	if err != nil {
-		return err
+// migrate brings tables created by an older rollgate up to date: it walks
+// export.Migrations and adds the columns a table lacks with ALTER TABLE ...
+// ADD COLUMN ... AFTER the column before them in a new table, so an
+// upgraded table has the layout of a new one (their defaults fill old
+// rows). 18.16 has no ADD COLUMN IF NOT EXISTS: when another process added
+// the column first, the ALTER fails and a second look at the columns finds
+// it. A Distributed table (deploy/clickhouse/cluster.sql) is not altered:
+// its _local tables need the column first, on every server.
+func migrate(ctx context.Context, conn driver.Conn, db string) error {
+	type table struct {
+		have   map[string]bool
+		engine string
 	}
-	prev := ""
-	for _, c := range cols {
-		if have[c.Name] {
-			prev = c.Name
-			continue
-		}
-		if engine == "Distributed" {
-			return fmt.Errorf("clickhouse: the Distributed table %s.%s has no column %s (created by an older rollgate): "+
-				"add it to %s_local on the cluster first, then to %s on every server: ALTER TABLE %s.%s_local ON CLUSTER '{cluster}' ADD COLUMN %s %s%s; "+
-				"then on each server ALTER TABLE %s.%s ADD COLUMN %s %s%s (see deploy/clickhouse/cluster.sql)",
-				db, table, c.Name, table, table, db, table, c.Name, c.ClickHouseType(), afterClause(prev), db, table, c.Name, c.ClickHouseType(), afterClause(prev))
-		}
-		stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.Name) + " " + c.ClickHouseType()
-		if prev != "" {
-			stmt += " AFTER " + quoteIdent(prev)
-		}
-		if err := conn.Exec(ctx, stmt); err != nil {
-			if again, _, rerr := tableColumns(ctx, conn, db, table); rerr != nil || !again[c.Name] {
-				return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.Name, db, table, err)
+	tables := map[string]*table{}
+	for _, m := range export.Migrations() {
+		for _, a := range m.Adds {
+			t := tables[a.Table]
+			if t == nil {
+				have, engine, err := tableColumns(ctx, conn, db, a.Table)
+				if err != nil {
+					return err
+				}
+				t = &table{have, engine}
+				tables[a.Table] = t
 			}
+			if t.have[a.Column.Name] {
+				continue
+			}
+			if err := addColumn(ctx, conn, db, a, t.engine); err != nil {
+				return err
+			}
+			t.have[a.Column.Name] = true
 		}
-		have[c.Name], prev = true, c.Name
+	}
+	return nil
+}
+
+// addColumn adds the column a to db's table, whose engine is engine.
+func addColumn(ctx context.Context, conn driver.Conn, db string, a export.ColumnAdd, engine string) error {
+	c, table, prev := a.Column, a.Table, a.After
+	if engine == "Distributed" {
+		return fmt.Errorf("clickhouse: the Distributed table %s.%s has no column %s (created by an older rollgate): "+
+			"add it to %s_local on the cluster first, then to %s on every server: ALTER TABLE %s.%s_local ON CLUSTER '{cluster}' ADD COLUMN %s %s%s; "+
+			"then on each server ALTER TABLE %s.%s ADD COLUMN %s %s%s (see deploy/clickhouse/cluster.sql)",
+			db, table, c.Name, table, table, db, table, c.Name, c.ClickHouseType(), afterClause(prev), db, table, c.Name, c.ClickHouseType(), afterClause(prev))
+	}
+	stmt := "ALTER TABLE " + quoteIdent(db) + "." + quoteIdent(table) + " ADD COLUMN " + quoteIdent(c.Name) + " " + c.ClickHouseType()
+	if prev != "" {
+		stmt += " AFTER " + quoteIdent(prev)
+	}
+	if err := conn.Exec(ctx, stmt); err != nil {
+		if again, _, rerr := tableColumns(ctx, conn, db, table); rerr != nil || !again[c.Name] {
+			return fmt.Errorf("clickhouse: adding column %s to %s.%s: %w", c.Name, db, table, err)
+		}
 	}
 	return nil
 }

@@ -37,6 +37,8 @@ const BusyTimeout = 10 * time.Second
 // Store is an export.Store in a SQLite file. It is safe for concurrent use,
 // and several processes may open the same file.
 type Store struct {
+	// SQLReads are the typed reads (export.Reader), over queryEach.
+	*export.SQLReads
 	db   *sql.DB
 	path string
 	// writeMu serialises this process's write transactions so they queue
@@ -75,14 +77,21 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("sqlite: create tables in %s: %w", path, err)
 	}
-	for _, t := range export.Tables() {
-		if err := addMissingColumns(db, t.Name, t.Columns); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
-		}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: upgrading %s: %w", path, err)
 	}
-	return &Store{db: db, path: path}, nil
+	s := &Store{db: db, path: path}
+	s.SQLReads = export.NewSQLReads(func(ctx context.Context, query string, args []any, f func(row []string) error) error {
+		return s.queryEach(ctx, query, args, func([]string) {}, f)
+	}, "", versionSQL)
+	return s, nil
 }
+
+// versionSQL is StoreVersion's query: the largest rowids and the rollouts'
+// latest update (an index each), without reading the tables.
+const versionSQL = "SELECT (SELECT max(rowid) FROM llm_calls), (SELECT max(rowid) FROM rewards), (SELECT max(rowid) FROM rollouts)," +
+	" (SELECT max(updated_unix_nano) FROM rollouts)"
 
 // escapePath escapes the characters that would end the path part of a file: URI.
 func escapePath(p string) string {
@@ -262,19 +271,19 @@ func appendArgs[R any](dst []any, buf []byte, cols []export.Column[R], r *R) ([]
 // text they are stored as ([1,2,3]).
 func (s *Store) Query(ctx context.Context, query string) (*export.Result, error) {
 	return export.CollectRows(func(columns func([]string), row func([]string) error) error {
-		return s.queryEach(ctx, query, columns, row)
+		return s.queryEach(ctx, query, nil, columns, row)
 	})
 }
 
 // QueryEach is Query handing out one row at a time (export.RowStreamer).
 func (s *Store) QueryEach(ctx context.Context, query string, f func(row []string) error) error {
-	return s.queryEach(ctx, query, func([]string) {}, f)
+	return s.queryEach(ctx, query, nil, func([]string) {}, f)
 }
 
-// queryEach runs query, tells columns its column names, then calls f with
-// each row, freshly allocated.
-func (s *Store) queryEach(ctx context.Context, query string, columns func([]string), f func(row []string) error) error {
-	rows, err := s.db.QueryContext(ctx, query)
+// queryEach runs query with args bound to its ? placeholders, tells
+// columns its column names, then calls f with each row, freshly allocated.
+func (s *Store) queryEach(ctx context.Context, query string, args []any, columns func([]string), f func(row []string) error) error {
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("sqlite: query: %w", err)
 	}
@@ -429,34 +438,52 @@ func (s *Store) ReadRollout(ctx context.Context, rolloutID string, opt export.Re
 	return d, nil
 }
 
-// addMissingColumns brings a table created by an older rollgate up to date:
-// it adds the columns it lacks (SQLite appends them; inserts and selects
-// name their columns, so the order does not matter), their defaults filling
-// the old rows.
-func addMissingColumns(db *sql.DB, table string, cols []export.ColumnInfo) error {
+// migrate brings tables created by an older rollgate up to date: it walks
+// export.Migrations and adds the columns a table lacks (SQLite appends
+// them; inserts and selects name their columns, so the order does not
+// matter), their defaults filling the old rows.
+func migrate(db *sql.DB) error {
+	have := map[string]map[string]bool{}
+	for _, m := range export.Migrations() {
+		for _, a := range m.Adds {
+			if have[a.Table] == nil {
+				cols, err := tableColumns(db, a.Table)
+				if err != nil {
+					return err
+				}
+				have[a.Table] = cols
+			}
+			if have[a.Table][a.Column.Name] {
+				continue
+			}
+			if _, err := db.Exec("ALTER TABLE " + a.Table + " ADD COLUMN " + a.Column.Name + " " + a.Column.SQLiteDecl()); err != nil {
+				return fmt.Errorf("adding column %s to %s (schema version %d): %w", a.Column.Name, a.Table, m.Version, err)
+			}
+			have[a.Table][a.Column.Name] = true
+		}
+	}
+	return nil
+}
+
+// tableColumns returns the names of table's columns.
+func tableColumns(db *sql.DB, table string) (map[string]bool, error) {
 	rows, err := db.Query("SELECT name FROM pragma_table_info(?)", table)
 	if err != nil {
-		return fmt.Errorf("reading the columns of %s: %w", table, err)
+		return nil, fmt.Errorf("reading the columns of %s: %w", table, err)
 	}
+	defer rows.Close()
 	have := map[string]bool{}
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return fmt.Errorf("reading the columns of %s: %w", table, err)
+			return nil, fmt.Errorf("reading the columns of %s: %w", table, err)
 		}
 		have[name] = true
 	}
-	rows.Close()
-	for _, c := range cols {
-		if have[c.Name] {
-			continue
-		}
-		if _, err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c.Name + " " + c.SQLiteDecl()); err != nil {
-			return fmt.Errorf("adding column %s to %s: %w", c.Name, table, err)
-		}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the columns of %s: %w", table, err)
 	}
-	return nil
+	return have, nil
 }
 
 // trainingSources are export.TrainingSQL's per-attempt rows in SQLite: a

@@ -35,6 +35,11 @@ func Run(t *testing.T, open func(t *testing.T) export.Store) {
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"TrainingSteps", testTrainingSteps},
 		{"TrainingRolloutRewards", testTrainingRolloutRewards},
+		{"ReadsPage", testReadsPage},
+		{"ReadsRollout", testReadsRollout},
+		{"ReadsBridge", testReadsBridge},
+		{"ReadsCalls", testReadsCalls},
+		{"ReadsHostileValues", testReadsHostileValues},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
