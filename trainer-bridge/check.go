@@ -4,6 +4,7 @@ package bridge
 // line's and the HTTP API's) and Build's own (resolve, for any Options).
 
 import (
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
@@ -174,4 +175,14 @@ func (o *Options) resolve() error {
 		o.Now = time.Now
 	}
 	return nil
+}
+
+// OptionError is an invalid Options value: the caller's mistake (a 400 over
+// HTTP, exit status 2 on the command line), not a store failure.
+type OptionError struct{ msg string }
+
+func (e *OptionError) Error() string { return e.msg }
+
+func optionErrorf(format string, a ...any) error {
+	return &OptionError{msg: fmt.Sprintf(format, a...)}
 }
