@@ -158,8 +158,10 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 	}
 
 	// Process rewards per sequence id: the last API reward of that name, plus AIR.
-	cr := credits{process: map[uint64]float64{}}
-	seqs := apiRewards(d.Rewards, calls, ref.AttemptID, o.RewardName, cr.process)
+	// (The maps are made here, where they stay off the heap.)
+	cr := credits{process: map[uint64]float64{}, step: map[uint64]int{}}
+	seqs := map[uint64]bool{}
+	apiRewards(d.Rewards, calls, ref.AttemptID, o.RewardName, cr.process, seqs)
 	if o.AIR != nil {
 		rs := o.AIR.EvaluateSpans(calls, o.toolSpans[[2]string{ref.RolloutID, ref.AttemptID}], uint64(o.Now().UnixNano()))
 		for _, r := range rs {
@@ -183,6 +185,7 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		}
 		return out, nil
 	}
+	cr.pv = make([]float64, len(seqs))
 	if err := cr.assign(seqs, &o); err != nil {
 		return out, err
 	}
@@ -199,10 +202,9 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 }
 
 // apiRewards adds to process, per sequence id, the last reward of that
-// name the API stored for the attempt, and returns the sequence ids of the
+// name the API stored for the attempt, and to seqs the sequence ids of the
 // attempt's calls and of those rewards.
-func apiRewards(rewards []export.Reward, calls []export.Call, attemptID, name string, process map[uint64]float64) map[uint64]bool {
-	seqs := map[uint64]bool{}
+func apiRewards(rewards []export.Reward, calls []export.Call, attemptID, name string, process map[uint64]float64, seqs map[uint64]bool) {
 	for _, c := range calls {
 		seqs[c.SequenceID] = true
 	}
@@ -223,7 +225,6 @@ func apiRewards(rewards []export.Reward, calls []export.Call, attemptID, name st
 		process[seq] += l.v
 		seqs[seq] = true
 	}
-	return seqs
 }
 
 // episodeReward returns the attempt's episode reward, or 0 for a missing
@@ -270,15 +271,14 @@ type credits struct {
 }
 
 // assign orders the attempt's sequence ids (seqs, at least one) into steps
-// and credits the rewards over them (Options.Credit).
+// (cr.step, an empty map; cr.pv, one per step) and credits the rewards over
+// them (Options.Credit).
 func (cr *credits) assign(seqs map[uint64]bool, o *Options) error {
 	order := make([]uint64, 0, len(seqs))
 	for s := range seqs {
 		order = append(order, s)
 	}
 	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
-	cr.pv = make([]float64, len(order))
-	cr.step = map[uint64]int{}
 	for i, s := range order {
 		cr.pv[i], cr.step[s] = cr.process[s], i
 	}

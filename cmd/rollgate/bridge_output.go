@@ -33,36 +33,48 @@ func streamSamples(ctx context.Context, store export.Store, o bridge.Options, pa
 		po := bridge.ParquetOptions{OmitLogprobs: omitLogprobs(o)}
 		newWriter = func(w io.Writer) bridge.SampleWriter { return bridge.NewParquetWriter(w, po) }
 	}
-	if path == "-" {
-		w := newWriter(stdout)
+	var res *bridge.Result
+	build := func(out io.Writer) error {
+		w := newWriter(out)
 		o.Emit = w.Write
-		res, err := bridge.Build(ctx, store, o)
-		if err != nil {
-			return nil, err
+		var err error
+		if res, err = bridge.Build(ctx, store, o); err != nil {
+			return err
 		}
-		return res, w.Close()
+		return w.Close()
 	}
-	tmp, err := createOutput(path)
+	var err error
+	if path == "-" {
+		err = build(stdout)
+	} else {
+		err = replaceOutput(path, func(f *os.File) error { return build(f) })
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(tmp.Name())
-	w := newWriter(tmp)
-	o.Emit = w.Write
-	res, err := bridge.Build(ctx, store, o)
-	if err == nil {
-		err = w.Close()
+	return res, nil
+}
+
+// replaceOutput writes path with write, to a temporary file (createOutput)
+// renamed into place once written and closed, so a reader never sees half
+// a batch.
+func replaceOutput(path string, write func(f *os.File) error) error {
+	tmp, err := createOutput(path)
+	if err != nil {
+		return err
 	}
+	defer os.Remove(tmp.Name())
+	err = write(tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return nil, fmt.Errorf("writing %s: %w", path, err)
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
-	return res, nil
+	return nil
 }
 
 // createOutput creates the temporary file a batch is written to before it
@@ -85,36 +97,26 @@ func createOutput(path string) (*os.File, error) {
 	return nil, fmt.Errorf("creating output in %s: no free temporary name", dir)
 }
 
-// writeSamples writes to a temporary file renamed into place, so a reader
-// never sees half a batch.
+// writeSamples writes a batch built whole to path (replaceOutput), or as
+// JSONL to stdout for "-".
 func writeSamples(path, format string, to bridge.TensorOptions, stdout io.Writer, samples []*bridge.Sample) (bridge.TensorStats, error) {
 	var ts bridge.TensorStats
 	if path == "-" {
 		return ts, bridge.WriteJSONL(stdout, samples)
 	}
-	tmp, err := createOutput(path)
-	if err != nil {
-		return ts, err
-	}
-	defer os.Remove(tmp.Name())
-	switch format {
-	case "parquet":
-		err = bridge.WriteParquet(tmp, samples, bridge.ParquetOptions{OmitLogprobs: to.OmitLogprobs})
-	case "safetensors":
-		ts, err = bridge.WriteSafetensors(tmp, samples, to)
-	default:
-		err = bridge.WriteJSONL(tmp, samples)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return ts, err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return ts, fmt.Errorf("writing %s: %w", path, err)
-	}
-	return ts, nil
+	err := replaceOutput(path, func(f *os.File) error {
+		var err error
+		switch format {
+		case "parquet":
+			err = bridge.WriteParquet(f, samples, bridge.ParquetOptions{OmitLogprobs: to.OmitLogprobs})
+		case "safetensors":
+			ts, err = bridge.WriteSafetensors(f, samples, to)
+		default:
+			err = bridge.WriteJSONL(f, samples)
+		}
+		return err
+	})
+	return ts, err
 }
 
 // serveSamples runs the lease API on addr until every sample is acknowledged
