@@ -89,6 +89,8 @@ func (c *bridgeConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.explain, "explain", "", "print what became of this rollout's attempts, calls and samples and why (with the selection and options given; --out is then optional)")
 }
 
+// runBridge runs rollgate bridge and returns its exit status: 0, 1 when the
+// store or an output fails, 2 for a bad flag or option.
 func runBridge(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bridge", bridgeSummary, stdout, bridgeSections...) // a new flag needs its line in bridgeSections
 	var c bridgeConfig
