@@ -156,16 +156,55 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 	if o.Report {
 		out.report = &AttemptReport{RolloutID: ref.RolloutID, AttemptID: ref.AttemptID, TaskID: ref.TaskID, Status: ref.Status, Items: []Decision{}}
 	}
-	exclude := func(c *export.Call, why string) {
-		st.Excluded[why]++
-		if out.report != nil {
-			out.report.Items = append(out.report.Items, Decision{Kind: "call", SequenceIDs: []uint64{c.SequenceID}, ChoiceIndex: c.ChoiceIndex, Reason: why})
-		}
-	}
 
 	// Process rewards per sequence id: the last API reward of that name, plus AIR.
-	process := map[uint64]float64{}
+	// (The maps are made here, where they stay off the heap.)
+	cr := credits{process: map[uint64]float64{}, step: map[uint64]int{}}
 	seqs := map[uint64]bool{}
+	apiRewards(d.Rewards, calls, ref.AttemptID, o.RewardName, cr.process, seqs)
+	if o.AIR != nil {
+		rs := o.AIR.EvaluateSpans(calls, o.toolSpans[[2]string{ref.RolloutID, ref.AttemptID}], uint64(o.Now().UnixNano()))
+		for _, r := range rs {
+			cr.process[r.SequenceID] += r.Value
+			st.AIRHits[r.Source]++
+		}
+		if o.WriteAIR {
+			if err := air.Write(ctx, store, rs); err != nil {
+				return out, fmt.Errorf("bridge: %w", err)
+			}
+		}
+	}
+	var ok bool
+	if cr.episode, ok = out.episodeReward(d.Rewards, ref, &o, st); !ok {
+		return out, nil
+	}
+	if len(seqs) == 0 {
+		out.score = credit.Episode(cr.episode, nil)
+		if out.report != nil {
+			out.report.Score = out.score
+		}
+		return out, nil
+	}
+	cr.pv = make([]float64, len(seqs))
+	if err := cr.assign(seqs, &o); err != nil {
+		return out, err
+	}
+	samples, err := assemble(o.Mode, out.keptCalls(calls, &o, st), st)
+	if err != nil {
+		return out, err
+	}
+	out.judge(samples, &cr, &o, st)
+	out.score = credit.Episode(cr.episode, cr.pv)
+	if out.report != nil {
+		out.report.Score = out.score
+	}
+	return out, nil
+}
+
+// apiRewards adds to process, per sequence id, the last reward of that
+// name the API stored for the attempt, and to seqs the sequence ids of the
+// attempt's calls and of those rewards.
+func apiRewards(rewards []export.Reward, calls []export.Call, attemptID, name string, process map[uint64]float64, seqs map[uint64]bool) {
 	for _, c := range calls {
 		seqs[c.SequenceID] = true
 	}
@@ -174,8 +213,8 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		at uint64
 	}
 	api := map[uint64]last{}
-	for _, r := range d.Rewards {
-		if r.SequenceID == 0 || r.Name != o.RewardName || (r.AttemptID != "" && r.AttemptID != ref.AttemptID) {
+	for _, r := range rewards {
+		if r.SequenceID == 0 || r.Name != name || (r.AttemptID != "" && r.AttemptID != attemptID) {
 			continue
 		}
 		if l, ok := api[r.SequenceID]; !ok || r.TimeUnixNano >= l.at {
@@ -186,19 +225,14 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		process[seq] += l.v
 		seqs[seq] = true
 	}
-	if o.AIR != nil {
-		rs := o.AIR.EvaluateSpans(calls, o.toolSpans[[2]string{ref.RolloutID, ref.AttemptID}], uint64(o.Now().UnixNano()))
-		for _, r := range rs {
-			process[r.SequenceID] += r.Value
-			st.AIRHits[r.Source]++
-		}
-		if o.WriteAIR {
-			if err := air.Write(ctx, store, rs); err != nil {
-				return out, fmt.Errorf("bridge: %w", err)
-			}
-		}
-	}
-	episode, ok := finalReward(d.Rewards, ref.AttemptID, o.RewardName)
+}
+
+// episodeReward returns the attempt's episode reward, or 0 for a missing
+// one under MissingZero (out.missing), and marks out rewarded; false when
+// the attempt is left out for want of one (unfinished or no_reward,
+// counted in st).
+func (out *attemptOut) episodeReward(rewards []export.Reward, ref AttemptRef, o *Options, st *Stats) (float64, bool) {
+	episode, ok := finalReward(rewards, ref.AttemptID, o.RewardName)
 	if !ok {
 		// An unregistered attempt's reward is what says its episode ended:
 		// without one it may still be running, and never joins a group.
@@ -207,14 +241,14 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 			if out.report != nil {
 				out.report.RewardMissing, out.report.Reason = true, ExclUnfinished
 			}
-			return out, nil
+			return 0, false
 		}
 		if o.MissingReward == MissingDrop {
 			st.Excluded[ExclNoReward]++
 			if out.report != nil {
 				out.report.RewardMissing = true
 			}
-			return out, nil
+			return 0, false
 		}
 		episode, out.missing = 0, true
 		st.FilledRewards++
@@ -223,28 +257,68 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		out.report.RewardMissing = !ok
 	}
 	out.rewarded = true
-	if len(seqs) == 0 {
-		out.score = credit.Episode(episode, nil)
-		if out.report != nil {
-			out.report.Score = out.score
-		}
-		return out, nil
-	}
+	return episode, true
+}
+
+// credits are what an attempt's samples are rewarded with.
+type credits struct {
+	episode float64
+	process map[uint64]float64 // process reward per sequence id
+	pv      []float64          // process reward per step (sequence ids in order)
+	step    map[uint64]int     // step of each sequence id
+	returns []float64          // credited return per step
+	lastSeq uint64             // the last step's sequence id
+}
+
+// assign orders the attempt's sequence ids (seqs, at least one) into steps
+// (cr.step, an empty map; cr.pv, one per step) and credits the rewards over
+// them (Options.Credit).
+func (cr *credits) assign(seqs map[uint64]bool, o *Options) error {
 	order := make([]uint64, 0, len(seqs))
 	for s := range seqs {
 		order = append(order, s)
 	}
 	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
-	pv := make([]float64, len(order))
-	step := map[uint64]int{}
 	for i, s := range order {
-		pv[i], step[s] = process[s], i
+		cr.pv[i], cr.step[s] = cr.process[s], i
 	}
-	returns, err := credit.AssignN(o.Credit, len(order), episode, pv, o.Gamma)
-	if err != nil {
-		return out, fmt.Errorf("bridge: %w", err)
+	var err error
+	if cr.returns, err = credit.AssignN(o.Credit, len(order), cr.episode, cr.pv, o.Gamma); err != nil {
+		return fmt.Errorf("bridge: %w", err)
 	}
+	cr.lastSeq = order[len(order)-1]
+	return nil
+}
 
+// reward adds s's credited reward to s.Reward.
+func (cr *credits) reward(s *Sample, o *Options) {
+	switch {
+	case o.Mode == ModeTransitions:
+		s.Reward = cr.returns[cr.step[s.SequenceIDs[0]]]
+	case o.Credit == credit.Discounted:
+		s.Reward = cr.returns[cr.step[s.SequenceIDs[0]]]
+	default:
+		for _, q := range s.SequenceIDs {
+			s.Reward += cr.process[q]
+		}
+		if o.Credit == credit.Identical || s.SequenceIDs[len(s.SequenceIDs)-1] == cr.lastSeq {
+			s.Reward += cr.episode
+		}
+	}
+}
+
+// exclude counts call c as left out for why, and reports it.
+func (out *attemptOut) exclude(st *Stats, c *export.Call, why string) {
+	st.Excluded[why]++
+	if out.report != nil {
+		out.report.Items = append(out.report.Items, Decision{Kind: "call", SequenceIDs: []uint64{c.SequenceID}, ChoiceIndex: c.ChoiceIndex, Reason: why})
+	}
+}
+
+// keptCalls returns the calls that become samples, retokenized where
+// Options.Retokenize says so, and counts and reports the others with the
+// reason (exclude).
+func (out *attemptOut) keptCalls(calls []export.Call, o *Options, st *Stats) []export.Call {
 	// kept is a view of calls while every call so far is kept as read,
 	// and a copy from the first call that is left out or retokenized.
 	kept, view := calls[:0:0], true
@@ -269,16 +343,16 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		}
 		switch {
 		case c.Error != "" || c.HTTPStatus >= 300:
-			exclude(&c, ExclErrored)
+			out.exclude(st, &c, ExclErrored)
 		case retokenizeFailed:
-			exclude(&c, ExclRetokenize)
+			out.exclude(st, &c, ExclRetokenize)
 		case !(trusted[c.TokenSource] || o.Retokenize != nil && c.TokenSource == export.TokenSourceRetokenized) ||
 			len(c.PromptTokenIDs) == 0 || len(c.ResponseTokenIDs) == 0:
-			exclude(&c, ExclUnverified)
+			out.exclude(st, &c, ExclUnverified)
 		case o.Selection.AgentName != nil && !o.Selection.AgentName.MatchString(c.AgentName):
-			exclude(&c, ExclAgent)
+			out.exclude(st, &c, ExclAgent)
 		case versionBelow(c.PolicyVersion, o.Selection.MinPolicyVersion):
-			exclude(&c, ExclPolicyVersion)
+			out.exclude(st, &c, ExclPolicyVersion)
 		default:
 			if view {
 				kept = calls[: i+1 : i+1]
@@ -289,26 +363,17 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		}
 		own(i)
 	}
-	samples, err := assemble(o.Mode, kept, st)
-	if err != nil {
-		return out, err
-	}
-	lastSeq := order[len(order)-1]
+	return kept
+}
+
+// judge credits the assembled samples, applies the length limits and the
+// logprobs policy, and keeps in out.samples those that pass; the rewards
+// of the others go to out.dropped (transition level: each still counts in
+// its group).
+func (out *attemptOut) judge(samples []*Sample, cr *credits, o *Options, st *Stats) {
 	out.samples = samples[:0]
 	for _, s := range samples {
-		switch {
-		case o.Mode == ModeTransitions:
-			s.Reward = returns[step[s.SequenceIDs[0]]]
-		case o.Credit == credit.Discounted:
-			s.Reward = returns[step[s.SequenceIDs[0]]]
-		default:
-			for _, q := range s.SequenceIDs {
-				s.Reward += process[q]
-			}
-			if o.Credit == credit.Identical || s.SequenceIDs[len(s.SequenceIDs)-1] == lastSeq {
-				s.Reward += episode
-			}
-		}
+		cr.reward(s, o)
 		why := truncate(s, o.MaxPrompt, o.MaxResponse, o.Truncation)
 		if why == "" && o.Logprobs == LogprobsKeep && !s.HasLogprobs {
 			why = ExclNoLogprobs
@@ -333,11 +398,6 @@ func buildAttempt(ctx context.Context, store export.Store, ref AttemptRef, o Opt
 		}
 		out.samples = append(out.samples, s)
 	}
-	out.score = credit.Episode(episode, pv)
-	if out.report != nil {
-		out.report.Score = out.score
-	}
-	return out, nil
 }
 
 // attemptCalls returns the calls of the attempt among a rollout's, sorted
