@@ -44,7 +44,7 @@ type Server struct {
 	backendOpts backends.Options
 	health      backends.Health
 	mountedSets atomic.Pointer[[]*backends.Set] // NewMountedBackends: mounted surfaces' own tables
-	transport   hangupTransport                 // every backend client's RoundTripper (hangup.go)
+	transport   hangupTransport                 // every backend client's RoundTripper (transport.go)
 	seq         sequences
 	tokenIn     *tokenin.Store // token-in mode's attempts (nil: no backend can use it)
 	texts       interner       // task and agent names
