@@ -15,6 +15,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // discard is a sink that stores nothing, so benchmarks measure the gateway
@@ -38,7 +39,7 @@ func benchTarget(b *testing.B, tracing *gateway.Tracing) (mockAddr, gwAddr strin
 	m := metrics.New()
 	pipe := capture.NewPipeline(capture.Config{}, []capture.NamedSink{{Name: "discard", Sink: discard{}}}, m, nil)
 	gw, err := gateway.New(gateway.Config{Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}},
-		Tracing: tracing}, pipe, m, nil)
+		Tracing: tracing, SequenceStore: gatewaytest.SequenceStore(b)}, pipe, m, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -100,7 +100,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	// Token-in mode's store exists from the start (a backend registered
 	// later may turn it on); it holds nothing until a call uses it.
 	s.tokenIn = tokenin.NewStore(cfg.TokenInMaxAttempts, cfg.TokenInMaxBytes, m.TokenInEvictions.Inc)
-	s.seq.setStore(cfg.SequenceStore, cfg.SequenceStoreTimeout)
+	if err := s.seq.setStore(cfg.SequenceStore, cfg.SequenceStoreTimeout); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	keys, err := resolveClientKeys(cfg.ClientKeys)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
