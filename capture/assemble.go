@@ -256,16 +256,7 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	if len(data) == 0 || string(data) == "[DONE]" {
 		return false
 	}
-	// A chunk that repeats the previous chunk's head is read without it (see
-	// Assembler.head): '{' and what follows the head.
-	// The rest must open a member: the head ends with a comma, so "{" and a
-	// rest of "}" would be valid where the chunk is not.
-	sameHead := len(a.head) > 0 && !a.noHead && len(data) > len(a.head) && bytes.Equal(data[:len(a.head)], a.head) &&
-		(a.kind == openai.ChatCompletions || a.kind == openai.Completions)
-	if sameHead {
-		i := jsonscan.SkipWS(data, len(a.head))
-		sameHead = i < len(data) && data[i] == '"'
-	}
+	sameHead := a.repeatsHead(data)
 	// A regular chunk is read in one pass, without copying (fastChunk).
 	if !a.noFast && !a.noIndex && (a.kind == openai.ChatCompletions || a.kind == openai.Completions) {
 		if took, may := a.fastChunk(data, sameHead); took {
@@ -279,10 +270,8 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 	}
 	// One scan validates the chunk and finds every container's end for the
 	// walks below (containerEnds).
-	var err error
-	if a.noIndex {
-		err = jsonscan.Validate(data)
-	} else if err = a.ends.Validate(data); err == nil {
+	indexed, err := a.indexChunk(data)
+	if indexed {
 		defer a.ends.Clear()
 	}
 	if err != nil {
@@ -295,6 +284,49 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		}
 		return false
 	}
+	return a.readChunk(data, sameHead)
+}
+
+// repeatsHead reports whether the chunk repeats the previous chunk's head,
+// to be read without it (see Assembler.head): '{' and what follows the
+// head. The rest must open a member: the head ends with a comma, so "{" and
+// a rest of "}" would be valid where the chunk is not.
+func (a *Assembler) repeatsHead(data []byte) bool {
+	if len(a.head) == 0 || a.noHead || len(data) <= len(a.head) || !bytes.Equal(data[:len(a.head)], a.head) ||
+		(a.kind != openai.ChatCompletions && a.kind != openai.Completions) {
+		return false
+	}
+	i := jsonscan.SkipWS(data, len(a.head))
+	return i < len(data) && data[i] == '"'
+}
+
+// indexChunk validates the chunk and, unless noIndex, indexes its
+// containers' ends (indexed: the caller clears the index when done).
+func (a *Assembler) indexChunk(data []byte) (indexed bool, err error) {
+	if a.noIndex {
+		return false, jsonscan.Validate(data)
+	}
+	if err := a.ends.Validate(data); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// chunkScan is what the walk over a chunk's top-level members found.
+type chunkScan struct {
+	choices  gjson.Result // the last "choices"
+	nChoices int
+	flatErr  bool // "object":"error" (older vLLM and SGLang)
+	// headKeys: only head members (id, object, created, model) came before
+	// the first "choices"; headEnd is where that member starts.
+	headKeys bool
+	headEnd  int
+}
+
+// readChunk reads a valid, indexed chunk the fast path did not take: its
+// top-level members, then its choices (streamChoice). It returns addChunk's
+// mayLogprobs.
+func (a *Assembler) readChunk(data []byte, sameHead bool) (mayLogprobs bool) {
 	top := gjson.Parse(jsonscan.String(data))
 	if !top.IsObject() {
 		a.setErr("stream event is not a JSON object")
@@ -305,70 +337,11 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		a.responsesEvent(top)
 		return mayLogprobs || bytes.Contains(data, choicesKey)
 	}
-	var choices gjson.Result
-	nChoices := 0
-	flatErr := false
-	headKeys, headEnd := !sameHead && !mayLogprobs, 0 // whether only head members came before "choices"; where it starts
+	cs := chunkScan{headKeys: !sameHead && !mayLogprobs}
 	a.ends.eachMember(top.Raw, func(k string, v gjson.Result) bool {
-		if headKeys && nChoices == 0 {
-			switch k {
-			case "id", "object", "created", "model":
-			case "choices":
-				// k is top.Raw's own bytes: its opening quote ends the head.
-				headEnd = jsonscan.Offset(top.Raw, k) - 1
-			default:
-				headKeys = false
-			}
-		}
-		switch k {
-		case "id":
-			if len(a.id) == 0 && v.Type == gjson.String {
-				a.id = append(a.id, v.Raw...)
-			}
-		case "object":
-			a.guessKind(v)
-			flatErr = decodeStr(v) == "error"
-		case "created":
-			if len(a.created) == 0 && v.Type == gjson.Number {
-				a.created = append(a.created, v.Raw...)
-			}
-		case "model":
-			if len(a.model) == 0 && v.Type == gjson.String {
-				a.model = append(a.model, v.Raw...)
-			}
-		case "choices":
-			choices = v
-			nChoices++
-		case "usage":
-			if v.IsObject() {
-				a.usage = append(a.usage[:0], v.Raw...)
-			}
-		case "timings":
-			if v.IsObject() {
-				a.timings = append(a.timings[:0], v.Raw...)
-			}
-		case "prompt_token_ids":
-			if !a.hasPmt && v.IsArray() {
-				a.prompt, a.hasPmt = appendIDs(a.prompt, v), true
-			}
-		case "error":
-			a.errorValue(v)
-		case "type":
-			// A Responses API event while the endpoint was unknown.
-			if a.kind != openai.Unknown {
-				break
-			}
-			if t := decodeStr(v); strings.HasPrefix(t, "response.") {
-				a.kind = openai.Responses
-				a.responsesEvent(top)
-				return false
-			} else if t == "error" {
-				a.responsesEvent(top)
-			}
-		}
-		return true
+		return a.chunkMember(top, k, v, &cs)
 	})
-	if flatErr {
+	if cs.flatErr {
 		// Older vLLM and SGLang: {"object":"error","message":...,"type":...}
 		a.errorValue(top)
 	}
@@ -376,18 +349,18 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		return mayLogprobs || bytes.Contains(data, choicesKey)
 	}
 	// gjson reads the first "choices" and iterates an object's members too.
-	if nChoices > 1 || choices.IsObject() {
+	if cs.nChoices > 1 || cs.choices.IsObject() {
 		mayLogprobs = true
 	}
 	if !sameHead {
 		a.head = a.head[:0]
-		if headKeys && headEnd > 1 && !flatErr && choices.IsArray() &&
+		if cs.headKeys && cs.headEnd > 1 && !cs.flatErr && cs.choices.IsArray() &&
 			(a.kind == openai.ChatCompletions || a.kind == openai.Completions) {
-			a.head = append(a.head, top.Raw[:headEnd]...)
+			a.head = append(a.head, top.Raw[:cs.headEnd]...)
 		}
 	}
-	if choices.IsArray() {
-		a.ends.eachElem(choices.Raw, func(ch gjson.Result) bool {
+	if cs.choices.IsArray() {
+		a.ends.eachElem(cs.choices.Raw, func(ch gjson.Result) bool {
 			if ch.IsObject() && a.streamChoice(ch) {
 				mayLogprobs = true
 			}
@@ -395,6 +368,75 @@ func (a *Assembler) addChunk(raw []byte) (mayLogprobs bool) {
 		})
 	}
 	return mayLogprobs
+}
+
+// chunkMember reads one top-level member k of chunk top into the Assembler
+// (or cs); false stops the walk (the chunk turned out to be a Responses
+// API event).
+func (a *Assembler) chunkMember(top gjson.Result, k string, v gjson.Result, cs *chunkScan) bool {
+	if cs.headKeys && cs.nChoices == 0 {
+		switch k {
+		case "id", "object", "created", "model":
+		case "choices":
+			// k is top.Raw's own bytes: its opening quote ends the head.
+			cs.headEnd = jsonscan.Offset(top.Raw, k) - 1
+		default:
+			cs.headKeys = false
+		}
+	}
+	switch k {
+	case "id":
+		if len(a.id) == 0 && v.Type == gjson.String {
+			a.id = append(a.id, v.Raw...)
+		}
+	case "object":
+		a.guessKind(v)
+		cs.flatErr = decodeStr(v) == "error"
+	case "created":
+		if len(a.created) == 0 && v.Type == gjson.Number {
+			a.created = append(a.created, v.Raw...)
+		}
+	case "model":
+		if len(a.model) == 0 && v.Type == gjson.String {
+			a.model = append(a.model, v.Raw...)
+		}
+	case "choices":
+		cs.choices = v
+		cs.nChoices++
+	case "usage":
+		if v.IsObject() {
+			a.usage = append(a.usage[:0], v.Raw...)
+		}
+	case "timings":
+		if v.IsObject() {
+			a.timings = append(a.timings[:0], v.Raw...)
+		}
+	case "prompt_token_ids":
+		if !a.hasPmt && v.IsArray() {
+			a.prompt, a.hasPmt = appendIDs(a.prompt, v), true
+		}
+	case "error":
+		a.errorValue(v)
+	case "type":
+		return a.typeMember(top, v)
+	}
+	return true
+}
+
+// typeMember reads a "type" member: a Responses API event while the
+// endpoint was unknown (false: the chunk was read as one).
+func (a *Assembler) typeMember(top, v gjson.Result) bool {
+	if a.kind != openai.Unknown {
+		return true
+	}
+	if t := decodeStr(v); strings.HasPrefix(t, "response.") {
+		a.kind = openai.Responses
+		a.responsesEvent(top)
+		return false
+	} else if t == "error" {
+		a.responsesEvent(top)
+	}
+	return true
 }
 
 // Byte patterns addChunk looks for.

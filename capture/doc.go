@@ -42,7 +42,7 @@
 //
 // # Files
 //
-// queue.go holds Pending, Config and the Pipeline (queue, workers, batcher,
+// pipeline.go holds Pending, Config and the Pipeline (queue, workers, batcher,
 // Sync); walpipe.go connects the Pipeline to the WAL. The Assembler spans
 // assemble.go (its state, Reset, SetBody, AddChunk and Result),
 // assemble_choice.go (per-choice state, streamed chunks merged into it),

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/seqstore"
 	"github.com/rollgate/rollgate/internal/metrics"
 )
 
@@ -37,8 +39,18 @@ func benchTarget(b *testing.B, tracing *gateway.Tracing) (mockAddr, gwAddr strin
 	}
 	m := metrics.New()
 	pipe := capture.NewPipeline(capture.Config{}, []capture.NamedSink{{Name: "discard", Sink: discard{}}}, m, nil)
+	// A real sequence store, with blocks so large that the benchmark's one
+	// attempt reserves once: the calls measured take their ids from memory,
+	// as calls of a known attempt do (BenchmarkSequenceFirstCall measures a
+	// reservation).
+	seqs, err := seqstore.OpenSQLite(context.Background(), filepath.Join(b.TempDir(), "sequences.db"),
+		seqstore.Options{MinBlock: 1 << 40, MaxBlock: 1 << 40})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { seqs.Close() })
 	gw, err := gateway.New(gateway.Config{Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}},
-		Tracing: tracing}, pipe, m, nil)
+		Tracing: tracing, SequenceStore: seqs}, pipe, m, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -90,23 +90,20 @@ type Config struct {
 	// PauseMaxHold is the longest a call waits while the gateway is paused
 	// before it is answered 503 with Retry-After (default 5m).
 	PauseMaxHold time.Duration `yaml:"pause_max_hold"`
-	// MaxTrackedAttempts bounds the (rollout, attempt) pairs whose sequence
-	// counters are kept in memory (default 65536), and MaxTrackedAttemptBytes
-	// the memory they take (default 32 MiB). Past either, the least recently
-	// used are evicted, leaving a compact record of their last id (at most
-	// 8 × MaxTrackedAttempts records of 48 bytes, 24 MiB by default, then
-	// 512 KiB of floors) so that their ids never repeat; once more than
-	// 8 × MaxTrackedAttempts attempts have been evicted, a new attempt's ids
-	// may start above 1 (see sequences in sequences.go). With a
-	// SequenceStore (rollgate serve) there are no such records and ids never
-	// start above 1: an evicted attempt reserves its next block from the
-	// store; an entry then counts 160 bytes more (its block).
+	// MaxTrackedAttempts bounds the (rollout, attempt) pairs whose blocks of
+	// sequence ids are kept in memory (default 65536), and
+	// MaxTrackedAttemptBytes the memory they are counted to take (default
+	// 32 MiB; the heap they use stays within 1.5 × that + 1 MiB, see
+	// sequences in sequences.go). Past either, the least recently used are
+	// evicted: an evicted attempt reserves its next block from the
+	// SequenceStore at its next call, above every earlier one, so its ids
+	// never repeat and never start above 1.
 	MaxTrackedAttempts     int   `yaml:"max_tracked_attempts"`
 	MaxTrackedAttemptBytes int64 `yaml:"max_tracked_attempt_bytes"`
 	// SequenceStore reserves sequence ids in blocks in a database, so that
 	// they survive restarts and stay unique and increasing across gateways
-	// sharing it (rollgate serve: the --queue database, else the --db file).
-	// nil keeps them in memory only: unique while the gateway runs.
+	// sharing it (rollgate serve: the --queue database, else a file beside
+	// the --db file). Required: New refuses a Config without one.
 	SequenceStore seqstore.Store `yaml:"-"`
 	// SequenceStoreTimeout bounds a reservation of sequence ids (the first
 	// call of an attempt, and one call per block); past it the call gets 503

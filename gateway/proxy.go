@@ -67,69 +67,109 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, attr attribution, ep openai.End
 func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai.Endpoint, path []byte, opts callOptions) {
 	s.m.InFlight.Inc()
 	defer s.m.InFlight.Dec()
-	var name string
-	if opts.noKeyCheck {
-		if msg := attributionError(attr, attr.fromPath); msg != "" {
-			s.reject(ctx, &call{opts: opts}, rejectInvalidID, fasthttp.StatusBadRequest, errInvalidRequest, msg)
-			return
-		}
-	} else {
-		var ok bool
-		if name, ok = s.admissible(ctx, attr); !ok {
-			return
-		}
+	name, ok := s.admitCaller(ctx, attr, opts)
+	if !ok {
+		return
 	}
 	if opts.force == nil {
 		opts.force = s.force
 	}
 	c := call{start: time.Now(), endpoint: ep, attr: attr, opts: opts}
+	s.openCall(ctx, &c, path, name)
+	body, model, fb, ok := s.readRequest(ctx, &c)
+	if fb != nil {
+		defer s.bufs.put(fb)
+	}
+	if !ok {
+		return
+	}
+	pl, ok := s.routeModel(ctx, &c, model)
+	if !ok || !s.waitIfPaused(ctx, &c) || !s.acquireSlot(ctx, &c) {
+		return
+	}
+	if !s.admit(ctx, &c) {
+		s.releaseSlot()
+		return
+	}
+	s.forward(ctx, &c, pl, path, body)
+}
+
+// admitCaller checks the caller: its API key (admissible), or for a mounted
+// route that checks no key, its attribution ids. It returns the key's name.
+func (s *Server) admitCaller(ctx *fasthttp.RequestCtx, attr attribution, opts callOptions) (name string, ok bool) {
+	if !opts.noKeyCheck {
+		return s.admissible(ctx, attr)
+	}
+	if msg := attributionError(attr, attr.fromPath); msg != "" {
+		s.reject(ctx, &call{opts: opts}, rejectInvalidID, fasthttp.StatusBadRequest, errInvalidRequest, msg)
+		return "", false
+	}
+	return "", true
+}
+
+// openCall starts capturing c: its Pending, with the request body as the
+// client sent it, and its trace.
+func (s *Server) openCall(ctx *fasthttp.RequestCtx, c *call, path []byte, keyName string) {
 	p := s.capture.AcquirePending()
 	c.pend = p
-	p.Endpoint = ep
+	p.Endpoint = c.endpoint
 	s.beginCall(ctx, p, path, c.start)
 	if s.tracing != nil {
-		s.tracing.begin(ctx, &c)
+		s.tracing.begin(ctx, c)
 	}
-
 	body := ctx.PostBody()
 	p.Request = string(body) // the call's one copy of it (Pending.Request)
-	p.Meta.APIKeyName = name
-	p.NoBodies = ep == openai.Embeddings && !s.cfg.CaptureEmbeddingBodies
-	// One validation of the body for the whole call (Rewrite is told).
+	p.Meta.APIKeyName = keyName
+	p.NoBodies = c.endpoint == openai.Embeddings && !s.cfg.CaptureEmbeddingBodies
+}
+
+// readRequest validates the request body once for the whole call (Rewrite
+// is told), applies the forced fields, and returns the body to send and its
+// model name. fb, when not nil, holds the forced body: the caller puts it
+// back in the pool when the call is done. ok false: the client was answered
+// (400).
+func (s *Server) readRequest(ctx *fasthttp.RequestCtx, c *call) (body, model []byte, fb *[]byte, ok bool) {
+	body = ctx.PostBody()
 	modelRaw, err := rewrite.Inspect(body)
 	switch {
 	case errors.Is(err, jsonscan.ErrTooDeep):
 		// Refused, not captured: a stored body this deep would reach every
 		// reader of request_body (issue 36: it killed the gateway).
-		s.reject(ctx, &c, rejectTooDeep, fasthttp.StatusBadRequest, errInvalidRequest, "request body: "+err.Error())
-		return
+		s.reject(ctx, c, rejectTooDeep, fasthttp.StatusBadRequest, errInvalidRequest, "request body: "+err.Error())
+		return nil, nil, nil, false
 	case err != nil:
-		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, notObjectMessage(body, ctx.Request.Header.ContentType()))
-		return
+		s.fail(ctx, c, fasthttp.StatusBadRequest, errInvalidRequest, notObjectMessage(body, ctx.Request.Header.ContentType()))
+		return nil, nil, nil, false
 	}
-	if rec := opts.force.Record(); rec != "" {
+	if rec := c.opts.force.Record(); rec != "" {
 		// Forced fields replace the client's; request_body keeps what the
 		// client sent and the overrides column what was forced.
-		fb := s.bufs.get()
-		defer s.bufs.put(fb)
-		forced, err := opts.force.Force((*fb)[:0], body)
+		fb = s.bufs.get()
+		forced, err := c.opts.force.Force((*fb)[:0], body)
 		if err != nil {
-			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
-			return
+			s.fail(ctx, c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+			return nil, nil, fb, false
 		}
 		*fb, body = forced, forced
-		p.Meta.Overrides = rec
+		c.pend.Meta.Overrides = rec
 		modelRaw, _ = rewrite.Inspect(body)
 	}
-	model := modelName(modelRaw)
+	model = modelName(modelRaw)
 	if len(model) == 0 {
-		s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
-		return
+		s.fail(ctx, c, fasthttp.StatusBadRequest, errInvalidRequest, `"model" must be a non-empty string`)
+		return nil, nil, fb, false
 	}
+	return body, model, fb, true
+}
+
+// routeModel finds the pool serving model (a mounted route's own pool
+// first, then the routes, then the wildcard) and names the call's model.
+// ok false: no pool serves it and the client was answered 404.
+func (s *Server) routeModel(ctx *fasthttp.RequestCtx, c *call, model []byte) (pl *backends.Pool, ok bool) {
 	t := s.backends.Load()
-	pl := t.Pool(model)
-	if opts.pool != nil {
-		pl = opts.pool
+	pl = t.Pool(model)
+	if c.opts.pool != nil {
+		pl = c.opts.pool
 	}
 	switch {
 	case pl != nil && string(model) != pl.Model():
@@ -142,176 +182,250 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	default:
 		// Not interned: names that match no route must not grow memory.
 		c.model = string(model[:min(len(model), MaxNameLen)])
-		p.Meta.Model = c.model
-		s.fail(ctx, &c, fasthttp.StatusNotFound, errNotFound,
+		c.pend.Meta.Model = c.model
+		s.fail(ctx, c, fasthttp.StatusNotFound, errNotFound,
 			fmt.Sprintf("The model `%s` does not exist or is not routed by this gateway (see GET /v1/models).", truncate(c.model, 128)))
-		return
+		return nil, false
 	}
-	p.Meta.Model = c.model
-	if !s.waitIfPaused(ctx, &c) {
-		return
-	}
-	if !s.acquireSlot(ctx, &c) {
-		return
-	}
-	if !s.admit(ctx, &c) {
-		s.releaseSlot()
-		return
-	}
+	c.pend.Meta.Model = c.model
+	return pl, true
+}
+
+// forward sends the call to a replica of pl (attemptUpstream) and relays
+// the answer. It holds the concurrency slot acquireSlot took until an
+// answer is in hand; from there the slot is released when the response is
+// complete (for a stream: when the stream writer ends).
+func (s *Server) forward(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, path, body []byte) {
 	slotHeld := true
 	defer func() {
 		if slotHeld {
 			s.releaseSlot()
 		}
 	}()
-
 	out := s.bufs.get()
 	defer s.bufs.put(out)
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	deadline := c.start.Add(s.cfg.UpstreamTimeout)
-	var (
-		r       *backends.Upstream
-		resp    *fasthttp.Response
-		inj     rewrite.Injected
-		tried   []*backends.Upstream
-		backoff = s.cfg.RetryBackoff
-		retries = s.cfg.Retries
-	)
-	if opts.retries > 0 {
-		retries = opts.retries
+	a, ok := s.attemptUpstream(ctx, c, pl, path, body, out, req)
+	if !ok {
+		return
 	}
-	if opts.backoff > 0 {
-		backoff = opts.backoff
+	slotHeld = false
+	s.relay(ctx, c, a, path)
+}
+
+// answer is the upstream response a call relays.
+type answer struct {
+	r    *backends.Upstream // the replica that gave it (acquired)
+	resp *fasthttp.Response
+	inj  rewrite.Injected // what Rewrite injected into the request
+}
+
+// retryBudget is what is left of a call's attempts.
+type retryBudget struct {
+	deadline time.Time // the call's upstream deadline
+	backoff  time.Duration
+	retries  int
+	tried    []*backends.Upstream // replicas tried (their answers were not kept)
+}
+
+// attemptUpstream sends the call to pl's replicas until one answers: a
+// transport error is retried on another replica (Config.Retries, with a
+// doubling backoff, within the call's deadline), and so is a retryable
+// status on a mounted route that asks for it. ok false: the client was
+// answered and there is nothing to relay.
+func (s *Server) attemptUpstream(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, path, body []byte, out *[]byte, req *fasthttp.Request) (answer, bool) {
+	b := retryBudget{deadline: c.start.Add(s.cfg.UpstreamTimeout), backoff: s.cfg.RetryBackoff, retries: s.cfg.Retries}
+	if c.opts.retries > 0 {
+		b.retries = c.opts.retries
+	}
+	if c.opts.backoff > 0 {
+		b.backoff = c.opts.backoff
 	}
 	for attempt := 0; ; attempt++ {
-		r = s.pick(pl, c.attr.rolloutID, tried)
+		r := s.pick(pl, c.attr.rolloutID, b.tried)
 		if r == nil { // every replica tried once: start over
-			tried = tried[:0]
+			b.tried = b.tried[:0]
 			r = s.pick(pl, c.attr.rolloutID, nil)
 		}
-		kind := r.Kind()
-		rewritten, info, injected, err := rewrite.Rewrite((*out)[:0], body, c.endpoint, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.IDsFromLogprobs(kind), Validated: true})
+		rewritten, info, inj, ok := s.rewriteFor(ctx, c, r, attempt, body, out)
+		if !ok {
+			return answer{}, false
+		}
+		resp, hungUp, err := s.send(ctx, c, pl, r, attempt, path, req, rewritten, info, b.deadline)
+		if hungUp {
+			return answer{}, false
+		}
 		if err != nil {
-			s.fail(ctx, &c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
-			return
-		}
-		if !sameStart(rewritten, body) { // never pool the request's own buffer
-			*out = rewritten
-		}
-		spec := r.Spec()
-		if spec.ServedModel != "" {
-			rewritten = replaceModel(rewritten, spec.ServedModel)
-		}
-		inj = injected
-		p.Meta.Backend = r.Name()
-		p.Meta.BackendAttempts = uint16(min(attempt+1, math.MaxUint16))
-		p.Meta.PolicyVersion = spec.PolicyVersion
-		p.Meta.Stream = info.Stream
-		p.N = info.N
-
-		req.Reset()
-		s.buildUpstream(ctx, req, r, path, rewritten)
-		resp = fasthttp.AcquireResponse()
-		resp.StreamBody = info.Stream
-		s.acquire(r)
-		if c.tr.span != nil {
-			s.tracing.attemptStart(&c, r, attempt, path)
-		}
-		var hw *hangupWatch // nil for streams (streamBody sees the client go)
-		tokenIn := s.tokenInOn(pl, c.endpoint)
-		if !info.Stream && !tokenIn {
-			hw = s.watchHangup(ctx, req, deadline)
-		}
-		if tokenIn {
-			err = s.serveTokenIn(&c, r, info, req, resp, rewritten, deadline)
-		} else {
-			err = r.Client().DoDeadline(req, resp, deadline)
-		}
-		if hw.stop() {
-			if err == nil {
-				r.MarkSuccess()
+			if !s.attemptFailed(ctx, c, r, resp, err, attempt, &b) {
+				return answer{}, false
 			}
-			s.release(r)
-			fasthttp.ReleaseResponse(resp)
-			s.hungUp(ctx, &c, r, err)
-			return
+			time.Sleep(b.backoff)
+			b.backoff *= 2
+			continue
 		}
+		r.MarkSuccess()
+		code := resp.StatusCode()
+		if !c.opts.retryStatus || !retryableStatus(code) || attempt >= b.retries || time.Now().Add(b.backoff).After(b.deadline) {
+			return answer{r: r, resp: resp, inj: inj}, true
+		}
+		// A status worth another attempt (a mounted route's policy).
+		s.release(r)
+		abortResponse(resp, errRetried)
+		b.tried = append(b.tried, r)
+		s.log.Debug("backend answered a retryable status; retrying", "backend", r.Name(), "status", code, "attempt", attempt+1)
+		time.Sleep(b.backoff)
+		b.backoff = min(b.backoff*2, maxRetryBackoff)
+	}
+}
+
+// rewriteFor rewrites the body for replica r into out (rewrite.Rewrite,
+// then the model name r serves) and records the attempt in the call's row.
+// ok false: the body was refused and the client answered 400.
+func (s *Server) rewriteFor(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstream, attempt int, body []byte, out *[]byte) (rewritten []byte, info rewrite.Request, inj rewrite.Injected, ok bool) {
+	kind := r.Kind()
+	rewritten, info, inj, err := rewrite.Rewrite((*out)[:0], body, c.endpoint, kind, rewrite.Options{Logprobs: s.cfg.InjectLogprobs, IDsFromLogprobs: r.IDsFromLogprobs(kind), Validated: true})
+	if err != nil {
+		s.fail(ctx, c, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+		return nil, info, 0, false
+	}
+	if !sameStart(rewritten, body) { // never pool the request's own buffer
+		*out = rewritten
+	}
+	spec := r.Spec()
+	if spec.ServedModel != "" {
+		rewritten = replaceModel(rewritten, spec.ServedModel)
+	}
+	p := c.pend
+	p.Meta.Backend = r.Name()
+	p.Meta.BackendAttempts = uint16(min(attempt+1, math.MaxUint16))
+	p.Meta.PolicyVersion = spec.PolicyVersion
+	p.Meta.Stream = info.Stream
+	p.N = info.N
+	return rewritten, info, inj, true
+}
+
+// send sends the rewritten request to replica r (counted outstanding on it)
+// and returns its response, streamed when the call is. hungUp true: the
+// client hung up on a non-streamed call meanwhile; hungUp answered for it,
+// and r and the response were released.
+func (s *Server) send(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *backends.Upstream, attempt int, path []byte, req *fasthttp.Request, rewritten []byte, info rewrite.Request, deadline time.Time) (resp *fasthttp.Response, hungUp bool, err error) {
+	req.Reset()
+	s.buildUpstream(ctx, req, r, path, rewritten)
+	resp = fasthttp.AcquireResponse()
+	resp.StreamBody = info.Stream
+	s.acquire(r)
+	if c.tr.span != nil {
+		s.tracing.attemptStart(c, r, attempt, path)
+	}
+	hw, err := s.exchange(ctx, c, pl, r, info, req, resp, rewritten, deadline)
+	if hw.stop() {
 		if err == nil {
 			r.MarkSuccess()
-			code := resp.StatusCode()
-			if !opts.retryStatus || !retryableStatus(code) || attempt >= retries || time.Now().Add(backoff).After(deadline) {
-				break
-			}
-			// A status worth another attempt (a mounted route's policy).
-			s.release(r)
-			abortResponse(resp, errRetried)
-			tried = append(tried, r)
-			s.log.Debug("backend answered a retryable status; retrying", "backend", r.Name(), "status", code, "attempt", attempt+1)
-			time.Sleep(backoff)
-			backoff = min(backoff*2, maxRetryBackoff)
-			continue
 		}
 		s.release(r)
 		fasthttp.ReleaseResponse(resp)
-		if staleConn(err) {
-			// The replica closed a kept-alive connection that the pool
-			// still held: uvicorn (vLLM's and SGLang's server) closes one
-			// idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default. The
-			// pool's other idle connections are as old, so they go too and
-			// the retry dials afresh instead of meeting the next stale one.
-			r.Client().CloseIdleConnections()
-		}
-		r.MarkFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
-		tried = append(tried, r)
-		retry := attempt < retries && retryable(err) && !time.Now().Add(backoff).After(deadline)
-		if c.tr.attempt != nil {
-			s.tracing.attemptFailed(&c, err, retry)
-		}
-		if !retry {
-			status, typ := upstreamStatus(err)
-			msg := fmt.Sprintf("backend %s: %v", r.Name(), err)
-			if opts.engineOnly {
-				msg = fmt.Sprintf("backend %s: %s", r.Name(), transportFailure(err))
-			}
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-				msg = fmt.Sprintf("backend %s: response body larger than %d bytes (raise max_response_body_bytes)", r.Name(), s.cfg.MaxResponseBodyBytes)
-			}
-			if attempt > 0 {
-				msg = fmt.Sprintf("%s (after %d attempts)", msg, attempt+1)
-			}
-			s.fail(ctx, &c, status, typ, msg)
-			return
-		}
-		s.log.Debug("backend call failed before any response; retrying", "backend", r.Name(), "attempt", attempt+1, "err", err)
-		time.Sleep(backoff)
-		backoff *= 2
+		s.hungUp(ctx, c, r, err)
+		return nil, true, err
 	}
-	// From here the slot is released when the response is complete (for a
-	// stream: when the stream writer ends).
-	slotHeld = false
+	return resp, false, err
+}
 
-	status := resp.StatusCode()
-	p.Meta.HTTPStatus = uint16(status)
-	sse := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
-	if opts.engineOnly && !(sse && status < 300 && p.Meta.Stream) && !jsonContentType(resp.Header.ContentType()) {
-		s.withhold(ctx, &c, r, resp, "")
+// exchange makes the round trip to replica r: in token-in mode through
+// serveTokenIn, otherwise one HTTP request. A non-streamed passthrough call
+// is watched for the client hanging up meanwhile (hw; nil otherwise: a
+// stream's streamBody sees the client go).
+func (s *Server) exchange(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, rewritten []byte, deadline time.Time) (hw *hangupWatch, err error) {
+	tokenIn := s.tokenInOn(pl, c.endpoint)
+	if !info.Stream && !tokenIn {
+		hw = s.watchHangup(ctx, req, deadline)
+	}
+	if tokenIn {
+		err = s.serveTokenIn(c, r, info, req, resp, rewritten, deadline)
+	} else {
+		err = r.Client().DoDeadline(req, resp, deadline)
+	}
+	return hw, err
+}
+
+// attemptFailed books an attempt on replica r that failed with err before
+// any response (resp is released, r marked failed and added to b.tried)
+// and says whether to retry; when not, the client is answered with the
+// error.
+func (s *Server) attemptFailed(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstream, resp *fasthttp.Response, err error, attempt int, b *retryBudget) (retry bool) {
+	s.release(r)
+	fasthttp.ReleaseResponse(resp)
+	if staleConn(err) {
+		// The replica closed a kept-alive connection that the pool
+		// still held: uvicorn (vLLM's and SGLang's server) closes one
+		// idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default. The
+		// pool's other idle connections are as old, so they go too and
+		// the retry dials afresh instead of meeting the next stale one.
+		r.Client().CloseIdleConnections()
+	}
+	r.MarkFailure(s.cfg.UnhealthyAfter, s.cfg.UnhealthyCooldown)
+	b.tried = append(b.tried, r)
+	retry = attempt < b.retries && retryable(err) && !time.Now().Add(b.backoff).After(b.deadline)
+	if c.tr.attempt != nil {
+		s.tracing.attemptFailed(c, err, retry)
+	}
+	if !retry {
+		status, typ := upstreamStatus(err)
+		s.fail(ctx, c, status, typ, s.attemptError(c, r, err, attempt))
+		return false
+	}
+	s.log.Debug("backend call failed before any response; retrying", "backend", r.Name(), "attempt", attempt+1, "err", err)
+	return true
+}
+
+// attemptError is the message of a call whose last attempt, on replica r,
+// failed with err.
+func (s *Server) attemptError(c *call, r *backends.Upstream, err error, attempt int) string {
+	msg := fmt.Sprintf("backend %s: %v", r.Name(), err)
+	if c.opts.engineOnly {
+		msg = fmt.Sprintf("backend %s: %s", r.Name(), transportFailure(err))
+	}
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		msg = fmt.Sprintf("backend %s: response body larger than %d bytes (raise max_response_body_bytes)", r.Name(), s.cfg.MaxResponseBodyBytes)
+	}
+	if attempt > 0 {
+		msg = fmt.Sprintf("%s (after %d attempts)", msg, attempt+1)
+	}
+	return msg
+}
+
+// relay answers the client with the upstream answer: a stream through a
+// streamBody, which ends the call, otherwise the whole body (relayBody).
+// The concurrency slot is the caller's no more: it is released when the
+// response is complete.
+func (s *Server) relay(ctx *fasthttp.RequestCtx, c *call, a answer, path []byte) {
+	status := a.resp.StatusCode()
+	c.pend.Meta.HTTPStatus = uint16(status)
+	sse := bytes.HasPrefix(a.resp.Header.ContentType(), []byte("text/event-stream"))
+	if c.opts.engineOnly && !(sse && status < 300 && c.pend.Meta.Stream) && !jsonContentType(a.resp.Header.ContentType()) {
+		s.withhold(ctx, c, a.r, a.resp, "")
 		return
 	}
 	if sse {
 		ctx.SetStatusCode(status)
-		copyResponseHeaders(ctx, resp)
+		copyResponseHeaders(ctx, a.resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.Response.SetBodyStream(s.newStreamBody(&c, resp, inj, r, ctx.Conn()), -1)
+		ctx.Response.SetBodyStream(s.newStreamBody(c, a.resp, a.inj, a.r, ctx.Conn()), -1)
 		return
 	}
+	s.relayBody(ctx, c, a, status, path)
+}
 
-	// Non-streamed: read the whole body, strip what we injected, send it.
+// relayBody relays a non-streamed answer: it reads the whole body, strips
+// what the gateway injected, sends it, releases the replica and the
+// concurrency slot, and ends the call.
+func (s *Server) relayBody(ctx *fasthttp.RequestCtx, c *call, a answer, status int, path []byte) {
+	p, r, resp := c.pend, a.r, a.resp
 	var rerr error
 	p.Body, rerr = appendBody(p.Body[:0], resp, s.cfg.MaxResponseBodyBytes)
-	if rerr == nil && opts.engineOnly && !jsonObject(p.Body) {
-		s.withhold(ctx, &c, r, resp, "not a JSON object")
+	if rerr == nil && c.opts.engineOnly && !jsonObject(p.Body) {
+		s.withhold(ctx, c, r, resp, "not a JSON object")
 		return
 	}
 	if rerr == nil {
@@ -327,12 +441,12 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	s.releaseSlot()
 	if rerr != nil {
 		status, typ := upstreamStatus(rerr)
-		s.fail(ctx, &c, status, typ, fmt.Sprintf("backend %s: reading response: %v", r.Name(), rerr))
+		s.fail(ctx, c, status, typ, fmt.Sprintf("backend %s: reading response: %v", r.Name(), rerr))
 		return
 	}
-	if inj != 0 && status < 300 {
+	if a.inj != 0 && status < 300 {
 		sb := s.bufs.get()
-		stripped := rewrite.StripBody((*sb)[:0], p.Body, c.endpoint, inj)
+		stripped := rewrite.StripBody((*sb)[:0], p.Body, c.endpoint, a.inj)
 		ctx.Response.SetBody(stripped)
 		// StripBody returns p.Body itself when it changes nothing (or cannot
 		// parse it): that array belongs to capture and must not enter the pool.
@@ -344,28 +458,36 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		ctx.Response.SetBody(p.Body)
 	}
 	if status >= 400 {
-		p.Meta.Error = "backend returned HTTP " + strconv.Itoa(status)
-		if msg := gjson.GetBytes(p.Body, "error.message").String(); msg != "" {
-			p.Meta.Error += ": " + truncate(msg, 500)
-		} else if msg := gjson.GetBytes(p.Body, "message").String(); msg != "" {
-			p.Meta.Error += ": " + truncate(msg, 500)
+		s.noteBackendError(c, r, status, path)
+	}
+	s.finish(c, time.Now())
+}
+
+// noteBackendError records in the call's row why replica r answered the
+// error status, with the engine's own message; a 404 from an engine without
+// the route says so (and is logged once per replica).
+func (s *Server) noteBackendError(c *call, r *backends.Upstream, status int, path []byte) {
+	p := c.pend
+	p.Meta.Error = "backend returned HTTP " + strconv.Itoa(status)
+	if msg := gjson.GetBytes(p.Body, "error.message").String(); msg != "" {
+		p.Meta.Error += ": " + truncate(msg, 500)
+	} else if msg := gjson.GetBytes(p.Body, "message").String(); msg != "" {
+		p.Meta.Error += ": " + truncate(msg, 500)
+	}
+	if status == fasthttp.StatusNotFound && routeMissing(p.Body, r) {
+		// The engine has no such route, most often a replica URL
+		// without /v1: said in the row and logged once per replica.
+		hint := r.PathHint(status)
+		route := r.BasePath() + strings.TrimPrefix(string(path), "/v1")
+		p.Meta.Error += " (the engine has no route " + route + ")"
+		if hint != "" {
+			p.Meta.Error += ": " + hint
 		}
-		if status == fasthttp.StatusNotFound && routeMissing(p.Body, r) {
-			// The engine has no such route, most often a replica URL
-			// without /v1: said in the row and logged once per replica.
-			hint := r.PathHint(status)
-			route := r.BasePath() + strings.TrimPrefix(string(path), "/v1")
-			p.Meta.Error += " (the engine has no route " + route + ")"
-			if hint != "" {
-				p.Meta.Error += ": " + hint
-			}
-			if r.NoteBare404() {
-				s.log.Warn("a replica answered a call 404 Not Found (no such route): calls to it fail", "replica", r.Name(),
-					"url", r.URL(), "path", route, "hint", hint)
-			}
+		if r.NoteBare404() {
+			s.log.Warn("a replica answered a call 404 Not Found (no such route): calls to it fail", "replica", r.Name(),
+				"url", r.URL(), "path", route, "hint", hint)
 		}
 	}
-	s.finish(&c, time.Now())
 }
 
 // acquire and release count a call outstanding on a replica.

@@ -65,7 +65,7 @@ func (s *Server) pick(p *backends.Pool, rollout []byte, exclude []*backends.Upst
 // backendClients says how the gateway's clients of backend origins are made:
 // bounded dials, the idle timeout on every read (idleconn.go), and the
 // transport that cancels the non-streamed calls of clients that hung up
-// (hangup.go).
+// (transport.go).
 func (s *Server) backendClients() backends.ClientConfig {
 	connectTimeout, idle := s.cfg.ConnectTimeout, s.cfg.IdleTimeout
 	return backends.ClientConfig{

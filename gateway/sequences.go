@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,28 +19,16 @@ const (
 	defaultMaxTrackedAttemptBytes = 32 << 20
 
 	// seqEntryOverhead bounds what an entry costs on the heap besides its
-	// key string: the seqEntry (112 bytes; with a store, its block and
-	// seqReserve: 48 more), its slots in the key map and the
-	// rollout index (25 bytes each, at a load of 7/16 to 7/8: at most 57
-	// bytes each) and some fragmentation (measured by
+	// key string and its block: the seqEntry (104 bytes), its slots in the key
+	// map and the rollout index (25 bytes each, at a load of 7/16 to 7/8:
+	// at most 57 bytes each) and some fragmentation (measured by
 	// TestSequenceEntryOverhead, with one rollout per entry, the worst case).
 	seqEntryOverhead = 256
-	// seqBlockOverhead is what an entry costs more with a store: its block
-	// and seqReserve (16 + 32 bytes) and the fragmentation of the spans it shares with what its
-	// reservation allocated for a while (measured by
+	// seqBlockOverhead is what an entry's block costs: the seqBlock and
+	// seqReserve (16 + 32 bytes) and the fragmentation of the spans it
+	// shares with what its reservation allocated for a while (measured by
 	// TestSequenceEntryOverhead).
 	seqBlockOverhead = 160
-	// seqTombstoneBytes bounds what a tombstone costs on the heap: a slot
-	// of 17 bytes in a map only ever added to, at a load of 7/16 to 7/8
-	// (at most 39 bytes), and some fragmentation (measured by
-	// TestSequenceEntryOverhead).
-	seqTombstoneBytes = 48
-	// tombstonesPerEntry is how many tombstones the table keeps per entry
-	// it may hold (maxEntries).
-	tombstonesPerEntry = 8
-	// floorBits is log2 of the number of floors.
-	floorBits = 16
-	floorMask = 1<<floorBits - 1
 	// evictDivisor: an eviction removes at least 1/evictDivisor of the entries.
 	evictDivisor = 8
 	// defaultSequenceStoreTimeout is the default of Config.SequenceStoreTimeout.
@@ -52,68 +39,43 @@ const (
 )
 
 // sequences allocates per-(rollout, attempt) sequence ids: strictly
-// increasing per attempt, never reused while the gateway runs, independent
-// of clocks. Its entries also hold the rollout and attempt ids as strings, so
-// a call of a known attempt costs no allocation.
+// increasing per attempt, never reused, independent of clocks. Ids come from
+// blocks a store reserves in the database (package seqstore; setStore, before
+// the first call), so they also survive restarts and replicas (see
+// seqstore.Postgres for the exact guarantee across gateways). An entry
+// holds its attempt's current block: a call takes the block's next id under
+// the read lock (a lookup and an atomic increment: no I/O), and the call
+// that finds no entry or an exhausted block reserves the next block (under
+// the entry's mutex, with storeTimeout; an error is returned, never an id
+// outside a reserved block). Its entries also hold the rollout and attempt
+// ids as strings, so a call of a known attempt costs no allocation.
 //
 // The table is bounded. It holds at most maxEntries entries (attempts) and
 // at most maxBytes bytes of them, an entry counting its key (rollout id, NUL,
 // attempt id, rounded up to 32 bytes; the entry's rollout and attempt
-// strings share the key's bytes) plus seqEntryOverhead; a single entry
-// larger than maxBytes is still admitted alone. Inserting past a bound
-// evicts the least recently used entries, at least 1/8 of them at once, so
-// that eviction's cost, a pass over the table under the write lock (a few
-// milliseconds at 65,536 entries), is amortised over many insertions.
-// Recency is a logical clock, the number of insertions so far, stored on an
-// entry when it is used and the clock has moved since.
+// strings share the key's bytes) plus seqEntryOverhead and
+// seqBlockOverhead; a single entry larger than maxBytes is still admitted
+// alone. Inserting past a bound evicts the least recently used entries, at
+// least 1/8 of them at once, so that eviction's cost, a pass over the table
+// under the write lock (a few milliseconds at 65,536 entries), is amortised
+// over many insertions. Recency is a logical clock, the number of insertions
+// so far, stored on an entry when it is used and the clock has moved since.
+// An evicted or dropped (taken over by another gateway) entry leaves
+// nothing behind: the attempt reserves a new block, above every earlier
+// one, at its next call. (Rounding keys up to 32 bytes matches Go's
+// allocation size classes for keys up to 512 bytes: ids of up to 128 bytes
+// are well within.)
 //
-// An evicted attempt leaves a tombstone: the 64-bit hash of its key
-// (hash/maphash, a seed per table) and its last id. At most
-// 8 × maxEntries tombstones are kept, in two generations of at most
-// 4 × maxEntries: when the current one is full, the previous one is dropped,
-// each of its ids folded (kept if higher) into one of 65,536 floors, chosen
-// by the hash's low 16 bits, and a new generation begins (FIFO by halves).
-// A new entry's counter starts at the highest of its hash's tombstones and
-// its floor, 0 when none is set. Therefore:
+// Memory is bounded by 1.5 × maxBytes + 1 MiB (49 MiB with the defaults):
+// what the table counts, and the heap's fragmentation under churn (evicted
+// entries leave holes in spans that younger entries and the reservations'
+// short-lived allocations still use), and the maps' and eviction's fixed
+// costs: TestSequenceHeapBound measured 1.16 × maxBytes with the defaults
+// and up to 1.45 × with bounds of a few MiB, with 128-byte ids.
 //
-//   - an attempt's ids strictly increase, evicted or not: a tombstone and a
-//     floor only ever rise, and they are at least the last id of every
-//     attempt buried in them. An attempt resumed from its tombstone continues
-//     without a gap unless its floor is higher.
-//   - an attempt's first id is 1 as long as no tombstone was dropped into its
-//     floor. The first drop comes at the earliest with the
-//     (8 × maxEntries + 1)th eviction, so never before more than
-//     9 × maxEntries distinct attempts were seen; after that, a new attempt
-//     may start above 1: at 1 + the highest last id of the attempts whose
-//     tombstones were dropped into its floor (a floor gathers those of
-//     1/65,536 of all hashes). Likewise an attempt whose tombstone was dropped resumes at
-//     its floor + 1, past its last id.
-//   - two keys with the same 64-bit hash share a tombstone and a floor, which
-//     keep the highest of their ids: a collision can make an id start higher,
-//     never repeat one.
-//
-// Memory is thus bounded by maxBytes (entries) + 8 × maxEntries ×
-// seqTombstoneBytes (tombstones) + 512 KiB (floors, made at the first
-// drop): 32 MiB + 24 MiB + 0.5 MiB with the defaults (65,536 entries,
-// 32 MiB), checked by TestSequenceHeapBound. (Rounding keys up to 32 bytes
-// matches Go's allocation size classes for keys up to 512 bytes: ids of up
-// to 128 bytes are well within.)
-//
-// An id is taken under the read lock (a lookup and an atomic increment),
-// and entries are evicted, their counters read, under the write lock, so no
-// call can take an id from an entry after its counter was saved.
-//
-// With a store (setStore; rollgate serve always has one), what is above
-// holds for the table's bounds and LRU, but ids come from blocks the store
-// reserves in the database (package seqstore): an entry holds its current
-// block, a call takes the block's next id under the read lock (the same
-// lookup and atomic increment: no I/O), and the call that finds no entry or
-// an exhausted block reserves the next block (under the entry's mutex, with
-// storeTimeout; an error is returned, never an id outside a reserved
-// block). An evicted or dropped (taken over by another gateway) entry
-// leaves no tombstone: the attempt reserves a new block, above every
-// earlier one, at its next call. Ids then survive restarts and replicas (see
-// seqstore.Postgres for the exact guarantee across gateways).
+// An id is taken under the read lock, and entries are evicted under the
+// write lock; a block is stored in an entry only while the entry is in the
+// table (see refill).
 type sequences struct {
 	mu sync.RWMutex
 	m  map[string]*seqEntry // key: rollout + "\x00" + attempt
@@ -126,15 +88,10 @@ type sequences struct {
 	bytes      int64                // counted size of the entries (see entrySize)
 	maxEntries int
 	maxBytes   int64
-	maxTombs   int // in tombs and oldTombs together
-	seed       maphash.Seed
-	tombs      map[uint64]uint64       // key hash → last id of evicted entries: the current generation
-	oldTombs   map[uint64]uint64       // the previous generation
-	floors     *[1 << floorBits]uint64 // highest id of dropped tombstones, by hash & floorMask
-	evictions  prometheus.Counter      // may be nil
+	evictions  prometheus.Counter // may be nil
 
-	// store reserves blocks of ids (nil: ids from memory only, as above).
-	// Set before the first call (setStore).
+	// store reserves the blocks of ids. Set before the first call
+	// (setStore).
 	store        seqstore.Store
 	storeTimeout time.Duration
 }
@@ -155,11 +112,10 @@ type seqBlock struct {
 	last uint64
 }
 
-// seqEntry is one (rollout, attempt): its counter, its ids, and the task id
-// registered for it (through the API) once known. An evicted entry stays
-// valid for the calls holding it, but gives no more ids.
+// seqEntry is one (rollout, attempt): its block of ids, its ids, and the
+// task id registered for it (through the API) once known. An evicted entry
+// stays valid for the calls holding it, but gives no more ids.
 type seqEntry struct {
-	n       atomic.Uint64
 	used    atomic.Uint64 // sequences.tick when last used
 	key     string        // rollout + "\x00" + attempt
 	rollout string        // key's prefix
@@ -167,9 +123,8 @@ type seqEntry struct {
 	task    atomic.Pointer[string]
 	looked  atomic.Bool // the rollout registry was consulted for the task id
 
-	// With a store: the current block (nil until reserved), and how the
-	// next is reserved (made with the entry; nil without a store, so that
-	// an entry costs no more then).
+	// The current block (nil until reserved), and how the next is reserved
+	// (made with the entry).
 	blk atomic.Pointer[seqBlock]
 	rs  *seqReserve
 
@@ -200,26 +155,30 @@ func (s *sequences) initLocked() {
 	if s.maxBytes < 1 {
 		s.maxBytes = defaultMaxTrackedAttemptBytes
 	}
-	s.maxTombs = tombstonesPerEntry * s.maxEntries
 	if s.m == nil {
 		s.m, s.byRollout = map[string]*seqEntry{}, map[string]*seqEntry{}
-		s.seed = maphash.MakeSeed()
 	}
 }
+
+// errNoSequenceStore is setStore's error without a store.
+var errNoSequenceStore = errors.New("no sequence store: set Config.SequenceStore (seqstore.Open; " +
+	"rollgate serve opens the --queue database, else a file beside --db)")
 
 // setStore makes the table take ids from blocks the store reserves, each
 // reservation bounded by timeout (< 1: defaultSequenceStoreTimeout), and
 // drop the attempts other gateways take over. Call it before the first id.
-func (s *sequences) setStore(st seqstore.Store, timeout time.Duration) {
+func (s *sequences) setStore(st seqstore.Store, timeout time.Duration) error {
+	if st == nil {
+		return errNoSequenceStore
+	}
 	if timeout < 1 {
 		timeout = defaultSequenceStoreTimeout
 	}
 	s.mu.Lock()
 	s.store, s.storeTimeout = st, timeout
 	s.mu.Unlock()
-	if st != nil {
-		st.OnTakeover(s.drop)
-	}
+	st.OnTakeover(s.drop)
+	return nil
 }
 
 // next returns the next sequence id of (rollout, attempt).
@@ -230,18 +189,16 @@ func (s *sequences) next(rollout, attempt string) (uint64, error) {
 
 // assign returns the entry of (rollout, attempt) and its next sequence id,
 // creating the entry on first use (or after its eviction). It does not
-// allocate for a known attempt, nor, with a store, touch the store while
-// the attempt's block lasts. The error (only with a store) says the store
-// could not reserve a block in time: the call must be refused.
+// allocate for a known attempt, nor touch the store while the attempt's
+// block lasts. The error says the store could not reserve a block in time:
+// the call must be refused.
 func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 	var kb [seqKeyBuf]byte
 	key := append(append(append(kb[:0], rollout...), 0), attempt...)
 	s.mu.RLock()
 	if e := s.m[string(key)]; e != nil {
 		var id uint64
-		if s.store == nil {
-			id = e.n.Add(1)
-		} else if b := e.blk.Load(); b != nil {
+		if b := e.blk.Load(); b != nil {
 			if id = b.n.Add(1); id > b.last {
 				id = 0
 			}
@@ -349,27 +306,20 @@ func (s *sequences) drop(rollout, attempt string) {
 }
 
 // insert is assign's slow path: it makes the entry of key, whose rollout id
-// is key[:rolloutLen], evicting entries first if the table is full; with a
-// store it then reserves the entry's first block.
+// is key[:rolloutLen], evicting entries first if the table is full, then
+// reserves the entry's first block.
 func (s *sequences) insert(key []byte, rolloutLen int) (*seqEntry, uint64, error) {
 	s.mu.Lock()
-	e, id := s.insertLocked(key, rolloutLen)
+	e := s.insertLocked(key, rolloutLen)
 	s.mu.Unlock()
-	if id == 0 {
-		return s.refill(e)
-	}
-	return e, id, nil
+	return s.refill(e)
 }
 
-// insertLocked is insert under the write lock: the entry and, without a
-// store, its next id (0: reserve a block).
-func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64) {
+// insertLocked is insert under the write lock: the entry, without a block.
+func (s *sequences) insertLocked(key []byte, rolloutLen int) *seqEntry {
 	if e := s.m[string(key)]; e != nil { // made meanwhile
 		e.used.Store(s.tick)
-		if s.store != nil {
-			return e, 0
-		}
-		return e, e.n.Add(1)
+		return e
 	}
 	if s.m == nil || s.maxEntries < 1 {
 		s.initLocked()
@@ -379,12 +329,7 @@ func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64)
 		s.evict(size)
 	}
 	k := string(key)
-	e := &seqEntry{key: k, rollout: k[:rolloutLen], attempt: k[rolloutLen+1:]}
-	if s.store == nil {
-		e.n.Store(s.resume(maphash.String(s.seed, k)))
-	} else {
-		e.rs = &seqReserve{}
-	}
+	e := &seqEntry{key: k, rollout: k[:rolloutLen], attempt: k[rolloutLen+1:], rs: &seqReserve{}}
 	s.tick++
 	e.used.Store(s.tick)
 	s.m[k] = e
@@ -398,29 +343,12 @@ func (s *sequences) insertLocked(key []byte, rolloutLen int) (*seqEntry, uint64)
 	} else {
 		s.byRollout[e.rollout] = e
 	}
-	if s.store != nil {
-		return e, 0
-	}
-	return e, e.n.Add(1)
+	return e
 }
 
 // entrySize is the counted size of an entry whose key is keyLen bytes long.
 func (s *sequences) entrySize(keyLen int) int64 {
-	n := int64(keyLen+31)&^31 + seqEntryOverhead
-	if s.store != nil {
-		n += seqBlockOverhead
-	}
-	return n
-}
-
-// resume returns where the counter of a new entry whose key hashes to h
-// starts: at its tombstones or its floor, whichever is higher.
-func (s *sequences) resume(h uint64) uint64 {
-	var n uint64
-	if s.floors != nil {
-		n = s.floors[h&floorMask]
-	}
-	return max(n, s.tombs[h], s.oldTombs[h])
+	return int64(keyLen+31)&^31 + seqEntryOverhead + seqBlockOverhead
 }
 
 // forRollout calls fn with each entry of the rollout, under the read lock:
@@ -458,7 +386,7 @@ func (s *sequences) evict(size int64) {
 	}
 }
 
-// remove takes e out of the table, leaving its tombstone.
+// remove takes e out of the table.
 func (s *sequences) remove(e *seqEntry) {
 	delete(s.m, e.key)
 	s.bytes -= s.entrySize(len(e.key))
@@ -475,30 +403,6 @@ func (s *sequences) remove(e *seqEntry) {
 		delete(s.byRollout, e.rollout)
 	}
 	e.prev, e.next = nil, nil
-	if s.store == nil {
-		s.bury(maphash.String(s.seed, e.key), e.n.Load())
-	}
-}
-
-// bury records id as the last id of the key hashing to h. When the current
-// generation of tombstones is full, it drops the previous one into the
-// floors and starts a new one.
-func (s *sequences) bury(h, id uint64) {
-	if old, ok := s.tombs[h]; ok {
-		s.tombs[h] = max(old, id)
-		return
-	}
-	if s.tombs == nil || len(s.tombs) >= max(s.maxTombs/2, 1) {
-		if len(s.oldTombs) > 0 && s.floors == nil {
-			s.floors = new([1 << floorBits]uint64)
-		}
-		for oh, oid := range s.oldTombs {
-			f := &s.floors[oh&floorMask]
-			*f = max(*f, oid)
-		}
-		s.oldTombs, s.tombs = s.tombs, map[uint64]uint64{}
-	}
-	s.tombs[h] = id
 }
 
 // selectOldest reorders c so that c[:k] are its k least recently used

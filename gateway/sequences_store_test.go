@@ -6,20 +6,19 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/rollgate/rollgate/gateway/seqstore"
+	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // newStoreTable is a table taking ids from st.
 func newStoreTable(st seqstore.Store, maxEntries int) *sequences {
-	s := &sequences{}
-	s.setLimits(maxEntries, 0, nil)
-	s.setStore(st, 0)
-	return s
+	return newTestSequences(st, maxEntries, 0)
 }
 
 func openSeqStore(t testing.TB, dsn string) seqstore.Store {
@@ -344,22 +343,6 @@ func TestSequenceStoreFastPathDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// BenchmarkSequenceAssignStore is BenchmarkSequenceAssign's uuid case with
-// a store: the fast path (ids from the block in memory).
-func BenchmarkSequenceAssignStore(b *testing.B) {
-	s := newStoreTable(&hugeBlocks{}, 0)
-	var g atomic.Int64
-	rollout := []byte("ro-4bd2d6b4-5d21-4c3c-9a37-0c4b1c1d2e3f")
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		attempt := []byte("at-" + strconv.FormatInt(g.Add(1), 10))
-		s.assign(rollout, attempt)
-		for pb.Next() {
-			s.assign(rollout, attempt)
-		}
-	})
-}
-
 // BenchmarkSequenceFirstCall measures the first call of an attempt: one
 // reservation in the database (SQLite file, PostgreSQL on loopback).
 func BenchmarkSequenceFirstCall(b *testing.B) {
@@ -393,5 +376,15 @@ func BenchmarkSequenceTakeover(b *testing.B) {
 		if _, err := gws[i%2].next("ro-4bd2d6b4-5d21-4c3c-9a37-0c4b1c1d2e3f", "at-1"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestNewRequiresSequenceStore: New refuses a Config without a
+// SequenceStore, naming the field (ids kept in memory only would repeat
+// after a restart or an eviction).
+func TestNewRequiresSequenceStore(t *testing.T) {
+	_, err := New(Config{}, nil, metrics.New(), nil)
+	if err == nil || !strings.Contains(err.Error(), "Config.SequenceStore") {
+		t.Fatalf("New without a sequence store: %v, want an error naming Config.SequenceStore", err)
 	}
 }

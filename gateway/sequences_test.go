@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -12,14 +13,44 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rollgate/rollgate/gateway/seqstore"
 )
 
-// newTestSequences returns a table with the given bounds (< 1: defaults).
-func newTestSequences(maxEntries int, maxBytes int64) *sequences {
+// newTestSequences returns a table with the given bounds (< 1: defaults)
+// whose ids come from st.
+func newTestSequences(st seqstore.Store, maxEntries int, maxBytes int64) *sequences {
 	s := new(sequences)
 	s.setLimits(maxEntries, maxBytes, nil)
+	if err := s.setStore(st, 0); err != nil {
+		panic(err)
+	}
 	return s
 }
+
+// memBlocks is a store in memory that reserves blocks of size ids per
+// attempt, each above the attempt's previous one, as seqstore does in its
+// table: so that tables under churn reserve often, fast.
+type memBlocks struct {
+	size uint64
+	mu   sync.Mutex
+	next map[string]uint64 // rollout + NUL + attempt: the next id not reserved
+}
+
+func newMemBlocks(size uint64) *memBlocks {
+	return &memBlocks{size: size, next: map[string]uint64{}}
+}
+
+func (m *memBlocks) Reserve(_ context.Context, rollout, attempt string) (seqstore.Block, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := rollout + "\x00" + attempt
+	first := max(m.next[k], 1)
+	m.next[k] = first + m.size
+	return seqstore.Block{First: first, Last: first + m.size - 1}, nil
+}
+func (m *memBlocks) OnTakeover(func(string, string)) {}
+func (m *memBlocks) Close() error                    { return nil }
 
 // check verifies the table's invariants: within its bounds, byte count
 // exact, rollout index consistent with the map.
@@ -58,9 +89,6 @@ func (s *sequences) check(t testing.TB) {
 	if linked != len(s.m) {
 		t.Fatalf("%d entries linked by rollout, %d in the table", linked, len(s.m))
 	}
-	if g := max(s.maxTombs/2, 1); len(s.tombs) > g || len(s.oldTombs) > g {
-		t.Fatalf("%d + %d tombstones, bound %d per generation", len(s.tombs), len(s.oldTombs), g)
-	}
 }
 
 // has reports whether (rollout, attempt) is a live entry.
@@ -70,50 +98,9 @@ func (s *sequences) has(rollout, attempt string) bool {
 	return s.m[rollout+"\x00"+attempt] != nil
 }
 
-// TestSequenceResumesAfterEviction: an evicted attempt resumes from its
-// tombstone, and once its tombstone is dropped from its floor; ids start at 1
-// until then.
-func TestSequenceResumesAfterEviction(t *testing.T) {
-	s := newTestSequences(4, 0)
-	for want := uint64(1); want <= 3; want++ {
-		if got := s.nextID("r", "a"); got != want {
-			t.Fatalf("id %d, want %d", got, want)
-		}
-	}
-	for i := range 4 { // evicts ("r", "a"), the least recently used
-		if got := s.nextID("other", strconv.Itoa(i)); got != 1 {
-			t.Fatalf("new attempt %d starts at %d", i, got)
-		}
-		s.check(t)
-	}
-	if s.has("r", "a") {
-		t.Fatal("the least recently used attempt was not evicted")
-	}
-	if got := s.nextID("r", "a"); got != 4 {
-		t.Fatalf("resumed at %d, want 4 (from the tombstone)", got)
-	}
-
-	// One entry, 8 tombstones: 20 attempts of 5 calls drop most tombstones.
-	s = newTestSequences(1, 0)
-	for i := range 20 {
-		for want := uint64(1); want <= 5; want++ {
-			if got := s.nextID("r", strconv.Itoa(i)); i < 9 && got != want {
-				t.Fatalf("attempt %d: id %d before any tombstone was dropped, want %d", i, got, want)
-			}
-		}
-		s.check(t)
-	}
-	if s.floors == nil {
-		t.Fatal("no tombstone was dropped")
-	}
-	if got := s.nextID("r", "0"); got <= 5 {
-		t.Fatalf("attempt 0 resumed at %d after its tombstone was dropped, want > 5", got)
-	}
-}
-
 // TestSequenceIDsIncreaseUnderChurn: with tiny bounds (entries, then bytes)
-// forcing evictions, tombstone drops and floors, every attempt's ids strictly
-// increase.
+// forcing evictions, and small blocks forcing reservations, every attempt's
+// ids strictly increase, and its first id is 1.
 func TestSequenceIDsIncreaseUnderChurn(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -124,7 +111,7 @@ func TestSequenceIDsIncreaseUnderChurn(t *testing.T) {
 		{"bytes", 100, 6 * (&sequences{}).entrySize(40)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newTestSequences(tc.maxEntries, tc.maxBytes)
+			s := newTestSequences(newMemBlocks(4), tc.maxEntries, tc.maxBytes)
 			rng := rand.New(rand.NewPCG(1, 2))
 			last := map[string]uint64{}
 			above1 := 0
@@ -146,10 +133,9 @@ func TestSequenceIDsIncreaseUnderChurn(t *testing.T) {
 				}
 			}
 			s.check(t)
-			if s.floors == nil {
-				t.Fatal("no tombstone was dropped: the test does not exercise the floors")
+			if above1 > 0 {
+				t.Fatalf("%d of %d attempts started above 1", above1, len(last))
 			}
-			t.Logf("%d attempts, %d started above 1", len(last), above1)
 		})
 	}
 }
@@ -163,9 +149,9 @@ func TestSequenceConcurrentNoRepeat(t *testing.T) {
 		calls      = 4000
 		attempts   = 24
 	)
-	s := new(sequences)
+	s := newTestSequences(newMemBlocks(4), 3, 0)
 	evictions := prometheus.NewCounter(prometheus.CounterOpts{Name: "evictions"})
-	s.setLimits(3, 0, evictions)
+	s.evictions = evictions
 	got := make([]map[int][]uint64, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {
@@ -196,9 +182,6 @@ func TestSequenceConcurrentNoRepeat(t *testing.T) {
 	})
 	wg.Wait()
 	s.check(t)
-	if s.floors == nil {
-		t.Fatal("no tombstone was dropped: the test does not exercise the floors")
-	}
 	if n := testutil.ToFloat64(evictions); n < goroutines*calls/attempts {
 		t.Fatalf("%v evictions counted", n)
 	}
@@ -222,7 +205,7 @@ func TestSequenceConcurrentNoRepeat(t *testing.T) {
 // TestSequenceAssignDoesNotAllocate: a call of a known attempt, ids of the
 // longest valid length included, costs no allocation.
 func TestSequenceAssignDoesNotAllocate(t *testing.T) {
-	s := newTestSequences(0, 0)
+	s := newTestSequences(&hugeBlocks{}, 0, 0)
 	for _, n := range []int{8, 128} {
 		rollout, attempt := []byte(strings.Repeat("r", n)), []byte(strings.Repeat("a", n))
 		s.assign(rollout, attempt)
@@ -251,62 +234,34 @@ func putID(id []byte, prefix byte, i int) []byte {
 	return id
 }
 
-// TestSequenceEntryOverhead measures what an entry and a tombstone cost on
-// the heap, and checks seqEntryOverhead and seqTombstoneBytes cover it.
+// TestSequenceEntryOverhead measures what an entry and its block cost on
+// the heap, and checks seqEntryOverhead and seqBlockOverhead cover it.
 func TestSequenceEntryOverhead(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: a heap measurement of 10^5 entries (seconds); CI runs it")
 	}
 	const keyLen = 32 // 16-byte rollout id, NUL, 15-byte attempt id: one 32-byte allocation
 	r, a := make([]byte, 16), make([]byte, 15)
-	for _, withStore := range []bool{false, true} { // with a store, an entry also holds its block
-		for _, n := range []int{20_000, 65_536, 100_000, 150_000} {
-			s := newTestSequences(n, 1<<40)
-			if withStore {
-				s.setStore(&hugeBlocks{}, 0)
-			}
-			before := heapInuse()
-			for i := range n { // one rollout per entry: the rollout index's worst case
-				s.assign(putID(r, 'r', i), putID(a, 'a', i))
-			}
-			per := float64(heapInuse()-before)/float64(n) - keyLen
-			t.Logf("store %v, %6d entries: %.0f bytes each besides the key", withStore, n, per)
-			if limit := s.entrySize(0); per > float64(limit) {
-				t.Errorf("store %v, %d entries: %.0f bytes each besides the key, counted %d", withStore, n, per, limit)
-			}
-			runtime.KeepAlive(s)
-		}
-	}
-	for _, n := range []int{100_000, 300_000, 524_288} {
-		s := newTestSequences(n/tombstonesPerEntry, 0)
+	for _, n := range []int{20_000, 65_536, 100_000, 150_000} {
+		s := newTestSequences(&hugeBlocks{}, n, 1<<40)
 		before := heapInuse()
-		for i := range 3 * n { // the last 2n drop tombstones
-			s.bury(rand.Uint64(), uint64(i))
-			if i == n-1 || i == 3*n-1 {
-				used := heapInuse() - before
-				if s.floors != nil {
-					used -= 8 << floorBits
-				}
-				per := float64(used) / float64(n)
-				t.Logf("%6d tombstones (%d buried): %.1f bytes each", n, i+1, per)
-				if per > seqTombstoneBytes {
-					t.Errorf("%d tombstones: %.1f bytes each, seqTombstoneBytes %d", n, per, seqTombstoneBytes)
-				}
-			}
+		for i := range n { // one rollout per entry: the rollout index's worst case
+			s.assign(putID(r, 'r', i), putID(a, 'a', i))
+		}
+		per := float64(heapInuse()-before)/float64(n) - keyLen
+		t.Logf("%6d entries: %.0f bytes each besides the key", n, per)
+		if limit := s.entrySize(0); per > float64(limit) {
+			t.Errorf("%d entries: %.0f bytes each besides the key, counted %d", n, per, limit)
 		}
 		runtime.KeepAlive(s)
 	}
 }
 
-// seqMemoryBound is the documented bound of a table's memory (see sequences).
-func seqMemoryBound(maxEntries int, maxBytes int64) int64 {
-	return maxBytes + int64(tombstonesPerEntry*maxEntries*seqTombstoneBytes) + 8<<floorBits
-}
-
 // TestSequenceHeapBound: inserting many distinct attempts with ids of the
 // longest valid length (128 bytes) keeps the table's heap within its
-// documented bound: with the default bounds, 200,000 attempts (tombstones
-// accumulate); with smaller ones, enough to drop tombstones many times over.
+// documented bound, 1.5 × maxBytes + 1 MiB (see sequences): with the default
+// bounds, 200,000 attempts; with smaller ones, enough to evict many times
+// over.
 func TestSequenceHeapBound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: a heap measurement of 10^5 entries (seconds); CI runs it")
@@ -320,8 +275,8 @@ func TestSequenceHeapBound(t *testing.T) {
 		{1 << 20, 100_000, 4 << 20}, // the byte bound first
 	} {
 		t.Run(fmt.Sprint(tc.maxEntries, "/", tc.maxBytes), func(t *testing.T) {
-			s := newTestSequences(tc.maxEntries, tc.maxBytes)
-			bound := seqMemoryBound(s.maxEntries, s.maxBytes)
+			s := newTestSequences(&hugeBlocks{}, tc.maxEntries, tc.maxBytes)
+			bound := seqHeapBound(s.maxBytes)
 			r, a := make([]byte, 128), make([]byte, 128)
 			before := heapInuse()
 			for i := range tc.attempts {
@@ -329,16 +284,13 @@ func TestSequenceHeapBound(t *testing.T) {
 			}
 			grown := heapInuse() - before
 			s.check(t)
-			t.Logf("%d attempts: heap +%.1f MiB (bound %.1f MiB); %d entries, %.1f MiB counted, %d tombstones",
-				tc.attempts, float64(grown)/(1<<20), float64(bound)/(1<<20), len(s.m), float64(s.bytes)/(1<<20), len(s.tombs)+len(s.oldTombs))
+			t.Logf("%d attempts: heap +%.1f MiB (bound %.1f MiB); %d entries, %.1f MiB counted",
+				tc.attempts, float64(grown)/(1<<20), float64(bound)/(1<<20), len(s.m), float64(s.bytes)/(1<<20))
 			if grown > bound {
 				t.Errorf("heap grew by %d bytes, bound %d", grown, bound)
 			}
-			// Tighter: what the table counts, and its tombstones and floors.
-			used := s.bytes + int64(len(s.tombs)+len(s.oldTombs))*seqTombstoneBytes + 1<<20
-			if s.floors != nil {
-				used += 8 << floorBits
-			}
+			// Tighter: what the table counts, with its fragmentation.
+			used := seqHeapBound(s.bytes)
 			if grown > used {
 				t.Errorf("heap grew by %d bytes, more than the %d the table holds (with 1 MiB of slack)", grown, used)
 			}
@@ -346,6 +298,10 @@ func TestSequenceHeapBound(t *testing.T) {
 		})
 	}
 }
+
+// seqHeapBound is the documented bound of the heap of a table counting
+// maxBytes (see sequences).
+func seqHeapBound(maxBytes int64) int64 { return maxBytes*3/2 + 1<<20 }
 
 // BenchmarkSequenceAssign measures the hot path: the sequence id of a call
 // of a known attempt, from parallel goroutines each with its own attempt,
@@ -357,7 +313,7 @@ func BenchmarkSequenceAssign(b *testing.B) {
 		rollout, at int
 	}{{"uuid", 36, 8}, {"max", 128, 128}} {
 		b.Run(bc.name, func(b *testing.B) {
-			var s sequences
+			s := newTestSequences(&hugeBlocks{}, 0, 0)
 			var g atomic.Int64
 			rollout := []byte(strings.Repeat("r", bc.rollout))
 			b.ReportAllocs()
@@ -373,7 +329,7 @@ func BenchmarkSequenceAssign(b *testing.B) {
 	}
 }
 
-// nextID is next for tables without a store, which never fail.
+// nextID is next for tables whose store never fails.
 func (s *sequences) nextID(rollout, attempt string) uint64 {
 	id, err := s.next(rollout, attempt)
 	if err != nil {

@@ -44,7 +44,7 @@ type Server struct {
 	backendOpts backends.Options
 	health      backends.Health
 	mountedSets atomic.Pointer[[]*backends.Set] // NewMountedBackends: mounted surfaces' own tables
-	transport   hangupTransport                 // every backend client's RoundTripper (hangup.go)
+	transport   hangupTransport                 // every backend client's RoundTripper (transport.go)
 	seq         sequences
 	tokenIn     *tokenin.Store // token-in mode's attempts (nil: no backend can use it)
 	texts       interner       // task and agent names
@@ -100,7 +100,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	// Token-in mode's store exists from the start (a backend registered
 	// later may turn it on); it holds nothing until a call uses it.
 	s.tokenIn = tokenin.NewStore(cfg.TokenInMaxAttempts, cfg.TokenInMaxBytes, m.TokenInEvictions.Inc)
-	s.seq.setStore(cfg.SequenceStore, cfg.SequenceStoreTimeout)
+	if err := s.seq.setStore(cfg.SequenceStore, cfg.SequenceStoreTimeout); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	keys, err := resolveClientKeys(cfg.ClientKeys)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)

@@ -186,18 +186,39 @@ func (b *streamBody) fill() {
 	defer b.logIfEnded()
 	b.handHeld()
 	b.out, b.off = b.out[:chunkRoom], chunkRoom
-	pend := b.c.pend
 	// The head capture found in the chunks so far (id, object, created,
 	// model, the same in every chunk): the stripper starts after it rather
 	// than walking it again.
-	if h := pend.Head(); !b.head.Matches(h) {
+	if h := b.c.pend.Head(); !b.head.Matches(h) {
 		b.head.Set(h)
 	}
-	n, err := b.upstream.Read(b.in)
-	// Events that arrived together leave together (see chunkPeek): keep
-	// reading while the next chunk is already buffered, growing the read
-	// buffer for a burst (not for the first read: the first token is not
-	// held back for the rest of a burst).
+	n, err := b.readBurst()
+	if n > 0 {
+		b.sc.Feed(b.in[:n])
+		for {
+			ev, ok := b.sc.Next()
+			if !ok {
+				break
+			}
+			b.forwardEvent(ev)
+		}
+		if b.first {
+			b.first = false
+			b.noteFirstToken()
+		}
+	}
+	if err != nil {
+		b.endStream(err)
+	}
+}
+
+// readBurst reads the backend into b.in once, and on while its next chunk
+// is already buffered: events that arrived together leave together (see
+// chunkPeek). The read buffer grows for a burst, up to maxBurstRead (not on
+// the first read: the first token is not held back for the rest of a
+// burst).
+func (b *streamBody) readBurst() (n int, err error) {
+	n, err = b.upstream.Read(b.in)
 	for err == nil && b.peekOK && b.peek.ready() {
 		if n == len(b.in) {
 			if b.first || len(b.in) >= maxBurstRead {
@@ -210,67 +231,80 @@ func (b *streamBody) fill() {
 		m, err = b.upstream.Read(b.in[n:])
 		n += m
 	}
-	if n > 0 {
-		b.sc.Feed(b.in[:n])
-		for {
-			ev, ok := b.sc.Next()
-			if !ok {
-				break
-			}
-			if len(ev.Data) > 0 {
-				b.hold(ev.Data)
-				switch {
-				case string(ev.Data) == "[DONE]":
-					b.done = true
-				case bytes.HasPrefix(ev.Data, []byte(`{"error"`)):
-					b.errEvent = true
-				case b.c.endpoint == openai.Responses && isResponseEnd(ev.Data):
-					b.respEnd = true
-				}
-			}
-			if b.inj == 0 || len(ev.Data) == 0 {
-				if !b.fp.add(ev.Raw, ev.Data) { // held when finish chunks are
-					b.out = append(b.out, ev.Raw...)
-				}
-				continue
-			}
-			o, drop := rewrite.StripEventHead(b.scratch[:0], ev.Data, b.c.endpoint, b.inj, &b.head)
-			if !sameStart(o, ev.Data) { // ev.Data is the scanner's buffer: never adopt it
-				b.scratch = o
-			}
-			if b.fp.holding() && (drop && gjson.GetBytes(ev.Data, "usage").IsObject() || string(ev.Data) == "[DONE]" || bytes.HasPrefix(ev.Data, []byte(`{"error"`))) {
-				// The dropped usage chunk (its fingerprint goes onto the held
-				// finish chunks), or the stream's end without one.
-				var usage []byte
-				if drop {
-					usage = ev.Data
-				}
-				b.out = b.fp.release(b.out, usage)
-			}
-			start := len(b.out)
-			switch {
-			case drop:
-			case bytes.Equal(o, ev.Data):
-				b.out = append(b.out, ev.Raw...)
-			default:
-				b.out = append(b.out, "data: "...)
-				b.out = append(b.out, o...)
-				b.out = append(b.out, "\n\n"...)
-			}
-			if !drop && b.fp.add(b.out[start:], o) {
-				b.out = b.out[:start]
-			}
-		}
-		if b.first {
-			b.first = false
-			ttft := time.Since(b.c.start)
-			pend.Meta.TTFTNano = uint64(ttft)
-			b.s.m.TTFT.WithLabelValues(metricModel(b.c.model, pend.Meta.Backend), pend.Meta.Endpoint).Observe(ttft.Seconds())
-		}
+	return n, err
+}
+
+// forwardEvent holds an event's payload for capture (noteEvent) and appends
+// the client's copy of the event to out: as it came, without what the
+// gateway injected, or not at all (a dropped usage chunk; finish chunks
+// wait in fp for the usage chunk's system_fingerprint).
+func (b *streamBody) forwardEvent(ev capture.Event) {
+	if len(ev.Data) > 0 {
+		b.noteEvent(ev.Data)
 	}
-	if err == nil {
+	if b.inj == 0 || len(ev.Data) == 0 {
+		if !b.fp.add(ev.Raw, ev.Data) { // held when finish chunks are
+			b.out = append(b.out, ev.Raw...)
+		}
 		return
 	}
+	o, drop := rewrite.StripEventHead(b.scratch[:0], ev.Data, b.c.endpoint, b.inj, &b.head)
+	if !sameStart(o, ev.Data) { // ev.Data is the scanner's buffer: never adopt it
+		b.scratch = o
+	}
+	if b.fp.holding() && (drop && gjson.GetBytes(ev.Data, "usage").IsObject() || string(ev.Data) == "[DONE]" || bytes.HasPrefix(ev.Data, []byte(`{"error"`))) {
+		// The dropped usage chunk (its fingerprint goes onto the held
+		// finish chunks), or the stream's end without one.
+		var usage []byte
+		if drop {
+			usage = ev.Data
+		}
+		b.out = b.fp.release(b.out, usage)
+	}
+	start := len(b.out)
+	switch {
+	case drop:
+	case bytes.Equal(o, ev.Data):
+		b.out = append(b.out, ev.Raw...)
+	default:
+		b.out = append(b.out, "data: "...)
+		b.out = append(b.out, o...)
+		b.out = append(b.out, "\n\n"...)
+	}
+	if !drop && b.fp.add(b.out[start:], o) {
+		b.out = b.out[:start]
+	}
+}
+
+// noteEvent holds an event's data payload for capture and notes whether it
+// ends the stream ([DONE], an error event, a Responses stream's last event).
+func (b *streamBody) noteEvent(data []byte) {
+	b.hold(data)
+	switch {
+	case string(data) == "[DONE]":
+		b.done = true
+	case bytes.HasPrefix(data, []byte(`{"error"`)):
+		b.errEvent = true
+	case b.c.endpoint == openai.Responses && isResponseEnd(data):
+		b.respEnd = true
+	}
+}
+
+// noteFirstToken records the time to the first bytes of the answer, in the
+// call's row and the TTFT histogram.
+func (b *streamBody) noteFirstToken() {
+	pend := b.c.pend
+	ttft := time.Since(b.c.start)
+	pend.Meta.TTFTNano = uint64(ttft)
+	b.s.m.TTFT.WithLabelValues(metricModel(b.c.model, pend.Meta.Backend), pend.Meta.Endpoint).Observe(ttft.Seconds())
+}
+
+// endStream ends the client's stream after the backend's ended with err:
+// held finish chunks go out as they are, a read error becomes an error
+// event, an event left without its closing blank line is forwarded as is,
+// and a chat or completions stream cut short says so.
+func (b *streamBody) endStream(err error) {
+	pend := b.c.pend
 	b.eof = true
 	if b.fp.holding() { // no usage chunk came: the finish chunks as they are
 		b.out = b.fp.release(b.out, nil)

@@ -16,6 +16,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // heldSink keeps rows by span id; while hold is open it blocks every write,
@@ -64,7 +65,8 @@ func TestWALLogsCallsBeforeTheirAnswerEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := gateway.Config{Listen: ln.Addr().String(), UpstreamTimeout: 20 * time.Second, InjectLogprobs: true,
-		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "mock-1", URL: base, Kind: "vllm"}}}}}
+		SequenceStore: gatewaytest.SequenceStore(t),
+		Backends:      []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "mock-1", URL: base, Kind: "vllm"}}}}}
 	gw, err := gateway.New(cfg, pipe, m, nil)
 	if err != nil {
 		t.Fatal(err)

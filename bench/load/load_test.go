@@ -16,6 +16,7 @@ import (
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
@@ -70,6 +71,7 @@ func newStack(t *testing.T, store export.Store) *stack {
 		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{
 			{Name: "mock-1", URL: base, Kind: "vllm"},
 		}}},
+		SequenceStore: gatewaytest.SequenceStore(t),
 	}, pipe, m, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -66,82 +66,16 @@ func (p *plan) buildChat(f *fields) string {
 		return msg
 	}
 	p.readStops(f.stop)
-	if !f.messages.Exists() || f.messages.Type == gjson.Null {
-		return "messages: Field required"
-	}
-	if !f.messages.IsArray() {
-		return "messages: Input should be a valid list"
-	}
-	var msg, lastRole string
-	count := 0
-	f.messages.ForEach(func(_, m gjson.Result) bool {
-		count++
-		role := m.Get("role")
-		if !m.IsObject() || role.Type != gjson.String {
-			msg = "messages." + strconv.Itoa(count-1) + ": each message must be an object with a string \"role\""
-			return false
-		}
-		lastRole = role.Str
-		return true
-	})
+	lastRole, msg := checkMessages(f)
 	if msg != "" {
 		return msg
 	}
-	if count == 0 {
-		return "messages: List should have at least 1 item after validation, not 0"
+	if msg := p.readChatLogprobs(f); msg != "" {
+		return msg
 	}
-	if err := boolOf(f.logprobs, "logprobs", &p.logprobs); err != "" {
-		return err
-	}
-	if f.topLogprobs != unset {
-		switch {
-		case f.topLogprobs < 0:
-			return "`top_logprobs` must be a positive value."
-		case f.topLogprobs > MaxLogprobs:
-			return "Requested top logprobs of " + strconv.Itoa(f.topLogprobs) + ", which is greater than max allowed: " + strconv.Itoa(MaxLogprobs)
-		case f.topLogprobs > 0 && !p.logprobs:
-			return "when using `top_logprobs`, `logprobs` must be set to true."
-		}
-		p.topLogprobs = f.topLogprobs
-	}
-
-	// Tools.
-	var tool gjson.Result
-	useTool := false
-	if f.tools.Exists() && f.tools.Type != gjson.Null {
-		if !f.tools.IsArray() {
-			return "tools: Input should be a valid list"
-		}
-		want := ""
-		switch tc := f.toolChoice; {
-		case tc.IsObject():
-			want = tc.Get("function.name").String()
-			if want == "" {
-				return "tool_choice: a named tool choice needs function.name"
-			}
-		case tc.Type == gjson.String && tc.Str != "none" && tc.Str != "auto" && tc.Str != "required":
-			return "tool_choice: Input should be 'none', 'auto', 'required' or a named tool"
-		}
-		f.tools.ForEach(func(_, t gjson.Result) bool {
-			name := t.Get("function.name")
-			if !t.IsObject() || name.Type != gjson.String || name.Str == "" {
-				msg = "tools: each tool must be {\"type\":\"function\",\"function\":{\"name\":...}}"
-				return false
-			}
-			if !tool.Exists() && (want == "" || name.Str == want) {
-				tool = t
-			}
-			return true
-		})
-		if msg != "" {
-			return msg
-		}
-		if want != "" && !tool.Exists() {
-			return "Tool '" + want + "' has not been passed in `tools`."
-		}
-		useTool = tool.Exists() && !(f.toolChoice.Type == gjson.String && f.toolChoice.Str == "none") && lastRole == "user"
-		p.namedTool = want != ""
-		p.requiredTool = f.toolChoice.Type == gjson.String && f.toolChoice.Str == "required"
+	tool, useTool, msg := p.chooseTool(f, lastRole)
+	if msg != "" {
+		return msg
 	}
 
 	p.setModel(f)
@@ -158,7 +92,104 @@ func (p *plan) buildChat(f *fields) string {
 	p.continuousUsage = f.stream && f.continuousUsage()
 
 	textSeed := p.seedAndID(f, limit)
+	p.genChatChoices(f.n, textSeed, limit, tool, useTool)
+	return ""
+}
 
+// checkMessages validates messages (a non-empty list of objects with a
+// string "role") and returns the last message's role.
+func checkMessages(f *fields) (lastRole, msg string) {
+	if !f.messages.Exists() || f.messages.Type == gjson.Null {
+		return "", "messages: Field required"
+	}
+	if !f.messages.IsArray() {
+		return "", "messages: Input should be a valid list"
+	}
+	count := 0
+	f.messages.ForEach(func(_, m gjson.Result) bool {
+		count++
+		role := m.Get("role")
+		if !m.IsObject() || role.Type != gjson.String {
+			msg = "messages." + strconv.Itoa(count-1) + ": each message must be an object with a string \"role\""
+			return false
+		}
+		lastRole = role.Str
+		return true
+	})
+	if msg != "" {
+		return "", msg
+	}
+	if count == 0 {
+		return "", "messages: List should have at least 1 item after validation, not 0"
+	}
+	return lastRole, ""
+}
+
+// readChatLogprobs reads and checks logprobs and top_logprobs.
+func (p *plan) readChatLogprobs(f *fields) string {
+	if err := boolOf(f.logprobs, "logprobs", &p.logprobs); err != "" {
+		return err
+	}
+	if f.topLogprobs == unset {
+		return ""
+	}
+	switch {
+	case f.topLogprobs < 0:
+		return "`top_logprobs` must be a positive value."
+	case f.topLogprobs > MaxLogprobs:
+		return "Requested top logprobs of " + strconv.Itoa(f.topLogprobs) + ", which is greater than max allowed: " + strconv.Itoa(MaxLogprobs)
+	case f.topLogprobs > 0 && !p.logprobs:
+		return "when using `top_logprobs`, `logprobs` must be set to true."
+	}
+	p.topLogprobs = f.topLogprobs
+	return ""
+}
+
+// chooseTool checks tools and tool_choice and picks the tool the choices
+// call (the first, or the one tool_choice names): useTool when there is
+// one, tool_choice is not "none" and the last message is the user's.
+func (p *plan) chooseTool(f *fields, lastRole string) (tool gjson.Result, useTool bool, msg string) {
+	if !f.tools.Exists() || f.tools.Type == gjson.Null {
+		return tool, false, ""
+	}
+	if !f.tools.IsArray() {
+		return tool, false, "tools: Input should be a valid list"
+	}
+	want := ""
+	switch tc := f.toolChoice; {
+	case tc.IsObject():
+		want = tc.Get("function.name").String()
+		if want == "" {
+			return tool, false, "tool_choice: a named tool choice needs function.name"
+		}
+	case tc.Type == gjson.String && tc.Str != "none" && tc.Str != "auto" && tc.Str != "required":
+		return tool, false, "tool_choice: Input should be 'none', 'auto', 'required' or a named tool"
+	}
+	f.tools.ForEach(func(_, t gjson.Result) bool {
+		name := t.Get("function.name")
+		if !t.IsObject() || name.Type != gjson.String || name.Str == "" {
+			msg = "tools: each tool must be {\"type\":\"function\",\"function\":{\"name\":...}}"
+			return false
+		}
+		if !tool.Exists() && (want == "" || name.Str == want) {
+			tool = t
+		}
+		return true
+	})
+	if msg != "" {
+		return tool, false, msg
+	}
+	if want != "" && !tool.Exists() {
+		return tool, false, "Tool '" + want + "' has not been passed in `tools`."
+	}
+	useTool = tool.Exists() && !(f.toolChoice.Type == gjson.String && f.toolChoice.Str == "none") && lastRole == "user"
+	p.namedTool = want != ""
+	p.requiredTool = f.toolChoice.Type == gjson.String && f.toolChoice.Str == "required"
+	return tool, useTool, ""
+}
+
+// genChatChoices generates the n choices: text, or a call of tool.
+func (p *plan) genChatChoices(n int, textSeed uint64, limit int, tool gjson.Result, useTool bool) {
 	var name string
 	var params gjson.Result
 	if useTool {
@@ -166,7 +197,7 @@ func (p *plan) buildChat(f *fields) string {
 		params = tool.Get("function.parameters")
 	}
 	vllm := p.s.cfg.Flavor == FlavorVLLM
-	for i := 0; i < f.n; i++ {
+	for i := 0; i < n; i++ {
 		c := p.addChoice()
 		c.seed = mix64(textSeed + uint64(i)*0x9e3779b97f4a7c15)
 		c.perToken = vllm
@@ -184,7 +215,6 @@ func (p *plan) buildChat(f *fields) string {
 			planHermes(c) // a call cut short streams what the parser made of it
 		}
 	}
-	return ""
 }
 
 // commonChecks validates n, stream_options and the output limit.

@@ -255,55 +255,79 @@ type knobs struct {
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	s.record(ctx)
-	k := knobs{ttft: s.cfg.TTFT, itl: s.cfg.ITL, tokens: s.cfg.MaxTokens}
-	h := &ctx.Request.Header
-	if v := h.Peek("x-mock-fail"); len(v) > 0 {
-		if !s.fail(ctx, b2s(v), &k) {
-			return
-		}
+	k, ok := s.readKnobs(ctx)
+	if !ok {
+		return
 	}
-	if v := h.Peek("x-mock-ttft-ms"); len(v) > 0 {
-		ms, err := strconv.Atoi(b2s(v))
-		if err != nil || ms < 0 {
-			s.writeError(ctx, 400, "x-mock-ttft-ms: want a non-negative integer of milliseconds, got "+strconv.Quote(string(v)))
-			return
-		}
-		k.ttft = time.Duration(ms) * time.Millisecond
-	}
-	if v := h.Peek("x-mock-itl-ms"); len(v) > 0 {
-		ms, err := strconv.Atoi(b2s(v))
-		if err != nil || ms < 0 {
-			s.writeError(ctx, 400, "x-mock-itl-ms: want a non-negative integer of milliseconds, got "+strconv.Quote(string(v)))
-			return
-		}
-		k.itl = time.Duration(ms) * time.Millisecond
-	}
-	if v := h.Peek("x-mock-tokens"); len(v) > 0 {
-		n, err := strconv.Atoi(b2s(v))
-		if err != nil || n < 1 {
-			s.writeError(ctx, 400, "x-mock-tokens: want a positive integer, got "+strconv.Quote(string(v)))
-			return
-		}
-		k.tokens = min(n, s.cfg.MaxModelLen)
-	}
-
 	path := b2s(ctx.Path())
 	if !s.routed(path) {
 		s.writeError(ctx, fasthttp.StatusNotFound, "Not Found")
 		return
 	}
+	s.serveRoute(ctx, path, &k)
+}
+
+// readKnobs reads the per-request header overrides (x-mock-fail,
+// x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens) over the configured values.
+// ok false: the request was answered (a bad header, or a failure
+// x-mock-fail asked for).
+func (s *Server) readKnobs(ctx *fasthttp.RequestCtx) (k knobs, ok bool) {
+	k = knobs{ttft: s.cfg.TTFT, itl: s.cfg.ITL, tokens: s.cfg.MaxTokens}
+	h := &ctx.Request.Header
+	if v := h.Peek("x-mock-fail"); len(v) > 0 {
+		if !s.fail(ctx, b2s(v), &k) {
+			return k, false
+		}
+	}
+	const millis = "a non-negative integer of milliseconds"
+	if ms, set, ok := s.headerInt(ctx, "x-mock-ttft-ms", 0, millis); !ok {
+		return k, false
+	} else if set {
+		k.ttft = time.Duration(ms) * time.Millisecond
+	}
+	if ms, set, ok := s.headerInt(ctx, "x-mock-itl-ms", 0, millis); !ok {
+		return k, false
+	} else if set {
+		k.itl = time.Duration(ms) * time.Millisecond
+	}
+	if n, set, ok := s.headerInt(ctx, "x-mock-tokens", 1, "a positive integer"); !ok {
+		return k, false
+	} else if set {
+		k.tokens = min(n, s.cfg.MaxModelLen)
+	}
+	return k, true
+}
+
+// headerInt reads header name as an integer of at least lo (set: the
+// header is there). ok false: it is not, and the request was answered 400
+// saying it wants what.
+func (s *Server) headerInt(ctx *fasthttp.RequestCtx, name string, lo int, what string) (n int, set, ok bool) {
+	v := ctx.Request.Header.Peek(name)
+	if len(v) == 0 {
+		return 0, false, true
+	}
+	n, err := strconv.Atoi(b2s(v))
+	if err != nil || n < lo {
+		s.writeError(ctx, 400, name+": want "+what+", got "+strconv.Quote(string(v)))
+		return 0, false, false
+	}
+	return n, true, true
+}
+
+// serveRoute answers a routed path.
+func (s *Server) serveRoute(ctx *fasthttp.RequestCtx, path string, k *knobs) {
 	switch path {
 	case PathChat:
 		if s.method(ctx, fasthttp.MethodPost) {
-			s.chat(ctx, &k)
+			s.chat(ctx, k)
 		}
 	case PathCompletions:
 		if s.method(ctx, fasthttp.MethodPost) {
-			s.completions(ctx, &k)
+			s.completions(ctx, k)
 		}
 	case PathResponses:
 		if s.method(ctx, fasthttp.MethodPost) {
-			s.responses(ctx, &k)
+			s.responses(ctx, k)
 		}
 	case PathEmbeddings:
 		if s.method(ctx, fasthttp.MethodPost) {
@@ -354,7 +378,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.writeMetrics(ctx)
 		}
 	case PathRender, PathGenerate, PathDerender:
-		s.scaleOut(ctx, path, &k)
+		s.scaleOut(ctx, path, k)
 	case PathIsSleeping:
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, strconv.AppendBool([]byte(`{"is_sleeping":`), s.sleeping.Load()))

@@ -31,6 +31,7 @@ import (
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // rateInterval stands in for Grafana's $__rate_interval (at least four
@@ -427,6 +428,7 @@ func startLoadedGateway(t *testing.T) string {
 		UpstreamTimeout: 10 * time.Minute,
 		IdleTimeout:     10 * time.Minute, // the hung backend stays hung for the whole test
 		Retries:         -1,
+		SequenceStore:   gatewaytest.SequenceStore(t),
 		Backends: []gateway.Backend{
 			{Model: "m", Replicas: []gateway.Replica{{Name: "mock-a", URL: base, Kind: "vllm", PolicyVersion: "v1"}}},
 			{Model: "noids", Replicas: []gateway.Replica{{Name: "mock-noids", URL: noIDsBase, Kind: "vllm"}}},

@@ -19,6 +19,7 @@ import (
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/metrics"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 const (
@@ -384,6 +385,7 @@ func startGateway(t *testing.T, sink export.Sink, mutate func(*gateway.Config)) 
 	}
 	cfg := gateway.Config{
 		Listen: ln.Addr().String(), UpstreamTimeout: 20 * time.Second,
+		SequenceStore: gatewaytest.SequenceStore(t),
 		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{
 			{Name: "mock-1", URL: base, Kind: "vllm", PolicyVersion: "v7"},
 		}}},

@@ -220,59 +220,104 @@ const (
 // out is then dst unchanged.
 func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options) (out []byte, info Request, inj Injected, err error) {
 	info.N = 1
-	if !opt.Validated {
+	open, err := objectStart(body, opt.Validated)
+	if err != nil {
+		return dst, info, 0, err
+	}
+	var ms members
+	if !ms.scan(body, open) { // cannot happen after Validate; keep the scanner honest
+		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
+	}
+	if err := ms.read(&info, body, endpoint); err != nil {
+		return dst, info, 0, err
+	}
+	so := scanStreamOptions(body, ms.so)
+	info.IncludeUsage = so.usage.ok && string(body[so.usage.start:so.usage.end]) == "true"
+
+	if kind == openai.KindOpenAI || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
+		return append(dst, body...), info, 0, nil
+	}
+	ed := edits{at: ms.end, comma: ms.any}
+	// The order of the calls is the order of the appended members.
+	inj = ms.planIDs(&ed, body, endpoint, kind, opt, info.Stream)
+	inj |= ms.planUsage(&ed, body, &so, kind, info.Stream)
+	inj |= ms.planLogprobs(&ed, body, endpoint, kind, opt, info.Stream)
+	return ed.apply(dst, body), info, inj, nil
+}
+
+// objectStart validates body (unless validated says Inspect did) and
+// returns the offset of its opening '{'.
+func objectStart(body []byte, validated bool) (int, error) {
+	if !validated {
 		if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
-			return dst, info, 0, &RequestError{Reason: err.Error()}
+			return 0, &RequestError{Reason: err.Error()}
 		} else if err != nil {
-			return dst, info, 0, &RequestError{Reason: "not valid JSON"}
+			return 0, &RequestError{Reason: "not valid JSON"}
 		}
 	}
 	open := jsonscan.SkipWS(body, 0)
 	if open >= len(body) || body[open] != '{' {
-		return dst, info, 0, &RequestError{Reason: "must be a JSON object"}
+		return 0, &RequestError{Reason: "must be a JSON object"}
 	}
+	return open, nil
+}
 
-	var model, stream, n, ids, so, lp, tlp, asIDs, tools, nProbs span
-	lastEnd := open + 1 // where members are appended
-	hasMembers := false
+// members is where Rewrite found the top-level members it reads or may
+// replace, and where it appends new ones.
+type members struct {
+	model, stream, n, ids, so, lp, tlp, asIDs, tools, nProbs span
+
+	// end is the end of the last member (just after '{' when none): where
+	// members are appended.
+	end int
+	// any says the object has members: an appended one needs a leading comma.
+	any bool
+}
+
+// scan finds the members of the object opening at body[open]; later
+// duplicates win, as in the engines' JSON decoders. It returns false when
+// the object is malformed.
+func (ms *members) scan(body []byte, open int) bool {
+	ms.end = open + 1
 	it := jsonscan.NewObjIter(body, open, nil)
 	var m jsonscan.Member
 	for it.Next(&m) {
-		hasMembers = true
-		lastEnd = m.ValEnd
+		ms.any = true
+		ms.end = m.ValEnd
 		s := span{start: m.ValStart, end: m.ValEnd, ok: true}
-		// Later duplicates win, as in the engines' JSON decoders.
 		switch string(m.Key(body)) {
 		case "model":
-			model = s
+			ms.model = s
 		case "stream":
-			stream = s
+			ms.stream = s
 		case "n":
-			n = s
+			ms.n = s
 		case "return_token_ids":
-			ids = s
+			ms.ids = s
 		case "stream_options":
-			so = s
+			ms.so = s
 		case "logprobs":
-			lp = s
+			ms.lp = s
 		case "top_logprobs":
-			tlp = s
+			ms.tlp = s
 		case "return_tokens_as_token_ids":
-			asIDs = s
+			ms.asIDs = s
 		case "tools":
-			tools = s
+			ms.tools = s
 		case "n_probs":
-			nProbs = s
+			ms.nProbs = s
 		}
 	}
-	if it.Bad { // cannot happen after ValidBytes; keep the scanner honest
-		return dst, info, 0, &RequestError{Reason: "not valid JSON"}
-	}
+	return !it.Bad
+}
 
-	if !model.null(body) {
-		v := body[model.start:model.end]
+// read fills info from the members, checking the types of "model",
+// "stream" and "n" in that order (info keeps what was read before an error).
+func (ms *members) read(info *Request, body []byte, endpoint openai.Endpoint) error {
+	if !ms.model.null(body) {
+		v := body[ms.model.start:ms.model.end]
 		if v[0] != '"' {
-			return dst, info, 0, &RequestError{Field: "model", Reason: "must be a string, got " + jsonType(v)}
+			return &RequestError{Field: "model", Reason: "must be a string, got " + jsonType(v)}
 		}
 		raw := v[1 : len(v)-1]
 		if bytes.IndexByte(raw, '\\') < 0 {
@@ -281,25 +326,25 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 			info.Model = []byte(gjson.ParseBytes(v).String())
 		}
 	}
-	if !stream.null(body) {
-		switch v := body[stream.start:stream.end]; string(v) {
+	if !ms.stream.null(body) {
+		switch v := body[ms.stream.start:ms.stream.end]; string(v) {
 		case "true":
 			info.Stream = true
 		case "false":
 		default:
-			return dst, info, 0, &RequestError{Field: "stream", Reason: "must be a boolean, got " + jsonType(v)}
+			return &RequestError{Field: "stream", Reason: "must be a boolean, got " + jsonType(v)}
 		}
 	}
-	if !n.null(body) {
-		v, err := parseN(body[n.start:n.end])
+	if !ms.n.null(body) {
+		v, err := parseN(body[ms.n.start:ms.n.end])
 		if err != nil {
-			return dst, info, 0, err
+			return err
 		}
 		info.N = v
 	}
-	info.ReturnTokenIDs = ids.ok && string(body[ids.start:ids.end]) == "true"
-	if !lp.null(body) {
-		v := body[lp.start:lp.end]
+	info.ReturnTokenIDs = ms.ids.ok && string(body[ms.ids.start:ms.ids.end]) == "true"
+	if !ms.lp.null(body) {
+		v := body[ms.lp.start:ms.lp.end]
 		if endpoint == openai.Completions {
 			// A number, or true: vLLM's lax int validator and llama.cpp
 			// both read true as 1 (docs/engines.md).
@@ -308,153 +353,199 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 			info.Logprobs = string(v) == "true"
 		}
 	}
+	return nil
+}
 
-	// stream_options: find include_usage / continuous_usage_stats inside.
-	var usage, contUsage span
-	soEnd := 0
-	soMembers := false
-	soObject := so.ok && body[so.start] == '{'
-	if soObject {
-		sit := jsonscan.NewObjIter(body, so.start, nil)
-		soEnd = so.start + 1
-		for sit.Next(&m) {
-			soMembers = true
-			soEnd = m.ValEnd
-			s := span{start: m.ValStart, end: m.ValEnd, ok: true}
-			switch string(m.Key(body)) {
-			case "include_usage":
-				usage = s
-			case "continuous_usage_stats":
-				contUsage = s
-			}
+// streamOptions is where Rewrite found the members of stream_options it
+// reads, when stream_options is an object.
+type streamOptions struct {
+	usage, contUsage span // include_usage, continuous_usage_stats
+	end              int  // the end of its last member (just after '{' when none)
+	any              bool // it has members
+	object           bool // stream_options is an object
+}
+
+// scanStreamOptions finds include_usage and continuous_usage_stats in the
+// stream_options value at so.
+func scanStreamOptions(body []byte, so span) (o streamOptions) {
+	o.object = so.ok && body[so.start] == '{'
+	if !o.object {
+		return o
+	}
+	it := jsonscan.NewObjIter(body, so.start, nil)
+	o.end = so.start + 1
+	var m jsonscan.Member
+	for it.Next(&m) {
+		o.any = true
+		o.end = m.ValEnd
+		s := span{start: m.ValStart, end: m.ValEnd, ok: true}
+		switch string(m.Key(body)) {
+		case "include_usage":
+			o.usage = s
+		case "continuous_usage_stats":
+			o.contUsage = s
 		}
-		info.IncludeUsage = usage.ok && string(body[usage.start:usage.end]) == "true"
 	}
+	return o
+}
 
-	if kind == openai.KindOpenAI || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
-		return append(dst, body...), info, 0, nil
+// planIDs plans "return_token_ids":true towards vLLM and SGLang (not for
+// SGLang streaming chat, which rejects it, nor when the ids come from
+// logprobs).
+func (ms *members) planIDs(ed *edits, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options, stream bool) Injected {
+	if (kind != openai.KindVLLM && kind != openai.KindSGLang) || !ms.ids.null(body) || opt.IDsFromLogprobs ||
+		(kind == openai.KindSGLang && endpoint == openai.ChatCompletions && stream) {
+		return 0
 	}
+	inj := ReturnTokenIDs
+	if kind == openai.KindSGLang {
+		inj |= OmitIDs
+	}
+	if ms.ids.ok {
+		ed.replace(ms.ids, "true")
+	} else {
+		ed.appendMember(textIDs)
+	}
+	return inj
+}
 
-	var edits [6]edit
-	ne := 0
-	comma := hasMembers
-	appendMember := func(text string) {
-		if !comma {
-			text = text[1:]
+// planUsage plans stream_options.include_usage:true: only on streams; not
+// when the client set it, nor when stream_options is not an object (the
+// engine refuses it anyway), nor with continuous_usage_stats (injecting
+// would add usage to every chunk). Not towards llama.cpp: there the usage
+// chunk takes the "timings" the finish chunk carries otherwise, and capture
+// reads the counts from those timings instead (docs/engines.md).
+func (ms *members) planUsage(ed *edits, body []byte, so *streamOptions, kind openai.Kind, stream bool) Injected {
+	continuous := so.object && !so.contUsage.null(body) && string(body[so.contUsage.start:so.contUsage.end]) != "false"
+	if !stream || kind == openai.KindLlamaCpp || !so.usage.null(body) || !(ms.so.null(body) || so.object) || continuous {
+		return 0
+	}
+	switch {
+	case !ms.so.ok:
+		ed.appendMember(textUsage)
+	case !so.object: // null
+		ed.replace(ms.so, textUsageObj)
+	case so.usage.ok: // null
+		ed.replace(so.usage, "true")
+	default:
+		t := textIncludeUsage
+		if !so.any {
+			t = t[1:]
 		}
-		comma = true
-		edits[ne] = edit{lastEnd, lastEnd, text}
-		ne++
+		ed.insert(so.end, t)
 	}
-	replace := func(s span, text string) {
-		edits[ne] = edit{s.start, s.end, text}
-		ne++
-	}
+	return IncludeUsage
+}
 
-	fromLogprobs := opt.IDsFromLogprobs && kind == openai.KindVLLM && lp.null(body) && tlp.null(body) && asIDs.null(body)
+// planLogprobs plans the logprobs of the sampled tokens: with
+// opt.Logprobs, for ids from logprobs (vLLM before 0.10.2, with
+// "return_tokens_as_token_ids":true), and towards llama.cpp, which returns
+// output ids only as the "id" of logprobs entries (chat and completions
+// alike). llama.cpp refuses logprobs on a streamed chat request with tools
+// (docs/engines.md), so such calls get none and are captured without output
+// ids; a client's own n_probs already makes it send the entries. Chat
+// refuses top_logprobs without logprobs:true; injecting would turn that
+// error into a success, so such requests are left alone.
+func (ms *members) planLogprobs(ed *edits, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options, stream bool) Injected {
 	llama := kind == openai.KindLlamaCpp
-	// llama.cpp returns output ids only as the "id" of logprobs entries
-	// (chat and completions alike). It refuses logprobs on a streamed chat
-	// request with tools (docs/engines.md), so such calls get none and are
-	// captured without output ids; a client's own n_probs already makes it
-	// send the entries.
-	llamaLogprobs := llama && lp.null(body) && tlp.null(body) && nProbs.null(body) &&
-		!(endpoint == openai.ChatCompletions && info.Stream && nonEmptyArray(body, tools))
-	if (kind == openai.KindVLLM || kind == openai.KindSGLang) && ids.null(body) && !opt.IDsFromLogprobs &&
-		!(kind == openai.KindSGLang && endpoint == openai.ChatCompletions && info.Stream) {
-		inj |= ReturnTokenIDs
-		if kind == openai.KindSGLang {
-			inj |= OmitIDs
-		}
-		if ids.ok {
-			replace(ids, "true")
-		} else {
-			appendMember(textIDs)
-		}
-	}
-
-	// include_usage: only on streams; not when the client set it, nor when
-	// stream_options is not an object (the engine refuses it anyway), nor with
-	// continuous_usage_stats (injecting would add usage to every chunk).
-	// Not towards llama.cpp: there the usage chunk takes the "timings" the
-	// finish chunk carries otherwise, and capture reads the counts from those
-	// timings instead (docs/engines.md).
-	continuous := soObject && !contUsage.null(body) && string(body[contUsage.start:contUsage.end]) != "false"
-	if info.Stream && !llama && usage.null(body) && (so.null(body) || soObject) && !continuous {
-		inj |= IncludeUsage
-		switch {
-		case !so.ok:
-			appendMember(textUsage)
-		case !soObject: // null
-			replace(so, textUsageObj)
-		case usage.ok: // null
-			replace(usage, "true")
-		default:
-			t := textIncludeUsage
-			if !soMembers {
-				t = t[1:]
-			}
-			edits[ne] = edit{soEnd, soEnd, t}
-			ne++
-		}
-	}
-
-	// logprobs: chat refuses top_logprobs without logprobs:true; injecting
-	// would turn that error into a success, so leave such requests alone.
+	fromLogprobs := opt.IDsFromLogprobs && kind == openai.KindVLLM && ms.lp.null(body) && ms.tlp.null(body) && ms.asIDs.null(body)
+	llamaLogprobs := llama && ms.lp.null(body) && ms.tlp.null(body) && ms.nProbs.null(body) &&
+		!(endpoint == openai.ChatCompletions && stream && nonEmptyArray(body, ms.tools))
+	var inj Injected
 	if (opt.Logprobs && !llama || fromLogprobs || llamaLogprobs) &&
-		lp.null(body) && (endpoint != openai.ChatCompletions || tlp.null(body)) {
-		inj |= Logprobs
-		text, val := textLogprobsChat, "true"
-		switch {
-		case endpoint == openai.ChatCompletions && llama:
-			// Chat logprobs keys are left out when not asked for; top_logprobs
-			// 1 is llama.cpp's smallest n_probs that still returns entries
-			// (its default is 20 alternatives per token).
-			inj |= OmitLogprobs
-			if tlp.ok {
-				replace(tlp, "1")
-			}
-		case endpoint == openai.Completions && llama:
-			// n_probs = logprobs; 0 would return no entries at all.
-			text, val = textLogprobsCmpl1, "1"
-		case endpoint == openai.Completions:
-			text, val = textLogprobsCmpl, "0"
-		}
-		if lp.ok {
-			replace(lp, val)
-		} else {
-			appendMember(text)
-		}
-		if endpoint == openai.ChatCompletions && llama && !tlp.ok {
-			appendMember(textTopLogprobs1)
-		}
+		ms.lp.null(body) && (endpoint != openai.ChatCompletions || ms.tlp.null(body)) {
+		inj |= ms.injectLogprobs(ed, endpoint, llama)
 	}
-
 	if fromLogprobs {
 		inj |= TokensAsIDs
-		if asIDs.ok {
-			replace(asIDs, "true")
+		if ms.asIDs.ok {
+			ed.replace(ms.asIDs, "true")
 		} else {
-			appendMember(textTokensAsIDs)
+			ed.appendMember(textTokensAsIDs)
 		}
 	}
+	return inj
+}
 
-	// Stable insertion sort by position: appended members share lastEnd and
-	// keep their order.
-	for i := 1; i < ne; i++ {
-		for j := i; j > 0 && edits[j].start < edits[j-1].start; j-- {
-			edits[j], edits[j-1] = edits[j-1], edits[j]
+// injectLogprobs plans the logprobs member itself (and top_logprobs towards
+// llama.cpp's chat), the client having asked for none.
+func (ms *members) injectLogprobs(ed *edits, endpoint openai.Endpoint, llama bool) Injected {
+	inj := Logprobs
+	text, val := textLogprobsChat, "true"
+	switch {
+	case endpoint == openai.ChatCompletions && llama:
+		// Chat logprobs keys are left out when not asked for; top_logprobs
+		// 1 is llama.cpp's smallest n_probs that still returns entries
+		// (its default is 20 alternatives per token).
+		inj |= OmitLogprobs
+		if ms.tlp.ok {
+			ed.replace(ms.tlp, "1")
+		}
+	case endpoint == openai.Completions && llama:
+		// n_probs = logprobs; 0 would return no entries at all.
+		text, val = textLogprobsCmpl1, "1"
+	case endpoint == openai.Completions:
+		text, val = textLogprobsCmpl, "0"
+	}
+	if ms.lp.ok {
+		ed.replace(ms.lp, val)
+	} else {
+		ed.appendMember(text)
+	}
+	if endpoint == openai.ChatCompletions && llama && !ms.tlp.ok {
+		ed.appendMember(textTopLogprobs1)
+	}
+	return inj
+}
+
+// edits are the changes Rewrite makes to a body, applied in one copy.
+type edits struct {
+	list  [6]edit
+	n     int
+	at    int  // where members are appended (members.end)
+	comma bool // an appended member needs a leading comma
+}
+
+// appendMember plans text (a member with its leading comma) at the end of
+// the object; the first member of an empty object goes without the comma.
+func (ed *edits) appendMember(text string) {
+	if !ed.comma {
+		text = text[1:]
+	}
+	ed.comma = true
+	ed.insert(ed.at, text)
+}
+
+// replace plans text in place of the value at s.
+func (ed *edits) replace(s span, text string) {
+	ed.list[ed.n] = edit{s.start, s.end, text}
+	ed.n++
+}
+
+// insert plans text at offset at.
+func (ed *edits) insert(at int, text string) {
+	ed.list[ed.n] = edit{at, at, text}
+	ed.n++
+}
+
+// apply appends body with the edits made to dst.
+func (ed *edits) apply(dst, body []byte) []byte {
+	list := ed.list[:ed.n]
+	// Stable insertion sort by position: appended members share members.end
+	// and keep their order.
+	for i := 1; i < len(list); i++ {
+		for j := i; j > 0 && list[j].start < list[j-1].start; j-- {
+			list[j], list[j-1] = list[j-1], list[j]
 		}
 	}
-	out = dst
+	out := dst
 	prev := 0
-	for _, e := range edits[:ne] {
+	for _, e := range list {
 		out = append(out, body[prev:e.start]...)
 		out = append(out, e.text...)
 		prev = e.end
 	}
-	out = append(out, body[prev:]...)
-	return out, info, inj, nil
+	return append(out, body[prev:]...)
 }
 
 // nonEmptyArray reports whether s is a JSON array with at least one element

@@ -109,7 +109,7 @@ func New() *Metrics {
 			Name: "rollgate_calls_rejected_total", Help: "Agent calls refused before they were admitted (not proxied, not captured, no sequence id), and requests to routes without a credential refused as cross-site or for their Host (host, cross_site, content_type), by reason.",
 		}, []string{"reason"}),
 		SequenceEvictions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rollgate_sequence_evictions_total", Help: "Attempts moved out of the in-memory sequence table to keep it within its bounds (their counters are kept compactly).",
+			Name: "rollgate_sequence_evictions_total", Help: "Attempts moved out of the in-memory sequence table to keep it within its bounds (each reserves its next block of ids from the sequence store at its next call).",
 		}),
 		TokenIn: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_in_calls_total", Help: "Chat calls under token-in mode by outcome: extended (previous prompt + response ids + the new messages), first, whole:REASON (rendered whole), passthrough:REASON (the engine rendered the text).",

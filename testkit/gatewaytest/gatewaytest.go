@@ -27,9 +27,23 @@ import (
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/seqstore"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
+
+// SequenceStore opens a sequence store (gateway.Config.SequenceStore) in a
+// SQLite file of t's temporary directory, as rollgate serve opens one beside
+// its database. It is closed when t ends.
+func SequenceStore(t testing.TB) seqstore.Store {
+	t.Helper()
+	st, err := seqstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "sequences.db"), seqstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
 
 // clickhouseDSN is the real ClickHouse server started for this test binary.
 var clickhouseDSN string
@@ -129,6 +143,7 @@ func NewEnvWith(t *testing.T, store export.Store, mc mock.Config, mutate func(*g
 		Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{
 			{Name: "mock-1", URL: base, Kind: "vllm", PolicyVersion: "v7"},
 		}}},
+		SequenceStore: SequenceStore(t),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -40,123 +40,155 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 		rows[0].Error != "" || rows[0].HTTPStatus >= 400 {
 		return tokenize.FillOutcome{Skipped: true}, nil
 	}
-	check := rows[0].TokenCheck
-	none := rows[0].TokenSource == export.TokenSourceNone || rows[0].TokenSource == ""
-	needPrompt := none || hasCheck(check, tokenize.CheckPromptMissing, tokenize.CheckPromptCount)
-	needOutput := none || hasCheck(check, tokenize.CheckCompletionMissing, tokenize.CheckCompletionCount, tokenize.CheckLogprobsCount)
-	if !needPrompt && !needOutput {
+	f := filling{rows: rows, check: rows[0].TokenCheck}
+	f.none = rows[0].TokenSource == export.TokenSourceNone || rows[0].TokenSource == ""
+	f.needPrompt = f.none || hasCheck(f.check, tokenize.CheckPromptMissing, tokenize.CheckPromptCount)
+	f.needOutput = f.none || hasCheck(f.check, tokenize.CheckCompletionMissing, tokenize.CheckCompletionCount, tokenize.CheckLogprobsCount)
+	if !f.needPrompt && !f.needOutput {
 		// Only usage_missing: the engine's ids cannot be improved upon.
 		return tokenize.FillOutcome{Skipped: true}, nil
 	}
-	n := 1
+	f.n = 1
 	if v := gjson.GetBytes(request, "n"); v.Type == gjson.Number && v.Int() > 1 {
-		n = int(v.Int())
+		f.n = int(v.Int())
 	}
-
-	prompts := make([][]uint32, len(rows))
-	outputs := make([][]uint32, len(rows))
+	f.prompts = make([][]uint32, len(rows))
+	f.outputs = make([][]uint32, len(rows))
 	for i := range rows {
-		prompts[i], outputs[i] = rows[i].PromptTokenIDs, rows[i].ResponseTokenIDs
+		f.prompts[i], f.outputs[i] = rows[i].PromptTokenIDs, rows[i].ResponseTokenIDs
 	}
-	var errs []string
-	gotPrompt, gotOutput := false, false
-	if needPrompt {
-		if err := c.fillPrompts(ctx, rows, request, n, prompts); err != nil {
-			errs = append(errs, "prompt ids: "+err.Error())
+	if f.needPrompt {
+		if err := c.fillPrompts(ctx, rows, request, f.n, f.prompts); err != nil {
+			f.errs = append(f.errs, "prompt ids: "+err.Error())
 		} else {
-			gotPrompt = true
+			f.gotPrompt = true
 		}
 	}
-	if needOutput {
-		var lp LogprobIDs
-		payloads(lp.Add)
-		gotOutput = true
-		for i := range rows {
-			ids, ok := lp.IDs(rows[i].ChoiceIndex)
-			if !ok {
-				errs = append(errs, fmt.Sprintf("choice %d: no logprobs with token ids "+
-					"(request return_tokens_as_token_ids on vLLM, logprobs on llama.cpp)", rows[i].ChoiceIndex))
-				gotOutput = false
-				break
-			}
-			outputs[i] = ids
-		}
-		if !gotOutput {
-			for i := range rows {
-				outputs[i] = rows[i].ResponseTokenIDs
-			}
-		}
+	if f.needOutput {
+		f.readOutputs(payloads)
 	}
+	out := f.verify()
+	f.write(out)
+	if len(f.errs) > 0 {
+		return out, errors.New("fallback: " + strings.Join(f.errs, "; "))
+	}
+	return out, nil
+}
 
-	// Check what was obtained, each side on its own.
+// filling is Fill's work on one call: what each side needs, the ids
+// obtained, and what could not be completed.
+type filling struct {
+	rows                   []export.Call
+	n                      int    // the request's n
+	check                  string // the rows' token_check
+	none                   bool   // the engine sent no ids
+	needPrompt, needOutput bool
+	prompts, outputs       [][]uint32 // per row: the engine's ids, replaced by those obtained
+	gotPrompt, gotOutput   bool
+	hasUsage               bool     // the rows hold usage counts
+	failed                 []string // the checks that still fail, usage_missing left out
+	errs                   []string
+}
+
+// readOutputs reads every choice's output ids from the logprobs of the
+// payloads; when a choice has none, every row keeps the engine's.
+func (f *filling) readOutputs(payloads func(func(data []byte))) {
+	var lp LogprobIDs
+	payloads(lp.Add)
+	f.gotOutput = true
+	for i := range f.rows {
+		ids, ok := lp.IDs(f.rows[i].ChoiceIndex)
+		if !ok {
+			f.errs = append(f.errs, fmt.Sprintf("choice %d: no logprobs with token ids "+
+				"(request return_tokens_as_token_ids on vLLM, logprobs on llama.cpp)", f.rows[i].ChoiceIndex))
+			f.gotOutput = false
+			break
+		}
+		f.outputs[i] = ids
+	}
+	if !f.gotOutput {
+		for i := range f.rows {
+			f.outputs[i] = f.rows[i].ResponseTokenIDs
+		}
+	}
+}
+
+// verify checks the ids obtained against usage (tokenize.Verify), each side
+// on its own, and says which side may be written.
+func (f *filling) verify() tokenize.FillOutcome {
+	rows := f.rows
 	tc := tokenize.Call{
 		PromptTokens:     rows[0].PromptTokens,
 		CompletionTokens: rows[0].CompletionTokens,
 		HasUsage:         rows[0].PromptTokens > 0 || rows[0].CompletionTokens > 0,
 		Endpoint:         rows[0].Endpoint,
-		N:                n,
+		N:                f.n,
 	}
+	f.hasUsage = tc.HasUsage
 	chat := strings.Contains(rows[0].Endpoint, "chat")
 	for i := range rows {
-		ch := tokenize.Choice{TokenIDs: outputs[i], HasTokenIDs: gotOutput || !needOutput, Logprobs: -1}
+		ch := tokenize.Choice{TokenIDs: f.outputs[i], HasTokenIDs: f.gotOutput || !f.needOutput, Logprobs: -1}
 		if lps := len(rows[i].ResponseLogprobs); lps > 0 {
 			ch.Logprobs = lps
 		}
 		if !chat {
-			ch.PromptTokenIDs = prompts[i]
+			ch.PromptTokenIDs = f.prompts[i]
 		}
 		tc.Choices = append(tc.Choices, ch)
 	}
 	if chat {
-		tc.PromptTokenIDs = prompts[0]
+		tc.PromptTokenIDs = f.prompts[0]
 	}
 	v := tokenize.Verify(&tc)
-	failed := slices.DeleteFunc(slices.Clone(v.Failed), func(s string) bool { return s == tokenize.CheckUsageMissing })
-	promptOK := gotPrompt && !slices.ContainsFunc(failed, isPromptCheck)
-	outputOK := gotOutput && !slices.ContainsFunc(failed, isOutputCheck)
-	if gotPrompt && !promptOK {
-		errs = append(errs, "prompt ids fail "+strings.Join(filter(failed, isPromptCheck), ","))
+	f.failed = slices.DeleteFunc(slices.Clone(v.Failed), func(s string) bool { return s == tokenize.CheckUsageMissing })
+	promptOK := f.gotPrompt && !slices.ContainsFunc(f.failed, isPromptCheck)
+	outputOK := f.gotOutput && !slices.ContainsFunc(f.failed, isOutputCheck)
+	if f.gotPrompt && !promptOK {
+		f.errs = append(f.errs, "prompt ids fail "+strings.Join(filter(f.failed, isPromptCheck), ","))
 	}
-	if gotOutput && !outputOK {
-		errs = append(errs, "output ids fail "+strings.Join(filter(failed, isOutputCheck), ","))
+	if f.gotOutput && !outputOK {
+		f.errs = append(f.errs, "output ids fail "+strings.Join(filter(f.failed, isOutputCheck), ","))
 	}
 	out := tokenize.FillOutcome{Prompt: promptOK, Output: outputOK}
-	if len(errs) > 0 {
-		out.Failed = failed
+	if len(f.errs) > 0 {
+		out.Failed = f.failed
 	}
+	return out
+}
 
-	promptDone := promptOK || !needPrompt
-	outputDone := outputOK || !needOutput
+// write writes the verified sides into the rows, with their sources, and
+// the rows' token_check and token_source (see Fill).
+func (f *filling) write(out tokenize.FillOutcome) {
+	check := f.check
+	promptDone := out.Prompt || !f.needPrompt
+	outputDone := out.Output || !f.needOutput
 	if promptDone && outputDone {
-		if none {
+		if f.none {
 			check = ""
 		}
-		if !tc.HasUsage && !hasCheck(check, tokenize.CheckUsageMissing) {
+		if !f.hasUsage && !hasCheck(check, tokenize.CheckUsageMissing) {
 			check = joinCheck(check, tokenize.CheckUsageMissing)
 		}
-	} else if promptOK || outputOK {
-		check = strings.Join(failed, ",")
+	} else if out.Prompt || out.Output {
+		check = strings.Join(f.failed, ",")
 	}
-	for i := range rows {
-		if promptOK {
-			rows[i].PromptTokenIDs = slices.Clone(prompts[i])
-			rows[i].PromptTokenSource = export.TokenSourceTokenize
+	for i := range f.rows {
+		row := &f.rows[i]
+		if out.Prompt {
+			row.PromptTokenIDs = slices.Clone(f.prompts[i])
+			row.PromptTokenSource = export.TokenSourceTokenize
 		}
-		if outputOK {
-			rows[i].ResponseTokenIDs = slices.Clone(outputs[i])
-			rows[i].ResponseTokenSource = export.TokenSourceTokenize
+		if out.Output {
+			row.ResponseTokenIDs = slices.Clone(f.outputs[i])
+			row.ResponseTokenSource = export.TokenSourceTokenize
 		}
-		if promptOK || outputOK {
-			rows[i].TokenCheck = check
+		if out.Prompt || out.Output {
+			row.TokenCheck = check
 		}
 		if promptDone && outputDone {
-			rows[i].TokenSource = export.TokenSourceTokenize
+			row.TokenSource = export.TokenSourceTokenize
 		}
 	}
-	if len(errs) > 0 {
-		return out, errors.New("fallback: " + strings.Join(errs, "; "))
-	}
-	return out, nil
 }
 
 // fillPrompts fetches the prompt ids of the call into prompts (one per row).
