@@ -24,7 +24,7 @@ func model(ep openai.Endpoint) agentRoute { return agentRoute{ep: ep, serve: (*S
 // that follows the /rollout/{rollout_id}/attempt/{attempt_id} prefix when
 // there is one (attributionOf). A fixed path is served whatever the method
 // it is asked with: a method other than the row's is answered 405 (with
-// Allow on GET rows, which serve HEAD too); a path no row serves goes to
+// Allow on GET rows, which serve HEAD too: HeadAsGet); a path no row serves goes to
 // the mounted surfaces (Mount), then 404 (unknownRouteMessage). The
 // ClientKey rows check the key themselves (the proxy path, models,
 // ServeTraces); the Admin subtrees are guarded against cross-site requests
@@ -42,7 +42,7 @@ var agentRoutes = route.New(
 	route.Route[agentRoute]{Pattern: "/api/v1/{path...}", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveAPI}},
 	route.Route[agentRoute]{Pattern: "/ui", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveUI}},
 	route.Route[agentRoute]{Pattern: "/ui/{path...}", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveUI}},
-)
+).HeadAsGet()
 
 // Routes lists the gateway's own routes (docs/docs_test.go checks them
 // against docs/contract.md); the /api/v1 and /ui subtrees list theirs in
@@ -62,7 +62,7 @@ func routeOf(path []byte) openai.Endpoint {
 // route answers a request by the route table (Handle).
 func (s *Server) route(ctx *fasthttp.RequestCtx, attr attribution, path []byte) {
 	if r := agentRoutes.Lookup(path); r != nil {
-		if !r.Serves(ctx.Method()) {
+		if !agentRoutes.Serves(r, ctx.Method()) {
 			s.wrongMethod(ctx, r.Method, path)
 			return
 		}

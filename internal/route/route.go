@@ -13,7 +13,7 @@
 //
 // A fixed pattern matches the path byte for byte. A pattern with {name}
 // segments matches the path's segments: the path trimmed of slashes at both
-// ends and split at every slash (Table.Split can change that); literal
+// ends and split at every slash (Table.SplitWith can change that); literal
 // segments are compared, parameters take any segment, empty ones included
 // (the surfaces validate their ids themselves). A {name...} pattern
 // matches every path starting with the literal prefix before it.
@@ -46,8 +46,8 @@ const (
 
 // Route is one row of a table.
 type Route[H any] struct {
-	// Method is the HTTP method served ("GET" serves HEAD too); "" leaves
-	// the method to the handler.
+	// Method is the HTTP method served ("" leaves the method to the
+	// handler; Table.GetServesHead makes GET serve HEAD).
 	Method string
 	// Pattern is the path served (see the package comment).
 	Pattern string
@@ -72,12 +72,25 @@ func (i Info) Subtree() bool { return strings.HasSuffix(i.Pattern, "...}") }
 // Table is a surface's routes, matched in order (the first row that
 // matches the path and the method wins).
 type Table[H any] struct {
-	rows []row[H]
-	// Split turns a path into the segments matched against {name}
-	// patterns (nil: trimmed of slashes and split at every slash). It
-	// returns false when the path has no valid segments; Match then
-	// reports Invalid.
-	Split func(path string) ([]string, bool)
+	rows          []row[H]
+	split         func(path string) ([]string, bool) // SplitWith; nil: splitTrimmed
+	getServesHead bool                               // HeadAsGet
+}
+
+// HeadAsGet makes t's GET rows serve HEAD too (net/http's rule); otherwise
+// HEAD is a method of its own. It returns t.
+func (t *Table[H]) HeadAsGet() *Table[H] {
+	t.getServesHead = true
+	return t
+}
+
+// SplitWith makes split turn a path into the segments matched against
+// {name} patterns (the default trims the slashes at both ends and splits at
+// every slash); split returns false when the path has no valid segments,
+// and Match then reports Invalid. It returns t.
+func (t *Table[H]) SplitWith(split func(path string) ([]string, bool)) *Table[H] {
+	t.split = split
+	return t
 }
 
 type row[H any] struct {
@@ -179,7 +192,7 @@ func (t *Table[H]) Match(method, path string, params []string) Result[H] {
 			if !split {
 				split = true
 				var valid bool
-				if segs, valid = t.split(path); !valid {
+				if segs, valid = t.segments(path); !valid {
 					res.Invalid = true
 					return res
 				}
@@ -194,7 +207,7 @@ func (t *Table[H]) Match(method, path string, params []string) Result[H] {
 		if !ok {
 			continue
 		}
-		if !r.Serves([]byte(method)) {
+		if !t.serves(r.Method, method) {
 			res.PathKnown = true
 			continue
 		}
@@ -204,9 +217,9 @@ func (t *Table[H]) Match(method, path string, params []string) Result[H] {
 	return res
 }
 
-func (t *Table[H]) split(path string) ([]string, bool) {
-	if t.Split != nil {
-		return t.Split(path)
+func (t *Table[H]) segments(path string) ([]string, bool) {
+	if t.split != nil {
+		return t.split(path)
 	}
 	return strings.Split(strings.Trim(path, "/"), "/"), true
 }
@@ -246,8 +259,11 @@ func (t *Table[H]) Lookup(path []byte) *Route[H] {
 	return nil
 }
 
-// Serves reports whether the route serves method m ("" serves every
-// method, GET serves HEAD too).
-func (r *Route[H]) Serves(m []byte) bool {
-	return r.Method == "" || r.Method == string(m) || (r.Method == "GET" && string(m) == "HEAD")
+// Serves reports whether the route r (a row of t) serves method m.
+func (t *Table[H]) Serves(r *Route[H], m []byte) bool {
+	return t.serves(r.Method, string(m))
+}
+
+func (t *Table[H]) serves(method, m string) bool {
+	return method == "" || method == m || (t.getServesHead && method == "GET" && m == "HEAD")
 }
