@@ -264,11 +264,24 @@ func (s *Server) getPauseState(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, s.pause.view())
 }
 
+// proxyRoute is the model route's path before the endpoint's.
+const proxyRoute = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
+
+// proxyEndpoints are the endpoints of the model route, after proxyRoute.
+var proxyEndpoints = []struct {
+	path string
+	ep   openai.Endpoint
+}{
+	{"/chat/completions", openai.ChatCompletions},
+	{"/completions", openai.Completions},
+}
+
 // proxy serves POST /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/{path}
-// through the gateway's proxy path, with the mode's forced fields.
-func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
+// (proxyRoute, proxyEndpoints) through the gateway's proxy path, with the
+// mode's forced fields; rest is the path after /proxy/rollout/.
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, rest []string) {
 	// rollout/{r}/attempt/{a}/mode/{m}/openai/v1/{rest...}
-	parts := strings.SplitN(strings.TrimPrefix(path, "/proxy/"), "/", 9)
+	parts := strings.SplitN("rollout/"+rest[0], "/", 9)
 	if len(parts) < 9 || parts[0] != "rollout" || parts[2] != "attempt" || parts[4] != "mode" || parts[6] != "openai" || parts[7] != "v1" ||
 		parts[1] == "" || parts[3] == "" {
 		detail(ctx, fasthttp.StatusNotFound, "Not Found")
@@ -278,19 +291,19 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 		detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
 		return
 	}
-	rolloutID, attemptID, mode, rest := parts[1], parts[3], parts[5], "/"+parts[8]
+	rolloutID, attemptID, mode, upstream := parts[1], parts[3], parts[5], "/"+parts[8]
 	if mode != "train" && mode != "val" {
 		detail(ctx, fasthttp.StatusNotFound, "Unsupported proxy mode: "+mode)
 		return
 	}
-	var ep openai.Endpoint
-	switch rest {
-	case "/chat/completions":
-		ep = openai.ChatCompletions
-	case "/completions":
-		ep = openai.Completions
-	default:
-		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+rest[1:])
+	ep := openai.Unknown
+	for _, e := range proxyEndpoints {
+		if e.path == upstream {
+			ep = e.ep
+		}
+	}
+	if ep == openai.Unknown {
+		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+upstream[1:])
 		return
 	}
 	if !gateway.ValidID([]byte(rolloutID)) || !gateway.ValidID([]byte(attemptID)) {
