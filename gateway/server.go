@@ -63,7 +63,7 @@ type Server struct {
 	ui          fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
 	uiRefuse    Refuser                 // the viewer's error page (SetUI)
 	hosts       hostPolicy              // Hosts the routes without a credential serve (crosssite.go)
-	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (agent.go)
+	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (mount.go)
 	mountMu     sync.Mutex
 	force       *rewrite.ForceSet // Config.Force; nil = none
 	forceModes  *forceModes       // Config.ForceModes; nil = none
