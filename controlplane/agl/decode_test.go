@@ -1,0 +1,81 @@
+package agl_test
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
+)
+
+// decodeCases are request bodies of POST /api/rollouts and PATCH
+// /api/rollouts/r1, valid and not, with the answer each gets: the status
+// and, for a 422, the whole body (pydantic's items, in order).
+var decodeCases = []struct{ method, path, body string }{
+	{"POST", "/api/rollouts", `[{"input":1,"rollout_id":"r1","unknown":"ignored"}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"rollout_id":"r2","is_train":0},{"input":2,"rollout_id":"r3","is_train":1}]`},
+	{"POST", "/api/rollouts", `[{"input":{"data_id":"d"},"rollout_id":"r4","metadata":{"batch_idx":2.0,"k":"v"},"config":{"timeout_seconds":5}}]`},
+	{"POST", "/api/rollouts", `{}`},
+	{"POST", "/api/rollouts", `[]`},
+	{"POST", "/api/rollouts", ` `},
+	{"POST", "/api/rollouts", `not json`},
+	{"POST", "/api/rollouts", `[1, "x", null]`},
+	{"POST", "/api/rollouts", `[{"is_train":true}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"is_train":"maybe"}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"is_train":null}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"is_train":2}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"rollout_id":"a b"}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"rollout_id":7}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"rollout_id":null,"config":null,"metadata":null}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"config":[1]}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"config":{"timeout_seconds":"x"}}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"metadata":[1]}]`},
+	{"POST", "/api/rollouts", `[{"input":1,"metadata":{"batch_idx":1.5,"sample_idx_in_batch":"3"}}]`},
+	{"POST", "/api/rollouts", `[{"is_train":"x","rollout_id":5,"metadata":3,"config":4}]`},
+	{"PATCH", "/api/rollouts/r1", `{"status":{"color":"red"}}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":{"state":"done"}}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":{"state":5,"k8s_job_name":3}}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":{"last_attempt_id":"a b"}}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":[1]}`},
+	{"PATCH", "/api/rollouts/r1", `[1]`},
+	{"PATCH", "/api/rollouts/r1", `{"other":1}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":null}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":{"k8s_job_name":"job","error_message":null}}`},
+	{"PATCH", "/api/rollouts/r1", `{"status":{"state":"running","last_attempt_id":"at-1"}}`},
+	{"PATCH", "/api/rollouts/nope", `{"status":{"state":"running"}}`},
+}
+
+// TestRolloutBodiesDecoded pins the answers to the bodies of decodeCases
+// (testdata/decode.golden, written on the code that decoded them with gjson
+// by hand): AGL v1.0's clients see the same statuses and 422 items.
+func TestRolloutBodiesDecoded(t *testing.T) {
+	store, _ := gatewaytest.OpenSQLite(t)
+	e := newAGL(t, store, "")
+	var got strings.Builder
+	for _, c := range decodeCases {
+		r := gatewaytest.Do(t, c.method, e.URL+c.path, c.body, "Authorization", "Bearer "+key)
+		got.WriteString(c.method + " " + c.path + " " + c.body + "\n  -> " + strconv.Itoa(r.Status))
+		if r.Status == 422 {
+			got.WriteString(" " + string(r.Body))
+		}
+		got.WriteString("\n")
+	}
+	if os.Getenv("UPDATE_GOLDEN") != "" {
+		if err := os.WriteFile("testdata/decode.golden", []byte(got.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile("testdata/decode.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != string(want) {
+		gl, wl := strings.Split(got.String(), "\n"), strings.Split(string(want), "\n")
+		for i := range min(len(gl), len(wl)) {
+			if gl[i] != wl[i] {
+				t.Errorf("line %d:\n got %s\nwant %s", i+1, gl[i], wl[i])
+			}
+		}
+	}
+}
