@@ -46,7 +46,7 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 			v := it.Get(k)
 			switch {
 			case !it.IsObject():
-				errs = append(errs, notObject([]any{"body", i}, it))
+				errs = append(errs, notObject([]any{"body", i}, json.RawMessage(it.Raw)))
 			case !v.Exists():
 				errs = append(errs, fieldError{Type: "missing", Loc: []any{"body", i, k}, Msg: "Field required", Input: json.RawMessage(it.Raw)})
 			case v.Type != gjson.String:
