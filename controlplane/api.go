@@ -21,42 +21,31 @@ import (
 	"github.com/rollgate/rollgate/internal/route"
 )
 
-// apiHandler serves one /api/v1 route; ids are the route's {name}
-// segments, or the rest of the path of a subtree.
-type apiHandler func(s *Server, ctx *fasthttp.RequestCtx, ids []string)
-
-// plain adapts a handler without path parameters.
-func plain(f func(*Server, *fasthttp.RequestCtx)) apiHandler {
-	return func(s *Server, ctx *fasthttp.RequestCtx, _ []string) { f(s, ctx) }
-}
-
-// withID adapts a handler of one path parameter.
-func withID(f func(*Server, *fasthttp.RequestCtx, string)) apiHandler {
-	return func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { f(s, ctx, ids[0]) }
-}
+// apiRoute is a row of /api/v1's route table.
+type apiRoute = route.Route[route.Handler[*Server]]
 
 // apiRoutes are the /api/v1 routes, patterns below /api/v1. Every one needs
 // the admin token when one is set. A method other than a row's is 404 like
 // an unknown path (no 405 on this surface).
 var apiRoutes = route.New(
-	route.Route[apiHandler]{Method: "POST", Pattern: "/bridge/batches", Auth: route.Admin, Handler: plain((*Server).postBatches)},
-	route.Route[apiHandler]{Pattern: "/bridge/{path...}", Auth: route.Admin, Handler: (*Server).serveLease},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/pause", Auth: route.Admin, Handler: plain((*Server).postPause)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/resume", Auth: route.Admin, Handler: plain((*Server).postResume)},
-	route.Route[apiHandler]{Method: "GET", Pattern: "/backends", Auth: route.Admin, Handler: plain((*Server).getBackends)},
-	route.Route[apiHandler]{Method: "PUT", Pattern: "/backends", Auth: route.Admin, Handler: plain((*Server).putBackends)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/rollouts", Auth: route.Admin, Handler: plain((*Server).postRollout)},
-	route.Route[apiHandler]{Method: "GET", Pattern: "/rollouts", Auth: route.Admin, Handler: plain((*Server).listRollouts)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/tasks", Auth: route.Admin, Handler: plain((*Server).postTasks)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/tasks/dequeue", Auth: route.Admin, Handler: plain((*Server).dequeue)},
-	route.Route[apiHandler]{Method: "DELETE", Pattern: "/tasks/{rollout_id}", Auth: route.Admin, Handler: withID((*Server).deleteTask)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/resources", Auth: route.Admin, Handler: plain((*Server).postResources)},
-	route.Route[apiHandler]{Method: "GET", Pattern: "/resources/{version}", Auth: route.Admin, Handler: withID((*Server).getResources)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/rollouts/{rollout_id}/heartbeat", Auth: route.Admin, Handler: withID((*Server).heartbeat)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/rollouts/{rollout_id}/calls", Auth: route.Admin, Handler: withID((*Server).postCalls)},
-	route.Route[apiHandler]{Method: "GET", Pattern: "/rollouts/{rollout_id}", Auth: route.Admin, Handler: withID((*Server).getRollout)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/rollouts/{rollout_id}/rewards", Auth: route.Admin, Handler: withID((*Server).postReward)},
-	route.Route[apiHandler]{Method: "POST", Pattern: "/rollouts/{rollout_id}/status", Auth: route.Admin, Handler: withID((*Server).postStatus)},
+	apiRoute{Method: "POST", Pattern: "/bridge/batches", Auth: route.Admin, Handler: route.Plain((*Server).postBatches)},
+	apiRoute{Pattern: "/bridge/{path...}", Auth: route.Admin, Handler: (*Server).serveLease},
+	apiRoute{Method: "POST", Pattern: "/pause", Auth: route.Admin, Handler: route.Plain((*Server).postPause)},
+	apiRoute{Method: "POST", Pattern: "/resume", Auth: route.Admin, Handler: route.Plain((*Server).postResume)},
+	apiRoute{Method: "GET", Pattern: "/backends", Auth: route.Admin, Handler: route.Plain((*Server).getBackends)},
+	apiRoute{Method: "PUT", Pattern: "/backends", Auth: route.Admin, Handler: route.Plain((*Server).putBackends)},
+	apiRoute{Method: "POST", Pattern: "/rollouts", Auth: route.Admin, Handler: route.Plain((*Server).postRollout)},
+	apiRoute{Method: "GET", Pattern: "/rollouts", Auth: route.Admin, Handler: route.Plain((*Server).listRollouts)},
+	apiRoute{Method: "POST", Pattern: "/tasks", Auth: route.Admin, Handler: route.Plain((*Server).postTasks)},
+	apiRoute{Method: "POST", Pattern: "/tasks/dequeue", Auth: route.Admin, Handler: route.Plain((*Server).dequeue)},
+	apiRoute{Method: "DELETE", Pattern: "/tasks/{rollout_id}", Auth: route.Admin, Handler: route.OneParam((*Server).deleteTask)},
+	apiRoute{Method: "POST", Pattern: "/resources", Auth: route.Admin, Handler: route.Plain((*Server).postResources)},
+	apiRoute{Method: "GET", Pattern: "/resources/{version}", Auth: route.Admin, Handler: route.OneParam((*Server).getResources)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/heartbeat", Auth: route.Admin, Handler: route.OneParam((*Server).heartbeat)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/calls", Auth: route.Admin, Handler: route.OneParam((*Server).postCalls)},
+	apiRoute{Method: "GET", Pattern: "/rollouts/{rollout_id}", Auth: route.Admin, Handler: route.OneParam((*Server).getRollout)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/rewards", Auth: route.Admin, Handler: route.OneParam((*Server).postReward)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/status", Auth: route.Admin, Handler: route.OneParam((*Server).postStatus)},
 )
 
 // Routes lists the control plane's routes with their full paths: /api/v1's

@@ -54,11 +54,10 @@ func referenceAPIRoute(method, sub string) string {
 
 // tableAPIRoute is what apiRoutes matches, in referenceAPIRoute's form.
 func tableAPIRoute(method, sub string) string {
-	m := apiRoutes.Match(method, sub, nil)
-	if m.Route == nil {
-		return "404"
+	if r := apiRoutes.Match(method, sub, nil).String(); r != "405" {
+		return r
 	}
-	return strings.Join(append([]string{m.Route.Method + " " + m.Route.Pattern}, m.Params...), " ")
+	return "404" // no 405 on /api/v1
 }
 
 var apiRouteSeeds = []string{

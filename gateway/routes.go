@@ -20,6 +20,9 @@ type agentRoute struct {
 // model is the row of a model route: proxied to a backend and captured.
 func model(ep openai.Endpoint) agentRoute { return agentRoute{ep: ep, serve: (*Server).serveModel} }
 
+// agentRow is a row of the gateway's route table.
+type agentRow = route.Route[agentRoute]
+
 // agentRoutes are the routes the gateway serves itself, matched on the path
 // that follows the /rollout/{rollout_id}/attempt/{attempt_id} prefix when
 // there is one (attributionOf). A fixed path is served whatever the method
@@ -30,18 +33,18 @@ func model(ep openai.Endpoint) agentRoute { return agentRoute{ep: ep, serve: (*S
 // ServeTraces); the Admin subtrees are guarded against cross-site requests
 // here when no admin token is set, and check the token themselves.
 var agentRoutes = route.New(
-	route.Route[agentRoute]{Method: "POST", Pattern: "/v1/chat/completions", Auth: route.ClientKey, Handler: model(openai.ChatCompletions)},
-	route.Route[agentRoute]{Method: "POST", Pattern: "/v1/completions", Auth: route.ClientKey, Handler: model(openai.Completions)},
-	route.Route[agentRoute]{Method: "POST", Pattern: "/v1/responses", Auth: route.ClientKey, Handler: model(openai.Responses)},
-	route.Route[agentRoute]{Method: "POST", Pattern: "/v1/embeddings", Auth: route.ClientKey, Handler: model(openai.Embeddings)},
-	route.Route[agentRoute]{Pattern: "/v1/models", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveModels}},
-	route.Route[agentRoute]{Pattern: "/v1/traces", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveTraces}},
-	route.Route[agentRoute]{Method: "GET", Pattern: "/metrics", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveMetrics}},
-	route.Route[agentRoute]{Method: "GET", Pattern: "/healthz", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveHealthz}},
-	route.Route[agentRoute]{Method: "GET", Pattern: "/readyz", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveReadyz}},
-	route.Route[agentRoute]{Pattern: "/api/v1/{path...}", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveAPI}},
-	route.Route[agentRoute]{Pattern: "/ui", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveUI}},
-	route.Route[agentRoute]{Pattern: "/ui/{path...}", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveUI}},
+	agentRow{Method: "POST", Pattern: "/v1/chat/completions", Auth: route.ClientKey, Handler: model(openai.ChatCompletions)},
+	agentRow{Method: "POST", Pattern: "/v1/completions", Auth: route.ClientKey, Handler: model(openai.Completions)},
+	agentRow{Method: "POST", Pattern: "/v1/responses", Auth: route.ClientKey, Handler: model(openai.Responses)},
+	agentRow{Method: "POST", Pattern: "/v1/embeddings", Auth: route.ClientKey, Handler: model(openai.Embeddings)},
+	agentRow{Pattern: "/v1/models", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveModels}},
+	agentRow{Pattern: "/v1/traces", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveTraces}},
+	agentRow{Method: "GET", Pattern: "/metrics", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveMetrics}},
+	agentRow{Method: "GET", Pattern: "/healthz", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveHealthz}},
+	agentRow{Method: "GET", Pattern: "/readyz", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveReadyz}},
+	agentRow{Pattern: "/api/v1/{path...}", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveAPI}},
+	agentRow{Pattern: "/ui", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveUI}},
+	agentRow{Pattern: "/ui/{path...}", Auth: route.Admin, Handler: agentRoute{serve: (*Server).serveUI}},
 ).HeadAsGet()
 
 // Routes lists the gateway's own routes (docs/docs_test.go checks them

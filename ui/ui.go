@@ -37,9 +37,8 @@ import (
 //go:embed assets
 var assets embed.FS
 
-// pageHandler serves one route of the viewer; ids are the route's {name} segments
-// (unescaped), or the rest of the path for the static files.
-type pageHandler func(s *Server, ctx *fasthttp.RequestCtx, ids []string)
+// viewerRoute is a row of the viewer's route table.
+type viewerRoute = route.Route[route.Handler[*Server]]
 
 // routes are the viewer's pages, each GET (and HEAD); the tokens and raw
 // pages take ?attempt= and ?choice=, the list its filters. The fixed pages
@@ -47,27 +46,24 @@ type pageHandler func(s *Server, ctx *fasthttp.RequestCtx, ids []string)
 // its segments unescaped once each (segments). docs/contract.md lists them
 // (docs/docs_test.go reads Routes).
 var routes = route.New(
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui", Auth: route.Admin, Handler: (*Server).serveListPage},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/rollouts", Auth: route.Admin, Handler: (*Server).serveListPage},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/training", Auth: route.Admin, Handler: func(s *Server, ctx *fasthttp.RequestCtx, _ []string) { s.serveTraining(ctx) }},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/static/{file...}", Auth: route.Admin, Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.serveStatic(ctx, ids[0]) }},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}", Auth: route.Admin,
+	viewerRoute{Method: "GET", Pattern: "/ui", Auth: route.Admin, Handler: route.Plain((*Server).serveList)},
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts", Auth: route.Admin, Handler: route.Plain((*Server).serveList)},
+	viewerRoute{Method: "GET", Pattern: "/ui/training", Auth: route.Admin, Handler: route.Plain((*Server).serveTraining)},
+	viewerRoute{Method: "GET", Pattern: "/ui/static/{file...}", Auth: route.Admin, Handler: route.OneParam((*Server).serveStatic)},
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}", Auth: route.Admin,
 		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.serveRollout(ctx, rolloutParam(ids[0])) }},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}/calls/{sequence_id}", Auth: route.Admin,
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}/calls/{sequence_id}", Auth: route.Admin,
 		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) {
 			s.serveTokens(ctx, rolloutParam(ids[0]), ids[1])
 		}},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}/calls/{sequence_id}/raw", Auth: route.Admin,
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}/calls/{sequence_id}/raw", Auth: route.Admin,
 		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.serveRaw(ctx, rolloutParam(ids[0]), ids[1]) }},
-	route.Route[pageHandler]{Method: "GET", Pattern: "/ui/groups/{group_id}", Auth: route.Admin,
-		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.serveGroup(ctx, ids[0]) }},
+	viewerRoute{Method: "GET", Pattern: "/ui/groups/{group_id}", Auth: route.Admin, Handler: route.OneParam((*Server).serveGroup)},
 ).HeadAsGet().SplitWith(segments)
 
 // Routes lists the viewer's pages (docs/docs_test.go checks them against
 // docs/contract.md).
 func Routes() []route.Info { return routes.Infos("") }
-
-func (s *Server) serveListPage(ctx *fasthttp.RequestCtx, _ []string) { s.serveList(ctx) }
 
 // rolloutParam is the rollout id of a page's path: Unattributed names the
 // calls captured without a rollout ("").

@@ -130,39 +130,28 @@ func (s *Server) Mount() {
 	s.gw.Mount("/proxy/", s.Handle, o)
 }
 
-// aglHandler serves one route of the surface; ids are the route's {name}
-// segments (the rest of the path for the proxy's subtree).
-type aglHandler func(s *Server, ctx *fasthttp.RequestCtx, ids []string)
-
-// plain adapts a handler without path parameters.
-func plain(f func(*Server, *fasthttp.RequestCtx)) aglHandler {
-	return func(s *Server, ctx *fasthttp.RequestCtx, _ []string) { f(s, ctx) }
-}
-
-// withID adapts a handler of one path parameter.
-func withID(f func(*Server, *fasthttp.RequestCtx, string)) aglHandler {
-	return func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { f(s, ctx, ids[0]) }
-}
+// aglRoute is a row of the surface's route table.
+type aglRoute = route.Route[route.Handler[*Server]]
 
 // routes are the surface's routes (mounted on /api/ and /proxy/). A path
 // that a row serves by another method is answered 405, any other path 404,
 // both FastAPI-style; the model route's subtree answers its own 404 and 405
 // (proxy, proxyEndpoints).
 var routes = route.New(
-	route.Route[aglHandler]{Pattern: "/proxy/rollout/{path...}", Auth: route.AGLKey, Handler: (*Server).proxy},
-	route.Route[aglHandler]{Method: "POST", Pattern: "/proxy/pause", Auth: route.AGLKey, Handler: plain((*Server).postPause)},
-	route.Route[aglHandler]{Method: "POST", Pattern: "/proxy/resume", Auth: route.AGLKey, Handler: plain((*Server).postResume)},
-	route.Route[aglHandler]{Method: "GET", Pattern: "/proxy/state", Auth: route.AGLKey, Handler: plain((*Server).getPauseState)},
-	route.Route[aglHandler]{Method: "POST", Pattern: "/api/models", Auth: route.AGLKey, Handler: plain((*Server).postModels)},
-	route.Route[aglHandler]{Method: "DELETE", Pattern: "/api/models", Auth: route.AGLKey, Handler: plain((*Server).deleteModels)},
-	route.Route[aglHandler]{Method: "POST", Pattern: "/api/rollouts", Auth: route.AGLKey, Handler: plain((*Server).createRollouts)},
-	route.Route[aglHandler]{Method: "GET", Pattern: "/api/rollouts", Auth: route.AGLKey, Handler: plain((*Server).listRollouts)},
-	route.Route[aglHandler]{Method: "GET", Pattern: "/api/rollouts/terminal", Auth: route.AGLKey, Handler: plain((*Server).terminal)},
-	route.Route[aglHandler]{Method: "GET", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: withID((*Server).getRollout)},
-	route.Route[aglHandler]{Method: "PATCH", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: withID((*Server).patchRollout)},
-	route.Route[aglHandler]{Method: "DELETE", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: withID((*Server).deleteRollout)},
-	route.Route[aglHandler]{Method: "GET", Pattern: "/api/rollouts/{rollout_id}/events", Auth: route.AGLKey, Handler: withID((*Server).getEvents)},
-	route.Route[aglHandler]{Method: "POST", Pattern: "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", Auth: route.AGLKey,
+	aglRoute{Pattern: "/proxy/rollout/{path...}", Auth: route.AGLKey, Handler: (*Server).proxy},
+	aglRoute{Method: "POST", Pattern: "/proxy/pause", Auth: route.AGLKey, Handler: route.Plain((*Server).postPause)},
+	aglRoute{Method: "POST", Pattern: "/proxy/resume", Auth: route.AGLKey, Handler: route.Plain((*Server).postResume)},
+	aglRoute{Method: "GET", Pattern: "/proxy/state", Auth: route.AGLKey, Handler: route.Plain((*Server).getPauseState)},
+	aglRoute{Method: "POST", Pattern: "/api/models", Auth: route.AGLKey, Handler: route.Plain((*Server).postModels)},
+	aglRoute{Method: "DELETE", Pattern: "/api/models", Auth: route.AGLKey, Handler: route.Plain((*Server).deleteModels)},
+	aglRoute{Method: "POST", Pattern: "/api/rollouts", Auth: route.AGLKey, Handler: route.Plain((*Server).createRollouts)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts", Auth: route.AGLKey, Handler: route.Plain((*Server).listRollouts)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts/terminal", Auth: route.AGLKey, Handler: route.Plain((*Server).terminal)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: route.OneParam((*Server).getRollout)},
+	aglRoute{Method: "PATCH", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: route.OneParam((*Server).patchRollout)},
+	aglRoute{Method: "DELETE", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: route.OneParam((*Server).deleteRollout)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts/{rollout_id}/events", Auth: route.AGLKey, Handler: route.OneParam((*Server).getEvents)},
+	aglRoute{Method: "POST", Pattern: "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", Auth: route.AGLKey,
 		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.postEvent(ctx, ids[0], ids[1]) }},
 )
 

@@ -54,14 +54,7 @@ func referenceRoute(method, sub string) string {
 
 // tableRoute is what the route table matches, in referenceRoute's form.
 func tableRoute(method, sub string) string {
-	m := routes.Match(method, sub, nil)
-	switch {
-	case m.Route != nil:
-		return strings.Join(append([]string{m.Route.Method + " " + m.Route.Pattern}, m.Params...), " ")
-	case m.PathKnown:
-		return "405"
-	}
-	return "404"
+	return routes.Match(method, sub, nil).String()
 }
 
 var routeSeeds = []string{

@@ -22,6 +22,8 @@ package route
 import (
 	"fmt"
 	"strings"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Auth is the credential a route asks for.
@@ -266,4 +268,31 @@ func (t *Table[H]) Serves(r *Route[H], m []byte) bool {
 
 func (t *Table[H]) serves(method, m string) bool {
 	return method == "" || method == m || (t.getServesHead && method == "GET" && m == "HEAD")
+}
+
+// Handler is a row's handler on the control-plane surfaces: it gets the
+// surface's server, the request and the row's parameters (Result.Params).
+type Handler[S any] func(s S, ctx *fasthttp.RequestCtx, params []string)
+
+// Plain is the Handler of f, a handler of a row without parameters.
+func Plain[S any](f func(S, *fasthttp.RequestCtx)) Handler[S] {
+	return func(s S, ctx *fasthttp.RequestCtx, _ []string) { f(s, ctx) }
+}
+
+// OneParam is the Handler of f, a handler of a row's first parameter.
+func OneParam[S any](f func(S, *fasthttp.RequestCtx, string)) Handler[S] {
+	return func(s S, ctx *fasthttp.RequestCtx, params []string) { f(s, ctx, params[0]) }
+}
+
+// String describes what Match found, for tests: "METHOD pattern params..."
+// (the method "" when the row leaves it to its handler), or "405" when the
+// path is served by other methods only, or "404".
+func (m Result[H]) String() string {
+	switch {
+	case m.Route != nil:
+		return strings.Join(append([]string{m.Route.Method + " " + m.Route.Pattern}, m.Params...), " ")
+	case m.PathKnown:
+		return "405"
+	}
+	return "404"
 }
