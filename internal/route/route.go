@@ -75,6 +75,8 @@ func (i Info) Subtree() bool { return strings.HasSuffix(i.Pattern, "...}") }
 // matches the path and the method wins).
 type Table[H any] struct {
 	rows          []row[H]
+	byLen         [][]int                            // fixed rows by their pattern's length, in order (Lookup)
+	subtrees      []int                              // the subtree rows, in order (Lookup)
 	split         func(path string) ([]string, bool) // SplitWith; nil: splitTrimmed
 	getServesHead bool                               // HeadAsGet
 }
@@ -114,8 +116,18 @@ const (
 // tables are literals of the program).
 func New[H any](routes ...Route[H]) *Table[H] {
 	t := &Table[H]{rows: make([]row[H], 0, len(routes))}
-	for _, r := range routes {
-		t.rows = append(t.rows, parse(r))
+	for i, r := range routes {
+		w := parse(r)
+		t.rows = append(t.rows, w)
+		switch w.kind {
+		case fixed:
+			for len(t.byLen) <= len(w.Pattern) {
+				t.byLen = append(t.byLen, nil)
+			}
+			t.byLen[len(w.Pattern)] = append(t.byLen[len(w.Pattern)], i)
+		case subtree:
+			t.subtrees = append(t.subtrees, i)
+		}
 	}
 	return t
 }
@@ -247,14 +259,16 @@ func (r *row[H]) match(segs, params []string) ([]string, bool) {
 // subtree whose prefix starts path, whatever the method (the caller checks
 // it: Serves), or nil; it does not allocate (the gateway's hot path).
 func (t *Table[H]) Lookup(path []byte) *Route[H] {
-	for i := range t.rows {
-		if r := &t.rows[i]; r.kind == fixed && r.Pattern == string(path) {
-			return &r.Route
+	if len(path) < len(t.byLen) {
+		for _, i := range t.byLen[len(path)] {
+			if r := &t.rows[i]; r.Pattern == string(path) {
+				return &r.Route
+			}
 		}
 	}
-	for i := range t.rows {
+	for _, i := range t.subtrees {
 		r := &t.rows[i]
-		if r.kind == subtree && len(path) >= len(r.prefix) && string(path[:len(r.prefix)]) == r.prefix {
+		if len(path) >= len(r.prefix) && string(path[:len(r.prefix)]) == r.prefix {
 			return &r.Route
 		}
 	}
