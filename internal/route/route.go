@@ -139,15 +139,15 @@ func parse[H any](r Route[H]) row[H] {
 	w := row[H]{Route: r}
 	open := strings.IndexByte(r.Pattern, '{')
 	switch {
-	case open < 0:
+	case open < 0 && !strings.Contains(r.Pattern, "}"):
 		w.kind = fixed
-	case strings.HasSuffix(r.Pattern, "...}") && strings.Count(r.Pattern, "{") == 1:
+	case strings.HasSuffix(r.Pattern, "...}") && strings.Count(r.Pattern, "{") == 1 && r.Pattern[open-1] == '/':
 		w.kind, w.prefix = subtree, r.Pattern[:open]
 	default:
 		w.kind = segments
 		w.segs = strings.Split(strings.Trim(r.Pattern, "/"), "/")
 		for _, s := range w.segs {
-			if strings.Contains(s, "...") || (strings.ContainsAny(s, "{}") && (s[0] != '{' || s[len(s)-1] != '}')) {
+			if s == "" || strings.Contains(s, "...") || (strings.ContainsAny(s, "{}") && (s[0] != '{' || s[len(s)-1] != '}')) {
 				panic(fmt.Sprintf("route: pattern %q: segment %q is neither a literal nor a {name}", r.Pattern, s))
 			}
 		}
