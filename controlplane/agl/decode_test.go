@@ -69,9 +69,9 @@ var decodeCases = []struct{ method, path, body string }{
 // TestRolloutBodiesDecoded pins the answers to the bodies of decodeCases
 // (testdata/decode.golden, written on the code that decoded them with gjson
 // by hand): AGL v1.0's clients see the same statuses and 422 items. Two
-// answers changed on purpose with encoding/json, to AGL's own: a rollout_id
+// answers changed on purpose with encoding/json, to AGL's own: a member
 // given twice counts the last (Python's json; gjson took the first: GET
-// r11 was 404), and {"status": null} is no change, 200 (RolloutPatch's
+// r11 was 404, the paused reason was "r"), and {"status": null} is no change, 200 (RolloutPatch's
 // status is nullable; gjson walked null as one member named "": 422).
 func TestRolloutBodiesDecoded(t *testing.T) {
 	store, _ := gatewaytest.OpenSQLite(t)

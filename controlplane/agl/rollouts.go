@@ -244,6 +244,22 @@ func members(raw json.RawMessage) (map[string]json.RawMessage, bool) {
 	return m, true
 }
 
+// intValue reads raw as an integer: a JSON number without a fraction
+// (2.0 is 2, as pydantic's lax int takes it).
+func intValue(raw json.RawMessage) (int64, bool) {
+	var n float64
+	if json.Unmarshal(raw, &n) != nil || string(raw) == "null" || n != float64(int64(n)) {
+		return 0, false
+	}
+	return int64(n), true
+}
+
+// isInt reports whether raw is an integer (intValue).
+func isInt(raw json.RawMessage) bool {
+	_, ok := intValue(raw)
+	return ok
+}
+
 // given reports whether a member was sent with a value other than null.
 func given(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
@@ -328,8 +344,7 @@ func checkMetadata(raw json.RawMessage, loc func(f ...any) []any) []fieldError {
 	}
 	var errs []fieldError
 	for _, name := range []string{"batch_idx", "sample_idx_in_batch"} {
-		var n float64
-		if v := m[name]; given(v) && (json.Unmarshal(v, &n) != nil || n != float64(int64(n))) {
+		if v := m[name]; given(v) && !isInt(v) {
 			errs = append(errs, fieldError{Type: "int_parsing", Loc: loc("metadata", name), Msg: "Input should be a valid integer", Input: v})
 		}
 	}
