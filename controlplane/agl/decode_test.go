@@ -64,6 +64,17 @@ var decodeCases = []struct{ method, path, body string }{
 	{"POST", "/proxy/pause", `{"Retry_After_Seconds":7,"reason":"r","reason":"s"}`},
 	{"GET", "/proxy/state", ``},
 	{"POST", "/proxy/resume", ``},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"data":{}}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"x","data":[1]}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":5,"data":null}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"reward","data":{"value":1e999}}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"reward","data":{"value":-1e999,"source":3}}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"note","data":{"value":1e999}}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"reward","data":{"value":0.5,"source":"judge"},"other":1}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `{"event_type":"x"}`},
+	{"POST", "/api/rollouts/r1/attempt/0/events", `[]`},
+	{"POST", "/api/rollouts/nope/attempt/0/events", `{"event_type":"x"}`},
+	{"GET", "/api/rollouts/r1/events", ``},
 }
 
 // TestRolloutBodiesDecoded pins the answers to the bodies of decodeCases
@@ -80,7 +91,7 @@ func TestRolloutBodiesDecoded(t *testing.T) {
 	for _, c := range decodeCases {
 		r := gatewaytest.Do(t, c.method, e.URL+c.path, c.body, "Authorization", "Bearer "+key)
 		got.WriteString(c.method + " " + c.path + " " + c.body + "\n  -> " + strconv.Itoa(r.Status))
-		if r.Status == 422 || strings.HasPrefix(c.path, "/proxy/state") {
+		if r.Status == 422 || strings.HasPrefix(c.path, "/proxy/state") || strings.HasSuffix(c.path, "/events") && c.method == "GET" {
 			got.WriteString(" " + string(r.Body))
 		}
 		got.WriteString("\n")
