@@ -358,16 +358,6 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// bodyJSON is bodyRaw's body read with gjson (POST /api/models, POST
-// /proxy/pause, POST .../events).
-func bodyJSON(ctx *fasthttp.RequestCtx, list bool) (gjson.Result, bool) {
-	body, ok := bodyRaw(ctx, list)
-	if !ok {
-		return gjson.Result{}, false
-	}
-	return gjson.ParseBytes(body), true
-}
-
 // bodyRaw reads the request body as JSON of the kind wanted (a list when
 // list, else an object), answering 422 as FastAPI does when it is not.
 func bodyRaw(ctx *fasthttp.RequestCtx, list bool) (json.RawMessage, bool) {
