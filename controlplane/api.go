@@ -108,11 +108,10 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(b)
 }
 
-// decode reads a JSON body into v, answering 400 itself when it cannot.
+// decode reads a JSON body into v strictly (strictJSON: an unknown field or
+// trailing data is an error naming it), answering 400 itself when it cannot.
 func (s *Server) decode(ctx *fasthttp.RequestCtx, v any) bool {
-	dec := json.NewDecoder(strings.NewReader(string(ctx.PostBody())))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := strictJSON(string(ctx.PostBody()), v); err != nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid JSON body: "+err.Error())
 		return false
 	}
