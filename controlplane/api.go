@@ -13,20 +13,67 @@ import (
 	"github.com/google/uuid"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/controlplane/lease"
 	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/internal/jsonscan"
+	"github.com/rollgate/rollgate/internal/route"
 )
 
+// apiRoute is a row of /api/v1's route table.
+type apiRoute = route.Route[route.Handler[*Server]]
+
+// apiRoutes are the /api/v1 routes, patterns below /api/v1. Every one needs
+// the admin token when one is set. A method other than a row's is 404 like
+// an unknown path (no 405 on this surface).
+var apiRoutes = route.New(
+	apiRoute{Method: "POST", Pattern: "/bridge/batches", Auth: route.Admin, Handler: route.Plain((*Server).postBatches)},
+	apiRoute{Pattern: "/bridge/{path...}", Auth: route.Admin, Handler: (*Server).serveLease},
+	apiRoute{Method: "POST", Pattern: "/pause", Auth: route.Admin, Handler: route.Plain((*Server).postPause)},
+	apiRoute{Method: "POST", Pattern: "/resume", Auth: route.Admin, Handler: route.Plain((*Server).postResume)},
+	apiRoute{Method: "GET", Pattern: "/backends", Auth: route.Admin, Handler: route.Plain((*Server).getBackends)},
+	apiRoute{Method: "PUT", Pattern: "/backends", Auth: route.Admin, Handler: route.Plain((*Server).putBackends)},
+	apiRoute{Method: "POST", Pattern: "/rollouts", Auth: route.Admin, Handler: route.Plain((*Server).postRollout)},
+	apiRoute{Method: "GET", Pattern: "/rollouts", Auth: route.Admin, Handler: route.Plain((*Server).listRollouts)},
+	apiRoute{Method: "POST", Pattern: "/tasks", Auth: route.Admin, Handler: route.Plain((*Server).postTasks)},
+	apiRoute{Method: "POST", Pattern: "/tasks/dequeue", Auth: route.Admin, Handler: route.Plain((*Server).dequeue)},
+	apiRoute{Method: "DELETE", Pattern: "/tasks/{rollout_id}", Auth: route.Admin, Handler: route.OneParam((*Server).deleteTask)},
+	apiRoute{Method: "POST", Pattern: "/resources", Auth: route.Admin, Handler: route.Plain((*Server).postResources)},
+	apiRoute{Method: "GET", Pattern: "/resources/{version}", Auth: route.Admin, Handler: route.OneParam((*Server).getResources)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/heartbeat", Auth: route.Admin, Handler: route.OneParam((*Server).heartbeat)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/calls", Auth: route.Admin, Handler: route.OneParam((*Server).postCalls)},
+	apiRoute{Method: "GET", Pattern: "/rollouts/{rollout_id}", Auth: route.Admin, Handler: route.OneParam((*Server).getRollout)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/rewards", Auth: route.Admin, Handler: route.OneParam((*Server).postReward)},
+	apiRoute{Method: "POST", Pattern: "/rollouts/{rollout_id}/status", Auth: route.Admin, Handler: route.OneParam((*Server).postStatus)},
+)
+
+// Routes lists the control plane's routes with their full paths: /api/v1's
+// table, the lease API's under /api/v1/bridge (docs/docs_test.go checks
+// them against docs/contract.md).
+func Routes() []route.Info {
+	var out []route.Info
+	for _, r := range apiRoutes.Infos("/api/v1") {
+		if !r.Subtree() {
+			out = append(out, r)
+		}
+	}
+	for _, r := range lease.Routes() {
+		r.Pattern = "/api/v1/bridge" + r.Pattern
+		r.Auth = route.Admin
+		out = append(out, r)
+	}
+	return out
+}
+
 // ServeAPI serves the /api/v1 routes; sub is the path after "/api/v1".
+// Before any route: the admin token, the rollout id of a /rollouts/{id}
+// or /tasks/{id} path, and the body's nesting depth.
 func (s *Server) ServeAPI(ctx *fasthttp.RequestCtx, sub string) {
-	method := string(ctx.Method())
-	parts := strings.Split(strings.Trim(sub, "/"), "/")
 	if !s.authorizedAdmin(ctx) {
 		return
 	}
-	if len(parts) >= 2 && (parts[0] == "rollouts" || parts[0] == "tasks") && !gateway.ValidID([]byte(parts[1])) {
+	if p := strings.Split(strings.Trim(sub, "/"), "/"); len(p) >= 2 && (p[0] == "rollouts" || p[0] == "tasks") && !gateway.ValidID([]byte(p[1])) {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid rollout id in the path: use "+gateway.IDCharset)
 		return
 	}
@@ -38,44 +85,14 @@ func (s *Server) ServeAPI(ctx *fasthttp.RequestCtx, sub string) {
 			return
 		}
 	}
-	switch {
-	case strings.HasPrefix(sub, "/bridge/"):
-		s.bridgeRoutes(ctx, sub[len("/bridge"):])
-	case sub == "/pause" && method == "POST":
-		s.postPause(ctx)
-	case sub == "/resume" && method == "POST":
-		s.postResume(ctx)
-	case sub == "/backends" && method == "GET":
-		s.getBackends(ctx)
-	case sub == "/backends" && method == "PUT":
-		s.putBackends(ctx)
-	case sub == "/rollouts" && method == "POST":
-		s.postRollout(ctx)
-	case sub == "/rollouts" && method == "GET":
-		s.listRollouts(ctx)
-	case sub == "/tasks" && method == "POST":
-		s.postTasks(ctx)
-	case sub == "/tasks/dequeue" && method == "POST":
-		s.dequeue(ctx)
-	case len(parts) == 2 && parts[0] == "tasks" && method == "DELETE":
-		s.deleteTask(ctx, parts[1])
-	case sub == "/resources" && method == "POST":
-		s.postResources(ctx)
-	case len(parts) == 2 && parts[0] == "resources" && method == "GET":
-		s.getResources(ctx, parts[1])
-	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "heartbeat" && method == "POST":
-		s.heartbeat(ctx, parts[1])
-	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "calls" && method == "POST":
-		s.postCalls(ctx, parts[1])
-	case len(parts) == 2 && parts[0] == "rollouts" && method == "GET":
-		s.getRollout(ctx, parts[1])
-	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "rewards" && method == "POST":
-		s.postReward(ctx, parts[1])
-	case len(parts) == 3 && parts[0] == "rollouts" && parts[2] == "status" && method == "POST":
-		s.postStatus(ctx, parts[1])
-	default:
+	method := string(ctx.Method())
+	var ids [2]string
+	m := apiRoutes.Match(method, sub, ids[:0])
+	if m.Route == nil {
 		s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, "unknown route "+method+" /api/v1"+sub)
+		return
 	}
+	m.Route.Handler(s, ctx, m.Params)
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
@@ -91,11 +108,10 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(b)
 }
 
-// decode reads a JSON body into v, answering 400 itself when it cannot.
+// decode reads a JSON body into v strictly (strictJSON: an unknown field or
+// trailing data is an error naming it), answering 400 itself when it cannot.
 func (s *Server) decode(ctx *fasthttp.RequestCtx, v any) bool {
-	dec := json.NewDecoder(strings.NewReader(string(ctx.PostBody())))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := strictJSON(string(ctx.PostBody()), v); err != nil {
 		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, "invalid JSON body: "+err.Error())
 		return false
 	}

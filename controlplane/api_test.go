@@ -121,3 +121,23 @@ func TestBackendsSwap(t *testing.T) {
 }
 
 var _ = context.Background
+
+// TestAPIBodiesStrict: /api/v1 decodes bodies strictly (docs/contract.md
+// section 2): an unknown field is a 400 naming it, and so is a second
+// JSON value after the body's (it was taken as the first alone).
+func TestAPIBodiesStrict(t *testing.T) {
+	store, _ := gatewaytest.OpenSQLite(t)
+	e := gatewaytest.NewEnv(t, store, nil)
+	f := func(body, want string) {
+		t.Helper()
+		r := gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts", body)
+		if r.Status != 400 || !strings.Contains(gjson.GetBytes(r.Body, "error.message").String(), want) {
+			t.Errorf("POST /api/v1/rollouts %s: %d %s, want 400 naming %q", body, r.Status, r.Body, want)
+		}
+	}
+	f(`{"task_id":"t","colour":1}`, `unknown field "colour"`)
+	f(`{"task_id":"t"} {"task_id":"u"}`, "trailing data after the JSON value")
+	if r := gatewaytest.Do(t, "POST", e.URL+"/api/v1/rollouts", "{\"task_id\":\"t\"}\n"); r.Status != 200 {
+		t.Errorf("a body and a newline: %d %s", r.Status, r.Body)
+	}
+}

@@ -32,15 +32,11 @@ type bridgeRequest struct {
 	Tokenizer string `json:"retokenize"`
 }
 
-// bridgeRoutes serves /api/v1/bridge/*: POST batches builds samples from the
-// store into the lease queue; POST lease, POST ack and GET counts are the
-// trainer's pull API (controlplane/lease).
-func (s *Server) bridgeRoutes(ctx *fasthttp.RequestCtx, sub string) {
-	if sub == "/batches" && string(ctx.Method()) == "POST" {
-		s.postBatches(ctx)
-		return
-	}
-	s.leaseQueue().Serve(ctx, sub)
+// serveLease serves the trainer's pull API (controlplane/lease: POST
+// lease, POST ack, GET counts) under /api/v1/bridge/; rest is the path below
+// /api/v1/bridge/.
+func (s *Server) serveLease(ctx *fasthttp.RequestCtx, rest []string) {
+	s.leaseQueue().Serve(ctx, "/"+rest[0])
 }
 
 // leaseQueue returns the gateway's sample queue, made on first use.

@@ -2,17 +2,19 @@ package docs
 
 import (
 	"bytes"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rollgate/rollgate/controlplane"
+	"github.com/rollgate/rollgate/controlplane/agl"
+	"github.com/rollgate/rollgate/gateway"
+	httproute "github.com/rollgate/rollgate/internal/route"
+	"github.com/rollgate/rollgate/ui"
 )
 
 // outsidePaths are references that point outside the repository: the shared
@@ -75,15 +77,15 @@ func (r route) String() string { return strings.TrimSpace(r.Method + " " + r.Pat
 
 var httpMethods = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true}
 
-// TestRoutesDocumented reads the gateway's router out of its source and
-// checks that every route it serves is in docs/contract.md, and that every
-// route the contract lists (before "Not yet implemented") is served.
+// TestRoutesDocumented reads the surfaces' route tables and checks that
+// every route they serve is in docs/contract.md, and that every route the
+// contract lists (before "Not yet implemented") is served.
 func TestRoutesDocumented(t *testing.T) {
 	code := codeRoutes(t)
 	if len(code) < 25 {
-		t.Fatalf("found only %d routes in the gateway's source (%v): has the router moved? update codeRoutes", len(code), code)
+		t.Fatalf("found only %d routes in the route tables (%v): has a table moved? update codeRoutes", len(code), code)
 	}
-	t.Logf("%d routes in the gateway's source: %v", len(code), code)
+	t.Logf("%d routes in the route tables: %v", len(code), code)
 	doc, err := os.ReadFile("contract.md")
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +139,7 @@ func anyMethod(documented map[string]bool, path string) bool {
 
 var (
 	docRoute    = regexp.MustCompile("`((?:GET|HEAD|POST|PUT|PATCH|DELETE) /[^`?\\s]*)")
-	placeholder = regexp.MustCompile(`\{[a-z_]+\}`)
+	placeholder = regexp.MustCompile(`\{[a-z_]+(\.\.\.)?\}`)
 )
 
 // docRoutes returns the "METHOD /path" routes in backquotes in doc, query
@@ -150,218 +152,34 @@ func docRoutes(doc string) map[string]bool {
 	return out
 }
 
-// codeRoutes reads the routes out of the router's source: the model routes
-// (routeOf), the fixed routes of Handle, the control plane's /api/v1
-// switch (ServeAPI), the bridge's routes and the lease API's route table,
-// mounted under /api/v1/bridge. Parameters are written {}.
+// codeRoutes reads the routes out of the surfaces' route tables: the
+// gateway's own (agent routes, monitoring), the control plane's /api/v1
+// (the lease API's under /api/v1/bridge included), Agent Lightning's /api
+// and /proxy, and the viewer's /ui. A subtree row of the gateway's (a
+// {name...} pattern) is the mount point of another table: each must be one
+// that is read here. Parameters are written {}.
 func codeRoutes(t *testing.T) []route {
+	tables := map[string][]httproute.Info{
+		"/api/v1/": controlplane.Routes(),
+		"/ui/":     ui.Routes(),
+		"":         agl.Routes(),
+	}
 	var out []route
-	for _, p := range caseStrings(t, "../gateway/proxy.go", "routeOf") {
-		out = append(out, route{"POST", p})
+	add := func(infos []httproute.Info) {
+		for _, r := range infos {
+			out = append(out, route{r.Method, placeholder.ReplaceAllString(r.Pattern, "{}")})
+		}
 	}
-	for _, p := range caseStrings(t, "../gateway/server.go", "Handle") {
-		out = append(out, route{"", p})
+	for _, r := range gateway.Routes() {
+		if !r.Subtree() {
+			add([]httproute.Info{r})
+		} else if prefix, _ := strings.CutSuffix(r.Pattern, "{path...}"); len(tables[prefix]) == 0 {
+			t.Errorf("the gateway mounts %s, whose route table codeRoutes does not read", r.Pattern)
+		}
 	}
-	out = append(out, comparedRoutes(t, "../controlplane/api.go", "ServeAPI", "/api/v1", false)...)
-	out = append(out, comparedRoutes(t, "../controlplane/bridge.go", "bridgeRoutes", "/api/v1/bridge", true)...)
-	for _, r := range tableRoutes(t, "../controlplane/lease/lease.go", "routes") {
-		out = append(out, route{r.Method, "/api/v1/bridge" + r.Path})
-	}
-	for _, pat := range varStrings(t, "../ui/ui.go", "Routes") {
-		m, p, _ := strings.Cut(pat, " ")
-		out = append(out, route{m, placeholder.ReplaceAllString(p, "{}")})
-	}
-	// The Agent Lightning surface (controlplane/agl), mounted on the gateway.
-	out = append(out, comparedRoutes(t, "../controlplane/agl/agl.go", "Handle", "", false)...)
-	for _, p := range caseStrings(t, "../controlplane/agl/proxy.go", "proxy") {
-		out = append(out, route{"POST", "/proxy/rollout/{}/attempt/{}/mode/{}/openai/v1" + p})
+	for _, infos := range tables {
+		add(infos)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
-}
-
-// varList parses file and returns the composite literal assigned to its
-// package-level variable name.
-func varList(t *testing.T, file, name string) *ast.CompositeLit {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.VAR {
-			continue
-		}
-		for _, sp := range gd.Specs {
-			vs := sp.(*ast.ValueSpec)
-			if len(vs.Names) != 1 || vs.Names[0].Name != name || len(vs.Values) != 1 {
-				continue
-			}
-			if list, ok := vs.Values[0].(*ast.CompositeLit); ok {
-				return list
-			}
-		}
-	}
-	t.Fatalf("%s: no list %s: has the router moved? update codeRoutes", file, name)
-	return nil
-}
-
-// varStrings returns the string literals of the list assigned to the
-// package-level variable name of file.
-func varStrings(t *testing.T, file, name string) []string {
-	t.Helper()
-	var out []string
-	for _, e := range varList(t, file, name).Elts {
-		if s, ok := stringLit(e); ok {
-			out = append(out, s)
-		}
-	}
-	if len(out) == 0 {
-		t.Fatalf("%s: %s holds no strings: has the router moved? update codeRoutes", file, name)
-	}
-	return out
-}
-
-// tableRoutes reads a route table out of file: the package-level variable
-// name, a slice of composite literals whose first two elements are the
-// method and the path as string literals.
-func tableRoutes(t *testing.T, file, name string) []route {
-	t.Helper()
-	var out []route
-	for _, e := range varList(t, file, name).Elts {
-		if cl, ok := e.(*ast.CompositeLit); ok && len(cl.Elts) >= 2 {
-			m, okM := stringLit(cl.Elts[0])
-			p, okP := stringLit(cl.Elts[1])
-			if okM && okP {
-				out = append(out, route{m, p})
-			}
-		}
-	}
-	if len(out) == 0 {
-		t.Fatalf("%s: %s holds no routes: has the router moved? update codeRoutes", file, name)
-	}
-	return out
-}
-
-// funcBody parses file and returns the body of its function (or method) name.
-func funcBody(t *testing.T, file, name string) *ast.BlockStmt {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range f.Decls {
-		if fd, ok := d.(*ast.FuncDecl); ok && fd.Name.Name == name && fd.Body != nil {
-			return fd.Body
-		}
-	}
-	t.Fatalf("%s: no function %s: has the router moved? update codeRoutes", file, name)
-	return nil
-}
-
-func stringLit(e ast.Expr) (string, bool) {
-	if bl, ok := e.(*ast.BasicLit); ok && bl.Kind == token.STRING {
-		s, err := strconv.Unquote(bl.Value)
-		return s, err == nil
-	}
-	return "", false
-}
-
-// caseStrings returns the string literals starting with "/" that label the
-// cases of the switches in function fn.
-func caseStrings(t *testing.T, file, fn string) []string {
-	var out []string
-	ast.Inspect(funcBody(t, file, fn), func(n ast.Node) bool {
-		if cc, ok := n.(*ast.CaseClause); ok {
-			for _, e := range cc.List {
-				if s, ok := stringLit(e); ok && strings.HasPrefix(s, "/") {
-					out = append(out, s)
-				}
-			}
-		}
-		return true
-	})
-	return out
-}
-
-// comparedRoutes reads routes from the conditions of function fn's switch
-// cases (and, with ifs, its if statements): a comparison of sub with "/x"
-// gives prefix+"/x"; comparisons of parts[i] with literals and of
-// len(parts) with n give prefix/parts[0]/{}/parts[2]; a comparison with an
-// HTTP method name gives the method. Conditions without a method are not
-// routes.
-func comparedRoutes(t *testing.T, file, fn, prefix string, ifs bool) []route {
-	var out []route
-	add := func(cond ast.Expr) {
-		var method, sub string
-		parts := map[int]string{}
-		n := -1
-		ast.Inspect(cond, func(x ast.Node) bool {
-			be, ok := x.(*ast.BinaryExpr)
-			if !ok || be.Op != token.EQL {
-				return true
-			}
-			if s, ok := stringLit(be.Y); ok {
-				switch {
-				case httpMethods[s]:
-					method = s
-				case isIdent(be.X, "sub"):
-					sub = s
-				default:
-					if ix, ok := be.X.(*ast.IndexExpr); ok && isIdent(ix.X, "parts") {
-						if i, ok := intLit(ix.Index); ok {
-							parts[i] = s
-						}
-					}
-				}
-			}
-			if c, ok := be.X.(*ast.CallExpr); ok && isIdent(c.Fun, "len") && len(c.Args) == 1 && isIdent(c.Args[0], "parts") {
-				if i, ok := intLit(be.Y); ok {
-					n = i
-				}
-			}
-			return true
-		})
-		switch {
-		case method == "":
-		case sub != "":
-			out = append(out, route{method, prefix + sub})
-		case n > 0:
-			segs := make([]string, n)
-			for i := range segs {
-				if segs[i] = parts[i]; segs[i] == "" {
-					segs[i] = "{}"
-				}
-			}
-			out = append(out, route{method, prefix + "/" + strings.Join(segs, "/")})
-		}
-	}
-	ast.Inspect(funcBody(t, file, fn), func(n ast.Node) bool {
-		switch s := n.(type) {
-		case *ast.CaseClause:
-			for _, e := range s.List {
-				add(e)
-			}
-		case *ast.IfStmt:
-			if ifs {
-				add(s.Cond)
-			}
-		}
-		return true
-	})
-	return out
-}
-
-func isIdent(e ast.Expr, name string) bool {
-	id, ok := e.(*ast.Ident)
-	return ok && id.Name == name
-}
-
-func intLit(e ast.Expr) (int, bool) {
-	if bl, ok := e.(*ast.BasicLit); ok && bl.Kind == token.INT {
-		i, err := strconv.Atoi(bl.Value)
-		return i, err == nil
-	}
-	return 0, false
 }

@@ -847,22 +847,6 @@ func endpointName(ep openai.Endpoint, path []byte) string {
 	return string(path)
 }
 
-// routeOf maps a path (without rollout prefix) to the LLM endpoint it
-// names exactly, or openai.Unknown.
-func routeOf(path []byte) openai.Endpoint {
-	switch string(path) {
-	case "/v1/chat/completions":
-		return openai.ChatCompletions
-	case "/v1/completions":
-		return openai.Completions
-	case "/v1/responses":
-		return openai.Responses
-	case "/v1/embeddings":
-		return openai.Embeddings
-	}
-	return openai.Unknown
-}
-
 // sameStart reports whether a and b are non-empty and start at the same
 // byte, i.e. a function returned its input instead of its output buffer.
 func sameStart(a, b []byte) bool {

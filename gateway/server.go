@@ -63,7 +63,7 @@ type Server struct {
 	ui          fasthttp.RequestHandler // /ui: the trajectory viewer; nil = 404
 	uiRefuse    Refuser                 // the viewer's error page (SetUI)
 	hosts       hostPolicy              // Hosts the routes without a credential serve (crosssite.go)
-	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (agent.go)
+	mounts      atomic.Pointer[[]mount] // Mount: compatibility surfaces (mount.go)
 	mountMu     sync.Mutex
 	force       *rewrite.ForceSet // Config.Force; nil = none
 	forceModes  *forceModes       // Config.ForceModes; nil = none
@@ -252,79 +252,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.writeDeadline(ctx.Conn(), time.Now())
 	}()
 	attr, path := attributionOf(ctx)
-
-	if ep := routeOf(path); ep != openai.Unknown {
-		if !ctx.IsPost() {
-			s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use POST")
-			return
-		}
-		s.proxy(ctx, attr, ep, path)
-		return
-	}
-	switch string(path) {
-	case "/v1/models":
-		s.models(ctx)
-		return
-	case "/metrics":
-		if !s.readOnly(ctx, path) {
-			return
-		}
-		s.metricsHandler(ctx)
-		return
-	case "/v1/traces":
-		if msg := attributionError(attr, attr.fromPath); msg != "" {
-			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, msg)
-			return
-		}
-		if s.control == nil {
-			break
-		}
-		s.control.ServeTraces(ctx, string(attr.rolloutID), string(attr.attemptID))
-		return
-	case "/healthz", "/readyz":
-		if !s.readOnly(ctx, path) {
-			return
-		}
-		if string(path) == "/readyz" {
-			s.readyz(ctx)
-			return
-		}
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"status":"ok"}`)
-		return
-	}
-	// Every route without a credential is guarded here, before its
-	// surface reads the request (crosssite.go).
-	if len(path) >= 8 && string(path[:8]) == "/api/v1/" && s.control != nil {
-		if s.guarded(ctx, surface{open: s.cfg.AdminToken == ""}) {
-			return
-		}
-		s.control.ServeAPI(ctx, string(path[7:]))
-		return
-	}
-	if s.ui != nil && isUIPath(path) {
-		if s.guarded(ctx, surface{open: s.cfg.AdminToken == "", navigable: true, refuse: s.uiRefuse}) {
-			return
-		}
-		s.ui(ctx)
-		return
-	}
-	if s.serveMounted(ctx, path) {
-		return
-	}
-	s.plainError(ctx, fasthttp.StatusNotFound, errNotFound, unknownRouteMessage(ctx.Method(), ctx.Path()))
-}
-
-// readOnly answers 405 to a method other than GET and HEAD on a
-// monitoring route (open to every caller, so it changes nothing) and
-// reports whether the request may be served.
-func (s *Server) readOnly(ctx *fasthttp.RequestCtx, path []byte) bool {
-	if ctx.IsGet() || ctx.IsHead() {
-		return true
-	}
-	ctx.Response.Header.Set("Allow", "GET, HEAD")
-	s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use GET")
-	return false
+	s.route(ctx, attr, path)
 }
 
 // writeDeadline bounds the write of the response about to be sent (and,

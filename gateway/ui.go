@@ -9,8 +9,3 @@ import "github.com/valyala/fasthttp"
 // foreign Hosts on it (crosssite.go) with refuse, the viewer's error page
 // (nil: OpenAI-style).
 func (s *Server) SetUI(h fasthttp.RequestHandler, refuse Refuser) { s.ui, s.uiRefuse = h, refuse }
-
-// isUIPath says whether path is /ui or under /ui/.
-func isUIPath(path []byte) bool {
-	return string(path) == "/ui" || (len(path) >= 4 && string(path[:4]) == "/ui/")
-}

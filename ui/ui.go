@@ -30,24 +30,56 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/route"
 	"github.com/rollgate/rollgate/trainer-bridge/air"
 )
 
 //go:embed assets
 var assets embed.FS
 
-// Routes are the viewer's pages, each GET (and HEAD); the tokens and raw
-// pages take ?attempt= and ?choice=, the list its filters. docs/contract.md
-// lists them (docs/docs_test.go reads this list).
-var Routes = []string{
-	"GET /ui",
-	"GET /ui/rollouts",
-	"GET /ui/rollouts/{rollout_id}",
-	"GET /ui/rollouts/{rollout_id}/calls/{sequence_id}",
-	"GET /ui/rollouts/{rollout_id}/calls/{sequence_id}/raw",
-	"GET /ui/groups/{group_id}",
-	"GET /ui/training",
-	"GET /ui/static/{file}",
+// viewerRoute is a row of the viewer's route table.
+type viewerRoute = route.Route[route.Handler[*Server]]
+
+// routes are the viewer's pages, each GET (and HEAD); the tokens and raw
+// pages take ?attempt= and ?choice=, the list its filters. The fixed pages
+// and the static files match the path as sent (/ui/ is /ui); the others
+// its segments unescaped once each (segments). docs/contract.md lists them
+// (docs/docs_test.go reads Routes).
+var routes = route.New(
+	viewerRoute{Method: "GET", Pattern: "/ui", Auth: route.Admin, Handler: route.Plain((*Server).serveList)},
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts", Auth: route.Admin, Handler: route.Plain((*Server).serveList)},
+	viewerRoute{Method: "GET", Pattern: "/ui/training", Auth: route.Admin, Handler: route.Plain((*Server).serveTraining)},
+	viewerRoute{Method: "GET", Pattern: "/ui/static/{file...}", Auth: route.Admin, Handler: route.OneParam((*Server).serveStatic)},
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}", Auth: route.Admin,
+		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.serveRollout(ctx, rolloutParam(ids[0])) }},
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}/calls/{sequence_id}", Auth: route.Admin,
+		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) {
+			s.serveTokens(ctx, rolloutParam(ids[0]), ids[1])
+		}},
+	viewerRoute{Method: "GET", Pattern: "/ui/rollouts/{rollout_id}/calls/{sequence_id}/raw", Auth: route.Admin,
+		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.serveRaw(ctx, rolloutParam(ids[0]), ids[1]) }},
+	viewerRoute{Method: "GET", Pattern: "/ui/groups/{group_id}", Auth: route.Admin, Handler: route.OneParam((*Server).serveGroup)},
+).HeadAsGet().SplitWith(segments)
+
+// Routes lists the viewer's pages (docs/docs_test.go checks them against
+// docs/contract.md).
+func Routes() []route.Info { return routes.Infos("") }
+
+// rolloutParam is the rollout id of a page's path: Unattributed names the
+// calls captured without a rollout ("").
+func rolloutParam(id string) string {
+	if id == Unattributed {
+		return ""
+	}
+	return id
+}
+
+// segments splits a path under /ui/ for the table: "ui", then the
+// segments after /ui unescaped (splitPath); false when one does not
+// unescape or is empty.
+func segments(path string) ([]string, bool) {
+	parts := splitPath(strings.TrimPrefix(path, "/ui"))
+	return append([]string{"ui"}, parts...), parts != nil
 }
 
 // Config configures the viewer.
@@ -122,36 +154,16 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.fail(ctx, fasthttp.StatusNotFound, "No such page: ask for /ui and the paths under it as they are linked.")
 		return
 	}
-	rest := strings.TrimPrefix(path, "/ui")
-	if rest == "" || rest == "/" || rest == "/rollouts" {
-		s.serveList(ctx)
-		return
+	if path == "/ui/" {
+		path = "/ui"
 	}
-	if rest == "/training" {
-		s.serveTraining(ctx)
-		return
-	}
-	if strings.HasPrefix(rest, "/static/") {
-		s.serveStatic(ctx, strings.TrimPrefix(rest, "/static/"))
-		return
-	}
-	parts := splitPath(rest)
-	if parts == nil {
-		s.fail(ctx, fasthttp.StatusNotFound, "No such page: the path is not a valid URL path.")
-		return
-	}
-	if len(parts) >= 2 && parts[0] == "rollouts" && parts[1] == Unattributed {
-		parts[1] = "" // the calls captured without a rollout
-	}
+	var ids [2]string
+	m := routes.Match(string(ctx.Method()), path, ids[:0])
 	switch {
-	case len(parts) == 2 && parts[0] == "rollouts":
-		s.serveRollout(ctx, parts[1])
-	case len(parts) == 4 && parts[0] == "rollouts" && parts[2] == "calls":
-		s.serveTokens(ctx, parts[1], parts[3])
-	case len(parts) == 5 && parts[0] == "rollouts" && parts[2] == "calls" && parts[4] == "raw":
-		s.serveRaw(ctx, parts[1], parts[3])
-	case len(parts) == 2 && parts[0] == "groups":
-		s.serveGroup(ctx, parts[1])
+	case m.Route != nil:
+		m.Route.Handler(s, ctx, m.Params)
+	case m.Invalid:
+		s.fail(ctx, fasthttp.StatusNotFound, "No such page: the path is not a valid URL path.")
 	default:
 		s.fail(ctx, fasthttp.StatusNotFound, "No such page. The viewer has /ui (rollouts), /ui/rollouts/{id}, /ui/rollouts/{id}/calls/{sequence_id}, /ui/groups/{group_id} and /ui/training.")
 	}

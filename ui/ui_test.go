@@ -444,9 +444,9 @@ func TestNotFoundAndAuth(t *testing.T) {
 func TestRoutesServed(t *testing.T) {
 	s := sqliteFixture(t)
 	base := serve(t, s, Config{})
-	fill := strings.NewReplacer("{rollout_id}", "ro-a", "{sequence_id}", "1", "{group_id}", "g1", "{file}", "ui.css")
-	for _, r := range Routes {
-		m, p, _ := strings.Cut(r, " ")
+	fill := strings.NewReplacer("{rollout_id}", "ro-a", "{sequence_id}", "1", "{group_id}", "g1", "{file...}", "ui.css")
+	for _, r := range Routes() {
+		m, p := r.Method, r.Pattern
 		if m != "GET" {
 			t.Errorf("route %s: the viewer is read-only", r)
 		}

@@ -34,6 +34,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/backends"
+	"github.com/rollgate/rollgate/internal/route"
 )
 
 // Gateway is what this surface needs of the gateway (*gateway.Server).
@@ -129,53 +130,64 @@ func (s *Server) Mount() {
 	s.gw.Mount("/proxy/", s.Handle, o)
 }
 
-// Handle serves one request of the surface.
+// aglRoute is a row of the surface's route table.
+type aglRoute = route.Route[route.Handler[*Server]]
+
+// routes are the surface's routes (mounted on /api/ and /proxy/). A path
+// that a row serves by another method is answered 405, any other path 404,
+// both FastAPI-style; the model route's subtree answers its own 404 and 405
+// (proxy, proxyEndpoints).
+var routes = route.New(
+	aglRoute{Pattern: "/proxy/rollout/{path...}", Auth: route.AGLKey, Handler: (*Server).proxy},
+	aglRoute{Method: "POST", Pattern: "/proxy/pause", Auth: route.AGLKey, Handler: route.Plain((*Server).postPause)},
+	aglRoute{Method: "POST", Pattern: "/proxy/resume", Auth: route.AGLKey, Handler: route.Plain((*Server).postResume)},
+	aglRoute{Method: "GET", Pattern: "/proxy/state", Auth: route.AGLKey, Handler: route.Plain((*Server).getPauseState)},
+	aglRoute{Method: "POST", Pattern: "/api/models", Auth: route.AGLKey, Handler: route.Plain((*Server).postModels)},
+	aglRoute{Method: "DELETE", Pattern: "/api/models", Auth: route.AGLKey, Handler: route.Plain((*Server).deleteModels)},
+	aglRoute{Method: "POST", Pattern: "/api/rollouts", Auth: route.AGLKey, Handler: route.Plain((*Server).createRollouts)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts", Auth: route.AGLKey, Handler: route.Plain((*Server).listRollouts)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts/terminal", Auth: route.AGLKey, Handler: route.Plain((*Server).terminal)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: route.OneParam((*Server).getRollout)},
+	aglRoute{Method: "PATCH", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: route.OneParam((*Server).patchRollout)},
+	aglRoute{Method: "DELETE", Pattern: "/api/rollouts/{rollout_id}", Auth: route.AGLKey, Handler: route.OneParam((*Server).deleteRollout)},
+	aglRoute{Method: "GET", Pattern: "/api/rollouts/{rollout_id}/events", Auth: route.AGLKey, Handler: route.OneParam((*Server).getEvents)},
+	aglRoute{Method: "POST", Pattern: "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", Auth: route.AGLKey,
+		Handler: func(s *Server, ctx *fasthttp.RequestCtx, ids []string) { s.postEvent(ctx, ids[0], ids[1]) }},
+)
+
+// Routes lists the surface's routes (docs/docs_test.go checks them against
+// docs/contract.md): the table's, the model route once per endpoint.
+func Routes() []route.Info {
+	var out []route.Info
+	for _, r := range routes.Infos("") {
+		if !r.Subtree() {
+			out = append(out, r)
+		}
+	}
+	for _, e := range proxyEndpoints {
+		out = append(out, route.Info{Method: "POST", Pattern: proxyRoute + e.path, Auth: route.AGLKey})
+	}
+	return out
+}
+
+// Handle serves one request of the surface: AGL's key, then the path's
+// ids (validPathIDs), then the route.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	sub := string(ctx.Path())
 	if !s.authorized(ctx) {
 		return
 	}
-	method := string(ctx.Method())
-	if strings.HasPrefix(sub, "/proxy/rollout/") {
-		s.proxy(ctx, sub)
+	if !strings.HasPrefix(sub, "/proxy/rollout/") && !validPathIDs(ctx, strings.Split(strings.Trim(sub, "/"), "/")) {
 		return
 	}
-	parts := strings.Split(strings.Trim(sub, "/"), "/")
-	if !validPathIDs(ctx, parts) {
-		return
-	}
+	var ids [2]string
+	m := routes.Match(string(ctx.Method()), sub, ids[:0])
 	switch {
-	case sub == "/proxy/pause" && method == "POST":
-		s.postPause(ctx)
-	case sub == "/proxy/resume" && method == "POST":
-		s.postResume(ctx)
-	case sub == "/proxy/state" && method == "GET":
-		s.getPauseState(ctx)
-	case sub == "/api/models" && method == "POST":
-		s.postModels(ctx)
-	case sub == "/api/models" && method == "DELETE":
-		s.deleteModels(ctx)
-	case sub == "/api/rollouts" && method == "POST":
-		s.createRollouts(ctx)
-	case sub == "/api/rollouts" && method == "GET":
-		s.listRollouts(ctx)
-	case sub == "/api/rollouts/terminal" && method == "GET":
-		s.terminal(ctx)
-	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts" && method == "GET":
-		s.getRollout(ctx, parts[2])
-	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts" && method == "PATCH":
-		s.patchRollout(ctx, parts[2])
-	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts" && method == "DELETE":
-		s.deleteRollout(ctx, parts[2])
-	case len(parts) == 4 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "events" && method == "GET":
-		s.getEvents(ctx, parts[2])
-	case len(parts) == 6 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "attempt" && parts[5] == "events" && method == "POST":
-		s.postEvent(ctx, parts[2], parts[4])
+	case m.Route != nil:
+		m.Route.Handler(s, ctx, m.Params)
+	case m.PathKnown:
+		detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
 	default:
-		if s.knownPath(parts) {
-			detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
-			return
-		}
 		detail(ctx, fasthttp.StatusNotFound, "Not Found")
 	}
 }
@@ -200,22 +212,6 @@ func validPathIDs(ctx *fasthttp.RequestCtx, parts []string) bool {
 		return false
 	}
 	return true
-}
-
-// knownPath reports whether a path is a route of the surface (for 405).
-func (s *Server) knownPath(parts []string) bool {
-	p := strings.Join(parts, "/")
-	switch {
-	case p == "proxy/pause", p == "proxy/resume", p == "proxy/state", p == "api/models", p == "api/rollouts":
-		return true
-	case len(parts) == 3 && parts[0] == "api" && parts[1] == "rollouts":
-		return true
-	case len(parts) == 4 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "events":
-		return true
-	case len(parts) == 6 && parts[0] == "api" && parts[1] == "rollouts" && parts[3] == "attempt" && parts[5] == "events":
-		return true
-	}
-	return false
 }
 
 // authorized checks AGL's key: Authorization: Bearer KEY or x-api-key: KEY

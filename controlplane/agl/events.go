@@ -39,37 +39,56 @@ type eventView struct {
 // defaultAttempt is AGL's DEFAULT_ATTEMPT_ID.
 const defaultAttempt = "0"
 
+// isNumber reports whether raw, a valid JSON value, is a number.
+func isNumber(raw json.RawMessage) bool {
+	return len(raw) > 0 && (raw[0] == '-' || '0' <= raw[0] && raw[0] <= '9')
+}
+
+// rewardValue reads a reward event's data.value: a number a float64 holds
+// (1e999 is not), else false.
+func rewardValue(raw json.RawMessage) (float64, bool) {
+	var f float64
+	if !isNumber(raw) || json.Unmarshal(raw, &f) != nil {
+		return 0, false
+	}
+	return f, true
+}
+
 // postEvent serves POST /api/rollouts/{r}/attempt/{a}/events. A reward
 // event with a numeric data.value also lands in the rewards table.
 func (s *Server) postEvent(ctx *fasthttp.RequestCtx, rolloutID, attemptID string) {
-	body, ok := bodyJSON(ctx, false)
+	body, ok := bodyRaw(ctx, false)
 	if !ok {
 		return
 	}
+	// AGL's EventCreate: event_type a string, data an object ({} when
+	// absent); other members ignored.
+	in, _ := members(body) // an object: bodyRaw checked it
 	var errs []fieldError
-	typ := body.Get("event_type")
-	switch {
-	case !typ.Exists():
-		errs = append(errs, fieldError{Type: "missing", Loc: []any{"body", "event_type"}, Msg: "Field required", Input: json.RawMessage(body.Raw)})
-	case typ.Type != gjson.String:
-		errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "event_type"}, Msg: "Input should be a valid string", Input: json.RawMessage(typ.Raw)})
+	var typ string
+	if v, given := in["event_type"]; !given {
+		errs = append(errs, fieldError{Type: "missing", Loc: []any{"body", "event_type"}, Msg: "Field required", Input: body})
+	} else if json.Unmarshal(v, &typ) != nil || string(v) == "null" {
+		errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "event_type"}, Msg: "Input should be a valid string", Input: v})
 	}
-	data := body.Get("data")
-	if data.Exists() && !data.IsObject() {
-		errs = append(errs, fieldError{Type: "dict_type", Loc: []any{"body", "data"}, Msg: "Input should be a valid dictionary", Input: json.RawMessage(data.Raw)})
+	data, hasData := in["data"]
+	dataMembers, isObj := members(data)
+	if hasData && !isObj {
+		errs = append(errs, fieldError{Type: "dict_type", Loc: []any{"body", "data"}, Msg: "Input should be a valid dictionary", Input: data})
 	}
-	if v := data.Get("value"); typ.Str == "reward" && v.Type == gjson.Number && (math.IsInf(v.Float(), 0) || math.IsNaN(v.Float())) {
+	value, isValue := rewardValue(dataMembers["value"])
+	if v := dataMembers["value"]; typ == "reward" && isNumber(v) && !isValue {
 		// Stricter than AGL: a number JSON can write but a float64 cannot
 		// hold (1e999) would be an infinite reward.
-		errs = append(errs, fieldError{Type: "finite_number", Loc: []any{"body", "data", "value"}, Msg: "Input should be a finite number", Input: json.RawMessage(v.Raw)})
+		errs = append(errs, fieldError{Type: "finite_number", Loc: []any{"body", "data", "value"}, Msg: "Input should be a finite number", Input: v})
 	}
 	if len(errs) > 0 {
 		invalid(ctx, errs...)
 		return
 	}
-	e := tasks.Event{RolloutID: rolloutID, AttemptID: attemptID, Type: typ.Str, Data: json.RawMessage("{}")}
-	if data.Exists() {
-		e.Data = json.RawMessage(data.Raw)
+	e := tasks.Event{RolloutID: rolloutID, AttemptID: attemptID, Type: typ, Data: json.RawMessage("{}")}
+	if hasData {
+		e.Data = data
 	}
 	c, cancel := storeCtx()
 	defer cancel()
@@ -81,12 +100,13 @@ func (s *Server) postEvent(ctx *fasthttp.RequestCtx, rolloutID, attemptID string
 		s.storeError(ctx, "recording an event of "+rolloutID, err)
 		return
 	}
-	if v := data.Get("value"); e.Type == "reward" && v.Type == gjson.Number {
+	if e.Type == "reward" && isValue {
 		source := "agl"
-		if src := data.Get("source"); src.Type == gjson.String && src.Str != "" {
-			source = "agl:" + src.Str
+		var src string
+		if json.Unmarshal(dataMembers["source"], &src) == nil && src != "" {
+			source = "agl:" + src
 		}
-		row := export.Reward{RolloutID: rolloutID, AttemptID: attemptID, Name: "primary", Value: v.Float(),
+		row := export.Reward{RolloutID: rolloutID, AttemptID: attemptID, Name: "primary", Value: value,
 			Source: source, TimeUnixNano: uint64(e.TimeNano)}
 		if err := s.d.Store.Write(c, &export.Batch{Rewards: []export.Reward{row}}); err != nil {
 			// The event is stored (the trainer reads rewards from events);

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/gateway"
@@ -34,41 +33,20 @@ type aglModel struct {
 // endpoint must be an http(s) URL without credentials on a host
 // agl.allowed_endpoints allows (422 otherwise).
 func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
-	body, ok := bodyJSON(ctx, true)
+	body, ok := bodyRaw(ctx, true)
 	if !ok {
+		return
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(body, &items); err != nil {
+		invalid(ctx, fieldError{Type: "list_type", Loc: []any{"body"}, Msg: "Input should be a valid list: " + err.Error(), Input: body})
 		return
 	}
 	var list []aglModel
 	var errs []fieldError
-	for i, it := range body.Array() {
-		m := aglModel{}
-		for _, k := range []string{"model", "endpoint"} {
-			v := it.Get(k)
-			switch {
-			case !it.IsObject():
-				errs = append(errs, notObject([]any{"body", i}, it))
-			case !v.Exists():
-				errs = append(errs, fieldError{Type: "missing", Loc: []any{"body", i, k}, Msg: "Field required", Input: json.RawMessage(it.Raw)})
-			case v.Type != gjson.String:
-				errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", i, k}, Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
-			case k == "model":
-				m.Model = v.Str
-			default:
-				m.Endpoint = strings.TrimRight(v.Str, "/")
-				if why := s.allow.check(m.Endpoint); why != "" {
-					errs = append(errs, fieldError{Type: "value_error", Loc: []any{"body", i, k}, Msg: why})
-				}
-			}
-			if !it.IsObject() {
-				break
-			}
-		}
-		if v := it.Get("version"); it.IsObject() && v.Exists() {
-			if v.Type != gjson.Number || v.Float() != float64(v.Int()) {
-				errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", i, "version"}, Msg: "Input should be a valid integer", Input: json.RawMessage(v.Raw)})
-			}
-			m.Version = v.Int()
-		}
+	for i, it := range items {
+		m, e := s.decodeModel(i, it)
+		errs = append(errs, e...)
 		list = append(list, m)
 	}
 	if len(errs) > 0 {
@@ -95,7 +73,7 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 		next[m.Model] = eps
 	}
 	if err := s.applyModels(next, true); err != nil {
-		invalid(ctx, fieldError{Type: "value_error", Loc: []any{"body"}, Msg: err.Error(), Input: json.RawMessage(body.Raw)})
+		invalid(ctx, fieldError{Type: "value_error", Loc: []any{"body"}, Msg: err.Error(), Input: body})
 		return
 	}
 	for _, m := range list {
@@ -106,6 +84,43 @@ func (s *Server) postModels(ctx *fasthttp.RequestCtx) {
 		out = []aglModel{}
 	}
 	writeJSON(ctx, fasthttp.StatusCreated, out)
+}
+
+// decodeModel checks one item of POST /api/models (AGL's Model: model and
+// endpoint strings, version an integer; other members ignored) and returns
+// its model, with the 422 items of what is wrong with it.
+func (s *Server) decodeModel(i int, raw json.RawMessage) (aglModel, []fieldError) {
+	m := aglModel{}
+	in, ok := members(raw)
+	if !ok {
+		return m, []fieldError{notObject([]any{"body", i}, raw)}
+	}
+	var errs []fieldError
+	for _, k := range []string{"model", "endpoint"} {
+		v, given := in[k]
+		var str string
+		switch {
+		case !given:
+			errs = append(errs, fieldError{Type: "missing", Loc: []any{"body", i, k}, Msg: "Field required", Input: raw})
+		case json.Unmarshal(v, &str) != nil || string(v) == "null":
+			errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", i, k}, Msg: "Input should be a valid string", Input: v})
+		case k == "model":
+			m.Model = str
+		default:
+			m.Endpoint = strings.TrimRight(str, "/")
+			if why := s.allow.check(m.Endpoint); why != "" {
+				errs = append(errs, fieldError{Type: "value_error", Loc: []any{"body", i, k}, Msg: why})
+			}
+		}
+	}
+	if v, given := in["version"]; given {
+		n, ok := intValue(v)
+		if !ok {
+			errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", i, "version"}, Msg: "Input should be a valid integer", Input: v})
+		}
+		m.Version = n
+	}
+	return m, errs
 }
 
 // deleteModels serves DELETE /api/models: every registered model leaves
@@ -217,28 +232,31 @@ const maxRetryAfter = 86400
 
 // postPause serves POST /proxy/pause {"retry_after_seconds": 5, "reason": null}.
 func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
-	body, ok := bodyJSON(ctx, false)
+	body, ok := bodyRaw(ctx, false)
 	if !ok {
 		return
 	}
+	in, _ := members(body) // an object: bodyRaw checked it
 	retry := int64(5)
 	var reason *string
 	var errs []fieldError
-	if v := body.Get("retry_after_seconds"); v.Exists() {
+	if v, given := in["retry_after_seconds"]; given {
+		n, ok := intValue(v)
 		switch {
-		case v.Type != gjson.Number || v.Float() != float64(v.Int()):
-			errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", "retry_after_seconds"}, Msg: "Input should be a valid integer", Input: json.RawMessage(v.Raw)})
-		case v.Int() < 0 || v.Int() > maxRetryAfter:
+		case !ok:
+			errs = append(errs, fieldError{Type: "int_parsing", Loc: []any{"body", "retry_after_seconds"}, Msg: "Input should be a valid integer", Input: v})
+		case n < 0 || n > maxRetryAfter:
 			// Stricter than AGL (any int): it becomes the Retry-After header.
-			errs = append(errs, fieldError{Type: "range", Loc: []any{"body", "retry_after_seconds"}, Msg: fmt.Sprintf("Input should be between 0 and %d", maxRetryAfter), Input: json.RawMessage(v.Raw)})
+			errs = append(errs, fieldError{Type: "range", Loc: []any{"body", "retry_after_seconds"}, Msg: fmt.Sprintf("Input should be between 0 and %d", maxRetryAfter), Input: v})
 		}
-		retry = v.Int()
+		retry = n
 	}
-	if v := body.Get("reason"); v.Exists() && v.Type != gjson.Null {
-		if v.Type != gjson.String {
-			errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "reason"}, Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
+	if v := in["reason"]; given(v) {
+		var r string
+		if json.Unmarshal(v, &r) != nil {
+			errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "reason"}, Msg: "Input should be a valid string", Input: v})
 		}
-		reason = &v.Str
+		reason = &r
 	}
 	if len(errs) > 0 {
 		invalid(ctx, errs...)
@@ -264,11 +282,24 @@ func (s *Server) getPauseState(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, s.pause.view())
 }
 
+// proxyRoute is the model route's path before the endpoint's.
+const proxyRoute = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
+
+// proxyEndpoints are the endpoints of the model route, after proxyRoute.
+var proxyEndpoints = []struct {
+	path string
+	ep   openai.Endpoint
+}{
+	{"/chat/completions", openai.ChatCompletions},
+	{"/completions", openai.Completions},
+}
+
 // proxy serves POST /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/{path}
-// through the gateway's proxy path, with the mode's forced fields.
-func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
+// (proxyRoute, proxyEndpoints) through the gateway's proxy path, with the
+// mode's forced fields; rest is the path after /proxy/rollout/.
+func (s *Server) proxy(ctx *fasthttp.RequestCtx, rest []string) {
 	// rollout/{r}/attempt/{a}/mode/{m}/openai/v1/{rest...}
-	parts := strings.SplitN(strings.TrimPrefix(path, "/proxy/"), "/", 9)
+	parts := strings.SplitN("rollout/"+rest[0], "/", 9)
 	if len(parts) < 9 || parts[0] != "rollout" || parts[2] != "attempt" || parts[4] != "mode" || parts[6] != "openai" || parts[7] != "v1" ||
 		parts[1] == "" || parts[3] == "" {
 		detail(ctx, fasthttp.StatusNotFound, "Not Found")
@@ -278,19 +309,19 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx, path string) {
 		detail(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
 		return
 	}
-	rolloutID, attemptID, mode, rest := parts[1], parts[3], parts[5], "/"+parts[8]
+	rolloutID, attemptID, mode, upstream := parts[1], parts[3], parts[5], "/"+parts[8]
 	if mode != "train" && mode != "val" {
 		detail(ctx, fasthttp.StatusNotFound, "Unsupported proxy mode: "+mode)
 		return
 	}
-	var ep openai.Endpoint
-	switch rest {
-	case "/chat/completions":
-		ep = openai.ChatCompletions
-	case "/completions":
-		ep = openai.Completions
-	default:
-		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+rest[1:])
+	ep := openai.Unknown
+	for _, e := range proxyEndpoints {
+		if e.path == upstream {
+			ep = e.ep
+		}
+	}
+	if ep == openai.Unknown {
+		detail(ctx, fasthttp.StatusNotFound, "Unsupported upstream path: "+upstream[1:])
 		return
 	}
 	if !gateway.ValidID([]byte(rolloutID)) || !gateway.ValidID([]byte(attemptID)) {

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"unicode/utf8"
@@ -230,36 +232,68 @@ func dataID(input []byte) string {
 	return ""
 }
 
+// members decodes a JSON object into its members by exact name, as
+// pydantic matches them (encoding/json's struct fields would also take
+// "Input" for "input"); of a name given twice the last counts, as in
+// Python's json. ok is false when raw is not an object.
+func members(raw json.RawMessage) (map[string]json.RawMessage, bool) {
+	var m map[string]json.RawMessage
+	if !isObject(raw) || json.Unmarshal(raw, &m) != nil {
+		return nil, false
+	}
+	return m, true
+}
+
+// intValue reads raw as an integer: a JSON number without a fraction
+// (2.0 is 2, as pydantic's lax int takes it).
+func intValue(raw json.RawMessage) (int64, bool) {
+	var n float64
+	if json.Unmarshal(raw, &n) != nil || string(raw) == "null" || n != float64(int64(n)) {
+		return 0, false
+	}
+	return int64(n), true
+}
+
+// isInt reports whether raw is an integer (intValue).
+func isInt(raw json.RawMessage) bool {
+	_, ok := intValue(raw)
+	return ok
+}
+
+// given reports whether a member was sent with a value other than null.
+func given(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
+
+// isObject reports whether raw, a valid JSON value, is an object.
+func isObject(raw json.RawMessage) bool { return len(raw) > 0 && raw[0] == '{' }
+
 // decodeCreate checks one RolloutCreate item and returns its task, or the
 // 422 items of what is wrong with it.
-func decodeCreate(i int, raw gjson.Result) (tasks.Task, []fieldError) {
-	var errs []fieldError
+func decodeCreate(i int, raw json.RawMessage) (tasks.Task, []fieldError) {
 	loc := func(f ...any) []any { return append([]any{"body", i}, f...) }
-	if !raw.IsObject() {
+	// AGL's RolloutCreate: members it does not know are ignored
+	// (pydantic's default); each one it knows is checked on its own, so
+	// that a 422 lists every one that is wrong.
+	in, ok := members(raw)
+	if !ok {
 		return tasks.Task{}, []fieldError{notObject(loc(), raw)}
 	}
-	t := tasks.Task{Mode: "train", MaxAttempts: 1}
-	input := raw.Get("input")
-	if !input.Exists() {
-		errs = append(errs, fieldError{Type: "missing", Loc: loc("input"), Msg: "Field required", Input: json.RawMessage(raw.Raw)})
-	} else {
-		t.Input = json.RawMessage(input.Raw)
+	var errs []fieldError
+	t := tasks.Task{Mode: "train", MaxAttempts: 1, Input: in["input"]}
+	if len(t.Input) == 0 {
+		errs = append(errs, fieldError{Type: "missing", Loc: loc("input"), Msg: "Field required", Input: raw})
 	}
-	if v := raw.Get("is_train"); v.Exists() {
-		switch {
-		case v.Type == gjson.True || (v.Type == gjson.Number && v.Raw == "1"):
-		case v.Type == gjson.False || (v.Type == gjson.Number && v.Raw == "0"):
-			t.Mode = "val"
-		default:
-			errs = append(errs, fieldError{Type: "bool_parsing", Loc: loc("is_train"), Msg: "Input should be a valid boolean", Input: json.RawMessage(v.Raw)})
-		}
+	switch isTrain := in["is_train"]; string(isTrain) {
+	case "", "true", "1": // pydantic's lax bool takes 1 and 0
+	case "false", "0":
+		t.Mode = "val"
+	default:
+		errs = append(errs, fieldError{Type: "bool_parsing", Loc: loc("is_train"), Msg: "Input should be a valid boolean", Input: isTrain})
 	}
 	ex := extra{Version: 1, Config: json.RawMessage(defaultConfig)}
-	if v := raw.Get("config"); v.Exists() && v.Type != gjson.Null {
+	if raw := in["config"]; given(raw) {
 		cfg := rolloutConfig{TimeoutSeconds: 3600}
-		dec := json.NewDecoder(bytes.NewReader([]byte(v.Raw)))
-		if err := dec.Decode(&cfg); err != nil || !v.IsObject() {
-			errs = append(errs, fieldError{Type: "model_type", Loc: loc("config"), Msg: "Input should be a valid RolloutConfig: " + errText(err), Input: json.RawMessage(v.Raw)})
+		if err := json.Unmarshal(raw, &cfg); err != nil || !isObject(raw) {
+			errs = append(errs, fieldError{Type: "model_type", Loc: loc("config"), Msg: "Input should be a valid RolloutConfig: " + errText(err), Input: raw})
 		} else {
 			if cfg.Local != nil && cfg.Local.EnvMap == nil {
 				cfg.Local.EnvMap = map[string]string{}
@@ -268,27 +302,21 @@ func decodeCreate(i int, raw gjson.Result) (tasks.Task, []fieldError) {
 		}
 	}
 	meta := []byte("{}")
-	if v := raw.Get("metadata"); v.Exists() && v.Type != gjson.Null {
-		if !v.IsObject() {
-			errs = append(errs, fieldError{Type: "dict_type", Loc: loc("metadata"), Msg: "Input should be a valid dictionary", Input: json.RawMessage(v.Raw)})
-		}
-		for _, k := range []string{"batch_idx", "sample_idx_in_batch"} {
-			if f := v.Get(k); f.Exists() && f.Type != gjson.Null && (f.Type != gjson.Number || f.Float() != float64(int64(f.Float()))) {
-				errs = append(errs, fieldError{Type: "int_parsing", Loc: loc("metadata", k), Msg: "Input should be a valid integer", Input: json.RawMessage(f.Raw)})
-			}
-		}
-		meta = []byte(v.Raw)
+	if raw := in["metadata"]; given(raw) {
+		errs = append(errs, checkMetadata(raw, loc)...)
+		meta = raw
 	}
-	if v := raw.Get("rollout_id"); v.Exists() && v.Type != gjson.Null {
+	if raw := in["rollout_id"]; given(raw) {
+		var id string
 		switch {
-		case v.Type != gjson.String:
-			errs = append(errs, fieldError{Type: "string_type", Loc: loc("rollout_id"), Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
-		case !gateway.ValidID([]byte(v.Str)):
+		case json.Unmarshal(raw, &id) != nil:
+			errs = append(errs, fieldError{Type: "string_type", Loc: loc("rollout_id"), Msg: "Input should be a valid string", Input: raw})
+		case !gateway.ValidID([]byte(id)):
 			// Stricter than AGL (any string): the id travels in URL paths,
 			// response headers and stored rows.
-			errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: loc("rollout_id"), Msg: "rollout_id must be " + gateway.IDCharset, Input: v.Str})
+			errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: loc("rollout_id"), Msg: "rollout_id must be " + gateway.IDCharset, Input: id})
 		default:
-			t.RolloutID = v.Str
+			t.RolloutID = id
 		}
 	}
 	if len(errs) > 0 {
@@ -307,6 +335,22 @@ func decodeCreate(i int, raw gjson.Result) (tasks.Task, []fieldError) {
 	return t, nil
 }
 
+// checkMetadata returns the 422 items of a RolloutMetadata that is not an
+// object or whose batch_idx or sample_idx_in_batch is not an integer.
+func checkMetadata(raw json.RawMessage, loc func(f ...any) []any) []fieldError {
+	m, ok := members(raw)
+	if !ok {
+		return []fieldError{{Type: "dict_type", Loc: loc("metadata"), Msg: "Input should be a valid dictionary", Input: raw}}
+	}
+	var errs []fieldError
+	for _, name := range []string{"batch_idx", "sample_idx_in_batch"} {
+		if v := m[name]; given(v) && !isInt(v) {
+			errs = append(errs, fieldError{Type: "int_parsing", Loc: loc("metadata", name), Msg: "Input should be a valid integer", Input: v})
+		}
+	}
+	return errs
+}
+
 func errText(err error) string {
 	if err == nil {
 		return "not an object"
@@ -314,50 +358,54 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// bodyJSON reads the request body as JSON of the kind wanted (a list when
+// bodyRaw reads the request body as JSON of the kind wanted (a list when
 // list, else an object), answering 422 as FastAPI does when it is not.
-func bodyJSON(ctx *fasthttp.RequestCtx, list bool) (gjson.Result, bool) {
-	body := ctx.PostBody()
-	if len(bytes.TrimSpace(body)) == 0 {
+func bodyRaw(ctx *fasthttp.RequestCtx, list bool) (json.RawMessage, bool) {
+	body := bytes.TrimSpace(ctx.PostBody())
+	if len(body) == 0 {
 		invalid(ctx, fieldError{Type: "missing", Loc: []any{"body"}, Msg: "Field required"})
-		return gjson.Result{}, false
+		return nil, false
 	}
-	// Validated without recursion before gjson reads it: a body nested
-	// deeper than jsonscan.MaxDepth is refused, naming the limit.
+	// Validated without recursion before encoding/json reads it: a body
+	// nested deeper than jsonscan.MaxDepth is refused, naming the limit.
 	if err := jsonscan.Validate(body); errors.Is(err, jsonscan.ErrTooDeep) {
 		invalid(ctx, fieldError{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error: " + err.Error(), Input: map[string]any{}})
-		return gjson.Result{}, false
+		return nil, false
 	} else if err != nil || !utf8.Valid(body) {
 		invalid(ctx, fieldError{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error (the body must be JSON in UTF-8)", Input: map[string]any{}})
-		return gjson.Result{}, false
+		return nil, false
 	}
-	v := gjson.ParseBytes(body)
 	switch {
-	case list && !v.IsArray():
-		invalid(ctx, fieldError{Type: "list_type", Loc: []any{"body"}, Msg: "Input should be a valid list", Input: json.RawMessage(v.Raw)})
-		return v, false
-	case !list && !v.IsObject():
-		invalid(ctx, notObject([]any{"body"}, v))
-		return v, false
+	case list && body[0] != '[':
+		invalid(ctx, fieldError{Type: "list_type", Loc: []any{"body"}, Msg: "Input should be a valid list", Input: json.RawMessage(body)})
+		return nil, false
+	case !list && body[0] != '{':
+		invalid(ctx, notObject([]any{"body"}, body))
+		return nil, false
 	}
-	return v, true
+	return body, true
 }
 
 // notObject is the 422 item of a value that should be an object.
-func notObject(loc []any, v gjson.Result) fieldError {
-	return fieldError{Type: "model_attributes_type", Loc: loc, Msg: "Input should be a valid dictionary or object to extract fields from", Input: json.RawMessage(v.Raw)}
+func notObject(loc []any, v json.RawMessage) fieldError {
+	return fieldError{Type: "model_attributes_type", Loc: loc, Msg: "Input should be a valid dictionary or object to extract fields from", Input: v}
 }
 
 // createRollouts serves POST /api/rollouts: a list of RolloutCreate, each
 // created unless its rollout_id exists (then returned unchanged).
 func (s *Server) createRollouts(ctx *fasthttp.RequestCtx) {
-	body, ok := bodyJSON(ctx, true)
+	body, ok := bodyRaw(ctx, true)
 	if !ok {
+		return
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(body, &items); err != nil {
+		invalid(ctx, fieldError{Type: "list_type", Loc: []any{"body"}, Msg: "Input should be a valid list: " + err.Error(), Input: body})
 		return
 	}
 	var list []tasks.Task
 	var errs []fieldError
-	for i, item := range body.Array() {
+	for i, item := range items {
 		t, e := decodeCreate(i, item)
 		errs = append(errs, e...)
 		list = append(list, t)
@@ -525,55 +573,115 @@ type errConflict struct{ msg string }
 
 func (e *errConflict) Error() string { return e.msg }
 
+// statusPatch is AGL's RolloutStatusPatch: every member optional and
+// nullable, no other member allowed (decodeStatusPatch).
+type statusPatch struct {
+	State, K8sJobName, LastAttemptID, ErrorMessage patchString
+}
+
+func (p *statusPatch) empty() bool {
+	return !p.State.set && !p.K8sJobName.set && !p.LastAttemptID.set && !p.ErrorMessage.set
+}
+
+// patchString is a member of a status patch: absent, null, a string, or
+// (bad) another JSON value, kept to name it in a 422.
+type patchString struct {
+	set, null bool
+	s         string
+	raw       json.RawMessage // a value that is not a string or null
+}
+
+// readPatchString reads the member raw (nil: absent).
+func readPatchString(raw json.RawMessage) patchString {
+	v := patchString{set: raw != nil}
+	switch {
+	case raw == nil:
+	case string(raw) == "null":
+		v.null = true
+	case json.Unmarshal(raw, &v.s) != nil:
+		v.raw = raw
+	}
+	return v
+}
+
+// value is what a 422 echoes of the member.
+func (v patchString) value() any {
+	if v.raw != nil {
+		return v.raw
+	}
+	return v.s
+}
+
+// decodeStatusPatch decodes a RolloutStatusPatch strictly: each member it
+// does not know is a 422 naming it (pydantic's extra="forbid"), as is a
+// state that is not one of AGL's, a value that is not a string, or an
+// attempt id outside the charset.
+func decodeStatusPatch(raw json.RawMessage) (statusPatch, []fieldError) {
+	loc := func(f string) []any { return []any{"body", "status", f} }
+	m, ok := members(raw)
+	if !ok {
+		return statusPatch{}, []fieldError{notObject([]any{"body", "status"}, raw)}
+	}
+	p := statusPatch{State: readPatchString(m["state"]), K8sJobName: readPatchString(m["k8s_job_name"]),
+		LastAttemptID: readPatchString(m["last_attempt_id"]), ErrorMessage: readPatchString(m["error_message"])}
+	var errs []fieldError
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		switch name {
+		case "state", "k8s_job_name", "last_attempt_id", "error_message":
+		default:
+			errs = append(errs, fieldError{Type: "extra_forbidden", Loc: loc(name), Msg: "Extra inputs are not permitted", Input: m[name]})
+		}
+	}
+	if v := p.State; v.set && !v.null && (v.raw != nil || !validState(v.s)) {
+		errs = append(errs, fieldError{Type: "enum", Loc: loc("state"), Msg: "Input should be 'queuing', 'running', 'succeeded' or 'failed'", Input: v.value()})
+	}
+	for _, f := range []struct {
+		name string
+		v    patchString
+	}{{"k8s_job_name", p.K8sJobName}, {"last_attempt_id", p.LastAttemptID}, {"error_message", p.ErrorMessage}} {
+		switch {
+		case f.v.raw != nil:
+			errs = append(errs, fieldError{Type: "string_type", Loc: loc(f.name), Msg: "Input should be a valid string", Input: f.v.raw})
+		case f.name == "last_attempt_id" && f.v.set && !f.v.null && !gateway.ValidID([]byte(f.v.s)):
+			// Stricter than AGL (any string): the attempt id is a path
+			// segment of the agents' URLs and of every stored row.
+			errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: loc(f.name), Msg: "last_attempt_id must be " + gateway.IDCharset, Input: f.v.s})
+		}
+	}
+	return p, errs
+}
+
 // patchRollout serves PATCH /api/rollouts/{id} with {"status": {...}}.
 func (s *Server) patchRollout(ctx *fasthttp.RequestCtx, id string) {
-	body, ok := bodyJSON(ctx, false)
+	body, ok := bodyRaw(ctx, false)
 	if !ok {
 		return
 	}
-	patch := body.Get("status")
-	if patch.Exists() && patch.Type != gjson.Null && !patch.IsObject() {
-		invalid(ctx, notObject([]any{"body", "status"}, patch))
+	// AGL's RolloutPatch: members other than status are ignored.
+	in, ok := members(body)
+	if !ok {
+		invalid(ctx, notObject([]any{"body"}, body))
 		return
 	}
-	fields := map[string]gjson.Result{}
-	var errs []fieldError
-	patch.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "state":
-			if v.Type != gjson.Null && (v.Type != gjson.String || !validState(v.Str)) {
-				errs = append(errs, fieldError{Type: "enum", Loc: []any{"body", "status", "state"}, Msg: "Input should be 'queuing', 'running', 'succeeded' or 'failed'", Input: json.RawMessage(v.Raw)})
-			}
-		case "k8s_job_name", "last_attempt_id", "error_message":
-			switch {
-			case v.Type != gjson.Null && v.Type != gjson.String:
-				errs = append(errs, fieldError{Type: "string_type", Loc: []any{"body", "status", k.Str}, Msg: "Input should be a valid string", Input: json.RawMessage(v.Raw)})
-			case k.Str == "last_attempt_id" && v.Type == gjson.String && !gateway.ValidID([]byte(v.Str)):
-				// Stricter than AGL (any string): the attempt id is a path
-				// segment of the agents' URLs and of every stored row.
-				errs = append(errs, fieldError{Type: "string_pattern_mismatch", Loc: []any{"body", "status", k.Str}, Msg: "last_attempt_id must be " + gateway.IDCharset, Input: v.Str})
-			}
-		default:
-			errs = append(errs, fieldError{Type: "extra_forbidden", Loc: []any{"body", "status", k.Str}, Msg: "Extra inputs are not permitted", Input: json.RawMessage(v.Raw)})
+	var p statusPatch
+	if raw := in["status"]; given(raw) {
+		var errs []fieldError
+		if p, errs = decodeStatusPatch(raw); len(errs) > 0 {
+			invalid(ctx, errs...)
+			return
 		}
-		fields[k.Str] = v
-		return true
-	})
-	if len(errs) > 0 {
-		invalid(ctx, errs...)
-		return
 	}
 	c, cancel := storeCtx()
 	defer cancel()
 	st, ch, err := s.d.Queue.Update(c, id, func(st *tasks.State) (*tasks.Edit, error) {
-		if len(fields) == 0 {
+		if p.empty() {
 			return nil, nil
 		}
 		var e tasks.Edit
-		if v, ok := fields["state"]; ok {
+		if v := p.State; v.set {
 			from := aglState(st.Status)
-			to := v.Str
-			if v.Type == gjson.Null {
+			to := v.s
+			if v.null {
 				to = "None"
 			}
 			if !allowed(from, to) {
@@ -582,17 +690,17 @@ func (s *Server) patchRollout(ctx *fasthttp.RequestCtx, id string) {
 			q := queueStatus(to)
 			e.Status = &q
 		}
-		if v, ok := fields["last_attempt_id"]; ok {
-			e.AttemptID = &v.Str
+		if v := p.LastAttemptID; v.set {
+			e.AttemptID = &v.s
 		}
-		if v, ok := fields["error_message"]; ok {
-			e.LastError = &v.Str
+		if v := p.ErrorMessage; v.set {
+			e.LastError = &v.s
 		}
 		meta, ex := splitMetadata(st.Metadata)
-		if v, ok := fields["k8s_job_name"]; ok {
+		if v := p.K8sJobName; v.set {
 			ex.K8sJobName = nil
-			if v.Type == gjson.String {
-				ex.K8sJobName = &v.Str
+			if !v.null {
+				ex.K8sJobName = &v.s
 			}
 		}
 		if len(ex.Config) == 0 {

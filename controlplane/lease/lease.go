@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	httproute "github.com/rollgate/rollgate/internal/route"
 )
 
 // ErrUnknownLease is returned by Ack for a lease that does not exist, was
@@ -179,6 +181,16 @@ var routes = []route{
 	{"POST", "/lease", (*Queue).leaseAnswer},
 	{"POST", "/ack", (*Queue).ackAnswer},
 	{"GET", "/counts", func(q *Queue, _ io.Reader) answer { return answer{http.StatusOK, q.Counts()} }},
+}
+
+// Routes lists the pull API's routes, paths below its mount point
+// (docs/docs_test.go reads them, through controlplane.Routes).
+func Routes() []httproute.Info {
+	out := make([]httproute.Info, 0, len(routes))
+	for _, r := range routes {
+		out = append(out, httproute.Info{Method: r.method, Pattern: r.path, Auth: httproute.Admin})
+	}
+	return out
 }
 
 func (q *Queue) leaseAnswer(body io.Reader) answer {
