@@ -219,12 +219,11 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 			s.tracing.attemptStart(&c, r, attempt, path)
 		}
 		var hw *hangupWatch // nil for streams (streamBody sees the client go)
-		tokenIn := s.tokenInOn(pl, c.endpoint)
-		if !info.Stream && !tokenIn {
+		if !info.Stream {
 			hw = s.watchHangup(ctx, req, deadline)
 		}
-		if tokenIn {
-			err = s.serveTokenIn(&c, r, info, req, resp, rewritten, deadline)
+		if s.tokenInOn(pl, c.endpoint) {
+			err = s.serveTokenIn(&c, r, info, req, resp, rewritten, deadline, hw)
 		} else {
 			err = r.Client().DoDeadline(req, resp, deadline)
 		}

@@ -82,7 +82,7 @@ func (s *Server) noteTokenIn(c *call, outcome string) {
 // serve so (see tokenin's Reason constants) goes the ordinary way: req
 // (already built from body) is sent as it is. The error is a transport
 // error of the last engine request, for the caller's retry policy.
-func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, body []byte, deadline time.Time) error {
+func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, body []byte, deadline time.Time, hw *hangupWatch) error {
 	pass := func(reason string) error {
 		s.noteTokenIn(c, tokenin.PassthroughPrefix+reason)
 		return r.Client().DoDeadline(req, resp, deadline)
@@ -90,8 +90,6 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	switch {
 	case r.Kind() != openai.KindVLLM:
 		return pass(tokenin.ReasonKind)
-	case info.Stream:
-		return pass(tokenin.ReasonStream)
 	case info.N != 1:
 		return pass(tokenin.ReasonN)
 	case len(c.attr.rolloutID) == 0 || len(c.attr.attemptID) == 0:
@@ -106,7 +104,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	key := tokenin.Key(string(c.attr.rolloutID), string(c.attr.attemptID))
 	prev := s.tokenIn.Get(key)
 
-	rendered, err := s.tokenInRender(r, body, deadline)
+	rendered, err := s.tokenInRender(r, body, deadline, hw)
 	if err != nil {
 		s.log.Warn("token-in: render failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonRender)
@@ -116,7 +114,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		outcome = tokenin.WholePrefix
 		if why := tokenin.Check(prev, msgs, renderKey); why != "" {
 			outcome += why
-		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline); err != nil {
+		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline, hw); err != nil {
 			outcome += tokenin.ReasonJoin
 		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Response)+len(rendered.ids)), prev, closed.ids, rendered.ids); ok {
 			outcome, prompt = tokenin.Extended, joined
@@ -128,7 +126,13 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	if err != nil {
 		return pass(tokenin.ReasonRender)
 	}
-	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline)
+	put := func(answer string, respIDs []uint32, ended bool) {
+		s.tokenIn.Put(key, &tokenin.Prev{Messages: msgs, Answer: answer, RenderKey: renderKey, Prompt: prompt, Response: respIDs, Ended: ended})
+	}
+	if info.Stream {
+		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, hw: hw, put: put})
+	}
+	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline, hw)
 	if err != nil {
 		return err
 	}
@@ -141,7 +145,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		resp.SetBody(gen)
 		return nil
 	}
-	der, err := s.tokenInDerender(r, gen, prompt, body, deadline)
+	der, err := s.tokenInDerender(r, gen, prompt, body, deadline, hw)
 	if err != nil {
 		s.log.Warn("token-in: derender failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonDerender)
@@ -157,16 +161,16 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	if err != nil || !ok {
 		return nil // nothing to extend next time: the next call renders whole
 	}
-	stop := choice.Get("stop_reason")
-	s.tokenIn.Put(key, &tokenin.Prev{
-		Messages:  msgs,
-		Answer:    answer,
-		RenderKey: renderKey,
-		Prompt:    prompt,
-		Response:  respIDs,
-		Ended:     choice.Get("finish_reason").Str == "stop" && (stop.Type == gjson.Null || stop.Type == gjson.Number),
-	})
+	put(answer, respIDs, endedOnTurn(choice))
 	return nil
+}
+
+// endedOnTurn says whether a generate choice (or a stream's finish chunk)
+// ended on an end-of-turn token: finish reason stop with no stop string
+// (stop_reason null for the end-of-sequence token, the id of a stop token).
+func endedOnTurn(choice gjson.Result) bool {
+	stop := choice.Get("stop_reason")
+	return choice.Get("finish_reason").Str == "stop" && (stop.Type == gjson.Null || stop.Type == gjson.Number)
 }
 
 // renderedPrompt is a render answer: the GenerateRequest JSON and its ids.
@@ -176,8 +180,8 @@ type renderedPrompt struct {
 }
 
 // tokenInRender renders a chat request with the engine's template.
-func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time) (renderedPrompt, error) {
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline)
+func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time, hw *hangupWatch) (renderedPrompt, error) {
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline, hw)
 	if err != nil {
 		return renderedPrompt{}, err
 	}
@@ -202,7 +206,7 @@ func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.
 // does (vllm/entrypoints/openai/chat_completion/serving.py: "tool_calls"
 // for auto or required tool calls, "stop" for named ones), the finish
 // reason of a choice with tool calls are set here.
-func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time) ([]byte, error) {
+func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time, hw *hangupWatch) ([]byte, error) {
 	trimmed := gen
 	choices := gjson.GetBytes(gen, "choices").Array()
 	for i, ch := range choices {
@@ -232,7 +236,7 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 	buf = append(buf, `,"chat_request":`...)
 	buf = append(buf, chatReq...)
 	buf = append(buf, '}')
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline, hw)
 	if err != nil {
 		return nil, err
 	}
@@ -265,19 +269,23 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 }
 
 // tokenInPost POSTs a JSON body to the replica and returns the answer's
-// body and status.
-func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time) ([]byte, int, error) {
+// body and status. With hw (a non-streamed call's hang-up watch) the
+// request is cancellable: the client hanging up closes its backend
+// connection (the engine aborts the generation) and the call fails with
+// errHungUp.
+func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time, hw *hangupWatch) ([]byte, int, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(url)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	if a := r.Auth(); a != "" {
-		req.Header.Set("Authorization", a)
+	tokenInRequest(req, r, url, body)
+	if hw != nil {
+		if hw.gone.Load() {
+			return nil, 0, errHungUp
+		}
+		hw.t.calls.Store(req, hw)
+		defer hw.t.calls.Delete(req)
 	}
-	req.SetBodyRaw(body)
 	err := r.Client().DoDeadline(req, resp, deadline)
 	if err != nil && staleConn(err) {
 		// A kept-alive connection the engine closed meanwhile (uvicorn
@@ -294,6 +302,17 @@ func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, dead
 		return nil, 0, fmt.Errorf("%w: answer larger than %d bytes (raise max_response_body_bytes)", errTokenIn, s.cfg.MaxResponseBodyBytes)
 	}
 	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
+}
+
+// tokenInRequest sets req up as a JSON POST of body to url on replica r.
+func tokenInRequest(req *fasthttp.Request, r *backends.Upstream, url string, body []byte) {
+	req.SetRequestURI(url)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	if a := r.Auth(); a != "" {
+		req.Header.Set("Authorization", a)
+	}
+	req.SetBodyRaw(body)
 }
 
 // closedHistory is the render request of the history up to and including

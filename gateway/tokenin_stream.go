@@ -1,0 +1,523 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export/arrays"
+	"github.com/rollgate/rollgate/gateway/backends"
+	"github.com/rollgate/rollgate/gateway/tokenin"
+)
+
+// Streamed token-in calls (stream: true), vLLM 0.32.0:
+//   - generate streams (token_in_token_out/serving.py,
+//     serve_tokens_stream_generator): one SSE event per engine step with
+//     choices[0].token_ids (the step's new ids; the end-of-turn token rides
+//     on the finish chunk), logprobs by token id, finish_reason and
+//     stop_reason on the last; a usage chunk with no choices when
+//     stream_options.include_usage; an error event on a generation error;
+//     then data: [DONE].
+//   - derender streams through stream_state (derender/api_router.py,
+//     derender/serving.py derender_chat_stream_response,
+//     renderers/online_derenderer.py derender_chat_stream): one POST per
+//     generate chunk, {stream: true, generate_chunk, stream_state,
+//     prompt_tokens, prompt_token_ids, chat_request} in, {chunk,
+//     stream_state} out, the chunk a ChatCompletionStreamResponse built by
+//     vLLM's own tool and reasoning parsers. With a parser configured the
+//     state carries every output id so far and vLLM replays them through a
+//     fresh parser on each call (quadratic in the output length), and the
+//     chunk has no logprobs (_derender_chat_stream_parsed).
+//
+// The gateway turns that into the stream vLLM's chat serving would have sent
+// with the gateway's injected fields (chat_completion/serving.py): a first
+// chunk with the role and prompt_token_ids, then one chunk per generate
+// chunk with the derendered delta, token_ids and logprobs, the finish
+// reason on the last, the usage chunk and [DONE]; the stream body
+// (streambody.go) then strips and captures it as any vLLM stream.
+
+// tokenInStreamCall is what a streamed token-in call needs once its prompt
+// is decided.
+type tokenInStreamCall struct {
+	genBody  []byte   // the GenerateRequest (render's answer, token_ids set)
+	prompt   []uint32 // the prompt ids sent
+	chatReq  []byte   // the chat request as sent to the engine (injected fields included)
+	outcome  string   // the token_in column's value
+	deadline time.Time
+	hw       *hangupWatch // nil for streams; kept for tokenInPost's signature
+	// put records the answer for the attempt's next call: the canonical
+	// assistant message, the response ids and whether it ended on an
+	// end-of-turn token.
+	put func(answer string, ids []uint32, ended bool)
+}
+
+// serveTokenInStream starts a streamed generate call and leaves in resp an
+// SSE body (text/event-stream) that a goroutine fills with the chat chunks
+// (tokenInPump). An engine error status answers as it is. The error is a
+// transport error of the generate request, for the caller's retry policy.
+func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthttp.Response, tc tokenInStreamCall) error {
+	body, err := sjson.SetBytes(tc.genBody, "stream", true)
+	if err == nil {
+		if so := gjson.GetBytes(tc.chatReq, "stream_options"); so.IsObject() {
+			body, err = sjson.SetRawBytes(body, "stream_options", []byte(so.Raw))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w: building the generate request: %w", errTokenIn, err)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	tokenInRequest(req, r, r.Origin()+pathGenerate, body)
+	gen := fasthttp.AcquireResponse()
+	gen.StreamBody = true
+	err = r.Client().DoDeadline(req, gen, tc.deadline)
+	if err != nil && staleConn(err) {
+		r.Client().CloseIdleConnections() // see tokenInPost
+		gen.Reset()
+		gen.StreamBody = true
+		err = r.Client().DoDeadline(req, gen, tc.deadline)
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(gen)
+		return err
+	}
+	s.noteTokenIn(c, tc.outcome)
+	if status := gen.StatusCode(); status != fasthttp.StatusOK {
+		// The engine's own error (a prompt over the context, bad sampling
+		// parameters) reaches the client as it is.
+		out, rerr := readAll(gen, s.cfg.MaxResponseBodyBytes)
+		abortResponse(gen, errTokenIn)
+		if rerr != nil {
+			return rerr
+		}
+		resp.SetStatusCode(status)
+		resp.Header.SetContentType("application/json")
+		resp.SetBody(out)
+		return nil
+	}
+	pr, pw := io.Pipe()
+	resp.SetStatusCode(fasthttp.StatusOK)
+	resp.Header.SetContentType("text/event-stream")
+	resp.SetBodyStream(pr, -1)
+	p := &tokenInPump{s: s, r: r, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject()}
+	p.tail = p.derenderTail()
+	if tl := gjson.GetBytes(tc.chatReq, "top_logprobs"); tl.Type == gjson.Number && tl.Num > 0 {
+		p.topLogprobs = int(tl.Num)
+	}
+	go p.run(gen)
+	return nil
+}
+
+// tokenInPump reads one streamed generate answer, derenders each chunk and
+// writes the chat chunks to the client's pipe.
+type tokenInPump struct {
+	s           *Server
+	r           *backends.Upstream
+	tc          tokenInStreamCall
+	w           *io.PipeWriter
+	named       bool // tool_choice names a function: the finish reason stays "stop"
+	topLogprobs int  // the client's top_logprobs
+	tail        []byte
+
+	state   []byte // derender's stream_state, nil before the first chunk
+	id      string // the chat chunks' id, model and created (derender's)
+	model   string
+	created int64
+	out     []byte
+
+	ids      []uint32 // every sampled id
+	content  []byte
+	calls    []streamedCall
+	finished bool
+}
+
+// streamedCall is a tool call assembled from a stream's deltas.
+type streamedCall struct {
+	id, name string
+	args     []byte
+}
+
+// errStreamCut is the error event of a generate stream that ended without
+// [DONE] (the engine went away mid-answer).
+var errStreamCut = errors.New("the engine's generate stream ended before data: [DONE]")
+
+// run pumps the generate stream to the pipe. The client going away (a
+// failed pipe write: streamBody closed the pipe) closes the generate
+// connection so the engine aborts the generation; an engine or derender
+// failure mid-stream reaches the client as an SSE error event.
+func (p *tokenInPump) run(gen *fasthttp.Response) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			p.s.log.Error("panic while streaming a token-in answer; stream ended", "panic", rec)
+			abortResponse(gen, errTokenIn)
+			_ = p.w.CloseWithError(fmt.Errorf("internal error: %v", rec))
+		}
+	}()
+	var sc capture.SSEScanner
+	body := gen.BodyStream()
+	buf := make([]byte, 4<<10)
+	var failure error
+	done := false
+	for !done && failure == nil {
+		n, rerr := body.Read(buf)
+		sc.Feed(buf[:n])
+		for !done && failure == nil {
+			ev, ok := sc.Next()
+			if !ok {
+				break
+			}
+			if ev.Data == nil {
+				continue
+			}
+			var werr error
+			done, werr, failure = p.event(ev.Data)
+			if werr != nil { // the client went away
+				abortResponse(gen, errClientGone)
+				_ = p.w.CloseWithError(werr)
+				return
+			}
+		}
+		if failure == nil && len(sc.Rest()) > p.s.cfg.MaxResponseBodyBytes {
+			failure = fmt.Errorf("%w: a generate stream event larger than %d bytes (raise max_response_body_bytes)", errTokenIn, p.s.cfg.MaxResponseBodyBytes)
+		}
+		if !done && failure == nil && rerr != nil {
+			failure = rerr
+			if errors.Is(rerr, io.EOF) {
+				failure = errStreamCut
+			}
+		}
+	}
+	if failure != nil {
+		abortResponse(gen, failure)
+		p.s.log.Warn("token-in: stream failed", "backend", p.r.Name(), "err", failure)
+		msg := fmt.Sprintf("backend %s: token-in stream: %v", p.r.Name(), failure)
+		ev := append([]byte("data: "), appendError(nil, fasthttp.StatusBadGateway, errUpstream, msg)...)
+		if _, err := p.w.Write(append(ev, "\n\ndata: [DONE]\n\n"...)); err != nil {
+			_ = p.w.CloseWithError(err)
+			return
+		}
+		_ = p.w.Close()
+		return
+	}
+	fasthttp.ReleaseResponse(gen)
+	_ = p.w.Close()
+}
+
+// event handles one generate SSE event: done after [DONE]; werr when the
+// client cannot be written to; failure when the stream cannot go on.
+func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
+	if string(data) == "[DONE]" {
+		return true, p.write([]byte("[DONE]")), nil
+	}
+	root := gjson.ParseBytes(data)
+	switch {
+	case !root.IsObject():
+		return false, nil, fmt.Errorf("%w: a generate stream event is not a JSON object", errTokenIn)
+	case root.Get("error").Exists():
+		// The engine's error event (a generation error) goes on as it is.
+		return false, p.write(data), nil
+	}
+	choices := root.Get("choices").Array()
+	switch {
+	case len(choices) == 0:
+		if u := root.Get("usage"); u.IsObject() {
+			p.out = p.appendHead(p.out[:0], root)
+			p.out = append(p.out, `[],"usage":`...)
+			p.out = append(append(p.out, u.Raw...), '}')
+			return false, p.write(p.out), nil
+		}
+		return false, nil, nil
+	case len(choices) > 1:
+		return false, nil, fmt.Errorf("%w: a generate stream chunk with %d choices (n > 1 streams one per chunk)", errTokenIn, len(choices))
+	}
+	ch := choices[0]
+	ids, ok := tokenIDs(ch.Get("token_ids"))
+	if !ok {
+		return false, nil, fmt.Errorf("%w: a generate stream chunk without token_ids", errTokenIn)
+	}
+	der, err := p.derender(data, ch, ids)
+	if err != nil {
+		return false, nil, err
+	}
+	dch := der.Get("chunk.choices.0")
+	if p.id == "" {
+		chunk := der.Get("chunk")
+		p.id, p.model, p.created = chunk.Get("id").String(), chunk.Get("model").String(), chunk.Get("created").Int()
+		if werr := p.write(p.appendRoleChunk(p.out[:0])); werr != nil {
+			return false, werr, nil
+		}
+	}
+	p.ids = append(p.ids, ids...)
+	out := p.appendHead(p.out[:0], root)
+	out = append(out, `[{"index":0,"delta":`...)
+	out = p.appendDelta(out, dch.Get("delta"))
+	out = append(out, `,"logprobs":`...)
+	out = p.appendLogprobs(out, dch.Get("logprobs"), ch.Get("logprobs.content"))
+	finish := ch.Get("finish_reason")
+	if finish.Type != gjson.String {
+		out = append(out, `,"finish_reason":null`...)
+	} else {
+		reason := dch.Get("finish_reason").String()
+		if reason == "" {
+			reason = finish.Str
+		}
+		if reason == "stop" && len(p.calls) > 0 && !p.named {
+			reason = "tool_calls" // chat_completion/serving.py, as tokenInDerender
+		}
+		out = appendJSONString(append(out, `,"finish_reason":`...), reason)
+		out = append(out, `,"stop_reason":`...)
+		if st := ch.Get("stop_reason"); st.Type == gjson.String || st.Type == gjson.Number {
+			out = append(out, st.Raw...)
+		} else {
+			out = append(out, "null"...)
+		}
+		p.finished = true
+		p.remember(endedOnTurn(ch))
+	}
+	out = append(out, `,"token_ids":`...)
+	out = arrays.AppendUint32s(out, ids)
+	out = append(out, "}]"...)
+	if u := root.Get("usage"); u.IsObject() { // continuous_usage_stats
+		out = append(append(out, `,"usage":`...), u.Raw...)
+	}
+	p.out = append(out, '}')
+	return false, p.write(p.out), nil
+}
+
+// derender sends one generate chunk to the streaming derender and keeps the
+// state it returns. A finish chunk's end-of-turn token is left out, as for
+// whole answers (tokenInDerender): vLLM's parsers keep special tokens, so
+// its text would end the content.
+func (p *tokenInPump) derender(data []byte, ch gjson.Result, ids []uint32) (gjson.Result, error) {
+	chunk := data
+	if ch.Get("finish_reason").Type == gjson.String && endedOnTurn(ch) && len(ids) > 0 {
+		stop := ch.Get("stop_reason")
+		if stop.Type == gjson.Null || stop.Uint() == uint64(ids[len(ids)-1]) {
+			var err error
+			if chunk, err = sjson.SetRawBytes(data, "choices.0.token_ids", arrays.AppendUint32s(nil, ids[:len(ids)-1])); err != nil {
+				return gjson.Result{}, fmt.Errorf("%w: %w", errTokenIn, err)
+			}
+		}
+	}
+	body := make([]byte, 0, len(chunk)+len(p.state)+len(p.tail)+64)
+	body = append(body, `{"stream":true,"generate_chunk":`...)
+	body = append(body, chunk...)
+	body = append(body, `,"stream_state":`...)
+	if p.state == nil {
+		body = append(body, "null"...)
+	} else {
+		body = append(body, p.state...)
+	}
+	body = append(body, p.tail...)
+	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+pathDerender[len("/v1"):], body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil)
+	if err != nil {
+		return gjson.Result{}, fmt.Errorf("derender: %w", err)
+	}
+	der := gjson.ParseBytes(out)
+	if status != fasthttp.StatusOK || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
+		return gjson.Result{}, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
+	}
+	p.state = append(p.state[:0], der.Get("stream_state").Raw...)
+	return der, nil
+}
+
+// derenderTail is the end of every streaming derender request: the prompt
+// (its ids settle the parsers' initial reasoning state) and the chat
+// request.
+func (p *tokenInPump) derenderTail() []byte {
+	t := make([]byte, 0, 8*len(p.tc.prompt)+len(p.tc.chatReq)+64)
+	if m := gjson.GetBytes(p.tc.chatReq, "model"); m.Type == gjson.String {
+		// The chunks name the model as the chat path does (derender: the
+		// request's model, else the served name).
+		t = appendJSONString(append(t, `,"model":`...), m.Str)
+	}
+	t = append(t, `,"prompt_tokens":`...)
+	t = strconv.AppendInt(t, int64(len(p.tc.prompt)), 10)
+	t = append(t, `,"prompt_token_ids":`...)
+	t = arrays.AppendUint32s(t, p.tc.prompt)
+	t = append(t, `,"chat_request":`...)
+	t = append(t, p.tc.chatReq...)
+	return append(t, '}')
+}
+
+// appendHead appends a chunk's members up to the opening of its choices.
+func (p *tokenInPump) appendHead(dst []byte, gen gjson.Result) []byte {
+	id := p.id
+	if id == "" {
+		id = gen.Get("request_id").String()
+	}
+	dst = append(dst, `{"id":`...)
+	dst = appendJSONString(dst, id)
+	dst = append(dst, `,"object":"chat.completion.chunk","created":`...)
+	dst = strconv.AppendInt(dst, p.created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = appendJSONString(dst, p.model)
+	return append(dst, `,"choices":`...)
+}
+
+// appendRoleChunk appends vLLM's first chat chunk: the role, empty content
+// and (return_token_ids) the prompt ids.
+func (p *tokenInPump) appendRoleChunk(dst []byte) []byte {
+	dst = p.appendHead(dst, gjson.Result{})
+	dst = append(dst, `[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":`...)
+	dst = arrays.AppendUint32s(dst, p.tc.prompt)
+	return append(dst, `,"prompt_text":null}`...)
+}
+
+// appendDelta appends derender's delta as vLLM's chat serving writes one
+// (no null members; "content": null beside tool calls) and assembles the
+// answer: the role is the first chunk's, so it is dropped here.
+func (p *tokenInPump) appendDelta(dst []byte, d gjson.Result) []byte {
+	content, reasoning := d.Get("content"), d.Get("reasoning")
+	calls := d.Get("tool_calls").Array()
+	if content.Type == gjson.String {
+		p.content = append(p.content, content.Str...)
+	}
+	if len(calls) == 0 {
+		switch {
+		case reasoning.Type == gjson.String && reasoning.Str != "":
+			dst = append(dst, `{"reasoning":`...)
+			dst = appendJSONString(dst, reasoning.Str)
+			return append(dst, '}')
+		case content.Type == gjson.String && content.Str != "":
+			dst = append(dst, `{"content":`...)
+			dst = appendJSONString(dst, content.Str)
+			return append(dst, '}')
+		}
+		return append(dst, "{}"...)
+	}
+	dst = append(dst, `{"content":`...)
+	if content.Type == gjson.String && content.Str != "" {
+		dst = appendJSONString(dst, content.Str)
+	} else {
+		dst = append(dst, "null"...)
+	}
+	dst = append(dst, `,"tool_calls":[`...)
+	for i, tc := range calls {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		idx := int(tc.Get("index").Int())
+		if idx < 0 || idx > len(p.calls) {
+			idx = len(p.calls) // a parser's index past the calls seen: a new call
+		}
+		if idx == len(p.calls) {
+			p.calls = append(p.calls, streamedCall{})
+		}
+		sc := &p.calls[idx]
+		dst = append(dst, '{')
+		if id := tc.Get("id"); id.Type == gjson.String {
+			sc.id = id.Str
+			dst = append(append(dst, `"id":`...), appendJSONString(nil, id.Str)...)
+			dst = append(dst, `,"type":"function",`...)
+		}
+		dst = strconv.AppendInt(append(dst, `"index":`...), int64(idx), 10)
+		dst = append(dst, `,"function":{`...)
+		sep := ""
+		if name := tc.Get("function.name"); name.Type == gjson.String {
+			sc.name += name.Str
+			dst = append(append(dst, `"name":`...), appendJSONString(nil, name.Str)...)
+			sep = ","
+		}
+		if args := tc.Get("function.arguments"); args.Type == gjson.String && args.Str != "" {
+			sc.args = append(sc.args, args.Str...)
+			dst = append(append(dst, sep+`"arguments":`...), appendJSONString(nil, args.Str)...)
+		}
+		dst = append(dst, "}}"...)
+	}
+	return append(dst, "]}"...)
+}
+
+// appendLogprobs appends a chunk's chat logprobs: derender's when it
+// resolved them (a server without a parser), else the generate chunk's
+// (vLLM's parsed derender path gives none) with each token named
+// "token_id:ID" (vLLM's return_tokens_as_token_ids form) and the client's
+// top_logprobs alternatives.
+func (p *tokenInPump) appendLogprobs(dst []byte, der, gen gjson.Result) []byte {
+	if der.IsObject() && der.Get("content").IsArray() {
+		return append(dst, der.Raw...)
+	}
+	if !gen.IsArray() {
+		return append(dst, "null"...)
+	}
+	entry := func(dst []byte, e gjson.Result) []byte {
+		dst = append(dst, `{"token":"token_id:`...)
+		dst = strconv.AppendUint(dst, e.Get("token_id").Uint(), 10)
+		dst = append(dst, `","logprob":`...)
+		if lp := e.Get("logprob"); lp.Type == gjson.Number {
+			dst = append(dst, lp.Raw...)
+		} else {
+			dst = append(dst, "null"...)
+		}
+		return append(dst, `,"bytes":null`...)
+	}
+	dst = append(dst, `{"content":[`...)
+	for i, e := range gen.Array() {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(entry(dst, e), `,"top_logprobs":[`...)
+		for j, t := range e.Get("top_logprobs").Array() {
+			if j >= p.topLogprobs {
+				break
+			}
+			if j > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(entry(dst, t), '}')
+		}
+		dst = append(dst, "]}"...)
+	}
+	return append(dst, "]}"...)
+}
+
+// remember records the streamed answer for the attempt's next call.
+func (p *tokenInPump) remember(ended bool) {
+	msg := []byte(`{"role":"assistant","content":`)
+	msg = appendJSONString(msg, string(p.content))
+	if len(p.calls) > 0 {
+		msg = append(msg, `,"tool_calls":[`...)
+		for i, c := range p.calls {
+			if i > 0 {
+				msg = append(msg, ',')
+			}
+			msg = append(append(msg, `{"id":`...), appendJSONString(nil, c.id)...)
+			msg = append(append(msg, `,"type":"function","function":{"name":`...), appendJSONString(nil, c.name)...)
+			msg = append(append(msg, `,"arguments":`...), appendJSONString(nil, string(c.args))...)
+			msg = append(msg, "}}"...)
+		}
+		msg = append(msg, ']')
+	}
+	msg = append(msg, '}')
+	answer, err := tokenin.CanonicalAnswer(msg)
+	if err != nil {
+		return
+	}
+	p.tc.put(answer, append([]uint32(nil), p.ids...), ended)
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(dst []byte, s string) []byte {
+	b, err := json.Marshal(s)
+	if err != nil { // invalid UTF-8 is replaced, never an error
+		return append(dst, `""`...)
+	}
+	return append(dst, b...)
+}
+
+// write sends one SSE event with data to the client's pipe.
+func (p *tokenInPump) write(data []byte) error {
+	ev := make([]byte, 0, len(data)+8)
+	ev = append(ev, "data: "...)
+	ev = append(ev, data...)
+	_, err := p.w.Write(append(ev, "\n\n"...))
+	return err
+}
