@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -75,6 +76,17 @@ func (s *Server) noteTokenIn(c *call, outcome string) {
 	s.m.TokenIn.WithLabelValues(outcome).Inc()
 }
 
+// tokenInFailed records the outcome of a call whose generate request
+// failed: in the row, and counted when the call ends there (the client hung
+// up); another failure may be retried, and the retry counts.
+func (s *Server) tokenInFailed(c *call, outcome string, err error) {
+	if errors.Is(err, errClientGone) {
+		s.noteTokenIn(c, outcome)
+		return
+	}
+	c.pend.Meta.TokenIn = outcome
+}
+
 // serveTokenIn sends a chat call to replica r in token-in mode and leaves
 // in resp a vLLM chat completion as the ordinary path would have received
 // it with body's injected fields (prompt_token_ids, choices[].token_ids,
@@ -130,10 +142,11 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		s.tokenIn.Put(key, &tokenin.Prev{Messages: msgs, Answer: answer, RenderKey: renderKey, Prompt: prompt, Response: respIDs, Ended: ended})
 	}
 	if info.Stream {
-		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, hw: hw, put: put})
+		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, put: put})
 	}
-	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline, hw)
+	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline, hw, req)
 	if err != nil {
+		s.tokenInFailed(c, outcome, err)
 		return err
 	}
 	if status != fasthttp.StatusOK {
@@ -181,7 +194,7 @@ type renderedPrompt struct {
 
 // tokenInRender renders a chat request with the engine's template.
 func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time, hw *hangupWatch) (renderedPrompt, error) {
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline, hw)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline, hw, nil)
 	if err != nil {
 		return renderedPrompt{}, err
 	}
@@ -236,7 +249,7 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 	buf = append(buf, `,"chat_request":`...)
 	buf = append(buf, chatReq...)
 	buf = append(buf, '}')
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline, hw)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline, hw, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -273,12 +286,12 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 // request is cancellable: the client hanging up closes its backend
 // connection (the engine aborts the generation) and the call fails with
 // errHungUp.
-func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time, hw *hangupWatch) ([]byte, int, error) {
+func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) ([]byte, int, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	tokenInRequest(req, r, url, body)
+	tokenInRequest(req, r, url, body, from)
 	if hw != nil {
 		if hw.gone.Load() {
 			return nil, 0, errHungUp
@@ -305,7 +318,17 @@ func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, dead
 }
 
 // tokenInRequest sets req up as a JSON POST of body to url on replica r.
-func tokenInRequest(req *fasthttp.Request, r *backends.Upstream, url string, body []byte) {
+// With from (the call's upstream request, headers already filtered by
+// buildUpstream) its headers go along, as on the ordinary path: a generate
+// request carries the client's X-Request-Id and the like.
+func tokenInRequest(req *fasthttp.Request, r *backends.Upstream, url string, body []byte, from *fasthttp.Request) {
+	if from != nil {
+		for k, v := range from.Header.All() {
+			if !strings.EqualFold(string(k), "Content-Length") && !strings.EqualFold(string(k), "Host") {
+				req.Header.AddBytesKV(k, v)
+			}
+		}
+	}
 	req.SetRequestURI(url)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")

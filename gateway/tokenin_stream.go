@@ -52,7 +52,7 @@ type tokenInStreamCall struct {
 	chatReq  []byte   // the chat request as sent to the engine (injected fields included)
 	outcome  string   // the token_in column's value
 	deadline time.Time
-	hw       *hangupWatch // nil for streams; kept for tokenInPost's signature
+	from     *fasthttp.Request // the call's upstream request: its headers go to generate
 	// put records the answer for the attempt's next call: the canonical
 	// assistant message, the response ids and whether it ended on an
 	// end-of-turn token.
@@ -75,7 +75,7 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	tokenInRequest(req, r, r.Origin()+pathGenerate, body)
+	tokenInRequest(req, r, r.Origin()+pathGenerate, body, tc.from)
 	gen := fasthttp.AcquireResponse()
 	gen.StreamBody = true
 	err = r.Client().DoDeadline(req, gen, tc.deadline)
@@ -87,6 +87,7 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(gen)
+		s.tokenInFailed(c, tc.outcome, err)
 		return err
 	}
 	s.noteTokenIn(c, tc.outcome)
@@ -109,6 +110,7 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	resp.SetBodyStream(pr, -1)
 	p := &tokenInPump{s: s, r: r, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject()}
 	p.tail = p.derenderTail()
+	p.tc.chatReq, p.tc.genBody, p.tc.from = nil, nil, nil // pooled buffers: the handler reuses them once it returns
 	if tl := gjson.GetBytes(tc.chatReq, "top_logprobs"); tl.Type == gjson.Number && tl.Num > 0 {
 		p.topLogprobs = int(tl.Num)
 	}
@@ -219,7 +221,7 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	}
 	root := gjson.ParseBytes(data)
 	switch {
-	case !root.IsObject():
+	case !root.IsObject() || !gjson.ValidBytes(data):
 		return false, nil, fmt.Errorf("%w: a generate stream event is not a JSON object", errTokenIn)
 	case root.Get("error").Exists():
 		// The engine's error event (a generation error) goes on as it is.
@@ -317,12 +319,12 @@ func (p *tokenInPump) derender(data []byte, ch gjson.Result, ids []uint32) (gjso
 		body = append(body, p.state...)
 	}
 	body = append(body, p.tail...)
-	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+pathDerender[len("/v1"):], body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil)
+	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+pathDerender[len("/v1"):], body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
 	if err != nil {
 		return gjson.Result{}, fmt.Errorf("derender: %w", err)
 	}
 	der := gjson.ParseBytes(out)
-	if status != fasthttp.StatusOK || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
+	if status != fasthttp.StatusOK || !gjson.ValidBytes(out) || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
 		return gjson.Result{}, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
 	}
 	p.state = append(p.state[:0], der.Get("stream_state").Raw...)
@@ -453,7 +455,7 @@ func (p *tokenInPump) appendLogprobs(dst []byte, der, gen gjson.Result) []byte {
 		dst = strconv.AppendUint(dst, e.Get("token_id").Uint(), 10)
 		dst = append(dst, `","logprob":`...)
 		if lp := e.Get("logprob"); lp.Type == gjson.Number {
-			dst = append(dst, lp.Raw...)
+			dst = strconv.AppendFloat(dst, lp.Num, 'g', -1, 64)
 		} else {
 			dst = append(dst, "null"...)
 		}

@@ -182,7 +182,7 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 		dst = append(dst, "null"...)
 	}
 	dst = append(dst, `,"system_fingerprint":null,"prompt_token_ids":null,"prompt_text":null,"metrics":null},"stream_state":`...)
-	return st.append(dst), ""
+	return append(st.append(dst), '}'), ""
 }
 
 // readDerenderState reads a stream_state (null: the first call).

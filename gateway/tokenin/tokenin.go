@@ -48,7 +48,6 @@ const (
 	ReasonTemplate    = "template"     // tools, template or its arguments changed
 	ReasonNotEnded    = "not_ended"    // the previous answer did not end on an end-of-turn token
 	ReasonJoin        = "join"         // the template's join after the turn could not be located
-	ReasonStream      = "stream"       // streamed calls are not served token-in yet
 	ReasonN           = "n"            // more than one choice asked for
 	ReasonNoAttempt   = "no_attempt"   // the call names no rollout and attempt
 	ReasonRender      = "render"       // the engine could not render the messages

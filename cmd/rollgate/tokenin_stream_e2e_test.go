@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/testkit/testenv"
+)
+
+// tiReadStream assembles a streamed chat answer as an SDK does (content
+// joined, tool calls by index: id and name from their first delta,
+// arguments joined) and checks the stream's frame: a role chunk first, one
+// finish reason, a usage chunk (include_usage) and data: [DONE] last.
+func tiReadStream(t *testing.T, b []byte) (tiMessage, string) {
+	t.Helper()
+	var (
+		m             = tiMessage{Role: "assistant"}
+		content       strings.Builder
+		finish        string
+		role, usage   bool
+		done, nonNull bool
+	)
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if done {
+			t.Fatalf("an event after [DONE]: %s\n%s", data, b)
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var ch struct {
+			Error   json.RawMessage `json:"error"`
+			Choices []struct {
+				Delta struct {
+					Role      string  `json:"role"`
+					Content   *string `json:"content"`
+					ToolCalls []struct {
+						Index    int    `json:"index"`
+						ID       string `json:"id"`
+						Function struct {
+							Name      string `json:"name"`
+							Arguments string `json:"arguments"`
+						} `json:"function"`
+					} `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatalf("chunk %s: %v", data, err)
+		}
+		if ch.Error != nil {
+			t.Fatalf("error event %s", data)
+		}
+		if ch.Usage != nil && len(ch.Choices) == 0 {
+			usage = true
+		}
+		for _, c := range ch.Choices {
+			if c.Delta.Role == "assistant" {
+				role = true
+			} else if !role {
+				t.Fatalf("a chunk before the role chunk: %s", data)
+			}
+			if c.Delta.Content != nil {
+				content.WriteString(*c.Delta.Content)
+				nonNull = nonNull || *c.Delta.Content != ""
+			}
+			for _, tc := range c.Delta.ToolCalls {
+				for len(m.ToolCalls) <= tc.Index {
+					m.ToolCalls = append(m.ToolCalls, tiToolCall{Type: "function"})
+				}
+				call := &m.ToolCalls[tc.Index]
+				if tc.ID != "" {
+					call.ID = tc.ID
+				}
+				call.Function.Name += tc.Function.Name
+				call.Function.Arguments += tc.Function.Arguments
+			}
+			if c.FinishReason != nil {
+				if finish != "" {
+					t.Fatalf("two finish reasons (%s, %s)\n%s", finish, *c.FinishReason, b)
+				}
+				finish = *c.FinishReason
+			}
+		}
+	}
+	if !done || !usage || finish == "" {
+		t.Fatalf("stream incomplete: [DONE] %v, usage chunk %v, finish reason %q\n%s", done, usage, finish, b)
+	}
+	if nonNull || len(m.ToolCalls) == 0 {
+		m.Content = content.String()
+	}
+	return m, finish
+}
+
+// TestTokenInStreamMock runs tool-using agents whose turns are streamed
+// (turns 0, 1 and 3; turn 2 a whole answer, so an attempt goes stream →
+// stream → whole → stream) through a --token-in gateway and a passthrough
+// gateway on one mock engine serving vLLM 0.32's streamed generate and
+// derender (rollgate mock --enable-scale-out --end-of-turn). tokenInAgents
+// checks: every call is served token-in ("first", "extended" after an
+// answer that ended on its end-of-turn token, "whole:not_ended" after a cut
+// one), every extended prompt starts with the previous prompt + response
+// ids (capture's turn check agrees), and on equal prompt ids token-in and
+// passthrough give the same content, tool calls, finish reason, response
+// ids and logprobs, streamed alike.
+func TestTokenInStreamMock(t *testing.T) {
+	mockAddr := freeAddr(t)
+	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--enable-scale-out", "--end-of-turn")
+	tokenInAgents(t, "http://"+mockAddr+"/v1", "vllm", "mock-model", []string{"Paris", "Tokyo", "Lima", "Oslo"}, 48,
+		func(turn int) bool { return turn != 2 })
+}
+
+// TestTokenInStreamRealVLLM is TestTokenInStreamMock's agents, every turn
+// streamed, against the real vLLM (SmolLM2, hermes tool parser) started
+// with --enable-scale-out.
+func TestTokenInStreamRealVLLM(t *testing.T) {
+	v, err := testenv.StartVLLM()
+	if err != nil {
+		t.Fatalf("TestTokenInStreamRealVLLM needs a real vLLM (set %s, or let testenv.StartVLLM start one): %v", testenv.EnvVLLMURL, err)
+	}
+	t.Cleanup(v.Stop)
+	tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48, func(int) bool { return true })
+}
+
+// TestTokenInHangUp: a client that hangs up on a token-in call aborts the
+// engine's generation, streamed (the generate stream's connection closes)
+// or not (the hang-up watch closes the generate request's connection), and
+// the row says so.
+func TestTokenInHangUp(t *testing.T) {
+	ms, mockURL, err := mock.Start(mock.Config{ScaleOut: true, EndOfTurn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Shutdown()
+	addr, dir := freeAddr(t), t.TempDir()
+	db := filepath.Join(dir, "ti.db")
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", mockURL, "--upstream-kind", "vllm", "--token-in")
+	store, err := sqlite.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	post := func(client *http.Client, attempt, knob, extra string) (*http.Response, error) {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/rollout/hang/attempt/"+attempt+"/v1/chat/completions",
+			strings.NewReader(`{"model":"mock-model","messages":[{"role":"user","content":"Tell me a long story"}],"max_tokens":400`+extra+`}`))
+		req.Header.Set("Content-Type", "application/json")
+		k, v, _ := strings.Cut(knob, ": ")
+		req.Header.Set(k, v)
+		return client.Do(req)
+	}
+
+	// Streamed: 400 tokens 100 ms apart (40 s); the client leaves after the
+	// first content chunk.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := post(client, "stream", "x-mock-itl-ms: 100", `,"stream":true`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	for chunks := 0; chunks < 2; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the stream: %v\n%s", err, logs)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			chunks++ // the role chunk, then the first token
+		}
+	}
+	if ms.ActiveStreams() != 1 {
+		t.Fatalf("the mock has %d streams open, want the generate stream", ms.ActiveStreams())
+	}
+	resp.Body.Close()
+	testenv.WaitFor(t, 10*time.Second, func() string {
+		return fmt.Sprintf("the engine's generate stream still runs (%d open) 10 s after the client left\n%s", ms.ActiveStreams(), logs)
+	}, func() bool { return ms.ActiveStreams() == 0 })
+	rows := tiRows(t, store, "hang", "stream", 1, logs)
+	if r := rows[0]; r.TokenIn != "first" || !r.Stream || r.Error != "client disconnected mid-stream" || len(r.ResponseTokenIDs) == 0 || len(r.ResponseTokenIDs) >= 400 {
+		t.Errorf("streamed row: token_in %q, stream %v, error %q, %d response ids; want first, a stream, client disconnected mid-stream, some ids but not 400",
+			r.TokenIn, r.Stream, r.Error, len(r.ResponseTokenIDs))
+	}
+
+	// Whole answer: the first token after 30 s; the client gives up after 0.5 s.
+	before := ms.Aborted()
+	_, err = post(&http.Client{Timeout: 500 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}}, "whole", "x-mock-ttft-ms: 30000", "")
+	if err == nil {
+		t.Fatal("the call answered before the client's timeout")
+	}
+	testenv.WaitFor(t, 10*time.Second, func() string {
+		return fmt.Sprintf("the engine's generate call was not aborted (aborted %d, %d before) 10 s after the client left\n%s", ms.Aborted(), before, logs)
+	}, func() bool { return ms.Aborted() > before })
+	rows = tiRows(t, store, "hang", "whole", 1, logs)
+	if r := rows[0]; r.TokenIn != "first" || r.HTTPStatus != 499 {
+		t.Errorf("whole-answer row: token_in %q, status %d; want first, 499", r.TokenIn, r.HTTPStatus)
+	}
+}
