@@ -102,8 +102,6 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	switch {
 	case r.Kind() != openai.KindVLLM:
 		return pass(tokenin.ReasonKind)
-	case info.N != 1:
-		return pass(tokenin.ReasonN)
 	case len(c.attr.rolloutID) == 0 || len(c.attr.attemptID) == 0:
 		return pass(tokenin.ReasonNoAttempt)
 	}
@@ -124,11 +122,11 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	outcome, prompt := tokenin.First, rendered.ids
 	if prev != nil {
 		outcome = tokenin.WholePrefix
-		if why := tokenin.Check(prev, msgs, renderKey); why != "" {
+		if choice, why := tokenin.Check(prev, msgs, renderKey); why != "" {
 			outcome += why
 		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline, hw); err != nil {
 			outcome += tokenin.ReasonJoin
-		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Response)+len(rendered.ids)), prev, closed.ids, rendered.ids); ok {
+		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Choices[choice].Response)+len(rendered.ids)), prev, choice, closed.ids, rendered.ids); ok {
 			outcome, prompt = tokenin.Extended, joined
 		} else {
 			outcome += tokenin.ReasonJoin
@@ -138,11 +136,11 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	if err != nil {
 		return pass(tokenin.ReasonRender)
 	}
-	put := func(answer string, respIDs []uint32, ended bool) {
-		s.tokenIn.Put(key, &tokenin.Prev{Messages: msgs, Answer: answer, RenderKey: renderKey, Prompt: prompt, Response: respIDs, Ended: ended})
+	put := func(choices []tokenin.Choice) {
+		s.tokenIn.Put(key, &tokenin.Prev{Messages: msgs, RenderKey: renderKey, Prompt: prompt, Choices: choices})
 	}
 	if info.Stream {
-		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, put: put})
+		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, n: info.N, put: put})
 	}
 	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline, hw, req)
 	if err != nil {
@@ -168,13 +166,23 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	resp.Header.SetContentType("application/json")
 	resp.SetBodyRaw(der)
 
-	choice := gjson.GetBytes(gen, "choices.0")
-	answer, err := tokenin.CanonicalAnswer([]byte(gjson.GetBytes(der, "choices.0.message").Raw))
-	respIDs, ok := tokenIDs(choice.Get("token_ids"))
-	if err != nil || !ok {
+	// Each choice's answer (n > 1: the agent sends one back), by index.
+	genChoices, derChoices := gjson.GetBytes(gen, "choices").Array(), gjson.GetBytes(der, "choices").Array()
+	if len(genChoices) != len(derChoices) || len(genChoices) != max(info.N, 1) {
 		return nil // nothing to extend next time: the next call renders whole
 	}
-	put(answer, respIDs, endedOnTurn(choice))
+	choices := make([]tokenin.Choice, len(genChoices))
+	for _, g := range genChoices {
+		i := int(g.Get("index").Int())
+		d := derChoices[min(max(i, 0), len(derChoices)-1)]
+		answer, err := tokenin.CanonicalAnswer([]byte(d.Get("message").Raw))
+		respIDs, ok := tokenIDs(g.Get("token_ids"))
+		if i < 0 || i >= len(choices) || d.Get("index").Int() != int64(i) || err != nil || !ok || choices[i].Answer != "" {
+			return nil
+		}
+		choices[i] = tokenin.Choice{Answer: answer, Response: respIDs, Ended: endedOnTurn(g)}
+	}
+	put(choices)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -53,10 +54,9 @@ type tokenInStreamCall struct {
 	outcome  string   // the token_in column's value
 	deadline time.Time
 	from     *fasthttp.Request // the call's upstream request: its headers go to generate
-	// put records the answer for the attempt's next call: the canonical
-	// assistant message, the response ids and whether it ended on an
-	// end-of-turn token.
-	put func(answer string, ids []uint32, ended bool)
+	n        int               // choices asked for
+	// put records the answers for the attempt's next call.
+	put func(choices []tokenin.Choice)
 }
 
 // serveTokenInStream starts a streamed generate call and leaves in resp an
@@ -108,7 +108,7 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	resp.SetStatusCode(fasthttp.StatusOK)
 	resp.Header.SetContentType("text/event-stream")
 	resp.SetBodyStream(pr, -1)
-	p := &tokenInPump{s: s, r: r, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject()}
+	p := &tokenInPump{s: s, r: r, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject(), ch: make([]pumpChoice, max(tc.n, 1))}
 	p.tail = p.derenderTail()
 	p.tc.chatReq, p.tc.genBody, p.tc.from = nil, nil, nil // pooled buffers: the handler reuses them once it returns
 	if tl := gjson.GetBytes(tc.chatReq, "top_logprobs"); tl.Type == gjson.Number && tl.Num > 0 {
@@ -129,16 +129,22 @@ type tokenInPump struct {
 	topLogprobs int  // the client's top_logprobs
 	tail        []byte
 
-	state   []byte // derender's stream_state, nil before the first chunk
 	id      string // the chat chunks' id, model and created (derender's)
 	model   string
 	created int64
 	out     []byte
+	ch      []pumpChoice // by choice index
+}
 
-	ids      []uint32 // every sampled id
-	content  []byte
-	calls    []streamedCall
-	finished bool
+// pumpChoice is one choice's stream: vLLM's generate streams each choice in
+// chunks of its own, and derender's state is per choice.
+type pumpChoice struct {
+	state   []byte // derender's stream_state, nil before the first chunk
+	ids     []uint32
+	content []byte
+	calls   []streamedCall
+	ended   bool
+	done    bool // its finish chunk came
 }
 
 // streamedCall is a tool call assembled from a stream's deltas.
@@ -241,11 +247,16 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		return false, nil, fmt.Errorf("%w: a generate stream chunk with %d choices (n > 1 streams one per chunk)", errTokenIn, len(choices))
 	}
 	ch := choices[0]
+	idx := ch.Get("index")
+	if idx.Type != gjson.Number || idx.Num < 0 || int(idx.Num) >= len(p.ch) || p.ch[int(idx.Num)].done {
+		return false, nil, fmt.Errorf("%w: a generate stream chunk for choice %s of %d", errTokenIn, idx.Raw, len(p.ch))
+	}
+	c := &p.ch[int(idx.Num)]
 	ids, ok := tokenIDs(ch.Get("token_ids"))
 	if !ok {
 		return false, nil, fmt.Errorf("%w: a generate stream chunk without token_ids", errTokenIn)
 	}
-	der, err := p.derender(data, ch, ids)
+	der, err := p.derender(c, data, ch, ids)
 	if err != nil {
 		return false, nil, err
 	}
@@ -253,14 +264,17 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	if p.id == "" {
 		chunk := der.Get("chunk")
 		p.id, p.model, p.created = chunk.Get("id").String(), chunk.Get("model").String(), chunk.Get("created").Int()
-		if werr := p.write(p.appendRoleChunk(p.out[:0])); werr != nil {
-			return false, werr, nil
+		for i := range p.ch {
+			if werr := p.write(p.appendRoleChunk(p.out[:0], i)); werr != nil {
+				return false, werr, nil
+			}
 		}
 	}
-	p.ids = append(p.ids, ids...)
+	c.ids = append(c.ids, ids...)
 	out := p.appendHead(p.out[:0], root)
-	out = append(out, `[{"index":0,"delta":`...)
-	out = p.appendDelta(out, dch.Get("delta"))
+	out = strconv.AppendInt(append(out, `[{"index":`...), int64(idx.Num), 10)
+	out = append(out, `,"delta":`...)
+	out = appendDelta(out, dch.Get("delta"), c)
 	out = append(out, `,"logprobs":`...)
 	out = p.appendLogprobs(out, dch.Get("logprobs"), ch.Get("logprobs.content"))
 	finish := ch.Get("finish_reason")
@@ -271,7 +285,7 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		if reason == "" {
 			reason = finish.Str
 		}
-		if reason == "stop" && len(p.calls) > 0 && !p.named {
+		if reason == "stop" && len(c.calls) > 0 && !p.named {
 			reason = "tool_calls" // chat_completion/serving.py, as tokenInDerender
 		}
 		out = appendJSONString(append(out, `,"finish_reason":`...), reason)
@@ -281,8 +295,8 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		} else {
 			out = append(out, "null"...)
 		}
-		p.finished = true
-		p.remember(endedOnTurn(ch))
+		c.done, c.ended = true, endedOnTurn(ch)
+		p.remember()
 	}
 	out = append(out, `,"token_ids":`...)
 	out = arrays.AppendUint32s(out, ids)
@@ -298,7 +312,7 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 // state it returns. A finish chunk's end-of-turn token is left out, as for
 // whole answers (tokenInDerender): vLLM's parsers keep special tokens, so
 // its text would end the content.
-func (p *tokenInPump) derender(data []byte, ch gjson.Result, ids []uint32) (gjson.Result, error) {
+func (p *tokenInPump) derender(c *pumpChoice, data []byte, ch gjson.Result, ids []uint32) (gjson.Result, error) {
 	chunk := data
 	if ch.Get("finish_reason").Type == gjson.String && endedOnTurn(ch) && len(ids) > 0 {
 		stop := ch.Get("stop_reason")
@@ -309,14 +323,14 @@ func (p *tokenInPump) derender(data []byte, ch gjson.Result, ids []uint32) (gjso
 			}
 		}
 	}
-	body := make([]byte, 0, len(chunk)+len(p.state)+len(p.tail)+64)
+	body := make([]byte, 0, len(chunk)+len(c.state)+len(p.tail)+64)
 	body = append(body, `{"stream":true,"generate_chunk":`...)
 	body = append(body, chunk...)
 	body = append(body, `,"stream_state":`...)
-	if p.state == nil {
+	if c.state == nil {
 		body = append(body, "null"...)
 	} else {
-		body = append(body, p.state...)
+		body = append(body, c.state...)
 	}
 	body = append(body, p.tail...)
 	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+pathDerender[len("/v1"):], body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
@@ -327,7 +341,7 @@ func (p *tokenInPump) derender(data []byte, ch gjson.Result, ids []uint32) (gjso
 	if status != fasthttp.StatusOK || !gjson.ValidBytes(out) || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
 		return gjson.Result{}, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
 	}
-	p.state = append(p.state[:0], der.Get("stream_state").Raw...)
+	c.state = append(c.state[:0], der.Get("stream_state").Raw...)
 	return der, nil
 }
 
@@ -365,23 +379,24 @@ func (p *tokenInPump) appendHead(dst []byte, gen gjson.Result) []byte {
 	return append(dst, `,"choices":`...)
 }
 
-// appendRoleChunk appends vLLM's first chat chunk: the role, empty content
-// and (return_token_ids) the prompt ids.
-func (p *tokenInPump) appendRoleChunk(dst []byte) []byte {
+// appendRoleChunk appends vLLM's first chat chunk of choice i: the role,
+// empty content and (return_token_ids) the prompt ids.
+func (p *tokenInPump) appendRoleChunk(dst []byte, i int) []byte {
 	dst = p.appendHead(dst, gjson.Result{})
-	dst = append(dst, `[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":`...)
+	dst = strconv.AppendInt(append(dst, `[{"index":`...), int64(i), 10)
+	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":`...)
 	dst = arrays.AppendUint32s(dst, p.tc.prompt)
 	return append(dst, `,"prompt_text":null}`...)
 }
 
 // appendDelta appends derender's delta as vLLM's chat serving writes one
-// (no null members; "content": null beside tool calls) and assembles the
-// answer: the role is the first chunk's, so it is dropped here.
-func (p *tokenInPump) appendDelta(dst []byte, d gjson.Result) []byte {
+// (no null members; "content": null beside tool calls) and assembles
+// choice c's answer: the role is the role chunk's, so it is dropped here.
+func appendDelta(dst []byte, d gjson.Result, c *pumpChoice) []byte {
 	content, reasoning := d.Get("content"), d.Get("reasoning")
 	calls := d.Get("tool_calls").Array()
 	if content.Type == gjson.String {
-		p.content = append(p.content, content.Str...)
+		c.content = append(c.content, content.Str...)
 	}
 	if len(calls) == 0 {
 		switch {
@@ -408,13 +423,13 @@ func (p *tokenInPump) appendDelta(dst []byte, d gjson.Result) []byte {
 			dst = append(dst, ',')
 		}
 		idx := int(tc.Get("index").Int())
-		if idx < 0 || idx > len(p.calls) {
-			idx = len(p.calls) // a parser's index past the calls seen: a new call
+		if idx < 0 || idx > len(c.calls) {
+			idx = len(c.calls) // a parser's index past the calls seen: a new call
 		}
-		if idx == len(p.calls) {
-			p.calls = append(p.calls, streamedCall{})
+		if idx == len(c.calls) {
+			c.calls = append(c.calls, streamedCall{})
 		}
-		sc := &p.calls[idx]
+		sc := &c.calls[idx]
 		dst = append(dst, '{')
 		if id := tc.Get("id"); id.Type == gjson.String {
 			sc.id = id.Str
@@ -481,13 +496,32 @@ func (p *tokenInPump) appendLogprobs(dst []byte, der, gen gjson.Result) []byte {
 	return append(dst, "]}"...)
 }
 
-// remember records the streamed answer for the attempt's next call.
-func (p *tokenInPump) remember(ended bool) {
+// remember records the streamed answers for the attempt's next call once
+// every choice has finished.
+func (p *tokenInPump) remember() {
+	choices := make([]tokenin.Choice, 0, len(p.ch))
+	for i := range p.ch {
+		c := &p.ch[i]
+		if !c.done {
+			return
+		}
+		answer, err := tokenin.CanonicalAnswer(assembledMessage(c))
+		if err != nil {
+			return
+		}
+		choices = append(choices, tokenin.Choice{Answer: answer, Response: slices.Clone(c.ids), Ended: c.ended})
+	}
+	p.tc.put(choices)
+}
+
+// assembledMessage is the assistant message a client assembles from choice
+// c's deltas.
+func assembledMessage(ch *pumpChoice) []byte {
 	msg := []byte(`{"role":"assistant","content":`)
-	msg = appendJSONString(msg, string(p.content))
-	if len(p.calls) > 0 {
+	msg = appendJSONString(msg, string(ch.content))
+	if len(ch.calls) > 0 {
 		msg = append(msg, `,"tool_calls":[`...)
-		for i, c := range p.calls {
+		for i, c := range ch.calls {
 			if i > 0 {
 				msg = append(msg, ',')
 			}
@@ -498,12 +532,7 @@ func (p *tokenInPump) remember(ended bool) {
 		}
 		msg = append(msg, ']')
 	}
-	msg = append(msg, '}')
-	answer, err := tokenin.CanonicalAnswer(msg)
-	if err != nil {
-		return
-	}
-	p.tc.put(answer, append([]uint32(nil), p.ids...), ended)
+	return append(msg, '}')
 }
 
 // appendJSONString appends s as a JSON string.

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/gateway/tokenin"
 )
 
 // FuzzTokenInStreamChunk: whatever an engine's derender and generate chunks
@@ -14,8 +16,8 @@ func FuzzTokenInStreamChunk(f *testing.F) {
 	f.Add(`{"content":null,"tool_calls":[{"id":"c1","type":"function","index":0,"function":{"name":"add","arguments":null}},{"id":null,"index":0,"function":{"arguments":"{\"a\":"}}]}`, `null`, 0)
 	f.Add(`{"tool_calls":[{"index":7,"function":{"name":5,"arguments":["x"]}}],"reasoning":"think \u0000"}`, `[{"token_id":-1,"logprob":"x"}]`, 3)
 	f.Fuzz(func(t *testing.T, delta, logprobs string, top int) {
-		p := &tokenInPump{topLogprobs: top, tc: tokenInStreamCall{put: func(string, []uint32, bool) {}}}
-		out := p.appendDelta(nil, gjson.Parse(delta))
+		p := &tokenInPump{topLogprobs: top, tc: tokenInStreamCall{put: func([]tokenin.Choice) {}}, ch: make([]pumpChoice, 1)}
+		out := appendDelta(nil, gjson.Parse(delta), &p.ch[0])
 		if !gjson.ValidBytes(out) {
 			t.Fatalf("delta %s gave invalid JSON %s", delta, out)
 		}
@@ -23,6 +25,7 @@ func FuzzTokenInStreamChunk(f *testing.F) {
 		if !gjson.ValidBytes(out) {
 			t.Fatalf("logprobs %s gave invalid JSON %s", logprobs, out)
 		}
-		p.remember(true)
+		p.ch[0].done = true
+		p.remember()
 	})
 }

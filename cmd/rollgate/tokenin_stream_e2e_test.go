@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,18 +17,29 @@ import (
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
-// tiReadStream assembles a streamed chat answer as an SDK does (content
-// joined, tool calls by index: id and name from their first delta,
-// arguments joined) and checks the stream's frame: a role chunk first, one
-// finish reason, a usage chunk (include_usage) and data: [DONE] last.
+// tiReadStream assembles a streamed chat answer of one choice as an SDK
+// does; see tiReadChoices.
 func tiReadStream(t *testing.T, b []byte) (tiMessage, string) {
 	t.Helper()
+	msgs, finish := tiReadChoices(t, b, 1)
+	return msgs[0], finish[0]
+}
+
+// tiReadChoices assembles the n choices of a streamed chat answer as an SDK
+// does (content joined, tool calls by index: id and name from their first
+// delta, arguments joined) and checks the stream's frame: each choice's
+// role chunk before its other chunks, one finish reason per choice, a usage
+// chunk (include_usage) and data: [DONE] last.
+func tiReadChoices(t *testing.T, b []byte, n int) ([]tiMessage, []string) {
+	t.Helper()
 	var (
-		m             = tiMessage{Role: "assistant"}
-		content       strings.Builder
-		finish        string
-		role, usage   bool
-		done, nonNull bool
+		msgs    = make([]tiMessage, n)
+		content = make([]strings.Builder, n)
+		finish  = make([]string, n)
+		role    = make([]bool, n)
+		nonNull = make([]bool, n)
+		usage   bool
+		done    bool
 	)
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -46,6 +58,7 @@ func tiReadStream(t *testing.T, b []byte) (tiMessage, string) {
 		var ch struct {
 			Error   json.RawMessage `json:"error"`
 			Choices []struct {
+				Index int `json:"index"`
 				Delta struct {
 					Role      string  `json:"role"`
 					Content   *string `json:"content"`
@@ -74,14 +87,18 @@ func tiReadStream(t *testing.T, b []byte) (tiMessage, string) {
 			usage = true
 		}
 		for _, c := range ch.Choices {
+			if c.Index < 0 || c.Index >= n {
+				t.Fatalf("a chunk of choice %d (n = %d): %s", c.Index, n, data)
+			}
+			i, m := c.Index, &msgs[c.Index]
 			if c.Delta.Role == "assistant" {
-				role = true
-			} else if !role {
+				role[i] = true
+			} else if !role[i] {
 				t.Fatalf("a chunk before the role chunk: %s", data)
 			}
 			if c.Delta.Content != nil {
-				content.WriteString(*c.Delta.Content)
-				nonNull = nonNull || *c.Delta.Content != ""
+				content[i].WriteString(*c.Delta.Content)
+				nonNull[i] = nonNull[i] || *c.Delta.Content != ""
 			}
 			for _, tc := range c.Delta.ToolCalls {
 				for len(m.ToolCalls) <= tc.Index {
@@ -95,20 +112,23 @@ func tiReadStream(t *testing.T, b []byte) (tiMessage, string) {
 				call.Function.Arguments += tc.Function.Arguments
 			}
 			if c.FinishReason != nil {
-				if finish != "" {
-					t.Fatalf("two finish reasons (%s, %s)\n%s", finish, *c.FinishReason, b)
+				if finish[i] != "" {
+					t.Fatalf("two finish reasons (%s, %s)\n%s", finish[i], *c.FinishReason, b)
 				}
-				finish = *c.FinishReason
+				finish[i] = *c.FinishReason
 			}
 		}
 	}
-	if !done || !usage || finish == "" {
-		t.Fatalf("stream incomplete: [DONE] %v, usage chunk %v, finish reason %q\n%s", done, usage, finish, b)
+	for i := range msgs {
+		if !done || !usage || finish[i] == "" {
+			t.Fatalf("stream incomplete: [DONE] %v, usage chunk %v, choice %d's finish reason %q\n%s", done, usage, i, finish[i], b)
+		}
+		msgs[i].Role = "assistant"
+		if nonNull[i] || len(msgs[i].ToolCalls) == 0 {
+			msgs[i].Content = content[i].String()
+		}
 	}
-	if nonNull || len(m.ToolCalls) == 0 {
-		m.Content = content.String()
-	}
-	return m, finish
+	return msgs, finish
 }
 
 // TestTokenInStreamMock runs tool-using agents whose turns are streamed
@@ -210,5 +230,91 @@ func TestTokenInHangUp(t *testing.T) {
 	rows = tiRows(t, store, "hang", "whole", 1, logs)
 	if r := rows[0]; r.TokenIn != "first" || r.HTTPStatus != 499 {
 		t.Errorf("whole-answer row: token_in %q, status %d; want first, 499", r.TokenIn, r.HTTPStatus)
+	}
+}
+
+// TestTokenInChoices: with n = 2 (whole and streamed) a token-in call
+// answers as passthrough does on the same prompt (each choice's content,
+// tool calls, finish reason, and its row's response ids and logprobs), and
+// the agent's next call, which sends back the second choice, is extended
+// from that choice: its prompt ids start with the previous prompt + the
+// second choice's response ids.
+func TestTokenInChoices(t *testing.T) {
+	mockAddr := freeAddr(t)
+	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--enable-scale-out", "--end-of-turn")
+	g := startTokenInGateways(t, "http://"+mockAddr+"/v1", "vllm")
+	first := `[{"role":"user","content":"What is the weather in Rome?"}]`
+	ask := func(addr, attempt, messages, extra string, stream bool) ([]tiMessage, []string) {
+		n := 2
+		if strings.Contains(extra, `"n":1`) {
+			n = 1
+		}
+		if stream {
+			extra += `,"stream":true,"stream_options":{"include_usage":true}`
+		}
+		status, b, _ := postReal(t, "http://"+addr+"/rollout/choices/attempt/"+attempt+"/v1/chat/completions",
+			`{"model":"mock-model","messages":`+messages+`,"tools":`+realTools+`,"max_tokens":48`+extra+`}`)
+		if status != 200 {
+			t.Fatalf("%s: %d %s", attempt, status, b)
+		}
+		if stream {
+			return tiReadChoices(t, b, n)
+		}
+		var ans struct {
+			Choices []struct {
+				Message      tiMessage `json:"message"`
+				FinishReason string    `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(b, &ans); err != nil || len(ans.Choices) != n {
+			t.Fatalf("%s: %v %s", attempt, err, b)
+		}
+		var msgs []tiMessage
+		var finish []string
+		for _, c := range ans.Choices {
+			msgs, finish = append(msgs, c.Message), append(finish, c.FinishReason)
+		}
+		return msgs, finish
+	}
+	for _, stream := range []bool{false, true} {
+		attempt := fmt.Sprintf("stream-%v", stream)
+		tiMsgs, tiFinish := ask(g.tiAddr, attempt, first, `,"n":2,"tool_choice":"required"`, stream)
+		ptMsgs, ptFinish := ask(g.ptAddr, attempt, first, `,"n":2,"tool_choice":"required"`, stream)
+		tiR := tiRows(t, g.tiStore, "choices", attempt, 2, g.tiLogs)
+		ptR := tiRows(t, g.ptStore, "choices", attempt, 2, g.ptLogs)
+		for i := range 2 {
+			a, b := tiMsgs[i], ptMsgs[i]
+			if fmt.Sprint(a.Content) != fmt.Sprint(b.Content) || len(a.ToolCalls) != len(b.ToolCalls) || tiFinish[i] != ptFinish[i] {
+				t.Errorf("%s choice %d: token-in %+v (%s), passthrough %+v (%s)", attempt, i, a, tiFinish[i], b, ptFinish[i])
+			}
+			for k := range min(len(a.ToolCalls), len(b.ToolCalls)) {
+				if a.ToolCalls[k].Function != b.ToolCalls[k].Function {
+					t.Errorf("%s choice %d: tool call %+v, passthrough %+v", attempt, i, a.ToolCalls[k].Function, b.ToolCalls[k].Function)
+				}
+			}
+			ti, pt := tiR[i], ptR[i]
+			if ti.ChoiceIndex != uint32(i) || pt.ChoiceIndex != uint32(i) || ti.TokenIn != "first" ||
+				!slices.Equal(ti.PromptTokenIDs, pt.PromptTokenIDs) || !slices.Equal(ti.ResponseTokenIDs, pt.ResponseTokenIDs) || !slices.Equal(ti.ResponseLogprobs, pt.ResponseLogprobs) {
+				t.Errorf("%s choice %d rows: token-in (choice %d, %q) %d prompt, %v response ids, %v; passthrough (choice %d) %d, %v, %v",
+					attempt, i, ti.ChoiceIndex, ti.TokenIn, len(ti.PromptTokenIDs), ti.ResponseTokenIDs, ti.ResponseLogprobs, pt.ChoiceIndex, len(pt.PromptTokenIDs), pt.ResponseTokenIDs, pt.ResponseLogprobs)
+			}
+		}
+		if slices.Equal(tiR[0].ResponseTokenIDs, tiR[1].ResponseTokenIDs) {
+			t.Fatalf("%s: both choices sampled the same ids; the test needs two answers", attempt)
+		}
+		// The agent keeps the second choice.
+		picked := tiMsgs[1]
+		if len(picked.ToolCalls) == 0 || tiFinish[1] != "tool_calls" {
+			t.Fatalf("%s: the second choice is no tool call (%s): %+v", attempt, tiFinish[1], picked)
+		}
+		next := []tiMessage{{Role: "user", Content: "What is the weather in Rome?"}, picked, {Role: "tool", ToolCallID: picked.ToolCalls[0].ID, Content: "Sunny, 21 C"}}
+		mj, _ := json.Marshal(next)
+		ask(g.tiAddr, attempt, string(mj), `,"n":1`, stream)
+		rows := tiRows(t, g.tiStore, "choices", attempt, 3, g.tiLogs)
+		head := slices.Concat(tiR[1].PromptTokenIDs, tiR[1].ResponseTokenIDs)
+		if r := rows[2]; r.TokenIn != "extended" || len(r.PromptTokenIDs) <= len(head) || !slices.Equal(r.PromptTokenIDs[:len(head)], head) {
+			t.Errorf("%s: the call after the second choice: token_in %q, %d prompt ids; want extended from the previous %d prompt + %d response ids of choice 1\n%s",
+				attempt, r.TokenIn, len(r.PromptTokenIDs), len(tiR[1].PromptTokenIDs), len(tiR[1].ResponseTokenIDs), g.tiLogs)
+		}
 	}
 }
