@@ -132,7 +132,7 @@ func tiRows(t *testing.T, store export.Store, rollout, attempt string, n int, lo
 // conversation (the same prompt both ways) gets the same answer both
 // ways; any later call whose prompt ids are the same both ways gets the
 // same answer. It logs the passthrough break rate (turn_kind) beside.
-func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, maxTokens int, stream func(turn int) bool) {
+func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, maxTokens int, stream func(turn int) bool) (tokenInGateways, tokenInCounts) {
 	g := startTokenInGateways(t, upstream, kind)
 	tiAddr, ptAddr, tiStore, ptStore, tiLogs, ptLogs := g.tiAddr, g.ptAddr, g.tiStore, g.ptStore, g.tiLogs, g.ptLogs
 
@@ -209,6 +209,14 @@ func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, 
 	}
 	t.Logf("token-in: %d of %d later calls extended (the others followed an answer cut by max_tokens); passthrough: %d of %d later calls broke the prefix (turn_kind != prefix); %d of %d calls with the same prompt ids both ways, all with the same answer",
 		extended, later, ptBreaks, ptLater, same, comparable)
+	return g, tokenInCounts{extended: extended, later: later, ptBreaks: ptBreaks, ptLater: ptLater}
+}
+
+// tokenInCounts is what tokenInAgents saw: the token-in gateway's later
+// calls and those extended, the passthrough gateway's later calls and those
+// whose prompt broke the previous prompt + response ids.
+type tokenInCounts struct {
+	extended, later, ptBreaks, ptLater int
 }
 
 // TestTokenInRealVLLM runs tool-using agents through --token-in and
@@ -220,7 +228,8 @@ func TestTokenInRealVLLM(t *testing.T) {
 		t.Fatalf("TestTokenInRealVLLM needs a real vLLM (set %s, or let testenv.StartVLLM start one): %v", testenv.EnvVLLMURL, err)
 	}
 	t.Cleanup(v.Stop)
-	tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48, nil)
+	g, n := tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48, nil)
+	tokenInMerges(t, "real vLLM 0.32 (SmolLM2, hermes), whole answers", g, n)
 }
 
 // TestTokenInRefusedForOtherKinds: --token-in with a replica of a kind that
@@ -242,6 +251,7 @@ func TestTokenInRefusedForOtherKinds(t *testing.T) {
 // of the same upstream, each with its own embedded store.
 type tokenInGateways struct {
 	tiAddr, ptAddr   string
+	tiDB, ptDB       string // their SQLite files
 	tiStore, ptStore *sqlite.Store
 	tiLogs, ptLogs   *syncBuffer
 }
@@ -253,6 +263,7 @@ func startTokenInGateways(t *testing.T, upstream, kind string) tokenInGateways {
 	dir := t.TempDir()
 	g := tokenInGateways{tiAddr: freeAddr(t), ptAddr: freeAddr(t)}
 	tiDB, ptDB := filepath.Join(dir, "ti.db"), filepath.Join(dir, "pt.db")
+	g.tiDB, g.ptDB = tiDB, ptDB
 	_, g.tiLogs = start(t, g.tiAddr, "/readyz", "serve", "--listen", g.tiAddr, "--db", tiDB, "--upstream", upstream, "--upstream-kind", kind, "--token-in")
 	_, g.ptLogs = start(t, g.ptAddr, "/readyz", "serve", "--listen", g.ptAddr, "--db", ptDB, "--upstream", upstream, "--upstream-kind", kind)
 	for _, s := range []struct {

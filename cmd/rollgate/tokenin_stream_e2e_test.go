@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/gateway/tokenin"
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
@@ -145,7 +147,7 @@ func tiReadChoices(t *testing.T, b []byte, n int) ([]tiMessage, []string) {
 func TestTokenInStreamMock(t *testing.T) {
 	mockAddr := freeAddr(t)
 	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--enable-scale-out", "--end-of-turn")
-	tokenInAgents(t, "http://"+mockAddr+"/v1", "vllm", "mock-model", []string{"Paris", "Tokyo", "Lima", "Oslo"}, 48,
+	_, _ = tokenInAgents(t, "http://"+mockAddr+"/v1", "vllm", "mock-model", []string{"Paris", "Tokyo", "Lima", "Oslo"}, 48,
 		func(turn int) bool { return turn != 2 })
 }
 
@@ -158,7 +160,8 @@ func TestTokenInStreamRealVLLM(t *testing.T) {
 		t.Fatalf("TestTokenInStreamRealVLLM needs a real vLLM (set %s, or let testenv.StartVLLM start one): %v", testenv.EnvVLLMURL, err)
 	}
 	t.Cleanup(v.Stop)
-	tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48, func(int) bool { return true })
+	g, n := tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48, func(int) bool { return true })
+	tokenInMerges(t, "real vLLM 0.32 (SmolLM2, hermes), streamed", g, n)
 }
 
 // TestTokenInHangUp: a client that hangs up on a token-in call aborts the
@@ -317,4 +320,79 @@ func TestTokenInChoices(t *testing.T) {
 				attempt, r.TokenIn, len(r.PromptTokenIDs), len(tiR[1].PromptTokenIDs), len(tiR[1].ResponseTokenIDs), g.tiLogs)
 		}
 	}
+}
+
+// bridgeMerged runs `rollgate bridge --mode trajectories` on db and returns
+// its samples and how many calls its summary says it merged into an earlier
+// turn's sample ("trajectories: N calls merged, breaks ...").
+func bridgeMerged(t *testing.T, db string) ([]jsonlRow, int, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	out := filepath.Join(t.TempDir(), "traj.jsonl")
+	// --status '': the agents' rollouts are not registered (reward 0).
+	if code := run([]string{"bridge", "--db", db, "--out", out, "--mode", "trajectories", "--estimator", "none", "--status", ""}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bridge trajectories on %s: %s", db, stderr.String())
+	}
+	_, line, ok := strings.Cut(stderr.String(), "trajectories: ")
+	var merged int
+	if !ok {
+		t.Fatalf("no trajectories line in the bridge's summary:\n%s", stderr.String())
+	}
+	line, _, _ = strings.Cut(line, "\n")
+	if _, err := fmt.Sscanf(line, "%d calls merged", &merged); err != nil {
+		t.Fatalf("summary line %q: %v", line, err)
+	}
+	_, breaks, _ := strings.Cut(line, "breaks ")
+	return readJSONL(t, out), merged, breaks
+}
+
+// tokenInMerges checks that the bridge's trajectory mode merges every call
+// the token-in gateway extended into the sample of the call before it, and
+// reports the merge table beside passthrough's on the same agents.
+func tokenInMerges(t *testing.T, name string, g tokenInGateways, n tokenInCounts) {
+	t.Helper()
+	tiSamples, tiMerged, tiBreaks := bridgeMerged(t, g.tiDB)
+	_, ptMerged, ptBreaks := bridgeMerged(t, g.ptDB)
+	together := map[string]bool{} // "rollout/seq" of each call merged after the one before it
+	for _, s := range tiSamples {
+		for i := 1; i < len(s.SequenceIDs); i++ {
+			if s.SequenceIDs[i] == s.SequenceIDs[i-1]+1 {
+				together[fmt.Sprintf("%s/%d", s.RolloutID, s.SequenceIDs[i])] = true
+			}
+		}
+	}
+	rows, err := g.tiStore.Calls(t.Context(), export.CallFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	extended, merged := 0, 0
+	for _, r := range rows {
+		if r.TokenIn != tokenin.Extended {
+			continue
+		}
+		extended++
+		if together[fmt.Sprintf("%s/%d", r.RolloutID, r.SequenceID)] {
+			merged++
+		} else {
+			t.Errorf("%s: %s call %d was extended, but the bridge did not merge it into the sample of call %d", name, r.RolloutID, r.SequenceID, r.SequenceID-1)
+		}
+	}
+	if extended != n.extended || extended == 0 {
+		t.Errorf("%s: %d extended rows, the agents saw %d", name, extended, n.extended)
+	}
+	t.Logf("merge table, %s:\n| gateway | later calls | extending calls (token-in) / prefix calls | merged by --mode trajectories | break rate | bridge breaks |\n|---|---:|---:|---:|---:|---|\n| --token-in | %d | %d | %d (%d of the extended: %.0f %%) | %.0f %% | %s |\n| passthrough | %d | %d | %d | %.0f %% | %s |",
+		name, n.later, extended, tiMerged, merged, 100*float64(merged)/float64(max(extended, 1)), 100*float64(n.later-tiMerged)/float64(max(n.later, 1)), tiBreaks,
+		n.ptLater, n.ptLater-n.ptBreaks, ptMerged, 100*float64(n.ptLater-ptMerged)/float64(max(n.ptLater, 1)), ptBreaks)
+}
+
+// TestTokenInTrajectoriesMock: item 2's measurement on the mock's template
+// (ChatML with hermes tool calls): tool-using agents, whole and streamed
+// turns, with --token-in and passthrough beside it; every extended call is
+// merged by the bridge's trajectory mode.
+func TestTokenInTrajectoriesMock(t *testing.T) {
+	mockAddr := freeAddr(t)
+	start(t, mockAddr, "/health", "mock", "--listen", mockAddr, "--enable-scale-out", "--end-of-turn")
+	g, n := tokenInAgents(t, "http://"+mockAddr+"/v1", "vllm", "mock-model", []string{"Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito"}, 64,
+		func(turn int) bool { return turn%2 == 1 })
+	tokenInMerges(t, "mock (ChatML, hermes)", g, n)
 }
