@@ -215,8 +215,16 @@ func (p *tokenInPump) run(gen *fasthttp.Response) {
 		_ = p.w.Close()
 		return
 	}
-	fasthttp.ReleaseResponse(gen)
+	// The client has its answer; then the body is read to its end (the
+	// chunked terminator after [DONE]) so its connection goes back to the
+	// pool clean. An engine that sends more than 64 KiB after [DONE] has its
+	// connection closed instead.
 	_ = p.w.Close()
+	if n, err := io.Copy(io.Discard, io.LimitReader(body, 64<<10)); err != nil || n == 64<<10 {
+		abortResponse(gen, errStreamCut)
+		return
+	}
+	fasthttp.ReleaseResponse(gen)
 }
 
 // event handles one generate SSE event: done after [DONE]; werr when the
@@ -281,12 +289,15 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	if finish.Type != gjson.String {
 		out = append(out, `,"finish_reason":null`...)
 	} else {
-		reason := dch.Get("finish_reason").String()
-		if reason == "" {
-			reason = finish.Str
-		}
+		// The engine's reason, "tool_calls" for a stop after streamed tool
+		// calls unless the tool choice names a function, as vLLM's chat
+		// serving streams it (chat_completion/serving.py, 0.32.0). Not
+		// derender's: it says "tool_calls" for any finish once a call
+		// streamed, an answer cut by max_tokens included
+		// (online_derenderer.py _derender_chat_stream_parsed).
+		reason := finish.Str
 		if reason == "stop" && len(c.calls) > 0 && !p.named {
-			reason = "tool_calls" // chat_completion/serving.py, as tokenInDerender
+			reason = "tool_calls"
 		}
 		out = appendJSONString(append(out, `,"finish_reason":`...), reason)
 		out = append(out, `,"stop_reason":`...)

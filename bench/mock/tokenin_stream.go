@@ -153,7 +153,7 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 		dst = st.appendParsedDelta(dst, delta, parseTools)
 		finish := ch.Get("finish_reason")
 		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
-		if finish.Type == gjson.String && finish.Str == "stop" && st.toolsStreamed && !tc.IsObject() {
+		if finish.Type == gjson.String && st.toolsStreamed && !tc.IsObject() { // any finish reason, as vLLM's derender
 			dst = append(dst, `"tool_calls"`...)
 		} else {
 			dst = appendJSONOrNull(dst, finish)

@@ -256,7 +256,7 @@ func TestTokenInChoices(t *testing.T) {
 			extra += `,"stream":true,"stream_options":{"include_usage":true}`
 		}
 		status, b, _ := postReal(t, "http://"+addr+"/rollout/choices/attempt/"+attempt+"/v1/chat/completions",
-			`{"model":"mock-model","messages":`+messages+`,"tools":`+realTools+`,"max_tokens":48`+extra+`}`)
+			`{"model":"mock-model","messages":`+messages+`,"tools":`+realTools+extra+`}`)
 		if status != 200 {
 			t.Fatalf("%s: %d %s", attempt, status, b)
 		}
@@ -281,8 +281,8 @@ func TestTokenInChoices(t *testing.T) {
 	}
 	for _, stream := range []bool{false, true} {
 		attempt := fmt.Sprintf("stream-%v", stream)
-		tiMsgs, tiFinish := ask(g.tiAddr, attempt, first, `,"n":2,"tool_choice":"required"`, stream)
-		ptMsgs, ptFinish := ask(g.ptAddr, attempt, first, `,"n":2,"tool_choice":"required"`, stream)
+		tiMsgs, tiFinish := ask(g.tiAddr, attempt, first, `,"n":2,"tool_choice":"required","max_tokens":48`, stream)
+		ptMsgs, ptFinish := ask(g.ptAddr, attempt, first, `,"n":2,"tool_choice":"required","max_tokens":48`, stream)
 		tiR := tiRows(t, g.tiStore, "choices", attempt, 2, g.tiLogs)
 		ptR := tiRows(t, g.ptStore, "choices", attempt, 2, g.ptLogs)
 		for i := range 2 {
@@ -312,13 +312,20 @@ func TestTokenInChoices(t *testing.T) {
 		}
 		next := []tiMessage{{Role: "user", Content: "What is the weather in Rome?"}, picked, {Role: "tool", ToolCallID: picked.ToolCalls[0].ID, Content: "Sunny, 21 C"}}
 		mj, _ := json.Marshal(next)
-		ask(g.tiAddr, attempt, string(mj), `,"n":1`, stream)
+		ask(g.tiAddr, attempt, string(mj), `,"n":1,"max_tokens":48`, stream)
 		rows := tiRows(t, g.tiStore, "choices", attempt, 3, g.tiLogs)
 		head := slices.Concat(tiR[1].PromptTokenIDs, tiR[1].ResponseTokenIDs)
 		if r := rows[2]; r.TokenIn != "extended" || len(r.PromptTokenIDs) <= len(head) || !slices.Equal(r.PromptTokenIDs[:len(head)], head) {
 			t.Errorf("%s: the call after the second choice: token_in %q, %d prompt ids; want extended from the previous %d prompt + %d response ids of choice 1\n%s",
 				attempt, r.TokenIn, len(r.PromptTokenIDs), len(tiR[1].PromptTokenIDs), len(tiR[1].ResponseTokenIDs), g.tiLogs)
 		}
+	}
+	// A streamed tool call cut by max_tokens finishes "length" both ways
+	// (vLLM's streamed derender says "tool_calls" once a call streamed).
+	tiMsgs, tiFinish := ask(g.tiAddr, "cut", first, `,"n":1,"tool_choice":"required","max_tokens":20`, true)
+	ptMsgs, ptFinish := ask(g.ptAddr, "cut", first, `,"n":1,"tool_choice":"required","max_tokens":20`, true)
+	if tiFinish[0] != "length" || ptFinish[0] != "length" || len(tiMsgs[0].ToolCalls) != 1 || len(ptMsgs[0].ToolCalls) != 1 || tiMsgs[0].ToolCalls[0].Function != ptMsgs[0].ToolCalls[0].Function {
+		t.Errorf("a tool call cut by max_tokens: token-in %s %+v, passthrough %s %+v; want length both ways, with the call's name streamed", tiFinish[0], tiMsgs[0], ptFinish[0], ptMsgs[0])
 	}
 }
 
