@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
@@ -402,4 +404,83 @@ func TestTokenInTrajectoriesMock(t *testing.T) {
 	g, n := tokenInAgents(t, "http://"+mockAddr+"/v1", "vllm", "mock-model", []string{"Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito"}, 64,
 		func(turn int) bool { return turn%2 == 1 })
 	tokenInMerges(t, "mock (ChatML, hermes)", g, n)
+}
+
+// tokenInStreamShapes calls base's render, streamed generate and streamed
+// derender (one call per generate chunk, state carried) for a chat request
+// and returns the shapes (jsonShape) of: the generate chunks (consecutive
+// repeats collapsed), and each derender answer with its delta masked (what
+// a parser emits depends on the model's text, not on the format).
+func tokenInStreamShapes(t *testing.T, base, model string) (gen, der []string) {
+	t.Helper()
+	origin := strings.TrimSuffix(base, "/v1")
+	chatReq := `{"model":"` + model + `","messages":[{"role":"user","content":"Say hi"}],"max_tokens":4,"temperature":0,"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"return_token_ids":true}`
+	status, rendered, _ := postReal(t, origin+"/v1/chat/completions/render", chatReq)
+	if status != 200 {
+		t.Fatalf("render at %s: %d %s", origin, status, rendered)
+	}
+	promptIDs := gjson.GetBytes(rendered, "token_ids").Raw
+	status, stream, _ := postReal(t, origin+"/inference/v1/generate", string(rendered))
+	if status != 200 {
+		t.Fatalf("generate at %s: %d %s", origin, status, stream)
+	}
+	state := "null"
+	for _, line := range strings.Split(string(stream), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		shape, err := jsonShape([]byte(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(gen) == 0 || gen[len(gen)-1] != shape {
+			gen = append(gen, shape)
+		}
+		body := `{"stream":true,"model":"` + model + `","generate_chunk":` + data + `,"stream_state":` + state + `,"prompt_tokens":3,"prompt_token_ids":` + promptIDs + `,"chat_request":` + chatReq + `}`
+		status, out, _ := postReal(t, origin+"/v1/chat/completions/derender", body)
+		if status != 200 {
+			t.Fatalf("derender at %s: %d %s\n%s", origin, status, out, body)
+		}
+		state = gjson.GetBytes(out, "stream_state").Raw
+		masked := string(out)
+		if d := gjson.GetBytes(out, "chunk.choices.0.delta"); d.Exists() {
+			masked = strings.Replace(masked, d.Raw, "{}", 1)
+		}
+		if shape, err = jsonShape([]byte(masked)); err != nil {
+			t.Fatal(err)
+		}
+		der = append(der, shape)
+	}
+	return gen, der
+}
+
+// TestTokenInStreamShapesMatchRealVLLM: the mock's streamed generate and
+// derender answer in the real vLLM 0.32's shapes (keys, their order, nulls,
+// value types): the generate chunks (a token chunk, the finish chunk, the
+// usage chunk) and every derender answer with its state, deltas masked.
+func TestTokenInStreamShapesMatchRealVLLM(t *testing.T) {
+	v, err := testenv.StartVLLM()
+	if err != nil {
+		t.Fatalf("TestTokenInStreamShapesMatchRealVLLM needs a real vLLM (set %s, or let testenv.StartVLLM start one): %v", testenv.EnvVLLMURL, err)
+	}
+	t.Cleanup(v.Stop)
+	ms, mockURL, err := mock.Start(mock.Config{ScaleOut: true, EndOfTurn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Shutdown()
+	realGen, realDer := tokenInStreamShapes(t, v.URL, testenv.VLLMModel)
+	mockGen, mockDer := tokenInStreamShapes(t, mockURL, "mock-model")
+	if !slices.Equal(realGen, mockGen) {
+		t.Errorf("generate stream shapes differ:\nreal:\n%s\nmock:\n%s", strings.Join(realGen, "\n"), strings.Join(mockGen, "\n"))
+	}
+	if len(realDer) != len(mockDer) {
+		t.Errorf("%d derender answers from the real vLLM, %d from the mock", len(realDer), len(mockDer))
+	}
+	for i := range min(len(realDer), len(mockDer)) {
+		if realDer[i] != mockDer[i] {
+			t.Errorf("derender answer %d differs:\nreal: %s\nmock: %s", i, realDer[i], mockDer[i])
+		}
+	}
 }
