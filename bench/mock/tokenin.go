@@ -380,7 +380,8 @@ func (p *plan) appendGenerateFull(dst []byte) []byte {
 		dst = appendStopReason(dst, c)
 		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDs(dst, c.ids)
-		dst = append(dst, `,"routed_experts":null,"sampling_mask":null,"weight_versions":null,"logprobs":`...)
+		dst = appendWeightVersions(append(dst, `,"routed_experts":null,"sampling_mask":null,"weight_versions":`...), len(c.ids))
+		dst = append(dst, `,"logprobs":`...)
 		if !p.logprobs {
 			dst = append(dst, "null}"...)
 			continue
@@ -402,7 +403,9 @@ func (p *plan) appendGenLogprobs(dst []byte, c *planChoice, from, to int) []byte
 		}
 		dst = appendGenLogprob(dst, id, logprob(c.seed, pos, 0), 1)
 		dst = append(dst, `,"top_logprobs":[`...)
-		for r := 0; r < p.topLogprobs; r++ {
+		// The sampled token is always among them, also with logprobs 0
+		// (TestTokenInStreamShapesMatchRealVLLM).
+		for r := 0; r < max(p.topLogprobs, 1); r++ {
 			if r > 0 {
 				dst = append(dst, ',')
 			}

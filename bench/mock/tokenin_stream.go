@@ -69,13 +69,30 @@ func (p *plan) appendGenerateStep(dst []byte, i int, c *planChoice, st int, fina
 		dst = append(dst, `,"finish_reason":null,"stop_reason":null`...)
 	}
 	dst = appendIDs(append(dst, `,"token_ids":`...), c.ids[st:st+1])
-	dst = append(dst, `,"routed_experts":null,"sampling_mask":null,"weight_versions":null,"logprobs":`...)
+	dst = append(dst, `,"routed_experts":null,"sampling_mask":null,"weight_versions":`...)
+	if final {
+		dst = appendWeightVersions(dst, len(c.ids))
+	} else {
+		dst = append(dst, "null"...)
+	}
+	dst = append(dst, `,"logprobs":`...)
 	if p.logprobs {
 		dst = p.appendGenLogprobs(dst, c, st, st+1)
 	} else {
 		dst = append(dst, "null"...)
 	}
 	return append(dst, "}]}"...)
+}
+
+// appendWeightVersions appends the weight-version spans of a finished
+// choice of n tokens: vLLM labels the output tokens [start, end) with the
+// version of the weights that sampled them, on the finished output only
+// (vllm/outputs.py WeightVersionSpan, v1/engine/output_processor.py
+// _weight_version_spans). The mock's weights never change: one span, "0".
+func appendWeightVersions(dst []byte, n int) []byte {
+	dst = append(dst, `[{"version":"0","start":0,"end":`...)
+	dst = strconv.AppendInt(dst, int64(n), 10)
+	return append(dst, "}]"...)
 }
 
 // appendGenerateUsageChunk appends the last chunk of a streamed generate
@@ -177,7 +194,9 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 		if v := root.Get("prompt_tokens"); v.Type == gjson.Number {
 			pt = int(v.Int())
 		}
+		// UsageInfo written whole (model_dump): the details are null.
 		dst = appendUsage(dst, pt, int(u.Get("completion_tokens").Int()))
+		dst = append(dst[:len(dst)-1], `,"prompt_tokens_details":null,"completion_tokens_details":null}`...)
 	} else {
 		dst = append(dst, "null"...)
 	}
