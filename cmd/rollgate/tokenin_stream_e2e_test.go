@@ -408,9 +408,10 @@ func TestTokenInTrajectoriesMock(t *testing.T) {
 
 // tokenInStreamShapes calls base's render, streamed generate and streamed
 // derender (one call per generate chunk, state carried) for a chat request
-// and returns the shapes (jsonShape) of: the generate chunks (consecutive
-// repeats collapsed), and each derender answer with its delta masked (what
-// a parser emits depends on the model's text, not on the format).
+// and returns the shapes (jsonShape) of the generate chunks and of the
+// derender answers with their deltas masked (what a parser emits depends on
+// the model's text, not on the format), consecutive repeats collapsed (how
+// many tokens an answer takes is the model's).
 func tokenInStreamShapes(t *testing.T, base, model string) (gen, der []string) {
 	t.Helper()
 	origin := strings.TrimSuffix(base, "/v1")
@@ -450,7 +451,9 @@ func tokenInStreamShapes(t *testing.T, base, model string) (gen, der []string) {
 		if shape, err = jsonShape([]byte(masked)); err != nil {
 			t.Fatal(err)
 		}
-		der = append(der, shape)
+		if len(der) == 0 || der[len(der)-1] != shape {
+			der = append(der, shape)
+		}
 	}
 	return gen, der
 }
