@@ -158,7 +158,9 @@ type Config struct {
 	// rendered ids to /inference/v1/generate, then turns the ids back into
 	// a chat completion with the engine's own parsers
 	// (/v1/chat/completions/derender). The token_in column records how
-	// each call was served. Streamed calls and n > 1 are passed through.
+	// each call was served. Streamed calls use the streamed generate and
+	// derender (stream_state); with n > 1 the next call extends the choice
+	// the agent sent back.
 	// A backend's token_in overrides it. Default off.
 	TokenIn bool `yaml:"token_in"`
 	// TokenInMaxAttempts and TokenInMaxBytes bound the attempts whose last

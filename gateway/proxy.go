@@ -336,12 +336,11 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *b
 // is watched for the client hanging up meanwhile (hw; nil otherwise: a
 // stream's streamBody sees the client go).
 func (s *Server) exchange(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, rewritten []byte, deadline time.Time) (hw *hangupWatch, err error) {
-	tokenIn := s.tokenInOn(pl, c.endpoint)
-	if !info.Stream && !tokenIn {
+	if !info.Stream { // nil for streams (streamBody sees the client go)
 		hw = s.watchHangup(ctx, req, deadline)
 	}
-	if tokenIn {
-		err = s.serveTokenIn(c, r, info, req, resp, rewritten, deadline)
+	if s.tokenInOn(pl, c.endpoint) {
+		err = s.serveTokenIn(c, r, info, req, resp, rewritten, deadline, hw)
 	} else {
 		err = r.Client().DoDeadline(req, resp, deadline)
 	}

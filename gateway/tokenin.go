@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -75,6 +76,17 @@ func (s *Server) noteTokenIn(c *call, outcome string) {
 	s.m.TokenIn.WithLabelValues(outcome).Inc()
 }
 
+// tokenInFailed records the outcome of a call whose generate request
+// failed: in the row, and counted when the call ends there (the client hung
+// up); another failure may be retried, and the retry counts.
+func (s *Server) tokenInFailed(c *call, outcome string, err error) {
+	if errors.Is(err, errClientGone) {
+		s.noteTokenIn(c, outcome)
+		return
+	}
+	c.pend.Meta.TokenIn = outcome
+}
+
 // serveTokenIn sends a chat call to replica r in token-in mode and leaves
 // in resp a vLLM chat completion as the ordinary path would have received
 // it with body's injected fields (prompt_token_ids, choices[].token_ids,
@@ -82,7 +94,7 @@ func (s *Server) noteTokenIn(c *call, outcome string) {
 // serve so (see tokenin's Reason constants) goes the ordinary way: req
 // (already built from body) is sent as it is. The error is a transport
 // error of the last engine request, for the caller's retry policy.
-func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, body []byte, deadline time.Time) error {
+func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, body []byte, deadline time.Time, hw *hangupWatch) error {
 	pass := func(reason string) error {
 		s.noteTokenIn(c, tokenin.PassthroughPrefix+reason)
 		return r.Client().DoDeadline(req, resp, deadline)
@@ -90,10 +102,6 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	switch {
 	case r.Kind() != openai.KindVLLM:
 		return pass(tokenin.ReasonKind)
-	case info.Stream:
-		return pass(tokenin.ReasonStream)
-	case info.N != 1:
-		return pass(tokenin.ReasonN)
 	case len(c.attr.rolloutID) == 0 || len(c.attr.attemptID) == 0:
 		return pass(tokenin.ReasonNoAttempt)
 	}
@@ -106,7 +114,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	key := tokenin.Key(string(c.attr.rolloutID), string(c.attr.attemptID))
 	prev := s.tokenIn.Get(key)
 
-	rendered, err := s.tokenInRender(r, body, deadline)
+	rendered, err := s.tokenInRender(r, body, deadline, hw)
 	if err != nil {
 		s.log.Warn("token-in: render failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonRender)
@@ -114,11 +122,11 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	outcome, prompt := tokenin.First, rendered.ids
 	if prev != nil {
 		outcome = tokenin.WholePrefix
-		if why := tokenin.Check(prev, msgs, renderKey); why != "" {
+		if choice, why := tokenin.Check(prev, msgs, renderKey); why != "" {
 			outcome += why
-		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline); err != nil {
+		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline, hw); err != nil {
 			outcome += tokenin.ReasonJoin
-		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Response)+len(rendered.ids)), prev, closed.ids, rendered.ids); ok {
+		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Choices[choice].Response)+len(rendered.ids)), prev, choice, closed.ids, rendered.ids); ok {
 			outcome, prompt = tokenin.Extended, joined
 		} else {
 			outcome += tokenin.ReasonJoin
@@ -128,8 +136,15 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	if err != nil {
 		return pass(tokenin.ReasonRender)
 	}
-	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline)
+	put := func(choices []tokenin.Choice) {
+		s.tokenIn.Put(key, &tokenin.Prev{Messages: msgs, RenderKey: renderKey, Prompt: prompt, Choices: choices})
+	}
+	if info.Stream {
+		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, n: info.N, put: put})
+	}
+	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline, hw, req)
 	if err != nil {
+		s.tokenInFailed(c, outcome, err)
 		return err
 	}
 	if status != fasthttp.StatusOK {
@@ -141,7 +156,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		resp.SetBody(gen)
 		return nil
 	}
-	der, err := s.tokenInDerender(r, gen, prompt, body, deadline)
+	der, err := s.tokenInDerender(r, gen, prompt, body, deadline, hw)
 	if err != nil {
 		s.log.Warn("token-in: derender failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonDerender)
@@ -151,22 +166,32 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	resp.Header.SetContentType("application/json")
 	resp.SetBodyRaw(der)
 
-	choice := gjson.GetBytes(gen, "choices.0")
-	answer, err := tokenin.CanonicalAnswer([]byte(gjson.GetBytes(der, "choices.0.message").Raw))
-	respIDs, ok := tokenIDs(choice.Get("token_ids"))
-	if err != nil || !ok {
+	// Each choice's answer (n > 1: the agent sends one back), by index.
+	genChoices, derChoices := gjson.GetBytes(gen, "choices").Array(), gjson.GetBytes(der, "choices").Array()
+	if len(genChoices) != len(derChoices) || len(genChoices) != max(info.N, 1) {
 		return nil // nothing to extend next time: the next call renders whole
 	}
-	stop := choice.Get("stop_reason")
-	s.tokenIn.Put(key, &tokenin.Prev{
-		Messages:  msgs,
-		Answer:    answer,
-		RenderKey: renderKey,
-		Prompt:    prompt,
-		Response:  respIDs,
-		Ended:     choice.Get("finish_reason").Str == "stop" && (stop.Type == gjson.Null || stop.Type == gjson.Number),
-	})
+	choices := make([]tokenin.Choice, len(genChoices))
+	for _, g := range genChoices {
+		i := int(g.Get("index").Int())
+		d := derChoices[min(max(i, 0), len(derChoices)-1)]
+		answer, err := tokenin.CanonicalAnswer([]byte(d.Get("message").Raw))
+		respIDs, ok := tokenIDs(g.Get("token_ids"))
+		if i < 0 || i >= len(choices) || d.Get("index").Int() != int64(i) || err != nil || !ok || choices[i].Answer != "" {
+			return nil
+		}
+		choices[i] = tokenin.Choice{Answer: answer, Response: respIDs, Ended: endedOnTurn(g)}
+	}
+	put(choices)
 	return nil
+}
+
+// endedOnTurn says whether a generate choice (or a stream's finish chunk)
+// ended on an end-of-turn token: finish reason stop with no stop string
+// (stop_reason null for the end-of-sequence token, the id of a stop token).
+func endedOnTurn(choice gjson.Result) bool {
+	stop := choice.Get("stop_reason")
+	return choice.Get("finish_reason").Str == "stop" && (stop.Type == gjson.Null || stop.Type == gjson.Number)
 }
 
 // renderedPrompt is a render answer: the GenerateRequest JSON and its ids.
@@ -176,8 +201,8 @@ type renderedPrompt struct {
 }
 
 // tokenInRender renders a chat request with the engine's template.
-func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time) (renderedPrompt, error) {
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline)
+func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time, hw *hangupWatch) (renderedPrompt, error) {
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline, hw, nil)
 	if err != nil {
 		return renderedPrompt{}, err
 	}
@@ -202,7 +227,7 @@ func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.
 // does (vllm/entrypoints/openai/chat_completion/serving.py: "tool_calls"
 // for auto or required tool calls, "stop" for named ones), the finish
 // reason of a choice with tool calls are set here.
-func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time) ([]byte, error) {
+func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time, hw *hangupWatch) ([]byte, error) {
 	trimmed := gen
 	choices := gjson.GetBytes(gen, "choices").Array()
 	for i, ch := range choices {
@@ -232,7 +257,7 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 	buf = append(buf, `,"chat_request":`...)
 	buf = append(buf, chatReq...)
 	buf = append(buf, '}')
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline, hw, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -265,19 +290,23 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 }
 
 // tokenInPost POSTs a JSON body to the replica and returns the answer's
-// body and status.
-func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time) ([]byte, int, error) {
+// body and status. With hw (a non-streamed call's hang-up watch) the
+// request is cancellable: the client hanging up closes its backend
+// connection (the engine aborts the generation) and the call fails with
+// errHungUp.
+func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) ([]byte, int, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(url)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	if a := r.Auth(); a != "" {
-		req.Header.Set("Authorization", a)
+	tokenInRequest(req, r, url, body, from)
+	if hw != nil {
+		if hw.gone.Load() {
+			return nil, 0, errHungUp
+		}
+		hw.t.calls.Store(req, hw)
+		defer hw.t.calls.Delete(req)
 	}
-	req.SetBodyRaw(body)
 	err := r.Client().DoDeadline(req, resp, deadline)
 	if err != nil && staleConn(err) {
 		// A kept-alive connection the engine closed meanwhile (uvicorn
@@ -294,6 +323,27 @@ func (s *Server) tokenInPost(r *backends.Upstream, url string, body []byte, dead
 		return nil, 0, fmt.Errorf("%w: answer larger than %d bytes (raise max_response_body_bytes)", errTokenIn, s.cfg.MaxResponseBodyBytes)
 	}
 	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
+}
+
+// tokenInRequest sets req up as a JSON POST of body to url on replica r.
+// With from (the call's upstream request, headers already filtered by
+// buildUpstream) its headers go along, as on the ordinary path: a generate
+// request carries the client's X-Request-Id and the like.
+func tokenInRequest(req *fasthttp.Request, r *backends.Upstream, url string, body []byte, from *fasthttp.Request) {
+	if from != nil {
+		for k, v := range from.Header.All() {
+			if !strings.EqualFold(string(k), "Content-Length") && !strings.EqualFold(string(k), "Host") {
+				req.Header.AddBytesKV(k, v)
+			}
+		}
+	}
+	req.SetRequestURI(url)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	if a := r.Auth(); a != "" {
+		req.Header.Set("Authorization", a)
+	}
+	req.SetBodyRaw(body)
 }
 
 // closedHistory is the render request of the history up to and including

@@ -104,6 +104,8 @@ type plan struct {
 	choices   []planChoice
 
 	returnIDs, logprobs, asTokenIDs, includeUsage bool
+	stream                                        bool // a streamed generate (token-in)
+	genPromptIDs                                  bool // a generate request's return_token_ids: prompt ids on its first chunk
 	continuousUsage                               bool // usage on every chunk (vLLM)
 	namedTool, requiredTool                       bool // tool_choice names a tool, or is "required"
 	topLogprobs                                   int
@@ -132,6 +134,7 @@ func acquirePlan(s *Server, k *knobs) *plan {
 	p.choices = p.choices[:0]
 	p.returnIDs, p.logprobs, p.asTokenIDs, p.includeUsage = false, false, false, false
 	p.continuousUsage, p.namedTool, p.requiredTool = false, false, false
+	p.stream, p.genPromptIDs = false, false
 	p.topLogprobs = 0
 	p.stops = p.stops[:0]
 	p.cached = 0

@@ -26,7 +26,8 @@ import (
 //     protocol.py GenerateRequest / GenerateTokensResponse): token_ids and
 //     sampling_params in; choices[].token_ids (the end-of-turn token
 //     included when Config.EndOfTurn), finish_reason, stop_reason and
-//     logprobs keyed by token id out. Not streamed (stream: true is a 400).
+//     logprobs keyed by token id out; streamed with stream: true
+//     (tokenin_stream.go).
 //   - POST /v1/chat/completions/derender (derender/api_router.py,
 //     derender/serving.py derender_chat_response,
 //     renderers/online_derenderer.py _derender_chat): a DerenderChatRequest
@@ -109,9 +110,6 @@ func (s *Server) render(ctx *fasthttp.RequestCtx, k *knobs) {
 			return true
 		})
 	}
-	if msg == "" && f.stream {
-		msg = "stream: the mock's token-in endpoints are not streamed; send stream false"
-	}
 	if msg != "" {
 		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
@@ -176,7 +174,17 @@ func (s *Server) render(ctx *fasthttp.RequestCtx, k *knobs) {
 	} else {
 		b = appendJSONString(b, f.model)
 	}
-	b = append(b, `,"reasoning_ended":null,"reasoning_parser_kwargs":null,"return_token_ids":null,"output_mode":"tokens","stream":false,"stream_options":null,"cache_salt":null,"priority":0,"kv_transfer_params":null,"ec_transfer_params":null}`...)
+	// stream and stream_options as the chat request's (render/serving.py:
+	// stream_options only when streamed).
+	b = append(b, `,"reasoning_ended":null,"reasoning_parser_kwargs":null,"return_token_ids":null,"output_mode":"tokens","stream":`...)
+	b = strconv.AppendBool(b, f.stream)
+	b = append(b, `,"stream_options":`...)
+	if f.stream && f.streamOptions.IsObject() {
+		b = appendCompactJSON(b, f.streamOptions.Raw)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"cache_salt":null,"priority":0,"kv_transfer_params":null,"ec_transfer_params":null}`...)
 	p.buf = b
 	writeJSON(ctx, b)
 }
@@ -200,7 +208,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, k *knobs) {
 		return
 	}
 	p.prefill()
-	p.respond(ctx, false, (*plan).appendGenerateFull, nil)
+	p.respond(ctx, p.stream, (*plan).appendGenerateFull, streamGenerate)
 }
 
 // buildGenerate reads a GenerateRequest into p and samples its choices as
@@ -221,8 +229,17 @@ func (p *plan) buildGenerate(body []byte) string {
 		return "token_ids: List should have at least 1 item after validation, not 0"
 	}
 	p.endPrompt()
+	f := fields{n: 1, maxTokens: unset, maxCompletion: unset, maxOutput: unset, topLogprobs: unset}
 	if st := root.Get("stream"); st.Type == gjson.True {
-		return "stream: the mock's generate is not streamed; send stream false"
+		f.stream = true
+	} else if st.Exists() && st.Type != gjson.Null && st.Type != gjson.False {
+		return "stream: Input should be a valid boolean"
+	}
+	if so := root.Get("stream_options"); so.Exists() && so.Type != gjson.Null {
+		if !so.IsObject() {
+			return "stream_options: Input should be a valid dictionary or object to extract fields from"
+		}
+		f.streamOptions = so
 	}
 	if om := root.Get("output_mode"); om.Exists() && om.Type != gjson.Null && om.Str != "tokens" {
 		return "output_mode: the mock's generate answers output_mode \"tokens\" only"
@@ -232,7 +249,6 @@ func (p *plan) buildGenerate(body []byte) string {
 		return "sampling_params: Field required (an object)"
 	}
 	// The chat fields these sampling parameters resolve (ChatCompletionRequest.to_sampling_params).
-	f := fields{n: 1, maxTokens: unset, maxCompletion: unset, maxOutput: unset, topLogprobs: unset}
 	if m := root.Get("model"); m.Type == gjson.String {
 		f.model = m.Str
 	} else if m.Exists() && m.Type != gjson.Null {
@@ -283,6 +299,10 @@ func (p *plan) buildGenerate(body []byte) string {
 	}
 	p.setModel(&f)
 	p.returnIDs = true
+	p.stream = f.stream
+	p.includeUsage = f.stream && f.includeUsage()
+	p.continuousUsage = f.stream && f.continuousUsage()
+	p.genPromptIDs = root.Get("return_token_ids").Type == gjson.True
 
 	p.text = appendDecode(p.text[:0], p.prompts)
 	textSeed := p.seedAndID(&f, limit)
@@ -292,6 +312,7 @@ func (p *plan) buildGenerate(body []byte) string {
 	for i := 0; i < f.n; i++ {
 		c := p.addChoice()
 		c.seed = mix64(textSeed + uint64(i)*0x9e3779b97f4a7c15)
+		c.perToken = p.stream // one chunk per sampled id (serve_tokens_stream_generator)
 		if name.Type != gjson.String || name.Str == "" {
 			p.genText(c, limit)
 			continue
@@ -359,31 +380,42 @@ func (p *plan) appendGenerateFull(dst []byte) []byte {
 		dst = appendStopReason(dst, c)
 		dst = append(dst, `,"token_ids":`...)
 		dst = appendIDs(dst, c.ids)
-		dst = append(dst, `,"routed_experts":null,"sampling_mask":null,"weight_versions":null,"logprobs":`...)
+		dst = appendWeightVersions(append(dst, `,"routed_experts":null,"sampling_mask":null,"weight_versions":`...), len(c.ids))
+		dst = append(dst, `,"logprobs":`...)
 		if !p.logprobs {
 			dst = append(dst, "null}"...)
 			continue
 		}
-		dst = append(dst, `{"content":[`...)
-		for pos, id := range c.ids {
-			if pos > 0 {
+		dst = append(p.appendGenLogprobs(dst, c, 0, len(c.ids)), '}')
+	}
+	return append(dst, "]}"...)
+}
+
+// appendGenLogprobs appends GenerateLogProbs for c.ids[from:to]: each
+// token id with its logprob and rank, the sampled token first in
+// top_logprobs (token_in_token_out/serving.py _create_tokens_logprobs).
+func (p *plan) appendGenLogprobs(dst []byte, c *planChoice, from, to int) []byte {
+	dst = append(dst, `{"content":[`...)
+	for pos := from; pos < to; pos++ {
+		id := c.ids[pos]
+		if pos > from {
+			dst = append(dst, ',')
+		}
+		dst = appendGenLogprob(dst, id, logprob(c.seed, pos, 0), 1)
+		dst = append(dst, `,"top_logprobs":[`...)
+		// The sampled token is always among them, also with logprobs 0
+		// (TestTokenInStreamShapesMatchRealVLLM).
+		for r := 0; r < max(p.topLogprobs, 1); r++ {
+			if r > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendGenLogprob(dst, id, logprob(c.seed, pos, 0), 1)
-			dst = append(dst, `,"top_logprobs":[`...)
-			for r := 0; r < p.topLogprobs; r++ {
-				if r > 0 {
-					dst = append(dst, ',')
-				}
-				t := id
-				if r > 0 {
-					t = altToken(id, r)
-				}
-				dst = append(appendGenLogprob(dst, t, logprob(c.seed, pos, r), r+1), '}')
+			t := id
+			if r > 0 {
+				t = altToken(id, r)
 			}
-			dst = append(dst, "]}"...)
+			dst = append(appendGenLogprob(dst, t, logprob(c.seed, pos, r), r+1), '}')
 		}
-		dst = append(dst, "]}}"...)
+		dst = append(dst, "]}"...)
 	}
 	return append(dst, "]}"...)
 }
@@ -418,7 +450,7 @@ func (s *Server) appendDerender(dst []byte, root gjson.Result) ([]byte, string) 
 		return dst, "Input should be a valid dictionary or object to extract fields from"
 	}
 	if root.Get("stream").Type == gjson.True {
-		return dst, "stream: the mock's derender is not streamed; send stream false"
+		return s.appendDerenderStream(dst, root)
 	}
 	gen := root.Get("generate_response")
 	if !gen.IsObject() {

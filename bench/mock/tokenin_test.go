@@ -104,7 +104,20 @@ func tokenInMatchesChat(t *testing.T, eot bool) {
 				if got, want := callsOf(d.Get("message")), callsOf(c.Get("message")); !slices.Equal(got, want) {
 					t.Errorf("choice %d: derender calls %v, chat %v", i, got, want)
 				}
-				if got, want := d.Get("logprobs").Raw, c.Get("logprobs").Raw; got != want {
+				// Derender's logprobs are the chat path's, except that with no
+				// top_logprobs asked the sampled token is the one alternative
+				// (vLLM's generate always lists it; the chat path lists none).
+				dl := d.Get("logprobs").Raw
+				if c.Get("logprobs").IsObject() && !gjson.Get(body, "top_logprobs").Exists() {
+					for _, e := range d.Get("logprobs.content").Array() {
+						top := e.Get("top_logprobs").Array()
+						if len(top) != 1 || top[0].Get("token").Raw != e.Get("token").Raw || top[0].Get("logprob").Raw != e.Get("logprob").Raw {
+							t.Errorf("choice %d: derender top_logprobs %s, want the sampled token alone", i, e.Get("top_logprobs").Raw)
+						}
+						dl = strings.Replace(dl, `"top_logprobs":`+e.Get("top_logprobs").Raw, `"top_logprobs":[]`, 1)
+					}
+				}
+				if got, want := dl, c.Get("logprobs").Raw; got != want {
 					t.Errorf("choice %d: derender logprobs %s\nchat %s", i, got, want)
 				}
 				// generate's logprobs by token id: the sampled token first, rank 1.
@@ -208,11 +221,16 @@ func TestTokenInDisabledAndErrors(t *testing.T) {
 		{PathGenerate, `{"token_ids":[1],"sampling_params":{"max_tokens":0}}`, "max_tokens"},
 		{PathGenerate, `{"token_ids":[1],"sampling_params":{"seed":"x"}}`, "sampling_params.seed"},
 		{PathGenerate, `{"token_ids":[1],"sampling_params":{"logprobs":50}}`, "sampling_params.logprobs"},
-		{PathGenerate, `{"token_ids":[1],"sampling_params":{},"stream":true}`, "stream"},
+		{PathGenerate, `{"token_ids":[1],"sampling_params":{},"stream":[1]}`, "stream"}, // a streamed generate is served (tokenin_stream.go)
+		{PathGenerate, `{"token_ids":[1],"sampling_params":{},"stream":true,"stream_options":5}`, "stream_options"},
 		{PathGenerate, `{"token_ids":[1],"sampling_params":{"max_tokens":40000}}`, "maximum context length"},
 		{PathDerender, `{}`, "generate_response"},
 		{PathDerender, `{"generate_response":{"choices":[{"index":0,"token_ids":[]}]}}`, "empty or null token_ids"},
 		{PathDerender, `{"generate_response":{"choices":[{"index":0,"token_ids":[1]}]},"chat_request":5}`, "chat_request"},
+		{PathDerender, `{"stream":true,"generate_chunk":{"choices":[{"index":0,"token_ids":[1]}]},"prompt_token_ids":[1]}`, "chat_request is required"},
+		{PathDerender, `{"stream":true,"generate_chunk":{"choices":[{"index":0,"token_ids":[1]}]},"chat_request":{}}`, "prompt_token_ids is required"},
+		{PathDerender, `{"stream":true,"generate_chunk":{"choices":[{"index":0,"token_ids":[1]},{"index":1,"token_ids":[1]}]},"chat_request":{},"prompt_token_ids":[1]}`, "at most one choice"},
+		{PathDerender, `{"stream":true,"generate_chunk":{"choices":[]},"chat_request":{},"prompt_token_ids":[1],"stream_state":{"output_token_ids":[1,2],"output_chunk_lens":[1]}}`, "output_chunk_lens must sum"},
 	} {
 		r := post(t, origin(on)+c.path, c.body)
 		if r.status != 400 || !strings.Contains(gjson.GetBytes(r.body, "error.message").Str, c.want) {
@@ -227,6 +245,9 @@ func FuzzDerender(f *testing.F) {
 	f.Add(`{"generate_response":{"choices":[{"index":0,"token_ids":[259,123,260]}]},"chat_request":{"tools":[{}]}}`)
 	f.Add(`{"generate_response":{"choices":[{"index":0,"token_ids":[72,105],"stop_reason":"i","logprobs":{"content":[{"token_id":72,"logprob":-1,"top_logprobs":[{"token_id":9}]}]}}]}}`)
 	f.Add(`{"generate_response":{"choices":[{"index":0,"token_ids":[259]}]},"chat_request":{"tools":[],"tool_choice":"required"}}`)
+	// Streamed derender: a tool call's name completing, its arguments, a state.
+	f.Add(`{"stream":true,"generate_chunk":{"choices":[{"index":0,"token_ids":[268,273,269,97,100,100,270]}]},"chat_request":{"tools":[{}]},"prompt_token_ids":[1],"stream_state":{"output_token_ids":[259],"output_chunk_lens":[1],"role_sent":true}}`)
+	f.Add(`{"stream":true,"generate_chunk":{"choices":[{"index":0,"token_ids":[272,268,97,272,51,125],"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":9}},"chat_request":{"tools":[{}],"tool_choice":{"type":"function"}},"prompt_token_ids":[1],"stream_state":{"output_token_ids":[259,268,273,269,97,100,100,270,274],"output_chunk_lens":[9],"last_tool_call_ids":["x"]}}`)
 	s := New(Config{ScaleOut: true})
 	f.Fuzz(func(t *testing.T, body string) {
 		if !gjson.Valid(body) { // the handler answers 400 first

@@ -46,6 +46,14 @@ type tiTurn struct {
 // with the answers as returned. maxTokens bounds each answer.
 func tiAgent(t *testing.T, base, model, city string, maxTokens int) []tiTurn {
 	t.Helper()
+	return tiAgentStreaming(t, base, model, city, maxTokens, nil)
+}
+
+// tiAgentStreaming is tiAgent with the turns for which stream(turn) is true
+// streamed (stream_options.include_usage; the answer is assembled from the
+// chunks as an SDK does, tiReadStream). stream nil: none.
+func tiAgentStreaming(t *testing.T, base, model, city string, maxTokens int, stream func(turn int) bool) []tiTurn {
+	t.Helper()
 	msgs := []tiMessage{{Role: "user", Content: "What is the weather in " + city + "?"}}
 	var turns []tiTurn
 	for turn := range 4 {
@@ -54,7 +62,12 @@ func tiAgent(t *testing.T, base, model, city string, maxTokens int) []tiTurn {
 			choice = `"required"`
 		}
 		mj, _ := json.Marshal(msgs)
-		body := fmt.Sprintf(`{"model":%q,"messages":%s,"tools":%s,"tool_choice":%s,"max_tokens":%d,"temperature":0}`, model, mj, realTools, choice, maxTokens)
+		streamed := stream != nil && stream(turn)
+		extra := ""
+		if streamed {
+			extra = `,"stream":true,"stream_options":{"include_usage":true}`
+		}
+		body := fmt.Sprintf(`{"model":%q,"messages":%s,"tools":%s,"tool_choice":%s,"max_tokens":%d,"temperature":0%s}`, model, mj, realTools, choice, maxTokens, extra)
 		status, b, _ := postReal(t, base+"/chat/completions", body)
 		if status != 200 {
 			t.Fatalf("turn %d: %d %s\n%s", turn, status, b, body)
@@ -65,7 +78,13 @@ func tiAgent(t *testing.T, base, model, city string, maxTokens int) []tiTurn {
 				FinishReason string    `json:"finish_reason"`
 			} `json:"choices"`
 		}
-		if err := json.Unmarshal(b, &ans); err != nil || len(ans.Choices) != 1 {
+		if streamed {
+			m, finish := tiReadStream(t, b)
+			ans.Choices = append(ans.Choices, struct {
+				Message      tiMessage `json:"message"`
+				FinishReason string    `json:"finish_reason"`
+			}{m, finish})
+		} else if err := json.Unmarshal(b, &ans); err != nil || len(ans.Choices) != 1 {
 			t.Fatalf("turn %d: %v %s", turn, err, b)
 		}
 		m := ans.Choices[0].Message
@@ -113,15 +132,15 @@ func tiRows(t *testing.T, store export.Store, rollout, attempt string, n int, lo
 // conversation (the same prompt both ways) gets the same answer both
 // ways; any later call whose prompt ids are the same both ways gets the
 // same answer. It logs the passthrough break rate (turn_kind) beside.
-func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, maxTokens int) {
+func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, maxTokens int, stream func(turn int) bool) (tokenInGateways, tokenInCounts) {
 	g := startTokenInGateways(t, upstream, kind)
 	tiAddr, ptAddr, tiStore, ptStore, tiLogs, ptLogs := g.tiAddr, g.ptAddr, g.tiStore, g.ptStore, g.tiLogs, g.ptLogs
 
 	var extended, later, ptBreaks, ptLater, same, comparable int
 	for i, city := range cities {
 		rollout := fmt.Sprintf("ti-%d", i)
-		tiTurns := tiAgent(t, "http://"+tiAddr+"/rollout/"+rollout+"/attempt/a1/v1", model, city, maxTokens)
-		ptTurns := tiAgent(t, "http://"+ptAddr+"/rollout/"+rollout+"/attempt/a1/v1", model, city, maxTokens)
+		tiTurns := tiAgentStreaming(t, "http://"+tiAddr+"/rollout/"+rollout+"/attempt/a1/v1", model, city, maxTokens, stream)
+		ptTurns := tiAgentStreaming(t, "http://"+ptAddr+"/rollout/"+rollout+"/attempt/a1/v1", model, city, maxTokens, stream)
 		tiR := tiRows(t, tiStore, rollout, "a1", len(tiTurns), tiLogs)
 		ptR := tiRows(t, ptStore, rollout, "a1", len(ptTurns), ptLogs)
 		for k, r := range tiR {
@@ -176,6 +195,12 @@ func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, 
 			if !slices.Equal(tiR[k].ResponseTokenIDs, ptR[k].ResponseTokenIDs) {
 				t.Errorf("%s call %d, same prompt ids and answer, but other response ids", city, k)
 			}
+			if !slices.Equal(tiR[k].ResponseLogprobs, ptR[k].ResponseLogprobs) || len(tiR[k].ResponseLogprobs) != len(tiR[k].ResponseTokenIDs) {
+				t.Errorf("%s call %d, same prompt ids and answer: token-in logprobs %v, passthrough %v (%d ids)", city, k, tiR[k].ResponseLogprobs, ptR[k].ResponseLogprobs, len(tiR[k].ResponseTokenIDs))
+			}
+			if tiR[k].Stream != ptR[k].Stream {
+				t.Errorf("%s call %d: stream %v on token-in, %v on passthrough", city, k, tiR[k].Stream, ptR[k].Stream)
+			}
 			same++
 		}
 	}
@@ -184,6 +209,14 @@ func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, 
 	}
 	t.Logf("token-in: %d of %d later calls extended (the others followed an answer cut by max_tokens); passthrough: %d of %d later calls broke the prefix (turn_kind != prefix); %d of %d calls with the same prompt ids both ways, all with the same answer",
 		extended, later, ptBreaks, ptLater, same, comparable)
+	return g, tokenInCounts{extended: extended, later: later, ptBreaks: ptBreaks, ptLater: ptLater}
+}
+
+// tokenInCounts is what tokenInAgents saw: the token-in gateway's later
+// calls and those extended, the passthrough gateway's later calls and those
+// whose prompt broke the previous prompt + response ids.
+type tokenInCounts struct {
+	extended, later, ptBreaks, ptLater int
 }
 
 // TestTokenInRealVLLM runs tool-using agents through --token-in and
@@ -195,7 +228,8 @@ func TestTokenInRealVLLM(t *testing.T) {
 		t.Fatalf("TestTokenInRealVLLM needs a real vLLM (set %s, or let testenv.StartVLLM start one): %v", testenv.EnvVLLMURL, err)
 	}
 	t.Cleanup(v.Stop)
-	tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48)
+	g, n := tokenInAgents(t, v.URL, "vllm", testenv.VLLMModel, []string{"Paris", "Tokyo", "Lima"}, 48, nil)
+	tokenInMerges(t, "real vLLM 0.32 (SmolLM2, hermes), whole answers", g, n)
 }
 
 // TestTokenInRefusedForOtherKinds: --token-in with a replica of a kind that
@@ -217,6 +251,7 @@ func TestTokenInRefusedForOtherKinds(t *testing.T) {
 // of the same upstream, each with its own embedded store.
 type tokenInGateways struct {
 	tiAddr, ptAddr   string
+	tiDB, ptDB       string // their SQLite files
 	tiStore, ptStore *sqlite.Store
 	tiLogs, ptLogs   *syncBuffer
 }
@@ -228,6 +263,7 @@ func startTokenInGateways(t *testing.T, upstream, kind string) tokenInGateways {
 	dir := t.TempDir()
 	g := tokenInGateways{tiAddr: freeAddr(t), ptAddr: freeAddr(t)}
 	tiDB, ptDB := filepath.Join(dir, "ti.db"), filepath.Join(dir, "pt.db")
+	g.tiDB, g.ptDB = tiDB, ptDB
 	_, g.tiLogs = start(t, g.tiAddr, "/readyz", "serve", "--listen", g.tiAddr, "--db", tiDB, "--upstream", upstream, "--upstream-kind", kind, "--token-in")
 	_, g.ptLogs = start(t, g.ptAddr, "/readyz", "serve", "--listen", g.ptAddr, "--db", ptDB, "--upstream", upstream, "--upstream-kind", kind)
 	for _, s := range []struct {

@@ -48,8 +48,6 @@ const (
 	ReasonTemplate    = "template"     // tools, template or its arguments changed
 	ReasonNotEnded    = "not_ended"    // the previous answer did not end on an end-of-turn token
 	ReasonJoin        = "join"         // the template's join after the turn could not be located
-	ReasonStream      = "stream"       // streamed calls are not served token-in yet
-	ReasonN           = "n"            // more than one choice asked for
 	ReasonNoAttempt   = "no_attempt"   // the call names no rollout and attempt
 	ReasonRender      = "render"       // the engine could not render the messages
 	ReasonDerender    = "derender"     // the engine could not turn the ids into a message
@@ -62,20 +60,32 @@ type Prev struct {
 	// Messages are the call's messages, canonical (Canonical), without the
 	// answer.
 	Messages []string
-	// Answer is the assistant message returned, canonical (CanonicalAnswer).
-	Answer string
 	// RenderKey is the canonical JSON of the request fields besides
 	// messages that change the rendered prompt (RenderKey).
 	RenderKey string
-	// Prompt and Response are the ids the engine was sent and sampled.
-	Prompt, Response []uint32
+	// Prompt is the ids the engine was sent.
+	Prompt []uint32
+	// Choices are the call's answers, one per choice (n > 1: the next call
+	// extends the one the agent sends back).
+	Choices []Choice
+}
+
+// Choice is one answer of a call.
+type Choice struct {
+	// Answer is the assistant message returned, canonical (CanonicalAnswer).
+	Answer string
+	// Response is the ids the engine sampled.
+	Response []uint32
 	// Ended is true when the answer ended on an end-of-turn token (finish
 	// reason stop with no stop string): only then can the next call join it.
 	Ended bool
 }
 
 func (p *Prev) size() int64 {
-	n := int64(len(p.Answer)+len(p.RenderKey)) + 4*int64(len(p.Prompt)+len(p.Response)) + 128
+	n := int64(len(p.RenderKey)) + 4*int64(len(p.Prompt)) + 128
+	for _, c := range p.Choices {
+		n += int64(len(c.Answer)) + 4*int64(len(c.Response)) + 64
+	}
 	for _, m := range p.Messages {
 		n += int64(len(m)) + 16
 	}
@@ -83,29 +93,33 @@ func (p *Prev) size() int64 {
 }
 
 // Check compares a call (its canonical messages and render key) with the
-// attempt's previous call: "" when the messages extend the previous
-// messages plus the returned answer with at least one new message, else the
-// reason.
-func Check(prev *Prev, msgs []string, renderKey string) string {
+// attempt's previous call: the index of the choice whose answer the
+// messages extend the previous messages with (followed by at least one new
+// message) and "", else the reason.
+func Check(prev *Prev, msgs []string, renderKey string) (int, string) {
 	n := len(prev.Messages)
 	switch {
 	case renderKey != prev.RenderKey:
-		return ReasonTemplate
+		return -1, ReasonTemplate
 	case len(msgs) < n+1:
 		if len(msgs) > 0 && slices.Equal(msgs, prev.Messages[:len(msgs)]) {
-			return ReasonShorter
+			return -1, ReasonShorter
 		}
-		return ReasonEdited
+		return -1, ReasonEdited
 	case !slices.Equal(msgs[:n], prev.Messages):
-		return ReasonEdited
-	case AnswerOf(msgs[n]) != prev.Answer:
-		return ReasonAssistant
-	case len(msgs) == n+1:
-		return ReasonShorter
-	case !prev.Ended:
-		return ReasonNotEnded
+		return -1, ReasonEdited
 	}
-	return ""
+	answer := AnswerOf(msgs[n])
+	i := slices.IndexFunc(prev.Choices, func(c Choice) bool { return c.Answer == answer })
+	switch {
+	case i < 0:
+		return -1, ReasonAssistant
+	case len(msgs) == n+1:
+		return -1, ReasonShorter
+	case !prev.Choices[i].Ended:
+		return -1, ReasonNotEnded
+	}
+	return i, ""
 }
 
 // maxJoinTail is how far from the end of the rendered closed history the
@@ -114,8 +128,8 @@ func Check(prev *Prev, msgs []string, renderKey string) string {
 // Llama 3).
 const maxJoinTail = 8
 
-// Join builds an extending call's prompt into dst: prev.Prompt,
-// prev.Response, then the ids that follow the answer's end-of-turn token in
+// Join builds an extending call's prompt into dst: prev.Prompt, the
+// response ids of choice, then the ids that follow the answer's end-of-turn token in
 // full. closed is the engine's rendering of the history up to and including
 // the answer without a generation prompt; full is its rendering of the
 // whole call. The end-of-turn token is the answer's last id; it is found as
@@ -124,11 +138,12 @@ const maxJoinTail = 8
 // turns is exactly what the template renders. ok is false when it cannot be
 // located: the caller then renders whole (ReasonJoin), never a guessed
 // prompt.
-func Join(dst []uint32, prev *Prev, closed, full []uint32) (_ []uint32, ok bool) {
-	if len(prev.Response) == 0 || len(closed) == 0 {
+func Join(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint32, ok bool) {
+	if choice < 0 || choice >= len(prev.Choices) || len(prev.Choices[choice].Response) == 0 || len(closed) == 0 {
 		return dst, false
 	}
-	eot := prev.Response[len(prev.Response)-1]
+	response := prev.Choices[choice].Response
+	eot := response[len(response)-1]
 	j := len(closed) - 1
 	for j >= 0 && closed[j] != eot {
 		j--
@@ -160,7 +175,7 @@ func Join(dst []uint32, prev *Prev, closed, full []uint32) (_ []uint32, ok bool)
 		return dst, false
 	}
 	dst = append(dst, prev.Prompt...)
-	dst = append(dst, prev.Response...)
+	dst = append(dst, response...)
 	return append(dst, rest...), true
 }
 

@@ -9,12 +9,12 @@ import (
 func TestJoin(t *testing.T) {
 	f := func(prev *Prev, closed, full, want []uint32) {
 		t.Helper()
-		got, ok := Join(nil, prev, closed, full)
+		got, ok := Join(nil, prev, 0, closed, full)
 		if ok != (want != nil) || !slices.Equal(got, want) {
 			t.Fatalf("Join = %v, %v; want %v", got, ok, want)
 		}
 	}
-	prev := &Prev{Prompt: []uint32{1, 10, 11, 2, 3, 1, 20, 3}, Response: []uint32{30, 31, 2}, Ended: true}
+	prev := &Prev{Prompt: []uint32{1, 10, 11, 2, 3, 1, 20, 3}, Choices: []Choice{{Response: []uint32{30, 31, 2}, Ended: true}}}
 	// The template re-renders the answer differently (40 instead of 30 31):
 	// the join after <|im_end|> ("\n") and the new message come from full.
 	closed := []uint32{1, 10, 11, 2, 3, 1, 20, 3, 40, 2, 3}
@@ -27,7 +27,7 @@ func TestJoin(t *testing.T) {
 	// No new ids after the join.
 	f(prev, closed, closed, nil)
 	// An answer whose last id the template never renders.
-	f(&Prev{Prompt: []uint32{1}, Response: []uint32{30, 99}}, closed, full, nil)
+	f(&Prev{Prompt: []uint32{1}, Choices: []Choice{{Response: []uint32{30, 99}}}}, closed, full, nil)
 	f(&Prev{}, closed, full, nil)
 }
 
@@ -37,15 +37,18 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	answer, _ := CanonicalAnswer([]byte(`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}],"refusal":null,"reasoning":null}`))
-	prev := &Prev{Messages: msgs, Answer: answer, RenderKey: "k", Ended: true}
+	other, _ := CanonicalAnswer([]byte(`{"role":"assistant","content":"Paris."}`))
+	// Two choices (n = 2): the agent sends back the second.
+	prev := &Prev{Messages: msgs, RenderKey: "k", Choices: []Choice{{Answer: other, Ended: true}, {Answer: answer, Ended: true}}}
 	f := func(next, key, want string) {
 		t.Helper()
 		m, err := Canonical([]byte(next))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := Check(prev, m, key); got != want {
-			t.Fatalf("Check(%s) = %q, want %q", next, got, want)
+		i, got := Check(prev, m, key)
+		if got != want || (want == "" && i != 1) || (want != "" && i != -1) {
+			t.Fatalf("Check(%s) = %d, %q, want %q (choice 1 when it extends)", next, i, got, want)
 		}
 	}
 	// The client re-serialises the arguments and drops members: still the answer.
@@ -56,8 +59,13 @@ func TestCheck(t *testing.T) {
 	f(`[{"role":"user","content":"hi"},{"role":"assistant","content":"other"},{"role":"user","content":"x"}]`, "k", ReasonAssistant)
 	f(`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"arguments":"{\"a\":1}","name":"f"}}]}]`, "k", ReasonShorter)
 	f(`[{"role":"system","content":"new"},{"role":"user","content":"hi"}]`, "k", ReasonEdited)
-	prev.Ended = false
+	prev.Choices[1].Ended = false
 	f(ext, "k", ReasonNotEnded)
+	// The other choice sent back extends choice 0.
+	m, _ := Canonical([]byte(`[{"role":"user","content":"hi"},{"role":"assistant","content":"Paris."},{"role":"user","content":"x"}]`))
+	if i, why := Check(prev, m, "k"); i != 0 || why != "" {
+		t.Fatalf("the first choice sent back: Check = %d, %q, want 0", i, why)
+	}
 }
 
 func TestStoreBounds(t *testing.T) {

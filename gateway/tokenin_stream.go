@@ -1,0 +1,565 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/export/arrays"
+	"github.com/rollgate/rollgate/gateway/backends"
+	"github.com/rollgate/rollgate/gateway/tokenin"
+)
+
+// Streamed token-in calls (stream: true), vLLM 0.32.0:
+//   - generate streams (token_in_token_out/serving.py,
+//     serve_tokens_stream_generator): one SSE event per engine step with
+//     choices[0].token_ids (the step's new ids; the end-of-turn token rides
+//     on the finish chunk), logprobs by token id, finish_reason and
+//     stop_reason on the last; a usage chunk with no choices when
+//     stream_options.include_usage; an error event on a generation error;
+//     then data: [DONE].
+//   - derender streams through stream_state (derender/api_router.py,
+//     derender/serving.py derender_chat_stream_response,
+//     renderers/online_derenderer.py derender_chat_stream): one POST per
+//     generate chunk, {stream: true, generate_chunk, stream_state,
+//     prompt_tokens, prompt_token_ids, chat_request} in, {chunk,
+//     stream_state} out, the chunk a ChatCompletionStreamResponse built by
+//     vLLM's own tool and reasoning parsers. With a parser configured the
+//     state carries every output id so far and vLLM replays them through a
+//     fresh parser on each call (quadratic in the output length), and the
+//     chunk has no logprobs (_derender_chat_stream_parsed).
+//
+// The gateway turns that into the stream vLLM's chat serving would have sent
+// with the gateway's injected fields (chat_completion/serving.py): a first
+// chunk with the role and prompt_token_ids, then one chunk per generate
+// chunk with the derendered delta, token_ids and logprobs, the finish
+// reason on the last, the usage chunk and [DONE]; the stream body
+// (streambody.go) then strips and captures it as any vLLM stream.
+
+// tokenInStreamCall is what a streamed token-in call needs once its prompt
+// is decided.
+type tokenInStreamCall struct {
+	genBody  []byte   // the GenerateRequest (render's answer, token_ids set)
+	prompt   []uint32 // the prompt ids sent
+	chatReq  []byte   // the chat request as sent to the engine (injected fields included)
+	outcome  string   // the token_in column's value
+	deadline time.Time
+	from     *fasthttp.Request // the call's upstream request: its headers go to generate
+	n        int               // choices asked for
+	// put records the answers for the attempt's next call.
+	put func(choices []tokenin.Choice)
+}
+
+// serveTokenInStream starts a streamed generate call and leaves in resp an
+// SSE body (text/event-stream) that a goroutine fills with the chat chunks
+// (tokenInPump). An engine error status answers as it is. The error is a
+// transport error of the generate request, for the caller's retry policy.
+func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthttp.Response, tc tokenInStreamCall) error {
+	body, err := sjson.SetBytes(tc.genBody, "stream", true)
+	if err == nil {
+		if so := gjson.GetBytes(tc.chatReq, "stream_options"); so.IsObject() {
+			body, err = sjson.SetRawBytes(body, "stream_options", []byte(so.Raw))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w: building the generate request: %w", errTokenIn, err)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	tokenInRequest(req, r, r.Origin()+pathGenerate, body, tc.from)
+	gen := fasthttp.AcquireResponse()
+	gen.StreamBody = true
+	err = r.Client().DoDeadline(req, gen, tc.deadline)
+	if err != nil && staleConn(err) {
+		r.Client().CloseIdleConnections() // see tokenInPost
+		gen.Reset()
+		gen.StreamBody = true
+		err = r.Client().DoDeadline(req, gen, tc.deadline)
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(gen)
+		s.tokenInFailed(c, tc.outcome, err)
+		return err
+	}
+	s.noteTokenIn(c, tc.outcome)
+	if status := gen.StatusCode(); status != fasthttp.StatusOK {
+		// The engine's own error (a prompt over the context, bad sampling
+		// parameters) reaches the client as it is.
+		out, rerr := readAll(gen, s.cfg.MaxResponseBodyBytes)
+		abortResponse(gen, errTokenIn)
+		if rerr != nil {
+			return rerr
+		}
+		resp.SetStatusCode(status)
+		resp.Header.SetContentType("application/json")
+		resp.SetBody(out)
+		return nil
+	}
+	pr, pw := io.Pipe()
+	resp.SetStatusCode(fasthttp.StatusOK)
+	resp.Header.SetContentType("text/event-stream")
+	resp.SetBodyStream(pr, -1)
+	p := &tokenInPump{s: s, r: r, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject(), ch: make([]pumpChoice, max(tc.n, 1))}
+	p.tail = p.derenderTail()
+	p.tc.chatReq, p.tc.genBody, p.tc.from = nil, nil, nil // pooled buffers: the handler reuses them once it returns
+	if tl := gjson.GetBytes(tc.chatReq, "top_logprobs"); tl.Type == gjson.Number && tl.Num > 0 {
+		p.topLogprobs = int(tl.Num)
+	}
+	go p.run(gen)
+	return nil
+}
+
+// tokenInPump reads one streamed generate answer, derenders each chunk and
+// writes the chat chunks to the client's pipe.
+type tokenInPump struct {
+	s           *Server
+	r           *backends.Upstream
+	tc          tokenInStreamCall
+	w           *io.PipeWriter
+	named       bool // tool_choice names a function: the finish reason stays "stop"
+	topLogprobs int  // the client's top_logprobs
+	tail        []byte
+
+	id      string // the chat chunks' id, model and created (derender's)
+	model   string
+	created int64
+	out     []byte
+	ch      []pumpChoice // by choice index
+}
+
+// pumpChoice is one choice's stream: vLLM's generate streams each choice in
+// chunks of its own, and derender's state is per choice.
+type pumpChoice struct {
+	state   []byte // derender's stream_state, nil before the first chunk
+	ids     []uint32
+	content []byte
+	calls   []streamedCall
+	ended   bool
+	done    bool // its finish chunk came
+}
+
+// streamedCall is a tool call assembled from a stream's deltas.
+type streamedCall struct {
+	id, name string
+	args     []byte
+}
+
+// errStreamCut is the error event of a generate stream that ended without
+// [DONE] (the engine went away mid-answer).
+var errStreamCut = errors.New("the engine's generate stream ended before data: [DONE]")
+
+// run pumps the generate stream to the pipe. The client going away (a
+// failed pipe write: streamBody closed the pipe) closes the generate
+// connection so the engine aborts the generation; an engine or derender
+// failure mid-stream reaches the client as an SSE error event.
+func (p *tokenInPump) run(gen *fasthttp.Response) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			p.s.log.Error("panic while streaming a token-in answer; stream ended", "panic", rec)
+			abortResponse(gen, errTokenIn)
+			_ = p.w.CloseWithError(fmt.Errorf("internal error: %v", rec))
+		}
+	}()
+	var sc capture.SSEScanner
+	body := gen.BodyStream()
+	buf := make([]byte, 4<<10)
+	var failure error
+	done := false
+	for !done && failure == nil {
+		n, rerr := body.Read(buf)
+		sc.Feed(buf[:n])
+		for !done && failure == nil {
+			ev, ok := sc.Next()
+			if !ok {
+				break
+			}
+			if ev.Data == nil {
+				continue
+			}
+			var werr error
+			done, werr, failure = p.event(ev.Data)
+			if werr != nil { // the client went away
+				abortResponse(gen, errClientGone)
+				_ = p.w.CloseWithError(werr)
+				return
+			}
+		}
+		if failure == nil && len(sc.Rest()) > p.s.cfg.MaxResponseBodyBytes {
+			failure = fmt.Errorf("%w: a generate stream event larger than %d bytes (raise max_response_body_bytes)", errTokenIn, p.s.cfg.MaxResponseBodyBytes)
+		}
+		if !done && failure == nil && rerr != nil {
+			failure = rerr
+			if errors.Is(rerr, io.EOF) {
+				failure = errStreamCut
+			}
+		}
+	}
+	if failure != nil {
+		abortResponse(gen, failure)
+		p.s.log.Warn("token-in: stream failed", "backend", p.r.Name(), "err", failure)
+		msg := fmt.Sprintf("backend %s: token-in stream: %v", p.r.Name(), failure)
+		ev := append([]byte("data: "), appendError(nil, fasthttp.StatusBadGateway, errUpstream, msg)...)
+		if _, err := p.w.Write(append(ev, "\n\ndata: [DONE]\n\n"...)); err != nil {
+			_ = p.w.CloseWithError(err)
+			return
+		}
+		_ = p.w.Close()
+		return
+	}
+	// The client has its answer; then the body is read to its end (the
+	// chunked terminator after [DONE]) so its connection goes back to the
+	// pool clean. An engine that sends more than 64 KiB after [DONE] has its
+	// connection closed instead.
+	_ = p.w.Close()
+	if n, err := io.Copy(io.Discard, io.LimitReader(body, 64<<10)); err != nil || n == 64<<10 {
+		abortResponse(gen, errStreamCut)
+		return
+	}
+	fasthttp.ReleaseResponse(gen)
+}
+
+// event handles one generate SSE event: done after [DONE]; werr when the
+// client cannot be written to; failure when the stream cannot go on.
+func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
+	if string(data) == "[DONE]" {
+		return true, p.write([]byte("[DONE]")), nil
+	}
+	root := gjson.ParseBytes(data)
+	switch {
+	case !root.IsObject() || !gjson.ValidBytes(data):
+		return false, nil, fmt.Errorf("%w: a generate stream event is not a JSON object", errTokenIn)
+	case root.Get("error").Exists():
+		// The engine's error event (a generation error) goes on as it is.
+		return false, p.write(data), nil
+	}
+	choices := root.Get("choices").Array()
+	switch {
+	case len(choices) == 0:
+		if u := root.Get("usage"); u.IsObject() {
+			p.out = p.appendHead(p.out[:0], root)
+			p.out = append(p.out, `[],"usage":`...)
+			p.out = append(append(p.out, u.Raw...), '}')
+			return false, p.write(p.out), nil
+		}
+		return false, nil, nil
+	case len(choices) > 1:
+		return false, nil, fmt.Errorf("%w: a generate stream chunk with %d choices (n > 1 streams one per chunk)", errTokenIn, len(choices))
+	}
+	ch := choices[0]
+	idx := ch.Get("index")
+	if idx.Type != gjson.Number || idx.Num < 0 || int(idx.Num) >= len(p.ch) || p.ch[int(idx.Num)].done {
+		return false, nil, fmt.Errorf("%w: a generate stream chunk for choice %s of %d", errTokenIn, idx.Raw, len(p.ch))
+	}
+	c := &p.ch[int(idx.Num)]
+	ids, ok := tokenIDs(ch.Get("token_ids"))
+	if !ok {
+		return false, nil, fmt.Errorf("%w: a generate stream chunk without token_ids", errTokenIn)
+	}
+	der, err := p.derender(c, data, ch, ids)
+	if err != nil {
+		return false, nil, err
+	}
+	dch := der.Get("chunk.choices.0")
+	if p.id == "" {
+		chunk := der.Get("chunk")
+		p.id, p.model, p.created = chunk.Get("id").String(), chunk.Get("model").String(), chunk.Get("created").Int()
+		for i := range p.ch {
+			if werr := p.write(p.appendRoleChunk(p.out[:0], i)); werr != nil {
+				return false, werr, nil
+			}
+		}
+	}
+	c.ids = append(c.ids, ids...)
+	out := p.appendHead(p.out[:0], root)
+	out = strconv.AppendInt(append(out, `[{"index":`...), int64(idx.Num), 10)
+	out = append(out, `,"delta":`...)
+	out = appendDelta(out, dch.Get("delta"), c)
+	out = append(out, `,"logprobs":`...)
+	out = p.appendLogprobs(out, dch.Get("logprobs"), ch.Get("logprobs.content"))
+	finish := ch.Get("finish_reason")
+	if finish.Type != gjson.String {
+		out = append(out, `,"finish_reason":null`...)
+	} else {
+		// The engine's reason, "tool_calls" for a stop after streamed tool
+		// calls unless the tool choice names a function, as vLLM's chat
+		// serving streams it (chat_completion/serving.py, 0.32.0). Not
+		// derender's: it says "tool_calls" for any finish once a call
+		// streamed, an answer cut by max_tokens included
+		// (online_derenderer.py _derender_chat_stream_parsed).
+		reason := finish.Str
+		if reason == "stop" && len(c.calls) > 0 && !p.named {
+			reason = "tool_calls"
+		}
+		out = appendJSONString(append(out, `,"finish_reason":`...), reason)
+		out = append(out, `,"stop_reason":`...)
+		if st := ch.Get("stop_reason"); st.Type == gjson.String || st.Type == gjson.Number {
+			out = append(out, st.Raw...)
+		} else {
+			out = append(out, "null"...)
+		}
+		c.done, c.ended = true, endedOnTurn(ch)
+		p.remember()
+	}
+	out = append(out, `,"token_ids":`...)
+	out = arrays.AppendUint32s(out, ids)
+	out = append(out, "}]"...)
+	if u := root.Get("usage"); u.IsObject() { // continuous_usage_stats
+		out = append(append(out, `,"usage":`...), u.Raw...)
+	}
+	p.out = append(out, '}')
+	return false, p.write(p.out), nil
+}
+
+// derender sends one generate chunk to the streaming derender and keeps the
+// state it returns. A finish chunk's end-of-turn token is left out, as for
+// whole answers (tokenInDerender): vLLM's parsers keep special tokens, so
+// its text would end the content.
+func (p *tokenInPump) derender(c *pumpChoice, data []byte, ch gjson.Result, ids []uint32) (gjson.Result, error) {
+	chunk := data
+	if ch.Get("finish_reason").Type == gjson.String && endedOnTurn(ch) && len(ids) > 0 {
+		stop := ch.Get("stop_reason")
+		if stop.Type == gjson.Null || stop.Uint() == uint64(ids[len(ids)-1]) {
+			var err error
+			if chunk, err = sjson.SetRawBytes(data, "choices.0.token_ids", arrays.AppendUint32s(nil, ids[:len(ids)-1])); err != nil {
+				return gjson.Result{}, fmt.Errorf("%w: %w", errTokenIn, err)
+			}
+		}
+	}
+	body := make([]byte, 0, len(chunk)+len(c.state)+len(p.tail)+64)
+	body = append(body, `{"stream":true,"generate_chunk":`...)
+	body = append(body, chunk...)
+	body = append(body, `,"stream_state":`...)
+	if c.state == nil {
+		body = append(body, "null"...)
+	} else {
+		body = append(body, c.state...)
+	}
+	body = append(body, p.tail...)
+	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+pathDerender[len("/v1"):], body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
+	if err != nil {
+		return gjson.Result{}, fmt.Errorf("derender: %w", err)
+	}
+	der := gjson.ParseBytes(out)
+	if status != fasthttp.StatusOK || !gjson.ValidBytes(out) || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
+		return gjson.Result{}, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
+	}
+	c.state = append(c.state[:0], der.Get("stream_state").Raw...)
+	return der, nil
+}
+
+// derenderTail is the end of every streaming derender request: the prompt
+// (its ids settle the parsers' initial reasoning state) and the chat
+// request.
+func (p *tokenInPump) derenderTail() []byte {
+	t := make([]byte, 0, 8*len(p.tc.prompt)+len(p.tc.chatReq)+64)
+	if m := gjson.GetBytes(p.tc.chatReq, "model"); m.Type == gjson.String {
+		// The chunks name the model as the chat path does (derender: the
+		// request's model, else the served name).
+		t = appendJSONString(append(t, `,"model":`...), m.Str)
+	}
+	t = append(t, `,"prompt_tokens":`...)
+	t = strconv.AppendInt(t, int64(len(p.tc.prompt)), 10)
+	t = append(t, `,"prompt_token_ids":`...)
+	t = arrays.AppendUint32s(t, p.tc.prompt)
+	t = append(t, `,"chat_request":`...)
+	t = append(t, p.tc.chatReq...)
+	return append(t, '}')
+}
+
+// appendHead appends a chunk's members up to the opening of its choices.
+func (p *tokenInPump) appendHead(dst []byte, gen gjson.Result) []byte {
+	id := p.id
+	if id == "" {
+		id = gen.Get("request_id").String()
+	}
+	dst = append(dst, `{"id":`...)
+	dst = appendJSONString(dst, id)
+	dst = append(dst, `,"object":"chat.completion.chunk","created":`...)
+	dst = strconv.AppendInt(dst, p.created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = appendJSONString(dst, p.model)
+	return append(dst, `,"choices":`...)
+}
+
+// appendRoleChunk appends vLLM's first chat chunk of choice i: the role,
+// empty content and (return_token_ids) the prompt ids.
+func (p *tokenInPump) appendRoleChunk(dst []byte, i int) []byte {
+	dst = p.appendHead(dst, gjson.Result{})
+	dst = strconv.AppendInt(append(dst, `[{"index":`...), int64(i), 10)
+	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":`...)
+	dst = arrays.AppendUint32s(dst, p.tc.prompt)
+	return append(dst, `,"prompt_text":null}`...)
+}
+
+// appendDelta appends derender's delta as vLLM's chat serving writes one
+// (no null members; "content": null beside tool calls) and assembles
+// choice c's answer: the role is the role chunk's, so it is dropped here.
+func appendDelta(dst []byte, d gjson.Result, c *pumpChoice) []byte {
+	content, reasoning := d.Get("content"), d.Get("reasoning")
+	calls := d.Get("tool_calls").Array()
+	if content.Type == gjson.String {
+		c.content = append(c.content, content.Str...)
+	}
+	if len(calls) == 0 {
+		switch {
+		case reasoning.Type == gjson.String && reasoning.Str != "":
+			dst = append(dst, `{"reasoning":`...)
+			dst = appendJSONString(dst, reasoning.Str)
+			return append(dst, '}')
+		case content.Type == gjson.String && content.Str != "":
+			dst = append(dst, `{"content":`...)
+			dst = appendJSONString(dst, content.Str)
+			return append(dst, '}')
+		}
+		return append(dst, "{}"...)
+	}
+	dst = append(dst, `{"content":`...)
+	if content.Type == gjson.String && content.Str != "" {
+		dst = appendJSONString(dst, content.Str)
+	} else {
+		dst = append(dst, "null"...)
+	}
+	dst = append(dst, `,"tool_calls":[`...)
+	for i, tc := range calls {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		idx := int(tc.Get("index").Int())
+		if idx < 0 || idx > len(c.calls) {
+			idx = len(c.calls) // a parser's index past the calls seen: a new call
+		}
+		if idx == len(c.calls) {
+			c.calls = append(c.calls, streamedCall{})
+		}
+		sc := &c.calls[idx]
+		dst = append(dst, '{')
+		if id := tc.Get("id"); id.Type == gjson.String {
+			sc.id = id.Str
+			dst = append(append(dst, `"id":`...), appendJSONString(nil, id.Str)...)
+			dst = append(dst, `,"type":"function",`...)
+		}
+		dst = strconv.AppendInt(append(dst, `"index":`...), int64(idx), 10)
+		dst = append(dst, `,"function":{`...)
+		sep := ""
+		if name := tc.Get("function.name"); name.Type == gjson.String {
+			sc.name += name.Str
+			dst = append(append(dst, `"name":`...), appendJSONString(nil, name.Str)...)
+			sep = ","
+		}
+		if args := tc.Get("function.arguments"); args.Type == gjson.String && args.Str != "" {
+			sc.args = append(sc.args, args.Str...)
+			dst = append(append(dst, sep+`"arguments":`...), appendJSONString(nil, args.Str)...)
+		}
+		dst = append(dst, "}}"...)
+	}
+	return append(dst, "]}"...)
+}
+
+// appendLogprobs appends a chunk's chat logprobs: derender's when it
+// resolved them (a server without a parser), else the generate chunk's
+// (vLLM's parsed derender path gives none) with each token named
+// "token_id:ID" (vLLM's return_tokens_as_token_ids form) and the client's
+// top_logprobs alternatives.
+func (p *tokenInPump) appendLogprobs(dst []byte, der, gen gjson.Result) []byte {
+	if der.IsObject() && der.Get("content").IsArray() {
+		return append(dst, der.Raw...)
+	}
+	if !gen.IsArray() {
+		return append(dst, "null"...)
+	}
+	entry := func(dst []byte, e gjson.Result) []byte {
+		dst = append(dst, `{"token":"token_id:`...)
+		dst = strconv.AppendUint(dst, e.Get("token_id").Uint(), 10)
+		dst = append(dst, `","logprob":`...)
+		if lp := e.Get("logprob"); lp.Type == gjson.Number {
+			dst = strconv.AppendFloat(dst, lp.Num, 'g', -1, 64)
+		} else {
+			dst = append(dst, "null"...)
+		}
+		return append(dst, `,"bytes":null`...)
+	}
+	dst = append(dst, `{"content":[`...)
+	for i, e := range gen.Array() {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(entry(dst, e), `,"top_logprobs":[`...)
+		for j, t := range e.Get("top_logprobs").Array() {
+			if j >= p.topLogprobs {
+				break
+			}
+			if j > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(entry(dst, t), '}')
+		}
+		dst = append(dst, "]}"...)
+	}
+	return append(dst, "]}"...)
+}
+
+// remember records the streamed answers for the attempt's next call once
+// every choice has finished.
+func (p *tokenInPump) remember() {
+	choices := make([]tokenin.Choice, 0, len(p.ch))
+	for i := range p.ch {
+		c := &p.ch[i]
+		if !c.done {
+			return
+		}
+		answer, err := tokenin.CanonicalAnswer(assembledMessage(c))
+		if err != nil {
+			return
+		}
+		choices = append(choices, tokenin.Choice{Answer: answer, Response: slices.Clone(c.ids), Ended: c.ended})
+	}
+	p.tc.put(choices)
+}
+
+// assembledMessage is the assistant message a client assembles from choice
+// c's deltas.
+func assembledMessage(ch *pumpChoice) []byte {
+	msg := []byte(`{"role":"assistant","content":`)
+	msg = appendJSONString(msg, string(ch.content))
+	if len(ch.calls) > 0 {
+		msg = append(msg, `,"tool_calls":[`...)
+		for i, c := range ch.calls {
+			if i > 0 {
+				msg = append(msg, ',')
+			}
+			msg = append(append(msg, `{"id":`...), appendJSONString(nil, c.id)...)
+			msg = append(append(msg, `,"type":"function","function":{"name":`...), appendJSONString(nil, c.name)...)
+			msg = append(append(msg, `,"arguments":`...), appendJSONString(nil, string(c.args))...)
+			msg = append(msg, "}}"...)
+		}
+		msg = append(msg, ']')
+	}
+	return append(msg, '}')
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(dst []byte, s string) []byte {
+	b, err := json.Marshal(s)
+	if err != nil { // invalid UTF-8 is replaced, never an error
+		return append(dst, `""`...)
+	}
+	return append(dst, b...)
+}
+
+// write sends one SSE event with data to the client's pipe.
+func (p *tokenInPump) write(data []byte) error {
+	ev := make([]byte, 0, len(data)+8)
+	ev = append(ev, "data: "...)
+	ev = append(ev, data...)
+	_, err := p.w.Write(append(ev, "\n\n"...))
+	return err
+}
