@@ -332,9 +332,9 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *b
 }
 
 // exchange makes the round trip to replica r: in token-in mode through
-// serveTokenIn, otherwise one HTTP request. A non-streamed passthrough call
-// is watched for the client hanging up meanwhile (hw; nil otherwise: a
-// stream's streamBody sees the client go).
+// serveTokenIn, otherwise one HTTP request. A non-streamed call, token-in
+// or not, is watched for the client hanging up meanwhile (hw; nil for a
+// stream: its streamBody sees the client go).
 func (s *Server) exchange(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *backends.Upstream, info rewrite.Request, req *fasthttp.Request, resp *fasthttp.Response, rewritten []byte, deadline time.Time) (hw *hangupWatch, err error) {
 	if !info.Stream { // nil for streams (streamBody sees the client go)
 		hw = s.watchHangup(ctx, req, deadline)
