@@ -87,6 +87,9 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	c.pend = p
 	p.Endpoint = ep
 	s.beginCall(ctx, p, path, c.start)
+	if opts.endpoint != openai.Unknown {
+		p.Meta.Endpoint = opts.endpoint.String()
+	}
 	if s.tracing != nil {
 		s.tracing.begin(ctx, &c)
 	}
@@ -303,7 +306,11 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 		copyResponseHeaders(ctx, resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.Response.SetBodyStream(s.newStreamBody(&c, resp, inj, r, ctx.Conn()), -1)
+		var body io.Reader = s.newStreamBody(&c, resp, inj, r, ctx.Conn())
+		if opts.wrapStream != nil {
+			body = opts.wrapStream(body)
+		}
+		ctx.Response.SetBodyStream(body, -1)
 		return
 	}
 

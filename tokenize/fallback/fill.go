@@ -10,6 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
 )
 
@@ -96,7 +97,7 @@ func (c *Client) Fill(ctx context.Context, rows []export.Call, request []byte, p
 		Endpoint:         rows[0].Endpoint,
 		N:                n,
 	}
-	chat := strings.Contains(rows[0].Endpoint, "chat")
+	chat := openai.ChatShaped(rows[0].Endpoint)
 	for i := range rows {
 		ch := tokenize.Choice{TokenIDs: outputs[i], HasTokenIDs: gotOutput || !needOutput, Logprobs: -1}
 		if lps := len(rows[i].ResponseLogprobs); lps > 0 {
