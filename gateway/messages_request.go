@@ -137,7 +137,7 @@ func messagesToChat(body []byte) (chat []byte, stream bool, err error) {
 	}
 	for k := range top {
 		if !messagesFields[k] && !messagesIgnored[k] {
-			return nil, false, badField(k, "not supported by this gateway's translation to the engine's chat completions; remove it")
+			return nil, false, badField(strconv.Quote(k), "not supported by this gateway's translation to the engine's chat completions; remove it")
 		}
 	}
 	var out chatRequest

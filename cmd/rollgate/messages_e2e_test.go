@@ -135,7 +135,7 @@ func TestMessagesE2E(t *testing.T) {
 	}{
 		{`{"model":"mock-model","max_tokens":8,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}`, "messages[0].content[0].type", 400, "invalid_request_error"},
 		{`{"model":"mock-model","messages":[{"role":"user","content":"x"}]}`, "max_tokens", 400, "invalid_request_error"},
-		{`{"model":"mock-model","max_tokens":8,"n":2,"messages":[{"role":"user","content":"x"}]}`, "n:", 400, "invalid_request_error"},
+		{`{"model":"mock-model","max_tokens":8,"n":2,"messages":[{"role":"user","content":"x"}]}`, `"n"`, 400, "invalid_request_error"},
 		{`{"model":"mock-model","max_tokens":8,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[{"role":"user","content":"x"}]}`, "tools[0].type", 400, "invalid_request_error"},
 		{`[1]`, "request body", 400, "invalid_request_error"},
 		// The engine's own refusal (vLLM's context length check), in Anthropic's shape.
