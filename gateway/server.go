@@ -251,10 +251,6 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}()
 	attr, path := attributionOf(ctx)
 
-	if string(path) == "/v1/messages" {
-		s.messages(ctx, attr)
-		return
-	}
 	if ep := routeOf(path); ep != openai.Unknown {
 		if !ctx.IsPost() {
 			s.plainError(ctx, fasthttp.StatusMethodNotAllowed, errInvalidRequest, "method "+string(ctx.Method())+" not allowed on "+string(path)+": use POST")
@@ -264,6 +260,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	switch string(path) {
+	case "/v1/messages":
+		s.messages(ctx, attr)
+		return
 	case "/v1/models":
 		s.models(ctx)
 		return
