@@ -102,6 +102,7 @@ type chatToolFunc struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters"`
+	Strict      *bool           `json:"strict,omitempty"`
 }
 
 // chatRequest is the chat completion sent for a Messages request; the field
@@ -415,14 +416,20 @@ func chatTools(raw json.RawMessage) ([]chatTool, error) {
 		if err := json.Unmarshal(schema, &obj); err != nil || obj == nil {
 			return nil, badField(at+".input_schema", "must be a JSON Schema object")
 		}
+		var strict *bool
+		if v, ok := t["strict"]; ok && string(v) != "null" {
+			if err := json.Unmarshal(v, &strict); err != nil {
+				return nil, badField(at+".strict", "must be true or false")
+			}
+		}
 		for k := range t {
 			switch k {
-			case "type", "name", "description", "input_schema", "cache_control":
+			case "type", "name", "description", "input_schema", "cache_control", "strict":
 			default:
 				return nil, badField(at+"."+k, "not supported by this gateway's translation; remove it")
 			}
 		}
-		out = append(out, chatTool{Type: "function", Function: chatToolFunc{Name: name, Description: desc, Parameters: schema}})
+		out = append(out, chatTool{Type: "function", Function: chatToolFunc{Name: name, Description: desc, Parameters: schema, Strict: strict}})
 	}
 	return out, nil
 }

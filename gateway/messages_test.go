@@ -29,13 +29,13 @@ func TestMessagesToChat(t *testing.T) {
 		`{"model":"m","messages":[{"role":"system","content":"ab"},{"role":"user","content":"<hi>"}],"max_tokens":5,"stop":["x"],"stream":true,"stream_options":{"include_usage":true},"temperature":0.5,"top_p":1,"top_k":3}`)
 	// A tool round trip: thinking as reasoning, tool_use input as Python's
 	// json.dumps writes it, the tool result ahead of the user's text.
-	f(`{"model":"m","max_tokens":5,"tools":[{"name":"w","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"w","disable_parallel_tool_use":true},"messages":[`+
+	f(`{"model":"m","max_tokens":5,"tools":[{"name":"w","input_schema":{"type":"object"},"strict":true}],"tool_choice":{"type":"tool","name":"w","disable_parallel_tool_use":true},"messages":[`+
 		`{"role":"user","content":"q"},`+
 		`{"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"s"},{"type":"text","text":"ok"},{"type":"tool_use","id":"t1","name":"w","input":{"city":"Zürich","n":[1,2],"s":"a,b: c\"d"}}]},`+
 		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"r1"},{"type":"text","text":"r2"},{"type":"image","source":{"type":"url","url":"http://i/x.png"}}]},{"type":"text","text":"more"}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"ok","reasoning":"hm","tool_calls":[{"id":"t1","type":"function","function":{"name":"w","arguments":"{\"city\": \"Z\\u00fcrich\", \"n\": [1, 2], \"s\": \"a,b: c\\\"d\"}"}}]},`+
 			`{"role":"tool","content":"r1\nr2","tool_call_id":"t1"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://i/x.png"}}]},{"role":"user","content":"more"}],`+
-			`"max_tokens":5,"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"}}}],"tool_choice":{"function":{"name":"w"},"type":"function"},"parallel_tool_calls":false}`)
+			`"max_tokens":5,"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"},"strict":true}}],"tool_choice":{"function":{"name":"w"},"type":"function"},"parallel_tool_calls":false}`)
 	// Only tool results: no empty user message. Images as data URLs.
 	f(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"x"}]},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}]}]}`,
 		`{"model":"m","messages":[{"role":"tool","content":"x","tool_call_id":"t"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}],"max_tokens":5}`)
@@ -79,7 +79,8 @@ func TestMessagesToChatRefuses(t *testing.T) {
 	f(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages[0].content[0].source")
 	f(`{"model":"m","max_tokens":5,"tools":[{"type":"bash_20250124","name":"bash"}],`+msg+`}`, "tools[0].type")
 	f(`{"model":"m","max_tokens":5,"tools":[{"name":"w"}],`+msg+`}`, "tools[0].input_schema")
-	f(`{"model":"m","max_tokens":5,"tools":[{"name":"w","input_schema":{},"strict":true}],`+msg+`}`, "tools[0].strict")
+	f(`{"model":"m","max_tokens":5,"tools":[{"name":"w","input_schema":{},"strict":1}],`+msg+`}`, "tools[0].strict")
+	f(`{"model":"m","max_tokens":5,"tools":[{"name":"w","input_schema":{},"input_examples":[]}],`+msg+`}`, "tools[0].input_examples")
 	f(`{"model":"m","max_tokens":5,"tool_choice":{"type":"tool"},`+msg+`}`, "tool_choice.name")
 	f(`{"model":"m","max_tokens":5,"tool_choice":{"type":"some"},`+msg+`}`, "tool_choice.type")
 	f(`{"model":"m","max_tokens":5,"thinking":{"type":"enabled","budget_tokens":1024},`+msg+`}`, "thinking.budget_tokens")
