@@ -27,8 +27,8 @@ import json
 import httpx
 import pytest
 
-from conftest import Gateway
-from test_agents_through_gateway import wait_rows
+# The gateways (module fixtures) and the row reader are the Python agents' tests'.
+from test_agents_through_gateway import mock_gateway, vllm_gateway, wait_rows  # noqa: F401
 
 TOOLS = [
     {
@@ -125,22 +125,6 @@ def run_and_check(gw, model, attribution, stream, rollout):
     assert tool == [{"role": "tool", "content": str(int(use.input["a"]) + int(use.input["b"])), "tool_call_id": use.id}], second
     assert second[0] == {"role": "system", "content": "You are a calculator."}, second
     assert "sk-ant-unused" not in rows[0]["request_body"]
-
-
-@pytest.fixture(scope="module")
-def mock_gateway(rollgate_bin, tmp_path_factory):
-    d = tmp_path_factory.mktemp("anthropic-mock")
-    g = Gateway(rollgate_bin, None, str(d / "rollgate.db"), str(d / "serve.log"))
-    yield g
-    g.stop()
-
-
-@pytest.fixture(scope="module")
-def vllm_gateway(rollgate_bin, vllm, tmp_path_factory):
-    d = tmp_path_factory.mktemp("anthropic-vllm")
-    g = Gateway(rollgate_bin, vllm[0], str(d / "rollgate.db"), str(d / "serve.log"))
-    yield g
-    g.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
