@@ -49,6 +49,7 @@ func (s *Server) messages(ctx *fasthttp.RequestCtx, attr attribution) {
 		return
 	}
 	ctx.Request.SetBody(chat)
+	h.SetContentType("application/json") // what is sent is the translation, JSON whatever the client said
 	opts := callOptions{force: s.forceFor(ctx, attr), endpoint: openai.Messages}
 	if stream {
 		opts.wrapStream = func(r io.Reader) io.Reader { return newMessagesStream(r) }

@@ -214,13 +214,10 @@ func messagesToChat(body []byte) (chat []byte, stream bool, err error) {
 	if err := thinking(&out, top["thinking"]); err != nil {
 		return nil, false, err
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&out); err != nil {
+	if chat, err = marshalJSON(&out); err != nil {
 		return nil, false, fmt.Errorf("encoding the chat request: %w", err)
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), stream, nil
+	return chat, stream, nil
 }
 
 // systemText is the system prompt: a string, or text blocks joined as vLLM

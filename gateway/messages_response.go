@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -114,7 +115,7 @@ func chatToMessage(body []byte) ([]byte, error) {
 		out.Content = append(out.Content, anthContent{Type: "text", Text: &empty})
 	}
 	out.StopReason, out.StopSequence = stopReason(ch.Get("finish_reason").String(), ch.Get("stop_reason"), len(calls) > 0)
-	return json.Marshal(&out)
+	return marshalJSON(&out)
 }
 
 // reasoningOf is a chat message's (or delta's) reasoning: vLLM's
@@ -149,9 +150,21 @@ func anthropicErrorType(status int) string {
 	return "api_error"
 }
 
+// marshalJSON is json.Marshal without HTML escaping (<, >, & as they are,
+// as the engines write them).
+func marshalJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
 // appendAnthropicError appends {"type":"error","error":{"type":…,"message":…}}.
 func appendAnthropicError(dst []byte, typ, msg string) []byte {
-	b, _ := json.Marshal(struct {
+	b, _ := marshalJSON(struct {
 		Type  string `json:"type"`
 		Error struct {
 			Type    string `json:"type"`
@@ -263,7 +276,7 @@ func (m *messagesStream) CloseWithError(err error) error {
 }
 
 func (m *messagesStream) emit(name string, v any) {
-	b, err := json.Marshal(v)
+	b, err := marshalJSON(v)
 	if err != nil {
 		b = appendAnthropicError(nil, "api_error", "encoding an event: "+err.Error())
 		name = "error"
