@@ -45,7 +45,7 @@ TOOLS = [
     }
 ]
 QUESTION = "What is 17 + 25? Use the add tool."
-MAX_TOKENS = 48
+MAX_TOKENS = 96
 
 
 def run_anthropic(base_url, headers, model, stream):
@@ -62,8 +62,10 @@ def run_anthropic(base_url, headers, model, stream):
             system=[{"type": "text", "text": "You are a calculator."}],
             messages=messages,
             tools=TOOLS,
-            tool_choice={"type": "tool", "name": "add"} if turn == 0 else {"type": "none"},
-            temperature=0,
+            tool_choice={"type": "any"} if turn == 0 else {"type": "none"},
+            # anthropic 2.x has no temperature argument (the API dropped it);
+            # greedy sampling makes the engine's answer repeatable.
+            extra_body={"temperature": 0},
         )
         if stream:
             with client.messages.stream(**kw) as s:
