@@ -210,3 +210,41 @@ func messagesEvents(t *testing.T, url, body string, headers map[string]string) (
 	}
 	return events, text.String()
 }
+
+// TestMessagesClientKey: with client keys on, the Anthropic SDK's x-api-key
+// is the agent's key (a wrong one is a 401 in Anthropic's shape, and stores
+// nothing; the right one is served and its row names the key).
+func TestMessagesClientKey(t *testing.T) {
+	addr := freeAddr(t)
+	db := filepath.Join(t.TempDir(), "k.db")
+	t.Setenv("ROLLGATE_CLIENT_KEYS", "agents=sk-ant-right")
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db)
+	store, err := sqlite.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	call := func(key string) (int, string) {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/rollout/key/attempt/a1/v1/messages",
+			strings.NewReader(`{"model":"mock-model","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`))
+		req.Header.Set("content-type", "application/json")
+		req.Header.Set("x-api-key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, b := call("sk-ant-wrong"); st != 401 || gjson.Get(b, "error.type").String() != "authentication_error" || gjson.Get(b, "type").String() != "error" {
+		t.Fatalf("wrong key: %d %s", st, b)
+	}
+	if st, b := call("sk-ant-right"); st != 200 || gjson.Get(b, "type").String() != "message" {
+		t.Fatalf("right key: %d %s\n%s", st, b, logs)
+	}
+	rows := tiRows(t, store, "key", "a1", 1, logs)
+	if len(rows) != 1 || rows[0].SequenceID != 1 || rows[0].APIKeyName != "agents" {
+		t.Fatalf("rows %+v", rows)
+	}
+}
