@@ -123,6 +123,10 @@ func TestMessagesE2E(t *testing.T) {
 			t.Fatalf("row %d: the client got text %q, the engine answers %q", i, want, got.Choices[0].Message.Content)
 		}
 	}
+	// Capture's turn check reads these rows as chat ones (openai.ChatShaped).
+	if rows[1].TurnKind == "" || rows[1].TurnPrevSequenceID != 1 {
+		t.Fatalf("row 1: turn_kind %q after sequence id %d, want the turn checked against call 1", rows[1].TurnKind, rows[1].TurnPrevSequenceID)
+	}
 	if !strings.Contains(rows[0].RequestBody, `"content":"You are a weather bot."`) || !strings.Contains(rows[1].RequestBody, `"role":"tool"`) {
 		t.Fatalf("stored chat requests: %s\n%s", rows[0].RequestBody, rows[1].RequestBody)
 	}
