@@ -618,7 +618,7 @@ func (p *Pipeline) redactHit(rule string) { p.m.Redactions.WithLabelValues(rule)
 // checkTurn records how this call's prompt ids continue the previous call
 // of the same rollout attempt (tokenize.Tracker): the turn_* columns.
 func (p *Pipeline) checkTurn(rows []export.Call) {
-	if len(rows) == 0 || rows[0].RolloutID == "" || (rows[0].Endpoint != "/v1/chat/completions" && rows[0].Endpoint != "/v1/completions") {
+	if len(rows) == 0 || rows[0].RolloutID == "" || (!openai.ChatShaped(rows[0].Endpoint) && rows[0].Endpoint != "/v1/completions") {
 		return
 	}
 	t := p.turns.Observe(rows)

@@ -34,20 +34,25 @@ type Call struct {
 	StartTimeUnixNano uint64
 	EndTimeUnixNano   uint64
 	TTFTNano          uint64
-	Endpoint          string
-	Model             string
-	Backend           string
-	PolicyVersion     string
-	Stream            bool
-	HTTPStatus        uint16
-	Error             string
-	RequestBody       string
-	ResponseBody      string
-	ResponseMessage   string
-	PromptTokenIDs    []uint32
-	ResponseTokenIDs  []uint32
-	ResponseLogprobs  []float32
-	TokenSource       string
+	// Endpoint is the route the client called, without the rollout prefix:
+	// /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings,
+	// or /v1/messages (Anthropic's Messages API, which the gateway serves
+	// through the engine's chat completions: the row's bodies and ids are
+	// that chat exchange's, openai.ChatShaped).
+	Endpoint         string
+	Model            string
+	Backend          string
+	PolicyVersion    string
+	Stream           bool
+	HTTPStatus       uint16
+	Error            string
+	RequestBody      string
+	ResponseBody     string
+	ResponseMessage  string
+	PromptTokenIDs   []uint32
+	ResponseTokenIDs []uint32
+	ResponseLogprobs []float32
+	TokenSource      string
 	// TokenCheck is '' when the engine's ids passed every check, otherwise a
 	// comma-separated list of the checks that failed (for example
 	// "prompt_count,completion_count"). Extra column, not in the minimum contract.

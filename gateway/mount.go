@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,6 +144,12 @@ type callOptions struct {
 	retryStatus bool           // retry 408, 409, 429 and 5xx answers too
 	pool        *backends.Pool // the pool serving the call; nil = by model
 	engineOnly  bool           // AgentCall.EngineAnswersOnly
+	// endpoint, when set, is the route the client called where it differs
+	// from the engine's (the endpoint column): /v1/messages over chat.
+	endpoint openai.Endpoint
+	// wrapStream, when set, wraps an event stream's body on its way to the
+	// client (messagesStream); the wrapper passes CloseWithError on.
+	wrapStream func(io.Reader) io.Reader
 }
 
 // maxRetryBackoff bounds the doubling wait between attempts.

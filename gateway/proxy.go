@@ -114,6 +114,9 @@ func (s *Server) openCall(ctx *fasthttp.RequestCtx, c *call, path []byte, keyNam
 	c.pend = p
 	p.Endpoint = c.endpoint
 	s.beginCall(ctx, p, path, c.start)
+	if c.opts.endpoint != openai.Unknown {
+		p.Meta.Endpoint = c.opts.endpoint.String()
+	}
 	if s.tracing != nil {
 		s.tracing.begin(ctx, c)
 	}
@@ -410,7 +413,11 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, c *call, a answer, path []byte)
 		copyResponseHeaders(ctx, a.resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.Response.SetBodyStream(s.newStreamBody(c, a.resp, a.inj, a.r, ctx.Conn()), -1)
+		var body io.Reader = s.newStreamBody(c, a.resp, a.inj, a.r, ctx.Conn())
+		if c.opts.wrapStream != nil {
+			body = c.opts.wrapStream(body)
+		}
+		ctx.Response.SetBodyStream(body, -1)
 		return
 	}
 	s.relayBody(ctx, c, a, status, path)

@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"context"
+	"path/filepath"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/gateway/seqstore"
 	"github.com/rollgate/rollgate/internal/metrics"
 )
 
@@ -16,11 +19,15 @@ func routeServer(tb testing.TB) *Server {
 	tb.Helper()
 	m := metrics.New()
 	pipe := capture.NewPipeline(capture.Config{}, nil, m, nil)
-	s, err := New(Config{Backends: []Backend{{Model: "*", Replicas: []Replica{{URL: "http://127.0.0.1:1/v1", Kind: "vllm"}}}}}, pipe, m, nil)
+	seqs, err := seqstore.OpenSQLite(context.Background(), filepath.Join(tb.TempDir(), "sequences.db"), seqstore.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { close(s.stop) })
+	s, err := New(Config{Backends: []Backend{{Model: "*", Replicas: []Replica{{URL: "http://127.0.0.1:1/v1", Kind: "vllm"}}}}, SequenceStore: seqs}, pipe, m, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { close(s.stop); seqs.Close() })
 	return s
 }
 

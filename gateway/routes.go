@@ -37,6 +37,7 @@ var agentRoutes = route.New(
 	agentRow{Method: "POST", Pattern: "/v1/completions", Auth: route.ClientKey, Handler: model(openai.Completions)},
 	agentRow{Method: "POST", Pattern: "/v1/responses", Auth: route.ClientKey, Handler: model(openai.Responses)},
 	agentRow{Method: "POST", Pattern: "/v1/embeddings", Auth: route.ClientKey, Handler: model(openai.Embeddings)},
+	agentRow{Pattern: "/v1/messages", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveMessages}},
 	agentRow{Pattern: "/v1/models", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveModels}},
 	agentRow{Pattern: "/v1/traces", Auth: route.ClientKey, Handler: agentRoute{serve: (*Server).serveTraces}},
 	agentRow{Method: "GET", Pattern: "/metrics", Auth: route.Open, Handler: agentRoute{serve: (*Server).serveMetrics}},
@@ -90,6 +91,13 @@ func (s *Server) wrongMethod(ctx *fasthttp.RequestCtx, method string, path []byt
 
 func (s *Server) serveModel(ctx *fasthttp.RequestCtx, attr attribution, path []byte, ep openai.Endpoint) bool {
 	s.proxy(ctx, attr, ep, path)
+	return true
+}
+
+// serveMessages answers Anthropic's Messages API (messages.go), its own
+// 405 in Anthropic's error shape included.
+func (s *Server) serveMessages(ctx *fasthttp.RequestCtx, attr attribution, _ []byte, _ openai.Endpoint) bool {
+	s.messages(ctx, attr)
 	return true
 }
 

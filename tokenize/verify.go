@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // SourceMismatch is the token_source of a call whose ids came from the engine
@@ -110,7 +111,7 @@ func Verify(c *Call) Verdict {
 	if n < 1 {
 		n = 1
 	}
-	chat := strings.Contains(c.Endpoint, "chat")
+	chat := openai.ChatShaped(c.Endpoint)
 
 	// Prompt: top-level ids, else per-choice ids of each choice starting a prompt.
 	promptMissing := false

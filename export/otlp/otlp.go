@@ -288,7 +288,7 @@ func (s *Sink) Spans(calls []export.Call) []tracetest.SpanStub {
 // Operation is the gen_ai.operation.name for an endpoint column value.
 func Operation(endpoint string) string {
 	switch {
-	case strings.HasSuffix(endpoint, "/chat/completions"), strings.HasSuffix(endpoint, "/responses"):
+	case strings.HasSuffix(endpoint, "/chat/completions"), strings.HasSuffix(endpoint, "/responses"), strings.HasSuffix(endpoint, "/messages"):
 		return semconv.GenAIOperationNameChat.Value.AsString()
 	case strings.HasSuffix(endpoint, "/completions"):
 		return semconv.GenAIOperationNameTextCompletion.Value.AsString()

@@ -295,7 +295,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 func TestOperation(t *testing.T) {
 	for ep, want := range map[string]string{
 		"/v1/chat/completions": "chat", "/v1/responses": "chat", "/v1/completions": "text_completion",
-		"/v1/embeddings": "embeddings", "/v1/models": "other", "": "other",
+		"/v1/embeddings": "embeddings", "/v1/messages": "chat", "/v1/models": "other", "": "other",
 	} {
 		if got := otlp.Operation(ep); got != want {
 			t.Errorf("Operation(%q) = %q, want %q", ep, got, want)

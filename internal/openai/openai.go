@@ -29,6 +29,10 @@ const (
 	Completions              // POST /v1/completions
 	Responses                // POST /v1/responses
 	Embeddings               // POST /v1/embeddings (usage only)
+	// Messages is POST /v1/messages (Anthropic's Messages API). The gateway
+	// translates it to a chat completion for the engine, so its rows hold
+	// a chat exchange (ChatShaped); only the endpoint column says Messages.
+	Messages
 )
 
 // String returns the canonical route ("/v1/chat/completions", ...), the value
@@ -44,8 +48,18 @@ func (e Endpoint) String() string {
 		return "/v1/responses"
 	case Embeddings:
 		return "/v1/embeddings"
+	case Messages:
+		return "/v1/messages"
 	}
 	return ""
+}
+
+// ChatShaped reports whether a stored endpoint column names a call whose
+// request and response bodies are a chat completion's (messages in, one
+// message per choice out): "/v1/chat/completions" and "/v1/messages" (whose
+// rows hold the chat exchange the gateway had with the engine).
+func ChatShaped(endpoint string) bool {
+	return strings.HasSuffix(endpoint, "/chat/completions") || strings.HasSuffix(endpoint, "/messages")
 }
 
 // EndpointOf maps a request path to its Endpoint by its suffix, so that any
@@ -70,6 +84,8 @@ func EndpointOf(path string) Endpoint {
 		return Responses
 	case strings.HasSuffix(path, "/embeddings"):
 		return Embeddings
+	case strings.HasSuffix(path, "/messages"):
+		return Messages
 	}
 	return Unknown
 }

@@ -47,13 +47,15 @@ func TestEndpointOf(t *testing.T) {
 	f("/completions", Completions)
 	f("/v1/responses", Responses)
 	f("/v1/embeddings", Embeddings)
+	f("/v1/messages", Messages)
+	f("/rollout/r1/attempt/a1/v1/messages?beta=true", Messages)
 	f("/v1/models", Unknown)
 	f("/v1/chatcompletions", Unknown)
 	f("", Unknown)
 	if ChatCompletions.String() != "/v1/chat/completions" || Unknown.String() != "" {
 		t.Fatal("String")
 	}
-	for e := ChatCompletions; e <= Embeddings; e++ {
+	for e := ChatCompletions; e <= Messages; e++ {
 		if EndpointOf(e.String()) != e {
 			t.Fatalf("round trip %v", e)
 		}
@@ -63,7 +65,7 @@ func TestEndpointOf(t *testing.T) {
 // TestEndpointValues pins the numbers of the endpoints: the capture WAL
 // stores them.
 func TestEndpointValues(t *testing.T) {
-	if Unknown != 0 || ChatCompletions != 1 || Completions != 2 || Responses != 3 || Embeddings != 4 {
+	if Unknown != 0 || ChatCompletions != 1 || Completions != 2 || Responses != 3 || Embeddings != 4 || Messages != 5 {
 		t.Fatal("Endpoint values changed: the capture WAL stores them as numbers")
 	}
 }

@@ -72,7 +72,7 @@ func (c *Client) PromptIDs(ctx context.Context, endpoint string, request []byte)
 	if !req.IsObject() {
 		return nil, errors.New("fallback: request body is not a JSON object")
 	}
-	if strings.Contains(endpoint, "chat") {
+	if openai.ChatShaped(endpoint) {
 		ids, err := c.chatIDs(ctx, req)
 		if err != nil {
 			return nil, err

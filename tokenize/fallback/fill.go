@@ -10,6 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
 )
 
@@ -125,7 +126,7 @@ func (f *filling) verify() tokenize.FillOutcome {
 		N:                f.n,
 	}
 	f.hasUsage = tc.HasUsage
-	chat := strings.Contains(rows[0].Endpoint, "chat")
+	chat := openai.ChatShaped(rows[0].Endpoint)
 	for i := range rows {
 		ch := tokenize.Choice{TokenIDs: f.outputs[i], HasTokenIDs: f.gotOutput || !f.needOutput, Logprobs: -1}
 		if lps := len(rows[i].ResponseLogprobs); lps > 0 {
