@@ -197,8 +197,8 @@ func (q *Queue) leaseAnswer(body io.Reader) answer {
 	var in struct {
 		N int `json:"n"`
 	}
-	if err := json.NewDecoder(body).Decode(&in); err != nil || in.N <= 0 {
-		return errorAnswer(http.StatusBadRequest, `body must be {"n": N} with N >= 1`)
+	if err := strictDecode(body, &in); err != nil || in.N <= 0 {
+		return errorAnswer(http.StatusBadRequest, `body must be {"n": N} with N >= 1`+strictDetail(err))
 	}
 	id, samples, exp := q.Lease(in.N)
 	if id == "" {
@@ -211,13 +211,40 @@ func (q *Queue) ackAnswer(body io.Reader) answer {
 	var in struct {
 		LeaseID string `json:"lease_id"`
 	}
-	if err := json.NewDecoder(body).Decode(&in); err != nil || in.LeaseID == "" {
-		return errorAnswer(http.StatusBadRequest, `body must be {"lease_id": "..."}`)
+	if err := strictDecode(body, &in); err != nil || in.LeaseID == "" {
+		return errorAnswer(http.StatusBadRequest, `body must be {"lease_id": "..."}`+strictDetail(err))
 	}
 	if err := q.Ack(in.LeaseID); err != nil {
 		return errorAnswer(http.StatusNotFound, err.Error())
 	}
 	return answer{http.StatusOK, map[string]bool{"acked": true}}
+}
+
+// strictDecode decodes one JSON value from body into v as every /api/v1
+// body is decoded (docs/contract.md §2): an unknown field is an error
+// naming it, and so is anything after the value.
+func strictDecode(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errTrailing
+	}
+	return nil
+}
+
+// errTrailing is a body with more after its JSON value.
+var errTrailing = errors.New("trailing data after the JSON value")
+
+// strictDetail names what strictDecode refused beyond a malformed body (an
+// unknown field, trailing data), to be appended to the usage message.
+func strictDetail(err error) string {
+	if err != nil && (errors.Is(err, errTrailing) || strings.HasPrefix(err.Error(), "json: unknown field")) {
+		return ": " + strings.TrimPrefix(err.Error(), "json: ")
+	}
+	return ""
 }
 
 func errorAnswer(status int, msg string) answer {

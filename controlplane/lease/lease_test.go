@@ -3,6 +3,7 @@ package lease
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -251,7 +252,9 @@ func TestServeMatchesHandler(t *testing.T) {
 		{"POST", "/lease", `{"n":"2"}`, "400 "},
 		{"POST", "/lease", ``, "400 "},
 		{"POST", "/lease", big, "400 "},
-		{"POST", "/lease", `{"n":1} trailing`, "200 "},
+		{"POST", "/lease", `{"n":1} trailing`, "400 "}, // 200 before the bodies were strict (contract §2)
+		{"POST", "/lease", `{"n":1,"m":2}`, "400 "},
+		{"POST", "/ack", `{"lease_id":"x","id":"y"}`, "400 "},
 		{"GET", "/counts", ``, "200 "},
 		{"HEAD", "/counts", ``, "200 "},
 		{"GET", "/lease", ``, "405 "},
@@ -283,15 +286,39 @@ func TestServeMatchesHandler(t *testing.T) {
 //	POST /ack {"lease_id": id}  -> 200 {"acked": true}, or 404 when the lease is unknown or expired
 //	GET  /counts                -> {"pending", "leased", "acked"}
 //
-// (409 for an unknown lease until issue 36 made it 404.)
+// (409 for an unknown lease until issue 36 made it 404; bodies decoded
+// strictly, as docs/contract.md §2 says of every /api/v1 body, since
+// issue 34: refStrict.)
 func referenceHandler(q *Queue) http.Handler {
+	// refStrict and refDetail: encoding/json with unknown fields and
+	// trailing data refused, named after the usage message.
+	refStrict := func(r io.Reader, v any) error {
+		dec := json.NewDecoder(r)
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			return err
+		}
+		if dec.More() {
+			return errors.New("trailing data after the JSON value")
+		}
+		return nil
+	}
+	refDetail := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		if m := err.Error(); strings.HasPrefix(m, "json: unknown field") || strings.HasPrefix(m, "trailing data") {
+			return ": " + strings.TrimPrefix(m, "json: ")
+		}
+		return ""
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /lease", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			N int `json:"n"`
 		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&in); err != nil || in.N <= 0 {
-			refHTTPError(w, http.StatusBadRequest, `body must be {"n": N} with N >= 1`)
+		if err := refStrict(http.MaxBytesReader(w, r.Body, 1<<16), &in); err != nil || in.N <= 0 {
+			refHTTPError(w, http.StatusBadRequest, `body must be {"n": N} with N >= 1`+refDetail(err))
 			return
 		}
 		id, samples, exp := q.Lease(in.N)
@@ -305,8 +332,8 @@ func referenceHandler(q *Queue) http.Handler {
 		var in struct {
 			LeaseID string `json:"lease_id"`
 		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&in); err != nil || in.LeaseID == "" {
-			refHTTPError(w, http.StatusBadRequest, `body must be {"lease_id": "..."}`)
+		if err := refStrict(http.MaxBytesReader(w, r.Body, 1<<16), &in); err != nil || in.LeaseID == "" {
+			refHTTPError(w, http.StatusBadRequest, `body must be {"lease_id": "..."}`+refDetail(err))
 			return
 		}
 		if err := q.Ack(in.LeaseID); err != nil {
@@ -371,5 +398,37 @@ func TestLeaseIDsUnguessable(t *testing.T) {
 	}
 	if c := q.Counts(); c.Leased != 1000 || c.Acked != 0 {
 		t.Fatalf("guessed acks consumed samples: %+v", c)
+	}
+}
+
+// TestBodiesStrict: the lease and ack bodies are decoded as every /api/v1
+// body is (docs/contract.md §2): an unknown field is a 400 naming it, and
+// so is a second JSON value; nothing is leased or acknowledged.
+func TestBodiesStrict(t *testing.T) {
+	q := New(time.Minute, nil)
+	q.Add(raws(`{"a":1}`)...)
+	srv := httptest.NewServer(q.Handler())
+	defer srv.Close()
+	post := func(path, body string) (int, string) {
+		r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
+	}
+	for _, c := range []struct{ path, body, want string }{
+		{"/lease", `{"n":1,"count":5}`, `unknown field \"count\"`},
+		{"/lease", `{"n":1} {"n":2}`, "trailing data"},
+		{"/ack", `{"lease_id":"x","leaseid":"y"}`, `unknown field \"leaseid\"`},
+		{"/ack", `{"lease_id":"x"} []`, "trailing data"},
+	} {
+		if code, body := post(c.path, c.body); code != 400 || !strings.Contains(body, c.want) {
+			t.Errorf("POST %s %s: %d %s, want 400 naming %s", c.path, c.body, code, body, c.want)
+		}
+	}
+	if c := q.Counts(); c != (Counts{Pending: 1}) {
+		t.Errorf("counts after refused bodies: %+v, want 1 pending", c)
 	}
 }
