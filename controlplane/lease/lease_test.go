@@ -138,15 +138,7 @@ func TestHTTP(t *testing.T) {
 	q.Add(raws(`{"a":1}`, `{"a":2}`, `{"a":3}`)...)
 	srv := httptest.NewServer(q.Handler())
 	defer srv.Close()
-	post := func(path, body string) (int, string) {
-		r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Body.Close()
-		b, _ := io.ReadAll(r.Body)
-		return r.StatusCode, string(b)
-	}
+	post := poster(t, srv.URL)
 	code, body := post("/lease", `{"n":2}`)
 	var l struct {
 		LeaseID string            `json:"lease_id"`
@@ -409,15 +401,7 @@ func TestBodiesStrict(t *testing.T) {
 	q.Add(raws(`{"a":1}`)...)
 	srv := httptest.NewServer(q.Handler())
 	defer srv.Close()
-	post := func(path, body string) (int, string) {
-		r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Body.Close()
-		b, _ := io.ReadAll(r.Body)
-		return r.StatusCode, string(b)
-	}
+	post := poster(t, srv.URL)
 	for _, c := range []struct{ path, body, want string }{
 		{"/lease", `{"n":1,"count":5}`, `unknown field \"count\"`},
 		{"/lease", `{"n":1} {"n":2}`, "trailing data"},
@@ -430,5 +414,19 @@ func TestBodiesStrict(t *testing.T) {
 	}
 	if c := q.Counts(); c != (Counts{Pending: 1}) {
 		t.Errorf("counts after refused bodies: %+v, want 1 pending", c)
+	}
+}
+
+// poster returns a function that POSTs a JSON body to base+path and
+// returns the status and body of the answer.
+func poster(t *testing.T, base string) func(path, body string) (int, string) {
+	return func(path, body string) (int, string) {
+		r, err := http.Post(base+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
 	}
 }
