@@ -194,6 +194,7 @@ type CallCheck struct {
 type SQLReads struct {
 	each    func(ctx context.Context, query string, args []any, f func(row []string) error) error
 	final   string
+	in      string
 	version string
 }
 
@@ -201,10 +202,13 @@ type SQLReads struct {
 // (strings, uint64, int) to its ? placeholders in order, and hands f each
 // row rendered as Store.Query renders it (f may keep the slice); final
 // follows "rollouts" where replaced rows must be merged at read time
-// (" FINAL" on ClickHouse), "" otherwise; version is the store's
+// (" FINAL" on ClickHouse), "" otherwise; in is the operator of a filter
+// by a subquery over another table ("IN"; "GLOBAL IN" on ClickHouse, where
+// a cluster's Distributed tables refuse a distributed subquery inside a
+// distributed query: distributed_product_mode); version is the store's
 // StoreVersion query (one row).
-func NewSQLReads(each func(ctx context.Context, query string, args []any, f func(row []string) error) error, final, version string) *SQLReads {
-	return &SQLReads{each: each, final: final, version: version}
+func NewSQLReads(each func(ctx context.Context, query string, args []any, f func(row []string) error) error, final, in, version string) *SQLReads {
+	return &SQLReads{each: each, final: final, in: in, version: version}
 }
 
 // row reads the values of one rendered row; the first error sticks.
@@ -321,11 +325,11 @@ func (r *SQLReads) pageSQL(q RolloutPageQuery) (string, []any) {
 		rw.add("updated_unix_nano < ?", q.Until)
 	}
 	if q.GroupID != "" {
-		cw.add("rollout_id IN (SELECT rollout_id FROM rollouts"+r.final+" WHERE group_id = ?)", q.GroupID)
+		cw.add("rollout_id "+r.in+" (SELECT rollout_id FROM rollouts"+r.final+" WHERE group_id = ?)", q.GroupID)
 		rw.add("group_id = ?", q.GroupID)
 	}
 	if q.Status != "" {
-		cw.add("rollout_id IN (SELECT rollout_id FROM rollouts"+r.final+" WHERE status = ?)", q.Status)
+		cw.add("rollout_id "+r.in+" (SELECT rollout_id FROM rollouts"+r.final+" WHERE status = ?)", q.Status)
 		rw.add("status = ?", q.Status)
 	}
 	inner, args := "SELECT rollout_id, start_time_unix_nano AS t FROM llm_calls"+cw.where(), cw.args

@@ -15,7 +15,7 @@ func TestCallChecksCountsIDs(t *testing.T) {
 				t.Errorf("args %v, want the range's bounds", args)
 			}
 			return f([]string{"s", "run-1", "a", "1", "engine", "", "3", in})
-		}, "", "")
+		}, "", "IN", "")
 		got, err := r.CallChecks(context.Background(), RolloutRange{From: "run-", To: "run."})
 		switch {
 		case want < 0 && err == nil:

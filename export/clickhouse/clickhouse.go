@@ -150,7 +150,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*Store, error) {
 			return fmt.Errorf("clickhouse: query: %w", err)
 		}
 		return s.queryEach(ctx, body, func([]string) {}, f)
-	}, " FINAL", versionSQL)
+	}, " FINAL", "GLOBAL IN", versionSQL)
 	if !opt.ExternalInsert {
 		ok, err := s.probeBatch(ctx)
 		if err != nil {

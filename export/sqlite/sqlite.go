@@ -84,7 +84,7 @@ func Open(path string) (*Store, error) {
 	s := &Store{db: db, path: path}
 	s.SQLReads = export.NewSQLReads(func(ctx context.Context, query string, args []any, f func(row []string) error) error {
 		return s.queryEach(ctx, query, args, func([]string) {}, f)
-	}, "", versionSQL)
+	}, "", "IN", versionSQL)
 	return s, nil
 }
 
