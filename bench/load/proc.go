@@ -18,6 +18,10 @@ type ProcUsage struct {
 	PIDs       []int   `json:"pids"`
 	CPUSeconds float64 `json:"cpu_s"`
 	CPUPer1000 float64 `json:"cpu_s_per_1000"`
+	// CPUByPID is CPUSeconds split by the pids given to Snapshot (each with
+	// its children), so that one run can measure a gateway and the engine
+	// behind it apart.
+	CPUByPID map[int]float64 `json:"cpu_s_by_pid,omitempty"`
 	// PeakRSSMiB is the sum of VmHWM (peak resident set since the process
 	// started, not only during the run) over the processes.
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
@@ -27,12 +31,13 @@ type ProcUsage struct {
 type ProcSnapshot struct {
 	pids  []int
 	ticks map[int]uint64
+	root  map[int]int // process → the pid given to Snapshot it was found under
 }
 
 // Snapshot reads the CPU time of pids and of their direct children (nginx's
 // workers, a wrapper's child).
 func Snapshot(pids []int) (*ProcSnapshot, error) {
-	s := &ProcSnapshot{ticks: map[int]uint64{}}
+	s := &ProcSnapshot{ticks: map[int]uint64{}, root: map[int]int{}}
 	for _, pid := range pids {
 		all := append([]int{pid}, children(pid)...)
 		for _, p := range all {
@@ -42,6 +47,7 @@ func Snapshot(pids []int) (*ProcSnapshot, error) {
 			}
 			s.pids = append(s.pids, p)
 			s.ticks[p] = t
+			s.root[p] = pid
 		}
 	}
 	return s, nil
@@ -50,14 +56,16 @@ func Snapshot(pids []int) (*ProcSnapshot, error) {
 // Since returns the usage of the snapshot's processes since it was taken,
 // with CPU per 1,000 calls for calls > 0.
 func (s *ProcSnapshot) Since(calls int) (*ProcUsage, error) {
-	u := &ProcUsage{PIDs: s.pids}
+	u := &ProcUsage{PIDs: s.pids, CPUByPID: map[int]float64{}}
 	var ticks uint64
 	for _, p := range s.pids {
 		t, err := cpuTicks(p)
 		if err != nil {
 			return nil, err
 		}
-		ticks += t - min(t, s.ticks[p])
+		d := t - min(t, s.ticks[p])
+		ticks += d
+		u.CPUByPID[s.root[p]] += float64(d) / clockTicks
 		hwm, err := peakRSS(p)
 		if err != nil {
 			return nil, err
