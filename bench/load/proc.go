@@ -12,52 +12,76 @@ import (
 // every Linux architecture Go supports).
 const clockTicks = 100
 
-// ProcUsage is what a set of processes (and their direct children) used
+// ProcUsage is what a set of processes (and their descendants) used
 // during a run, read from /proc.
 type ProcUsage struct {
 	PIDs       []int   `json:"pids"`
 	CPUSeconds float64 `json:"cpu_s"`
 	CPUPer1000 float64 `json:"cpu_s_per_1000"`
+	// CPUByPID is CPUSeconds split by the pids given to Snapshot (each with
+	// its descendants), so that one run can measure a gateway and the engine
+	// behind it apart.
+	CPUByPID map[int]float64 `json:"cpu_s_by_pid,omitempty"`
 	// PeakRSSMiB is the sum of VmHWM (peak resident set since the process
 	// started, not only during the run) over the processes.
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
 
-// ProcSnapshot is the CPU time used so far by processes and their children.
+// ProcSnapshot is the CPU time used so far by processes and their descendants.
 type ProcSnapshot struct {
 	pids  []int
 	ticks map[int]uint64
+	root  map[int]int // process → the pid given to Snapshot it was found under
 }
 
-// Snapshot reads the CPU time of pids and of their direct children (nginx's
-// workers, a wrapper's child).
+// Snapshot reads the CPU time of pids and of their descendants at the time
+// (nginx's workers, a wrapper's child, vLLM's API server under a launcher
+// and its EngineCore and worker processes below it); a process in the tree
+// of more than one pid counts once, under the first.
 func Snapshot(pids []int) (*ProcSnapshot, error) {
-	s := &ProcSnapshot{ticks: map[int]uint64{}}
+	s := &ProcSnapshot{ticks: map[int]uint64{}, root: map[int]int{}}
 	for _, pid := range pids {
-		all := append([]int{pid}, children(pid)...)
-		for _, p := range all {
+		for _, p := range descendants(pid) {
+			if _, seen := s.ticks[p]; seen {
+				continue
+			}
 			t, err := cpuTicks(p)
 			if err != nil {
 				return nil, err
 			}
 			s.pids = append(s.pids, p)
 			s.ticks[p] = t
+			s.root[p] = pid
 		}
 	}
 	return s, nil
 }
 
+// maxDescendants bounds the processes Snapshot follows under one pid.
+const maxDescendants = 4096
+
+// descendants returns pid and the processes below it, parents first.
+func descendants(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out) && len(out) < maxDescendants; i++ {
+		out = append(out, children(out[i])...)
+	}
+	return out
+}
+
 // Since returns the usage of the snapshot's processes since it was taken,
 // with CPU per 1,000 calls for calls > 0.
 func (s *ProcSnapshot) Since(calls int) (*ProcUsage, error) {
-	u := &ProcUsage{PIDs: s.pids}
+	u := &ProcUsage{PIDs: s.pids, CPUByPID: map[int]float64{}}
 	var ticks uint64
 	for _, p := range s.pids {
 		t, err := cpuTicks(p)
 		if err != nil {
 			return nil, err
 		}
-		ticks += t - min(t, s.ticks[p])
+		d := t - min(t, s.ticks[p])
+		ticks += d
+		u.CPUByPID[s.root[p]] += float64(d) / clockTicks
 		hwm, err := peakRSS(p)
 		if err != nil {
 			return nil, err

@@ -35,7 +35,7 @@ URLs) or URL/v1/chat/completions (--paths plain, for engines and plain proxies).
 With --db or --clickhouse, the store is read after the run: every call the client saw (by its
 x-request-id) must be there exactly once with token_source=engine and as many response token
 ids as completion_tokens; missing and duplicate rows are counted, and the exit status is 1 if
-any check fails. --pids reports CPU seconds (from /proc/PID/stat, children included) used
+any check fails. --pids reports CPU seconds (from /proc/PID/stat, descendants included) used
 during the run and peak RSS (VmHWM) of the server processes.`
 
 func runBench(args []string, stdout, stderr io.Writer) int {
