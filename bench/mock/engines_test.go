@@ -57,8 +57,8 @@ func TestVLLMEndOfTurnInTokenIDs(t *testing.T) {
 		t.Fatalf("streamed completion ids %v", streamed)
 	}
 	lj := mustOK(t, post(t, base+"/chat/completions", inject(t, chatBody, "return_token_ids", true, "max_tokens", DefaultMaxTokens)))
-	if l := ids(lj.Get("choices.0.token_ids")); len(l) != DefaultMaxTokens || l[len(l)-1] == TokenIMEnd {
-		t.Fatalf("limit: %s", lj.Raw)
+	if l := ids(lj.Get("choices.0.token_ids")); len(l) != DefaultMaxTokens || l[len(l)-1] == TokenIMEnd || lj.Get("choices.0.finish_reason").Str != "length" {
+		t.Fatalf("limit (finish_reason must be length: the limit came before the end-of-turn token): %s", lj.Raw)
 	}
 }
 

@@ -471,8 +471,15 @@ func (p *plan) genText(c *planChoice, limit int) {
 // Config.EndOfTurn is set, the output limit leaves room for it and the flavour is one
 // whose behaviour was read (not SGLang).
 func (p *plan) endTurn(c *planChoice, limit int) {
-	if !p.s.cfg.EndOfTurn || p.s.cfg.Flavor == FlavorSGLang || c.finish == "length" || c.stopStr != "" ||
-		(limit != unset && len(c.ids) >= limit) {
+	if !p.s.cfg.EndOfTurn || p.s.cfg.Flavor == FlavorSGLang || c.finish == "length" || c.stopStr != "" {
+		return
+	}
+	if limit != unset && len(c.ids) >= limit {
+		// The end-of-turn token would be the next one sampled, but the
+		// limit is reached first: vLLM finishes "length" (the scheduler's
+		// max_tokens check, vllm/v1/core/sched/utils.py check_stop, 0.32.0)
+		// and so does llama.cpp (n_predict: server-context.cpp).
+		c.finish = "length"
 		return
 	}
 	c.ids = append(c.ids, TokenIMEnd)
