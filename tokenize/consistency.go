@@ -133,8 +133,18 @@ func CheckTurns(calls []export.Call, opt *TurnOptions) ([]Turn, []RolloutTurns) 
 	rows := slices.Clone(calls)
 	slices.SortStableFunc(rows, func(a, b export.Call) int {
 		return cmp.Or(cmp.Compare(a.RolloutID, b.RolloutID), cmp.Compare(a.AttemptID, b.AttemptID),
-			cmp.Compare(a.SequenceID, b.SequenceID), cmp.Compare(a.ChoiceIndex, b.ChoiceIndex))
+			export.CompareTurns(&a, &b))
 	})
+	// One call per sequence id: the try the agent received.
+	if sup := export.SupersededTries(rows); sup != nil {
+		kept := rows[:0]
+		for i := range rows {
+			if !sup[i] {
+				kept = append(kept, rows[i])
+			}
+		}
+		rows = kept
+	}
 	var turns []Turn
 	var sums []RolloutTurns
 	var prev []turnIDs // choices of the previous successful call of the attempt
