@@ -12,14 +12,11 @@ A stream that already started is not retried by the SDK: one row.
 """
 
 import json
-import os
 import sqlite3
 import time
 
 import openai
 import pytest
-
-from conftest import Gateway
 
 FIRST_TRY_ONLY = {"x-mock-first-try-only": "1"}
 
@@ -31,14 +28,6 @@ SCENARIOS = {
     "hang-whole": (False, {"x-mock-fail": "hang"}, True),
     "itl-stream": (True, {"x-mock-itl-ms": "1500"}, False),
 }
-
-
-@pytest.fixture(scope="module")
-def gw(rollgate_bin, tmp_path_factory):
-    d = tmp_path_factory.mktemp("retries")
-    g = Gateway(rollgate_bin, None, str(d / "rollgate.db"), str(d / "serve.log"))
-    yield g
-    g.stop()
 
 
 def rows_of(db, rollout, n):
@@ -91,7 +80,8 @@ def describe(rows):
     ]
 
 
-def test_sdk_retries_are_one_call(gw, tmp_path):
+def test_sdk_retries_are_one_call(mock_gateway, tmp_path):
+    gw = mock_gateway
     table = []
     for rollout, (stream, headers, answered) in SCENARIOS.items():
         if answered:
