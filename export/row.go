@@ -105,6 +105,15 @@ type Call struct {
 	// no_attempt, render, derender, kind, bad_messages); '' when token-in
 	// mode was off. Extra column.
 	TokenIn string
+	// RetryCount is which try of its call this row is: 0 for the first,
+	// n for the client's n-th retry of it (the SDK's x-stainless-retry-count
+	// header with the body of an earlier call of the attempt, or the same
+	// Idempotency-Key). Every try of a call has the call's sequence id; the
+	// agent received the last answered one (AnsweredTries). Extra column.
+	RetryCount uint16
+	// RetryOf is the span id of the call's first try on a retry's rows, ''
+	// on a first try. Extra column.
+	RetryOf string
 	// ParentSpanID is the span id of the client's W3C traceparent ('' when
 	// none was sent), so exported spans nest under the caller's span. Not a
 	// stored column: it travels to the OTLP sink only.
@@ -153,6 +162,8 @@ var CallTable = NewTable("llm_calls",
 	Col("overrides", func(c *Call) any { return &c.Overrides }, LowCard, Since(4)),
 	Col("backend_attempts", func(c *Call) any { return &c.BackendAttempts }, Since(5)),
 	Col("token_in", func(c *Call) any { return &c.TokenIn }, LowCard, Since(6)),
+	Col("retry_count", func(c *Call) any { return &c.RetryCount }, Since(7)),
+	Col("retry_of", func(c *Call) any { return &c.RetryOf }, Since(7)),
 )
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.
@@ -420,5 +431,44 @@ type Store interface {
 // sequence id, then choice index. For sorting an attempt's calls (stable
 // sorts keep the store's order of ties).
 func CompareTurns(a, b *Call) int {
-	return cmp.Or(cmp.Compare(a.SequenceID, b.SequenceID), cmp.Compare(a.ChoiceIndex, b.ChoiceIndex))
+	return cmp.Or(cmp.Compare(a.SequenceID, b.SequenceID), cmp.Compare(a.RetryCount, b.RetryCount), cmp.Compare(a.ChoiceIndex, b.ChoiceIndex))
+}
+
+// Answered reports whether the agent read c's answer: no error (a client
+// that went away is an error) and a status below 300.
+func (c *Call) Answered() bool { return c.Error == "" && c.HTTPStatus < 300 }
+
+// SupersededTries marks the rows of calls (ordered by rollout, attempt,
+// then CompareTurns) that are tries the agent did not receive: every try of a
+// sequence id (RetryCount) but its last answered one, when one was
+// answered. A sequence id none of whose tries was answered keeps them all.
+// nil when no row is superseded (the usual case: no retries).
+func SupersededTries(calls []Call) []bool {
+	var out []bool
+	for i := 0; i < len(calls); {
+		j, retried := i+1, false
+		for j < len(calls) && calls[j].SequenceID == calls[i].SequenceID &&
+			calls[j].AttemptID == calls[i].AttemptID && calls[j].RolloutID == calls[i].RolloutID {
+			retried = retried || calls[j].RetryCount != calls[i].RetryCount
+			j++
+		}
+		if retried {
+			answered, ok := uint16(0), false
+			for k := i; k < j; k++ {
+				if calls[k].Answered() && (!ok || calls[k].RetryCount > answered) {
+					answered, ok = calls[k].RetryCount, true
+				}
+			}
+			for k := i; ok && k < j; k++ {
+				if calls[k].RetryCount != answered {
+					if out == nil {
+						out = make([]bool, len(calls))
+					}
+					out[k] = true
+				}
+			}
+		}
+		i = j
+	}
+	return out
 }

@@ -46,7 +46,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", d.QueueTimeout, "how long a call waits for a free slot under --max-concurrency")
 	fs.DurationVar(&c.PauseMaxHold, "pause-max-hold", d.PauseMaxHold, "longest a call waits while the gateway is paused before it gets 503 with Retry-After")
 	fs.IntVar(&c.MaxTrackedAttempts, "max-tracked-attempts", d.MaxTrackedAttempts, "(rollout, attempt) pairs whose sequence counters are kept in memory; past it (or --max-tracked-attempt-bytes) the least recently used reserve their next block from the sequence store again")
-	fs.Int64Var(&c.MaxTrackedAttemptBytes, "max-tracked-attempt-bytes", d.MaxTrackedAttemptBytes, "memory the sequence counters of --max-tracked-attempts may take")
+	fs.Int64Var(&c.MaxTrackedAttemptBytes, "max-tracked-attempt-bytes", d.MaxTrackedAttemptBytes, "memory the sequence counters of --max-tracked-attempts may take, each with its last 4 calls' hashes that recognise client retries (about 670 bytes per attempt with short ids)")
 	fs.DurationVar(&c.SequenceStoreTimeout, "sequence-timeout", d.SequenceStoreTimeout,
 		"longest a call waits for its sequence id to be reserved in the database (the first call of an attempt, one call per block of 16 to 1024 ids); past it the call gets 503 and counts in rollgate_calls_rejected_total{reason=\"sequence_store\"} (see also --queue, --db)")
 	fs.BoolVar(&c.ForwardClientAuthorization, "forward-client-authorization", d.ForwardClientAuthorization, "pass the agent's Authorization header to backends that have no key of their own (default: the gateway holds upstream credentials)")

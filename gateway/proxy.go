@@ -627,7 +627,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, c *call) bool {
 		return true
 	}
 	h := &ctx.Response.Header
-	e, seq, err := s.seq.assign(attr.rolloutID, attr.attemptID)
+	e, seq, err := s.assignSequence(ctx, c)
 	if err != nil {
 		s.log.Warn("refusing a call: no sequence id", "err", err)
 		ctx.Response.Header.Set("Retry-After", "1")

@@ -29,6 +29,11 @@ const (
 	// shares with what its reservation allocated for a while (measured by
 	// TestSequenceEntryOverhead).
 	seqBlockOverhead = 160
+	// seqRetryOverhead is what an entry's memory of its recent calls
+	// (retryMemo: retryRecent hashes, sequence ids and span ids, 208
+	// bytes) adds to the entry (it takes seqEntry from the 112-byte to the
+	// 320-byte size class).
+	seqRetryOverhead = 224
 	// evictDivisor: an eviction removes at least 1/evictDivisor of the entries.
 	evictDivisor = 8
 	// defaultSequenceStoreTimeout is the default of Config.SequenceStoreTimeout.
@@ -53,8 +58,8 @@ const (
 // The table is bounded. It holds at most maxEntries entries (attempts) and
 // at most maxBytes bytes of them, an entry counting its key (rollout id, NUL,
 // attempt id, rounded up to 32 bytes; the entry's rollout and attempt
-// strings share the key's bytes) plus seqEntryOverhead and
-// seqBlockOverhead; a single entry larger than maxBytes is still admitted
+// strings share the key's bytes) plus seqEntryOverhead, seqBlockOverhead
+// and seqRetryOverhead (the last retryRecent calls' hashes, for retries); a single entry larger than maxBytes is still admitted
 // alone. Inserting past a bound evicts the least recently used entries, at
 // least 1/8 of them at once, so that eviction's cost, a pass over the table
 // under the write lock (a few milliseconds at 65,536 entries), is amortised
@@ -130,6 +135,10 @@ type seqEntry struct {
 
 	// prev and next link the entries of one rollout (guarded by sequences.mu).
 	prev, next *seqEntry
+
+	// retries remembers the attempt's recent calls, so that a client's
+	// retry of one takes its sequence id (retries.go).
+	retries retryMemo
 }
 
 // lruCandidate is an entry and its last use, while choosing whom to evict.
@@ -348,7 +357,7 @@ func (s *sequences) insertLocked(key []byte, rolloutLen int) *seqEntry {
 
 // entrySize is the counted size of an entry whose key is keyLen bytes long.
 func (s *sequences) entrySize(keyLen int) int64 {
-	return int64(keyLen+31)&^31 + seqEntryOverhead + seqBlockOverhead
+	return int64(keyLen+31)&^31 + seqEntryOverhead + seqBlockOverhead + seqRetryOverhead
 }
 
 // forRollout calls fn with each entry of the rollout, under the read lock:

@@ -133,8 +133,18 @@ func CheckTurns(calls []export.Call, opt *TurnOptions) ([]Turn, []RolloutTurns) 
 	rows := slices.Clone(calls)
 	slices.SortStableFunc(rows, func(a, b export.Call) int {
 		return cmp.Or(cmp.Compare(a.RolloutID, b.RolloutID), cmp.Compare(a.AttemptID, b.AttemptID),
-			cmp.Compare(a.SequenceID, b.SequenceID), cmp.Compare(a.ChoiceIndex, b.ChoiceIndex))
+			export.CompareTurns(&a, &b))
 	})
+	// One call per sequence id: the try the agent received.
+	if sup := export.SupersededTries(rows); sup != nil {
+		kept := rows[:0]
+		for i := range rows {
+			if !sup[i] {
+				kept = append(kept, rows[i])
+			}
+		}
+		rows = kept
+	}
 	var turns []Turn
 	var sums []RolloutTurns
 	var prev []turnIDs // choices of the previous successful call of the attempt
@@ -182,6 +192,7 @@ func CompareTurn(prev, cur []export.Call, opt *TurnOptions) Turn {
 // call: its ids (shared with the row), sequence id, choice and token source.
 type turnIDs struct {
 	seq            uint64
+	retry          uint16 // export.Call.RetryCount
 	choice         uint32
 	source         string
 	prompt, output []uint32
@@ -199,7 +210,7 @@ func idsOf(rows []export.Call) []turnIDs {
 	out := make([]turnIDs, len(rows))
 	for i := range rows {
 		r := &rows[i]
-		out[i] = turnIDs{seq: r.SequenceID, choice: r.ChoiceIndex, source: r.TokenSource,
+		out[i] = turnIDs{seq: r.SequenceID, retry: r.RetryCount, choice: r.ChoiceIndex, source: r.TokenSource,
 			prompt: r.PromptTokenIDs, output: r.ResponseTokenIDs,
 			noOutput: r.ResponseTokenSource == export.TokenSourceNone && len(r.ResponseTokenIDs) == 0}
 	}
@@ -416,7 +427,10 @@ func (tr *Tracker) Observe(rows []export.Call) Turn {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	prev, known := tr.last[k]
-	if known && prev[0].seq >= rows[0].SequenceID {
+	// A later try of the latest call (a client retry, same sequence id) is
+	// compared with the earlier try (TurnResend when its prompt is the
+	// same), not taken for a call out of order.
+	if known && (prev[0].seq > rows[0].SequenceID || prev[0].seq == rows[0].SequenceID && prev[0].retry >= rows[0].RetryCount) {
 		return Turn{RolloutID: k.rollout, AttemptID: k.attempt, SequenceID: rows[0].SequenceID, Kind: TurnUnordered}
 	}
 	t := compareTurn(prev, rows, &tr.opt)

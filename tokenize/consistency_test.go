@@ -378,3 +378,49 @@ func TestTurnWithoutResponseIDs(t *testing.T) {
 		t.Fatalf("old row: kind %s", k)
 	}
 }
+
+// TestTrackerRetries: a later try of the latest call (same sequence id, a
+// higher retry_count) is one call tried again, compared with the earlier
+// try (resend), not a call out of order; the same try again, or an earlier
+// one, is still out of order.
+func TestTrackerRetries(t *testing.T) {
+	tr := NewTracker(TurnOptions{}, 0)
+	p1, r1 := u(1, 2, 3), u(4, 5)
+	obs := func(c export.Call) string { return tr.Observe([]export.Call{c}).Kind }
+	if k := obs(call(1, p1, r1)); k != TurnFirst {
+		t.Fatal(k)
+	}
+	retry := call(1, p1, r1)
+	retry.RetryCount = 1
+	if k := obs(retry); k != TurnResend {
+		t.Fatalf("a retry of the latest call: %s, want %s", k, TurnResend)
+	}
+	if k := obs(retry); k != TurnUnordered {
+		t.Fatalf("the same try again: %s, want %s", k, TurnUnordered)
+	}
+	if k := obs(call(1, p1, r1)); k != TurnUnordered {
+		t.Fatalf("an earlier try after a later one: %s, want %s", k, TurnUnordered)
+	}
+	if k := obs(call(2, cat(p1, r1, u(6)), u(7))); k != TurnPrefix {
+		t.Fatalf("the next call: %s, want %s", k, TurnPrefix)
+	}
+}
+
+// TestCheckTurnsRetries: CheckTurns over stored rows takes the tries of one
+// sequence id as one call, the try the agent received: a failed first try
+// neither hides the call nor breaks the next turn.
+func TestCheckTurnsRetries(t *testing.T) {
+	p1, r1 := u(1, 2, 3), u(4, 5)
+	try1 := call(1, p1, r1)
+	try1.RetryCount = 1
+	try0 := call(1, nil, nil)
+	try0.HTTPStatus, try0.Error = 499, "client disconnected before the response"
+	turns, sums := CheckTurns([]export.Call{try0, try1, call(2, cat(p1, r1, u(6)), u(7))}, &TurnOptions{})
+	var kinds []string
+	for _, tn := range turns {
+		kinds = append(kinds, tn.Kind)
+	}
+	if len(turns) != 2 || kinds[0] != TurnFirst || kinds[1] != TurnPrefix || sums[0].Calls != 2 || !sums[0].Mergeable {
+		t.Fatalf("turns %v, summary %+v; want [first prefix], 2 calls, mergeable", kinds, sums[0])
+	}
+}

@@ -322,6 +322,7 @@ func (out *attemptOut) keptCalls(calls []export.Call, o *Options, st *Stats) []e
 	// kept is a view of calls while every call so far is kept as read,
 	// and a copy from the first call that is left out or retokenized.
 	kept, view := calls[:0:0], true
+	superseded := export.SupersededTries(calls)
 	own := func(i int) {
 		if view {
 			kept, view = append(make([]export.Call, 0, len(calls)), calls[:i]...), false
@@ -342,6 +343,8 @@ func (out *attemptOut) keptCalls(calls []export.Call, o *Options, st *Stats) []e
 			own(i)
 		}
 		switch {
+		case superseded != nil && superseded[i]:
+			out.exclude(st, &c, ExclSuperseded)
 		case c.Error != "" || c.HTTPStatus >= 300:
 			out.exclude(st, &c, ExclErrored)
 		case retokenizeFailed:

@@ -33,6 +33,8 @@ func Hint(reason string, minGroup int) string {
 		return "calls without a rollout (no /rollout/{r}/attempt/{a}/v1 path, no x-rollout-id header) are never trained on: use the per-rollout base URL"
 	case ExclUnfinished:
 		return "rollouts never registered and without an episode reward, perhaps still running: POST /api/v1/rollouts/{id}/rewards {\"value\": ...} when the episode ends, or report its status; --status '' takes them with reward 0"
+	case ExclSuperseded:
+		return "tries of a call the agent's SDK retried (same sequence id, retry_count) whose later try the agent received: only that try is trained on"
 	case ExclErrored:
 		return "calls that failed (error or HTTP status >= 300): never trained on"
 	case ExclUnverified:

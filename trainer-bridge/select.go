@@ -26,6 +26,7 @@ const (
 // Exclusion reasons counted in Stats.Excluded (calls unless noted).
 const (
 	ExclErrored       = "errored"              // error set or HTTP status >= 300
+	ExclSuperseded    = "superseded_retry"     // a try of a call the agent retried and received a later try of (export.SupersededTries)
 	ExclUnverified    = "unverified_ids"       // token_source not engine/tokenize, or no ids
 	ExclRetokenize    = "retokenize_failed"    // token_source none and Options.Retokenize could not rebuild the ids (another endpoint, non-text content, a request with its own template)
 	ExclAgent         = "agent_name"           // agent_name does not match the regex

@@ -207,9 +207,13 @@ func fillRolloutPage(p *rolloutPage, prev *export.Call, page []export.Call, rewa
 		}
 	}
 	var calls []export.Call
-	choices := map[uint64]int{}
+	type try struct {
+		seq   uint64
+		retry uint16
+	}
+	choices := map[try]int{} // rows per try of a call (a retry is the same sequence id)
 	for _, c := range page {
-		choices[c.SequenceID]++
+		choices[try{c.SequenceID, c.RetryCount}]++
 		if c.ChoiceIndex == 0 {
 			calls = append(calls, c)
 		}
@@ -235,7 +239,7 @@ func fillRolloutPage(p *rolloutPage, prev *export.Call, page []export.Call, rewa
 	for i, c := range calls {
 		msgs := gjson.Get(c.RequestBody, "messages").Array()
 		raw := rawOf(msgs)
-		cv := callView{Call: c, OK: c.Error == "" && c.HTTPStatus < 300, Rewards: steps[c.SequenceID], OtherChoices: choices[c.SequenceID] - 1}
+		cv := callView{Call: c, OK: c.Error == "" && c.HTTPStatus < 300, Rewards: steps[c.SequenceID], OtherChoices: choices[try{c.SequenceID, c.RetryCount}] - 1}
 		if c.EndTimeUnixNano > c.StartTimeUnixNano {
 			cv.Duration = c.EndTimeUnixNano - c.StartTimeUnixNano
 		}

@@ -36,6 +36,10 @@
 //	                          goes on; non-streaming: a body that is not JSON
 //	x-mock-fail: truncate     streams: after a few tokens the stream ends cleanly with no finish
 //	                          chunk, no usage and no [DONE]; non-streaming: a cut JSON body
+//	x-mock-first-try-only: 1  apply the x-mock-* headers above only to a first try: a request
+//	                          whose x-stainless-retry-count (the OpenAI and Anthropic SDKs'
+//	                          retry header) is above 0 is served as if they were absent, so
+//	                          an SDK's retry of a delayed or failed call is answered
 package mock
 
 import (
@@ -274,6 +278,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 func (s *Server) readKnobs(ctx *fasthttp.RequestCtx) (k knobs, ok bool) {
 	k = knobs{ttft: s.cfg.TTFT, itl: s.cfg.ITL, tokens: s.cfg.MaxTokens}
 	h := &ctx.Request.Header
+	if len(h.Peek("x-mock-first-try-only")) > 0 {
+		if n, err := fasthttp.ParseUint(h.Peek("x-stainless-retry-count")); err == nil && n > 0 {
+			return k, true
+		}
+	}
 	if v := h.Peek("x-mock-fail"); len(v) > 0 {
 		if !s.fail(ctx, b2s(v), &k) {
 			return k, false

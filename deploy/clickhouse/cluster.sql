@@ -87,7 +87,9 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
     response_token_source String,
     overrides String,
     backend_attempts UInt16,
-    token_in String
+    token_in String,
+    retry_count UInt16,
+    retry_of String
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

@@ -30,6 +30,11 @@ type Metrics struct {
 	// TokenIn counts chat calls under token-in mode by outcome ("extended",
 	// "first", "whole:REASON", "passthrough:REASON"; the token_in column).
 	TokenIn *prometheus.CounterVec
+	// Retries counts calls that carried a client retry signal
+	// (x-stainless-retry-count > 0, or an Idempotency-Key seen before) by
+	// outcome: "matched" (an earlier try of the attempt was found: the call
+	// kept its sequence id) or "unmatched" (none was: a new call).
+	Retries *prometheus.CounterVec
 	// TokenInEvictions counts attempts token-in mode forgot to stay within
 	// its bounds.
 	TokenInEvictions prometheus.Counter
@@ -114,6 +119,9 @@ func New() *Metrics {
 		TokenIn: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_in_calls_total", Help: "Chat calls under token-in mode by outcome: extended (previous prompt + response ids + the new messages), first, whole:REASON (rendered whole), passthrough:REASON (the engine rendered the text).",
 		}, []string{"outcome"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rollgate_retries_total", Help: "Calls with a client retry signal (x-stainless-retry-count > 0 or an Idempotency-Key) by outcome: matched (an earlier try of the same attempt was found; the retry kept its sequence id, retry_count and retry_of say which try it is) or unmatched (none found: the body differs, another attempt, or forgotten; stored as a new call).",
+		}, []string{"outcome"}),
 		TokenInEvictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rollgate_token_in_evictions_total", Help: "Attempts whose last call token-in mode forgot to stay within --token-in-max-attempts and --token-in-max-bytes (their next call is rendered whole).",
 		}),
@@ -184,7 +192,7 @@ func New() *Metrics {
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.Requests, m.CallsRejected, m.SequenceEvictions, m.TokenIn, m.TokenInEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
+		m.Requests, m.CallsRejected, m.SequenceEvictions, m.TokenIn, m.Retries, m.TokenInEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
 		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Detok, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)

@@ -107,3 +107,12 @@ def gateway(rollgate_bin, vllm, tmp_path):
     g = Gateway(rollgate_bin, vllm[0], str(tmp_path / "rollgate.db"), str(tmp_path / "serve.log"))
     yield g
     g.stop()
+
+
+@pytest.fixture(scope="module")
+def mock_gateway(rollgate_bin, tmp_path_factory):
+    """rollgate serve with its built-in mock engine (no --upstream), one per test module."""
+    d = tmp_path_factory.mktemp("mock")
+    g = Gateway(rollgate_bin, None, str(d / "rollgate.db"), str(d / "serve.log"))
+    yield g
+    g.stop()

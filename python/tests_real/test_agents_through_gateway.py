@@ -426,15 +426,6 @@ def check_exchanges(gw, wire, rollout, attempt, base_url, via_headers):
 
 
 @pytest.fixture(scope="module")
-def mock_gateway(rollgate_bin, tmp_path_factory):
-    """rollgate serve with its built-in mock engine (no --upstream)."""
-    d = tmp_path_factory.mktemp("mock")
-    g = Gateway(rollgate_bin, None, str(d / "rollgate.db"), str(d / "serve.log"))
-    yield g
-    g.stop()
-
-
-@pytest.fixture(scope="module")
 def vllm_gateway(rollgate_bin, vllm, tmp_path_factory):
     """rollgate serve in front of the real vLLM (fails without it: conftest.vllm)."""
     d = tmp_path_factory.mktemp("vllm")

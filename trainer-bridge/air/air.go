@@ -295,9 +295,13 @@ func (e *Engine) attempt(calls []export.Call, spans []export.Span, now uint64) [
 	}
 	prevSig, run := "", 0
 	var prevSeq uint64
+	superseded := export.SupersededTries(calls)
 	for i := range ps {
 		p := &ps[i]
 		c := p.c
+		if superseded != nil && superseded[i] {
+			continue // a try the agent retried and recovered from: no rule judges it
+		}
 		failed := c.Error != "" || c.HTTPStatus >= 300
 		if e.on(RuleBackendError) && (failed || (len(p.msg.ToolCalls) == 0 && len(c.ResponseTokenIDs) == 0 && p.msg.text() == "")) {
 			add(c.SequenceID, RuleBackendError)

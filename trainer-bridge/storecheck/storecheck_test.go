@@ -24,8 +24,8 @@ func TestMain(m *testing.M) { testenv.Main(m, &serverDSN) }
 
 // batches is a deterministic capture of 30 rollouts over 6 tasks: three
 // turns each with tool calls, failing tool results, truncations, backend
-// errors, unverified ids, two agents, two policy versions, retried attempts
-// and status rows written twice (ClickHouse keeps both until a merge).
+// errors, unverified ids, two agents, two policy versions, retried attempts,
+// calls an SDK retried (two tries of one sequence id) and status rows written twice (ClickHouse keeps both until a merge).
 func batches() []*export.Batch {
 	const tools = `"tools":[{"type":"function","function":{"name":"run","parameters":{"type":"object","properties":{"cmd":{"type":"string"}},"required":["cmd"]}}}]`
 	var out []*export.Batch
@@ -61,6 +61,16 @@ func batches() []*export.Batch {
 					c.TokenSource = export.TokenSourceRetokenized
 				case r%3 == 0 && seq == 3:
 					c.FinishReason = "length"
+				}
+				if r%6 == 2 && seq == 2 {
+					// The SDK retried this call: a first try the agent never
+					// received (stored first), then the answered one.
+					try0 := c
+					try0.SpanID += "t0"
+					try0.StartTimeUnixNano--
+					try0.HTTPStatus, try0.Error, try0.ResponseTokenIDs, try0.ResponseLogprobs = 499, "client disconnected before the response", nil, nil
+					b.Calls = append(b.Calls, try0)
+					c.RetryCount, c.RetryOf = 1, try0.SpanID
 				}
 				b.Calls = append(b.Calls, c)
 				prompt = append(append(prompt, resp...), 7, uint32(seq), 8) // the observation
@@ -157,6 +167,9 @@ func TestSameSamplesOnBothStores(t *testing.T) {
 			}
 			if ja.String() != jb.String() {
 				t.Fatalf("ClickHouse and SQLite samples differ:\n%s\n---\n%s", ja.String(), jb.String())
+			}
+			if a.Stats.Excluded[bridge.ExclSuperseded] == 0 {
+				t.Fatalf("no superseded try excluded: %v", a.Stats.Excluded)
 			}
 			if fmt.Sprint(a.Stats) != fmt.Sprint(b.Stats) {
 				t.Fatalf("stats differ:\n%+v\n%+v", a.Stats, b.Stats)
