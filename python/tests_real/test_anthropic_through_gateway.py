@@ -27,8 +27,8 @@ import json
 import httpx
 import pytest
 
-# The gateways (module fixtures) and the row reader are the Python agents' tests'.
-from test_agents_through_gateway import mock_gateway, vllm_gateway, wait_rows  # noqa: F401
+# vllm_gateway (a module fixture) and the row reader are the Python agents' tests'; mock_gateway is conftest's.
+from test_agents_through_gateway import vllm_gateway, wait_rows  # noqa: F401
 
 TOOLS = [
     {
