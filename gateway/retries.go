@@ -57,20 +57,23 @@ type retryMemo struct {
 
 // retrySignal is what a request says about being a retry.
 type retrySignal struct {
-	count uint64 // x-stainless-retry-count (0: absent, "0" or not a number)
-	key   uint64 // hash of Idempotency-Key (0: absent)
+	count   uint64 // x-stainless-retry-count (0: absent, "0" or not a number)
+	key     uint64 // hash of Idempotency-Key (0: absent)
+	present bool   // either header is there (an SDK's first try sends "0")
 }
 
 // readRetrySignal reads the retry headers of a request.
 func readRetrySignal(h *fasthttp.RequestHeader) retrySignal {
 	var sig retrySignal
 	if v := h.Peek("x-stainless-retry-count"); len(v) > 0 {
+		sig.present = true
 		if n, err := fasthttp.ParseUint(v); err == nil { // not a number: no signal
 			sig.count = uint64(n)
 		}
 	}
 	if v := h.Peek("Idempotency-Key"); len(v) > 0 {
 		sig.key = maphash.Bytes(retrySeed, v) | 1 // never 0: 0 is "none"
+		sig.present = true
 	}
 	return sig
 }
@@ -116,6 +119,12 @@ func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, u
 		return s.seq.assign(attr.rolloutID, attr.attemptID)
 	}
 	sig := readRetrySignal(&ctx.Request.Header)
+	if !sig.present {
+		// No SDK retry header and no key: this call cannot be a retry, and
+		// a retry of it (which would carry one) cannot be told from a new
+		// call, so its body is neither hashed nor remembered.
+		return s.seq.assign(attr.rolloutID, attr.attemptID)
+	}
 	body := maphash.String(retrySeed, p.Request)
 	if sig.key != 0 || sig.count > 0 {
 		if e := s.seq.lookup(attr.rolloutID, attr.attemptID); e != nil {

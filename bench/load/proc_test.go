@@ -1,11 +1,14 @@
 package load
 
 import (
+	"fmt"
 	"math"
 	"os/exec"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
 // TestCPUByPID: a run's CPU is split by the pids given to Snapshot, so a
@@ -25,12 +28,9 @@ func TestCPUByPID(t *testing.T) {
 	}
 	pb, pi := busy.Process.Pid, idle.Process.Pid
 	var tree []int
-	for deadline := time.Now().Add(20 * time.Second); len(tree) < 3; tree = descendants(pb) {
-		if time.Now().After(deadline) {
-			t.Fatalf("process tree under %d: %v, want 3 levels", pb, tree)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 20*time.Second, func() string {
+		return fmt.Sprintf("process tree under %d: %v, want 3 levels", pb, tree)
+	}, func() bool { tree = descendants(pb); return len(tree) >= 3 })
 	leaf := tree[len(tree)-1]
 	s, err := Snapshot([]int{pb, pi, leaf}) // leaf twice: counted once, under pb
 	if err != nil {
@@ -40,19 +40,15 @@ func TestCPUByPID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		t1, err := cpuTicks(leaf)
-		if err != nil {
+	var t1 uint64
+	testenv.WaitFor(t, 20*time.Second, func() string {
+		return fmt.Sprintf("busy process used %d ticks", t1-t0)
+	}, func() bool {
+		if t1, err = cpuTicks(leaf); err != nil {
 			t.Fatal(err)
 		}
-		if t1-t0 >= 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("busy process used %d ticks in 20s", t1-t0)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return t1-t0 >= 5
+	})
 	u, err := s.Since(100)
 	if err != nil {
 		t.Fatal(err)
