@@ -523,6 +523,14 @@ func (p *Pipeline) take(dst []*Pending) []*Pending {
 	return dst
 }
 
+// Test hooks: lingerSleep is how a woken worker lingers, workerIdle (when
+// set) runs each time a worker finds the queue empty and waits; tests replace
+// them to wait on conditions instead of durations.
+var (
+	lingerSleep = time.Sleep
+	workerIdle  func()
+)
+
 func (p *Pipeline) work() {
 	defer p.wg.Done()
 	var (
@@ -532,10 +540,13 @@ func (p *Pipeline) work() {
 	for {
 		calls = p.take(calls[:0])
 		if len(calls) == 0 {
+			if workerIdle != nil {
+				workerIdle()
+			}
 			select {
 			case <-p.wake:
 				if p.cfg.Linger > 0 {
-					time.Sleep(p.cfg.Linger)
+					lingerSleep(p.cfg.Linger)
 				}
 				continue
 			case <-p.quit:

@@ -211,13 +211,32 @@ func TestWorkerTakesQueuedCallsTogether(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
+	// The worker's linger ends once all five calls are queued (a condition,
+	// not a duration: a loaded machine may take longer than any linger to
+	// push them).
+	pushed := make(chan struct{})
+	var lingered []time.Duration
+	lingerSleep = func(d time.Duration) {
+		lingered = append(lingered, d)
+		<-pushed
+	}
+	idle := make(chan struct{}, 1)
+	workerIdle = func() {
+		select {
+		case idle <- struct{}{}:
+		default:
+		}
+	}
+	defer func() { lingerSleep, workerIdle = time.Sleep, nil }()
 	p := NewPipeline(Config{Workers: 1, BatchSize: 1, FlushInterval: time.Hour, Linger: 300 * time.Millisecond},
 		[]NamedSink{{Name: "f", Sink: sink}}, m, nil)
+	<-idle // the worker waits for work: the first push wakes it
 	for i := range 5 {
 		if !p.TryPush(pending(uint64(i + 1))) {
 			t.Fatal("refused")
 		}
 	}
+	close(pushed)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := p.Sync(ctx); err != nil {
@@ -230,6 +249,9 @@ func TestWorkerTakesQueuedCallsTogether(t *testing.T) {
 	defer mu.Unlock()
 	if len(writes) != 1 || writes[0] != 5 {
 		t.Fatalf("writes of %v rows, want one of 5", writes)
+	}
+	if len(lingered) != 1 || lingered[0] != 300*time.Millisecond {
+		t.Fatalf("the worker lingered %v, want once for Config.Linger (300ms)", lingered)
 	}
 }
 
