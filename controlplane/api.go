@@ -144,7 +144,10 @@ func (s *Server) putBackends(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
-	s.gw.Pause()
+	if err := s.gw.PauseWith(string(ctx.QueryArgs().Peek("mode"))); err != nil {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+		return
+	}
 	writeJSON(ctx, fasthttp.StatusOK, s.gw.PauseState())
 }
 

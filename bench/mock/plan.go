@@ -120,6 +120,9 @@ type plan struct {
 	buf   []byte
 	text  []byte
 	timer *time.Timer
+
+	abort   <-chan struct{} // closed by PathAbortRequests (a streamed generate); nil otherwise
+	unabort func()          // removes the request from the abortable set
 }
 
 var planPool = sync.Pool{New: func() any { return new(plan) }}
@@ -142,6 +145,10 @@ func acquirePlan(s *Server, k *knobs) *plan {
 }
 
 func (p *plan) release() {
+	if p.unabort != nil {
+		p.unabort()
+	}
+	p.abort, p.unabort = nil, nil
 	p.s = nil
 	planPool.Put(p)
 }
@@ -374,7 +381,11 @@ func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
 		if st == breakAt && p.breakStream(w) {
 			return
 		}
-		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {
+		if st > 0 && p.s.waitOrLeave(&p.timer, p.k.itl, p.abort) != nil && !p.aborted() {
+			return
+		}
+		if p.aborted() {
+			p.streamAborted(w, st)
 			return
 		}
 		for i := range p.choices {

@@ -80,7 +80,7 @@ const (
 
 var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathModels,
 	PathVersion, PathHealth, PathTokenize, PathDetokenize, PathSleep, PathWakeUp, PathIsSleeping,
-	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender}
+	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender, PathAbortRequests}
 
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
@@ -107,6 +107,8 @@ type Server struct {
 	propsBody   []byte
 
 	pc *prefixCache // nil unless Config.PrefixCacheBlocks > 0
+
+	aborts abortable // streamed generate requests PathAbortRequests can abort
 }
 
 // New returns a server for cfg (zero fields take their defaults). It panics when
@@ -386,7 +388,7 @@ func (s *Server) serveRoute(ctx *fasthttp.RequestCtx, path string, k *knobs) {
 		if s.method(ctx, fasthttp.MethodGet) {
 			s.writeMetrics(ctx)
 		}
-	case PathRender, PathGenerate, PathDerender:
+	case PathRender, PathGenerate, PathDerender, PathAbortRequests:
 		s.scaleOut(ctx, path, k)
 	case PathIsSleeping:
 		if s.method(ctx, fasthttp.MethodGet) {
