@@ -344,9 +344,6 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 	if body, err = sjson.SetBytes(body, "request_id", id); err != nil {
 		return nil, fmt.Errorf("%w: %w", errTokenIn, err)
 	}
-	rs.carried = len(c.ids)
-	rs.segs = append(rs.segs, policySegment{len(c.ids), r.Spec().PolicyVersion})
-	rs.pend.Meta.PolicyVersions = rs.segmentsJSON()
 	p.s.acquire(r)
 	rs.mu.Lock()
 	rs.r, rs.engineID = r, engineIDPrefix+id
@@ -362,6 +359,10 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 		abortResponse(gen, errTokenIn)
 		return nil, fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(out), 300))
 	}
+	// The segment starts here: its ids and logprobs are this generation's.
+	rs.carried = len(c.ids)
+	rs.segs = append(rs.segs, policySegment{len(c.ids), r.Spec().PolicyVersion})
+	rs.pend.Meta.PolicyVersions = rs.segmentsJSON()
 	return gen, nil
 }
 

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/testkit/testenv"
+)
+
+// resumeMock starts a mock vLLM with the token-in endpoints whose
+// generations run long (natural length 10,000 tokens, itl apart), so that
+// calls are mid-generation when the drill pauses. seed stands for the
+// weights: another seed samples other ids.
+func resumeMock(t *testing.T, seed uint64, itl time.Duration, maxModelLen int) (*mock.Server, string) {
+	t.Helper()
+	ms, url, err := mock.Start(mock.Config{ScaleOut: true, EndOfTurn: true, ITL: itl, MaxTokens: 10000, Seed: seed, MaxModelLen: maxModelLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ms.Shutdown() })
+	return ms, url
+}
+
+// resumeAdmin sends an /api/v1 request and returns the answer, failing on
+// a status other than 200.
+func resumeAdmin(t *testing.T, addr, method, path, body string) gjson.Result {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, b)
+	}
+	return gjson.ParseBytes(b)
+}
+
+// resumeTable is a PUT /api/v1/backends body: mock-model on url, serving
+// policy version.
+func resumeTable(url, version string) string {
+	return fmt.Sprintf(`{"backends":[{"model":"mock-model","replicas":[{"url":%q,"kind":"vllm","policy_version":%q}]}]}`, url, version)
+}
+
+// resumeAgent is one streaming client: its stream's bytes and how many
+// chunks it has read so far.
+type resumeAgent struct {
+	body   []byte
+	err    error
+	chunks atomic.Int64
+}
+
+// run posts a streamed chat call and reads its stream to the end.
+func (a *resumeAgent) run(addr, rollout string, maxTokens int) {
+	body := fmt.Sprintf(`{"model":"mock-model","messages":[{"role":"user","content":"Tell me the story of %s"}],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true},"logprobs":true}`, rollout, maxTokens)
+	resp, err := http.Post("http://"+addr+"/rollout/"+rollout+"/attempt/a/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		a.err = err
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		a.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
+		return
+	}
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadBytes('\n')
+		a.body = append(a.body, line...)
+		if strings.HasPrefix(string(line), "data: ") {
+			a.chunks.Add(1)
+		}
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			a.err = err
+			return
+		}
+	}
+}
+
+// resumeUsage returns the completion_tokens of a stream's usage chunk.
+func resumeUsage(b []byte) int64 {
+	for _, line := range strings.Split(string(b), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if u := gjson.Get(data, "usage.completion_tokens"); ok && u.Exists() && len(gjson.Get(data, "choices").Array()) == 0 {
+			return u.Int()
+		}
+	}
+	return -1
+}
+
+// TestResumeDrill: 16 agents stream 150-token answers (a token every 15 ms)
+// through a --token-in gateway; three times mid-generation the trainer
+// pauses in mode abort, waits for the drain (no call in flight, 16 streams
+// parked), replaces the routing table with the other mock (another seed:
+// other weights) under the next policy version, and resumes. Every client
+// stream completes without an error event, with one finish reason
+// ("length": 150 tokens) and usage of 150 completion tokens; the text each
+// client received is the concatenation of its row's segments' texts
+// (policy_versions boundaries over the response ids) with nothing repeated
+// or missing; each row's policy_versions is [[0,"v0"],[k1,"v1"],[k2,"v2"],
+// [k3,"v3"]] with 0 < k1 < k2 < k3 < 150, and it has one logprob per id.
+func TestResumeDrill(t *testing.T) {
+	const agents, maxTokens, cycles = 16, 150, 3
+	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
+	msB, urlB := resumeMock(t, 2, 15*time.Millisecond, 0)
+	mocks, urls := []*mock.Server{msA, msB}, []string{urlA, urlB}
+	addr, dir := freeAddr(t), t.TempDir()
+	db := filepath.Join(dir, "resume.db")
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", urlA, "--upstream-kind", "vllm", "--token-in")
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlA, "v0"))
+
+	as := make([]*resumeAgent, agents)
+	var wg sync.WaitGroup
+	for i := range as {
+		as[i] = &resumeAgent{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			as[i].run(addr, fmt.Sprintf("drill-%02d", i), maxTokens)
+		}()
+	}
+	// progressed waits until every agent has read at least n more chunks
+	// than it had in from.
+	progressed := func(from []int64, n int64, what string) {
+		testenv.WaitFor(t, 30*time.Second, func() string {
+			return fmt.Sprintf("agents did not progress %s\n%s", what, logs)
+		}, func() bool {
+			for i, a := range as {
+				if a.chunks.Load() < from[i]+n {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	counts := func() []int64 {
+		out := make([]int64, agents)
+		for i, a := range as {
+			out[i] = a.chunks.Load()
+		}
+		return out
+	}
+	progressed(make([]int64, agents), 5, "before the first pause")
+	for cycle := 1; cycle <= cycles; cycle++ {
+		from, to := mocks[(cycle-1)%2], mocks[cycle%2]
+		v := resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort", "")
+		if v.Get("mode").Str != "abort" {
+			t.Fatalf("cycle %d: pause answered %s, want mode abort", cycle, v.Raw)
+		}
+		testenv.WaitFor(t, 30*time.Second, func() string {
+			return fmt.Sprintf("cycle %d: not drained: %s; the old mock streams %d\n%s", cycle, resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain").Raw, from.ActiveStreams(), logs)
+		}, func() bool {
+			d := resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain")
+			return d.Get("drained").Bool() && d.Get("parked_streams").Int() == agents && from.ActiveStreams() == 0
+		})
+		at := counts()
+		resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urls[cycle%2], fmt.Sprintf("v%d", cycle)))
+		resumeAdmin(t, addr, "POST", "/api/v1/resume", "")
+		testenv.WaitFor(t, 30*time.Second, func() string {
+			return fmt.Sprintf("cycle %d: %d of %d streams resumed on the new mock\n%s", cycle, to.ActiveStreams(), agents, logs)
+		}, func() bool { return to.ActiveStreams() == agents })
+		if cycle < cycles {
+			progressed(at, 3, fmt.Sprintf("after resume %d", cycle))
+		}
+	}
+	wg.Wait()
+
+	store := resumeStore(t, db)
+	for i, a := range as {
+		rollout := fmt.Sprintf("drill-%02d", i)
+		if a.err != nil {
+			t.Fatalf("%s: %v\n%s", rollout, a.err, logs)
+		}
+		msg, finish := tiReadStream(t, a.body) // fails on an error event, a second finish, no [DONE]
+		if finish != "length" || resumeUsage(a.body) != maxTokens {
+			t.Errorf("%s: finish %q, usage completion_tokens %d; want length, %d", rollout, finish, resumeUsage(a.body), maxTokens)
+		}
+		row := tiRows(t, store, rollout, "a", 1, logs)[0]
+		var segs [][2]json.RawMessage
+		if err := json.Unmarshal([]byte(row.PolicyVersions), &segs); err != nil || len(segs) != cycles+1 {
+			t.Fatalf("%s: policy_versions %q (%v), want %d segments", rollout, row.PolicyVersions, err, cycles+1)
+		}
+		ids := row.ResponseTokenIDs
+		if len(ids) != maxTokens || len(row.ResponseLogprobs) != maxTokens || row.PolicyVersion != "v0" {
+			t.Fatalf("%s: %d response ids, %d logprobs, policy_version %q; want %d, %d, v0", rollout, len(ids), len(row.ResponseLogprobs), row.PolicyVersion, maxTokens, maxTokens)
+		}
+		var text strings.Builder
+		prev := -1
+		for k, sg := range segs {
+			var start int
+			var version string
+			if json.Unmarshal(sg[0], &start) != nil || json.Unmarshal(sg[1], &version) != nil || version != fmt.Sprintf("v%d", k) || start <= prev || (k == 0) != (start == 0) || start >= len(ids) {
+				t.Fatalf("%s: policy_versions %s: segment %d is not [start > previous, \"v%d\"]", rollout, row.PolicyVersions, k, k)
+			}
+			end := len(ids)
+			if k+1 < len(segs) {
+				_ = json.Unmarshal(segs[k+1][0], &end)
+			}
+			text.WriteString(mock.Decode(ids[start:end]))
+			prev = start
+		}
+		if i == 0 {
+			t.Logf("%s: policy_versions %s, %d ids, text %q", rollout, row.PolicyVersions, len(ids), msg.Content)
+		}
+		if msg.Content != text.String() {
+			t.Errorf("%s: the client received\n%q\nthe segments' texts are\n%q", rollout, msg.Content, text.String())
+		}
+	}
+}
+
+// TestResumeCannotContinue: a generation aborted by a pause in mode abort
+// whose resume finds the engine unable to continue (the new replica's
+// context is shorter than prompt + generated + the remaining max_tokens:
+// HTTP 400) ends the client's stream with an SSE error event and [DONE];
+// the row keeps the ids generated before the pause and its error says at
+// which response token the resume failed and why.
+func TestResumeCannotContinue(t *testing.T) {
+	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
+	_, urlC := resumeMock(t, 2, 15*time.Millisecond, 100)
+	addr, dir := freeAddr(t), t.TempDir()
+	db := filepath.Join(dir, "resume.db")
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", urlA, "--upstream-kind", "vllm", "--token-in")
+	a := &resumeAgent{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.run(addr, "short", 150)
+	}()
+	testenv.WaitFor(t, 30*time.Second, func() string { return "the stream did not start\n" + logs.String() }, func() bool { return a.chunks.Load() >= 5 })
+	resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort", "")
+	testenv.WaitFor(t, 30*time.Second, func() string { return "not parked\n" + logs.String() }, func() bool {
+		return resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.parked_streams").Int() == 1 && msA.ActiveStreams() == 0
+	})
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlC, "v1"))
+	resumeAdmin(t, addr, "POST", "/api/v1/resume", "")
+	<-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	body := string(a.body)
+	errEv := ""
+	for _, line := range strings.Split(body, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && gjson.Get(data, "error.message").Exists() {
+			errEv = gjson.Get(data, "error.message").Str
+		}
+	}
+	if !strings.Contains(errEv, "resuming at response token") || !strings.Contains(errEv, "maximum context length") || !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") {
+		t.Fatalf("the stream's error event %q (want the resume's token index and the engine's context error), then [DONE]:\n%s", errEv, body)
+	}
+	row := tiRows(t, resumeStore(t, db), "short", "a", 1, logs)[0]
+	n := len(row.ResponseTokenIDs)
+	if n == 0 || n >= 150 || !strings.Contains(row.Error, fmt.Sprintf("resuming at response token %d:", n)) || row.PolicyVersions != "" {
+		t.Errorf("row: %d response ids, error %q, policy_versions %q; want the ids before the pause, an error naming token %d, no second segment", n, row.Error, row.PolicyVersions, n)
+	}
+}
+
+// resumeStore opens the gateway's SQLite database for reading.
+func resumeStore(t *testing.T, db string) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
