@@ -43,6 +43,11 @@ type Gateway interface {
 	// token-in generations are aborted and resumed after the update); an
 	// unknown mode is an error naming the modes.
 	PauseWith(mode string) error
+	// PauseEngines calls the engines' own pause routes in their mode
+	// (vLLM /pause?mode=, SGLang /pause_generation); ResumeEngines undoes
+	// it. An unknown mode is an error and nothing is paused.
+	PauseEngines(mode string) ([]backends.EnginePauseResult, error)
+	ResumeEngines() []backends.EnginePauseResult
 	Resume()
 	PauseState() backends.DrainView
 	// RegisterRollout records a registered rollout's task id, which the

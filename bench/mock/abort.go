@@ -74,6 +74,16 @@ func (a *abortable) abort(ids []string) int {
 	return n
 }
 
+// abortAll closes every registered request's channel.
+func (a *abortable) abortAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, ch := range a.m {
+		close(ch)
+		delete(a.m, id)
+	}
+}
+
 // abortRequests serves PathAbortRequests.
 func (s *Server) abortRequests(ctx *fasthttp.RequestCtx) {
 	body := ctx.PostBody()

@@ -360,6 +360,7 @@ type wire struct {
 // chunk right after its last step, the usage chunk if asked, then [DONE]. The failure
 // knobs act before step 3 (or the last step).
 func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
+	p.s.enginePause.wait(false, p.abort, p.s.done) // a paused engine schedules nothing new
 	if p.s.wait(&p.timer, p.k.ttft) != nil {
 		return
 	}
@@ -384,6 +385,7 @@ func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
 		if st > 0 && p.s.waitOrLeave(&p.timer, p.k.itl, p.abort) != nil && !p.aborted() {
 			return
 		}
+		p.s.enginePause.wait(true, p.abort, p.s.done) // mode keep: frozen between two tokens
 		if p.aborted() {
 			p.streamAborted(w, st)
 			return

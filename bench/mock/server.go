@@ -80,7 +80,7 @@ const (
 
 var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathModels,
 	PathVersion, PathHealth, PathTokenize, PathDetokenize, PathSleep, PathWakeUp, PathIsSleeping,
-	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender, PathAbortRequests}
+	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender, PathAbortRequests, PathPause, PathResume, PathIsPaused}
 
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
@@ -108,7 +108,8 @@ type Server struct {
 
 	pc *prefixCache // nil unless Config.PrefixCacheBlocks > 0
 
-	aborts abortable // streamed generate requests PathAbortRequests can abort
+	aborts      abortable   // streamed generate requests PathAbortRequests can abort
+	enginePause enginePause // vLLM's /pause state (enginepause.go)
 }
 
 // New returns a server for cfg (zero fields take their defaults). It panics when
@@ -390,6 +391,8 @@ func (s *Server) serveRoute(ctx *fasthttp.RequestCtx, path string, k *knobs) {
 		}
 	case PathRender, PathGenerate, PathDerender, PathAbortRequests:
 		s.scaleOut(ctx, path, k)
+	case PathPause, PathResume, PathIsPaused:
+		s.servePause(ctx, path)
 	case PathIsSleeping:
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, strconv.AppendBool([]byte(`{"is_sleeping":`), s.sleeping.Load()))

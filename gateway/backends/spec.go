@@ -153,4 +153,8 @@ type DrainView struct {
 	// ParkedStreams counts the streams a pause in mode abort aborted that
 	// wait for the resume to go on.
 	ParkedStreams int64 `json:"parked_streams"`
+	// Engines is what each engine answered to its own pause or resume
+	// route (POST /api/v1/pause?engine=MODE, then /resume); only in those
+	// answers.
+	Engines []EnginePauseResult `json:"engines,omitempty"`
 }
