@@ -2,6 +2,7 @@ package mock
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -35,7 +36,12 @@ type enginePause struct {
 	paused  bool
 	keep    bool          // mode keep: requests under way freeze too
 	resumed chan struct{} // closed by resume
+	frozen  atomic.Int64  // requests under way waiting in mode keep
 }
+
+// Frozen returns how many requests under way wait between two tokens for
+// /resume (vLLM's /pause?mode=keep).
+func (s *Server) Frozen() int64 { return s.enginePause.frozen.Load() }
 
 // wait blocks while the engine is paused (inFlight: the caller is a
 // request under way, which only mode keep freezes) or until abort or the
@@ -48,6 +54,10 @@ func (e *enginePause) wait(inFlight bool, abort, done <-chan struct{}) {
 	}
 	ch := e.resumed
 	e.mu.Unlock()
+	if inFlight {
+		e.frozen.Add(1)
+		defer e.frozen.Add(-1)
+	}
 	select {
 	case <-ch:
 	case <-abort:

@@ -284,3 +284,78 @@ func resumeStore(t *testing.T, db string) *sqlite.Store {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// TestEnginePausePassThrough: POST /api/v1/pause?engine=keep calls vLLM's
+// own /pause?mode=keep on the replica (the mock in dev mode): a stream
+// under way freezes (no chunk while paused) and goes on after POST
+// /api/v1/resume, which calls the engine's /resume; a replica without the
+// dev-mode routes is reported with the fix; an unknown engine mode is 400
+// naming every kind's modes and pauses nothing.
+func TestEnginePausePassThrough(t *testing.T) {
+	ms, url, err := mock.Start(mock.Config{ScaleOut: true, EndOfTurn: true, ITL: 10 * time.Millisecond, MaxTokens: 10000, DevMode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ms.Shutdown() }()
+	_, plain := resumeMock(t, 2, 0, 0)
+	addr, dir := freeAddr(t), t.TempDir()
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", filepath.Join(dir, "e.db"), "--upstream", url, "--upstream-kind", "vllm", "--token-in")
+	isPaused := func() bool {
+		r, err := http.Get(strings.TrimSuffix(url, "/v1") + "/is_paused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return gjson.GetBytes(b, "is_paused").Bool()
+	}
+
+	req, _ := http.NewRequest("POST", "http://"+addr+"/api/v1/pause?engine=sometimes", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "vllm: abort|wait|keep") || !strings.Contains(string(b), "sglang: abort|retract|in_place") ||
+		resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.paused").Bool() {
+		t.Fatalf("an unknown engine mode: HTTP %d %s (want 400 naming the modes, the gateway not paused)", resp.StatusCode, b)
+	}
+
+	a := &resumeAgent{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.run(addr, "frozen", 120)
+	}()
+	testenv.WaitFor(t, 30*time.Second, func() string { return "the stream did not start\n" + logs.String() }, func() bool { return a.chunks.Load() >= 3 })
+	v := resumeAdmin(t, addr, "POST", "/api/v1/pause?engine=keep", "")
+	if e := v.Get("engines.0"); e.Get("status").Int() != 200 || e.Get("mode").Str != "keep" || e.Get("kind").Str != "vllm" || !isPaused() {
+		t.Fatalf("pause answered %s; the engine paused: %v", v.Raw, isPaused())
+	}
+	testenv.WaitFor(t, 5*time.Second, func() string { return "the engine's generation did not freeze between two tokens" }, func() bool {
+		return ms.Frozen() == 1
+	})
+	frozen := a.chunks.Load()
+	v = resumeAdmin(t, addr, "POST", "/api/v1/resume", "")
+	if v.Get("engines.0.status").Int() != 200 || isPaused() {
+		t.Fatalf("resume answered %s; the engine paused: %v", v.Raw, isPaused())
+	}
+	<-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if _, finish := tiReadStream(t, a.body); finish != "length" || a.chunks.Load() <= frozen {
+		t.Errorf("after the resume: finish %q, %d chunks (%d when frozen)", finish, a.chunks.Load(), frozen)
+	}
+
+	// A replica without vLLM's dev-mode routes.
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(plain, "v1"))
+	v = resumeAdmin(t, addr, "POST", "/api/v1/pause?engine=abort", "")
+	if e := v.Get("engines.0"); e.Get("status").Int() != 404 || !strings.Contains(e.Get("error").Str, "VLLM_SERVER_DEV_MODE=1") {
+		t.Errorf("pause on an engine without /pause answered %s", v.Raw)
+	}
+	if v = resumeAdmin(t, addr, "POST", "/api/v1/resume", ""); v.Get("engines").Exists() {
+		t.Errorf("resume called engines that were not paused: %s", v.Raw)
+	}
+}
