@@ -66,9 +66,15 @@ type resumeAgent struct {
 	chunks atomic.Int64
 }
 
-// run posts a streamed chat call and reads its stream to the end.
+// run posts a streamed chat call to mock-model and reads its stream to
+// the end.
 func (a *resumeAgent) run(addr, rollout string, maxTokens int) {
-	body := fmt.Sprintf(`{"model":"mock-model","messages":[{"role":"user","content":"Tell me the story of %s"}],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true},"logprobs":true}`, rollout, maxTokens)
+	a.runModel(addr, "mock-model", rollout, maxTokens, "")
+}
+
+// runModel is run for model, with extra members appended to the body.
+func (a *resumeAgent) runModel(addr, model, rollout string, maxTokens int, extra string) {
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Tell me the story of %s"}],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true},"logprobs":true%s}`, model, rollout, maxTokens, extra)
 	resp, err := http.Post("http://"+addr+"/rollout/"+rollout+"/attempt/a/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		a.err = err
@@ -358,4 +364,109 @@ func TestEnginePausePassThrough(t *testing.T) {
 	if v = resumeAdmin(t, addr, "POST", "/api/v1/resume", ""); v.Get("engines").Exists() {
 		t.Errorf("resume called engines that were not paused: %s", v.Raw)
 	}
+}
+
+// TestResumeRealVLLM is the drill against the real vLLM 0.32 (SmolLM2,
+// --enable-scale-out, VLLM_SERVER_DEV_MODE=1): four streaming agents
+// (ignore_eos, 256 tokens) are paused in mode abort with the engine's own
+// pause in mode keep too, mid-generation; the routing table is replaced by
+// the same engine under policy version v1, and the resume continues every
+// stream: no error event, one finish, the usage's 256 completion tokens;
+// each row has 256 response ids and logprobs, policy_versions
+// [[0,"v0"],[k,"v1"]] for the streams the abort caught, and the text the
+// client received is vLLM's own /detokenize of those ids.
+func TestResumeRealVLLM(t *testing.T) {
+	t.Setenv("VLLM_SERVER_DEV_MODE", "1")
+	v, err := testenv.StartVLLM()
+	if err != nil {
+		t.Fatalf("TestResumeRealVLLM needs a real vLLM (set %s, or let testenv.StartVLLM start one): %v", testenv.EnvVLLMURL, err)
+	}
+	t.Cleanup(v.Stop)
+	const agents, maxTokens = 4, 256
+	addr, dir := freeAddr(t), t.TempDir()
+	db := filepath.Join(dir, "real.db")
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", v.URL, "--upstream-kind", "vllm", "--token-in")
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", strings.ReplaceAll(resumeTable(v.URL, "v0"), "mock-model", testenv.VLLMModel))
+	as := make([]*resumeAgent, agents)
+	var wg sync.WaitGroup
+	for i := range as {
+		as[i] = &resumeAgent{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			as[i].runModel(addr, testenv.VLLMModel, fmt.Sprintf("real-%d", i), maxTokens, `,"ignore_eos":true,"temperature":0.7,"seed":`+fmt.Sprint(i))
+		}()
+	}
+	testenv.WaitFor(t, 2*time.Minute, func() string { return "the streams did not start\n" + logs.String() }, func() bool {
+		for _, a := range as {
+			if a.chunks.Load() < 8 {
+				return false
+			}
+		}
+		return true
+	})
+	p := resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort&engine=keep", "")
+	if p.Get("engines.0.status").Int() != 200 {
+		t.Fatalf("the engine's own pause: %s", p.Raw)
+	}
+	testenv.WaitFor(t, time.Minute, func() string {
+		return "not drained: " + resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain").Raw + "\n" + logs.String()
+	}, func() bool {
+		return resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.drained").Bool()
+	})
+	parked := resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.parked_streams").Int()
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", strings.ReplaceAll(resumeTable(v.URL, "v1"), "mock-model", testenv.VLLMModel))
+	if r := resumeAdmin(t, addr, "POST", "/api/v1/resume", ""); r.Get("engines.0.status").Int() != 200 {
+		t.Fatalf("the engine's own resume: %s", r.Raw)
+	}
+	wg.Wait()
+	t.Logf("%d of %d streams parked by the pause", parked, agents)
+	if parked == 0 {
+		t.Fatalf("no stream was mid-generation at the pause\n%s", logs)
+	}
+	store := resumeStore(t, db)
+	resumed := 0
+	for i, a := range as {
+		rollout := fmt.Sprintf("real-%d", i)
+		if a.err != nil {
+			t.Fatalf("%s: %v\n%s", rollout, a.err, logs)
+		}
+		msg, finish := tiReadStream(t, a.body)
+		row := tiRows(t, store, rollout, "a", 1, logs)[0]
+		ids := row.ResponseTokenIDs
+		if finish != "length" || resumeUsage(a.body) != maxTokens || len(ids) != maxTokens || len(row.ResponseLogprobs) != maxTokens {
+			t.Errorf("%s: finish %q, usage %d, %d ids, %d logprobs; want length and %d", rollout, finish, resumeUsage(a.body), len(ids), len(row.ResponseLogprobs), maxTokens)
+		}
+		if row.PolicyVersions != "" {
+			resumed++
+			var segs [][2]json.RawMessage
+			if json.Unmarshal([]byte(row.PolicyVersions), &segs) != nil || len(segs) != 2 || string(segs[0][1]) != `"v0"` || string(segs[1][1]) != `"v1"` {
+				t.Errorf("%s: policy_versions %s", rollout, row.PolicyVersions)
+			}
+		}
+		tokens, _ := json.Marshal(ids)
+		det := resumePost(t, strings.TrimSuffix(v.URL, "/v1")+"/detokenize", `{"model":"`+testenv.VLLMModel+`","tokens":`+string(tokens)+`}`)
+		if msg.Content != det.Get("prompt").Str {
+			t.Errorf("%s (policy_versions %s): the client received\n%q\nvLLM detokenizes the row's ids to\n%q", rollout, row.PolicyVersions, msg.Content, det.Get("prompt").Str)
+		}
+	}
+	if int64(resumed) != parked {
+		t.Errorf("%d rows with two segments, %d streams parked", resumed, parked)
+	}
+}
+
+// resumePost POSTs a JSON body and returns the answer, failing on a status
+// other than 200.
+func resumePost(t *testing.T, url, body string) gjson.Result {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: HTTP %d: %s", url, resp.StatusCode, b)
+	}
+	return gjson.ParseBytes(b)
 }
