@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -21,13 +22,14 @@ import (
 //
 // A pause in mode wait (the default) holds new calls and lets the ones in
 // flight finish, so a weight update waits for the longest generation. In
-// mode abort the gateway also aborts, at the engine, every streamed token-in
-// generation with one choice (tokenInPump with a resumeState) and keeps its
-// client's stream open; on resume it sends the prompt ids + the ids the
-// client already received to the replica the routing table then names (PUT
-// /api/v1/backends may have replaced it, with a new policy_version), with
-// max_tokens reduced by what was generated, and goes on writing the same
-// client stream: the derender stream_state carries over, so the text goes on
+// mode abort the gateway also aborts, at the engine, every token-in
+// generation with one choice (a resumeState: a stream's tokenInPump, or a
+// non-streamed call's tokenInGenerate) and keeps its client waiting; on
+// resume it sends the prompt ids + the ids generated so far to the replica
+// the routing table then names (PUT /api/v1/backends may have replaced it,
+// with a new policy_version), with max_tokens reduced by what was
+// generated, and goes on writing the same client stream (a non-streamed
+// call gets one answer joining the segments): the derender stream_state carries over, so the text goes on
 // where it stopped, each id derendered once. The row keeps one response: its
 // ids and logprobs are the concatenation of the segments' (each segment's
 // logprobs are its own generation's), and policy_versions gives the segments
@@ -47,8 +49,9 @@ import (
 // engine sent arrives and reaches the client.
 //
 // Not resumed, in mode abort as in mode wait (they finish on the old
-// weights): passthrough calls (the gateway holds no ids to continue from),
-// non-streamed token-in calls and streams with n > 1. An abort request the
+// weights): passthrough calls (the gateway holds no ids to continue from:
+// aborting them could only fail them) and token-in calls with n > 1 (each
+// choice would need its own continuation). An abort request the
 // engine refuses or does not answer leaves that generation to finish.
 
 // Pause modes (POST /api/v1/pause?mode=...).
@@ -86,30 +89,30 @@ func (s *Server) PauseWith(mode string) error {
 	return fmt.Errorf("mode: unknown pause mode %q: use %q (in-flight calls finish; the default) or %q (streamed token-in generations are aborted and resumed on the new weights)", truncate(mode, 64), PauseWait, PauseAbort)
 }
 
-// resumables is the set of streams a pause in mode abort aborts.
+// resumables is the set of generations a pause in mode abort aborts.
 type resumables struct {
 	mu     sync.Mutex
-	set    map[*tokenInPump]struct{}
-	parked atomic.Int64 // aborted streams waiting for resume
+	set    map[*resumeState]struct{}
+	parked atomic.Int64 // aborted generations waiting for resume
 }
 
-// add registers p; when the gateway is already paused in mode abort (the
-// call passed the pause check just before it), p is aborted at once.
-func (rs *resumables) add(s *Server, p *tokenInPump) {
+// add registers g; when the gateway is already paused in mode abort (the
+// call passed the pause check just before it), g is aborted at once.
+func (rs *resumables) add(s *Server, g *resumeState) {
 	rs.mu.Lock()
 	if rs.set == nil {
-		rs.set = make(map[*tokenInPump]struct{})
+		rs.set = make(map[*resumeState]struct{})
 	}
-	rs.set[p] = struct{}{}
+	rs.set[g] = struct{}{}
 	rs.mu.Unlock()
 	if paused, abort := s.pause.abortMode(); paused && abort {
-		p.rs.requestAbort(s)
+		g.requestAbort(s)
 	}
 }
 
-func (rs *resumables) remove(p *tokenInPump) {
+func (rs *resumables) remove(g *resumeState) {
 	rs.mu.Lock()
-	delete(rs.set, p)
+	delete(rs.set, g)
 	rs.mu.Unlock()
 }
 
@@ -117,18 +120,18 @@ func (rs *resumables) remove(p *tokenInPump) {
 // for their answers; it returns how many aborts were requested.
 func (rs *resumables) abortAll(s *Server) int {
 	rs.mu.Lock()
-	list := make([]*tokenInPump, 0, len(rs.set))
-	for p := range rs.set {
-		list = append(list, p)
+	list := make([]*resumeState, 0, len(rs.set))
+	for g := range rs.set {
+		list = append(list, g)
 	}
 	rs.mu.Unlock()
 	var wg sync.WaitGroup
 	var n atomic.Int64
-	for _, p := range list {
+	for _, g := range list {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if p.rs.requestAbort(s) {
+			if g.requestAbort(s) {
 				n.Add(1)
 			}
 		}()
@@ -291,65 +294,90 @@ func (rs *resumeState) segmentsJSON() string {
 	return string(append(out, ']'))
 }
 
-// resume waits for the gateway to resume and sends the rest of the
-// generation to the replica now serving the model: the prompt ids + the
-// ids generated so far, max_tokens reduced by their number. It returns the
-// new generate stream, or nil when nothing is left to generate (the stream
-// was finished here), or an error that ends the client's stream.
-func (p *tokenInPump) resume() (*fasthttp.Response, error) {
-	rs, c := p.rs, &p.ch[0]
+// next waits for the gateway to resume and prepares the rest of a parked
+// generation after ids (the response ids so far): the replica the routing
+// table now names for the model and the GenerateRequest (the prompt ids +
+// ids, max_tokens reduced by their number), which it marks as the current
+// one (abortable again). left 0: max_tokens were all generated, nothing
+// is sent.
+func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstream, body []byte, left int, err error) {
 	for {
-		if paused, _, resumed := p.s.pause.state(); paused {
-			t := time.NewTimer(p.s.cfg.PauseMaxHold)
+		if paused, _, resumed := s.pause.state(); paused {
+			t := time.NewTimer(s.cfg.PauseMaxHold)
 			select {
 			case <-resumed:
 				t.Stop()
 			case <-t.C:
-				return nil, fmt.Errorf("the gateway stayed paused longer than pause_max_hold (%s) after aborting the generation", p.s.cfg.PauseMaxHold)
+				s.resumables.parked.Add(-1)
+				rs.mu.Lock()
+				rs.parked = false
+				rs.mu.Unlock()
+				return nil, nil, 0, fmt.Errorf("the gateway stayed paused longer than pause_max_hold (%s) after aborting the generation", s.cfg.PauseMaxHold)
 			}
 		}
-		if paused, _ := p.s.pause.abortMode(); !paused {
+		if paused, _ := s.pause.abortMode(); !paused {
 			break
 		}
 	}
 	rs.mu.Lock()
 	rs.parked, rs.aborting = false, false
 	rs.mu.Unlock()
-	p.s.resumables.parked.Add(-1)
+	s.resumables.parked.Add(-1)
 
-	t := p.s.backends.Load()
+	t := s.backends.Load()
 	pl := t.Pool([]byte(rs.model))
 	if pl == nil {
 		pl = t.Wildcard()
 	}
 	if pl == nil {
-		return nil, fmt.Errorf("no backend serves model %q after the resume", rs.model)
+		return nil, nil, 0, fmt.Errorf("no backend serves model %q after the resume", rs.model)
 	}
-	r := p.s.pick(pl, []byte(rs.rollout), nil)
+	r = s.pick(pl, []byte(rs.rollout), nil)
 	switch {
 	case r == nil:
-		return nil, fmt.Errorf("no healthy replica of model %q after the resume", rs.model)
+		return nil, nil, 0, fmt.Errorf("no healthy replica of model %q after the resume", rs.model)
 	case r.Kind() != openai.KindVLLM:
-		return nil, fmt.Errorf("replica %s of model %q is of kind %s after the resume: it has no token-in generate", r.Name(), rs.model, r.Kind())
+		return nil, nil, 0, fmt.Errorf("replica %s of model %q is of kind %s after the resume: it has no token-in generate", r.Name(), rs.model, r.Kind())
 	}
-	body, left, err := resumedBody(rs.genBody, p.tc.prompt, c.ids)
+	if body, left, err = resumedBody(rs.genBody, prompt, ids); err != nil || left == 0 {
+		return nil, nil, left, err
+	}
+	rs.seg++
+	id := rs.base + "-" + strconv.Itoa(rs.seg)
+	if body, err = sjson.SetBytes(body, "request_id", id); err != nil {
+		return nil, nil, 0, fmt.Errorf("%w: %w", errTokenIn, err)
+	}
+	s.acquire(r)
+	rs.mu.Lock()
+	rs.r, rs.engineID = r, engineIDPrefix+id
+	rs.mu.Unlock()
+	s.log.Info("token-in: resuming a generation", "backend", r.Name(), "policy_version", r.Spec().PolicyVersion, "at_token", len(ids))
+	return r, body, left, nil
+}
+
+// segment records that the generation on r, started after n response ids,
+// was accepted by the engine: its ids and logprobs are that generation's.
+func (rs *resumeState) segment(r *backends.Upstream, n int) {
+	rs.carried = n
+	rs.segs = append(rs.segs, policySegment{n, r.Spec().PolicyVersion})
+	rs.pend.Meta.PolicyVersions = rs.segmentsJSON()
+}
+
+// resume waits for the gateway to resume and sends the rest of the
+// generation to the replica now serving the model (resumeState.next). It
+// returns the new generate stream, or nil when nothing is left to generate
+// (the stream was finished here), or an error that ends the client's
+// stream.
+func (p *tokenInPump) resume() (*fasthttp.Response, error) {
+	rs, c := p.rs, &p.ch[0]
+	r, body, left, err := rs.next(p.s, p.tc.prompt, c.ids)
 	if err != nil {
 		return nil, err
 	}
 	if left == 0 { // max_tokens were all generated: the answer ends here
 		return nil, p.finishLength()
 	}
-	rs.seg++
-	id := rs.base + "-" + strconv.Itoa(rs.seg)
-	if body, err = sjson.SetBytes(body, "request_id", id); err != nil {
-		return nil, fmt.Errorf("%w: %w", errTokenIn, err)
-	}
-	p.s.acquire(r)
-	rs.mu.Lock()
-	rs.r, rs.engineID = r, engineIDPrefix+id
-	rs.mu.Unlock()
 	p.r = r
-	p.s.log.Info("token-in: resuming a generation", "backend", r.Name(), "policy_version", r.Spec().PolicyVersion, "at_token", len(c.ids))
 	gen, err := p.s.startGenerate(r, body, nil, time.Now().Add(p.s.cfg.UpstreamTimeout))
 	if err != nil {
 		return nil, err
@@ -359,11 +387,120 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 		abortResponse(gen, errTokenIn)
 		return nil, fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(out), 300))
 	}
-	// The segment starts here: its ids and logprobs are this generation's.
-	rs.carried = len(c.ids)
-	rs.segs = append(rs.segs, policySegment{len(c.ids), r.Spec().PolicyVersion})
-	rs.pend.Meta.PolicyVersions = rs.segmentsJSON()
+	rs.segment(r, len(c.ids))
 	return gen, nil
+}
+
+// tokenInGenerate sends a non-streamed generate request (one choice:
+// resumable) and returns the engine's answer. Aborted by a pause in mode
+// abort (the engine answers the ids so far with finish_reason "abort"), it
+// waits for the resume and asks the replica then routed for the rest, as a
+// stream's pump does, and returns one answer: every segment's ids and
+// logprobs, the usage of the whole. A resume the engine cannot continue is
+// a 502 error body naming the response token it stopped at.
+func (s *Server) tokenInGenerate(c *call, r *backends.Upstream, genBody []byte, prompt []uint32, n int, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) ([]byte, int, error) {
+	url := r.Origin() + pathGenerate
+	if n > 1 {
+		return s.tokenInPost(r, url, genBody, deadline, hw, from)
+	}
+	rs := newResumeState(c, r, nil)
+	body, err := sjson.SetBytes(genBody, "request_id", rs.engineID[len(engineIDPrefix):])
+	if err != nil {
+		return s.tokenInPost(r, url, genBody, deadline, hw, from)
+	}
+	rs.genBody = body
+	s.resumables.add(s, rs)
+	defer s.resumables.remove(rs)
+	defer rs.settle(s)
+	var ids []uint32
+	var lps []byte // the aborted segments' logprobs.content entries, comma-separated
+	cur := r
+	for {
+		gen, status, err := s.tokenInPost(cur, cur.Origin()+pathGenerate, body, deadline, hw, from)
+		if len(ids) > 0 && (err != nil && !errors.Is(err, errClientGone) || err == nil && status != fasthttp.StatusOK) {
+			if err == nil {
+				err = fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(gen), 300))
+			}
+			return resumeFailed(len(ids), err), fasthttp.StatusBadGateway, nil
+		}
+		if err != nil || status != fasthttp.StatusOK {
+			return gen, status, err
+		}
+		if len(ids) > 0 {
+			rs.segment(cur, len(ids))
+		}
+		ch := gjson.GetBytes(gen, "choices.0")
+		if !rs.parkOn(ch) {
+			out, err := joinGenerate(gen, ids, lps, rs, "")
+			return out, status, err
+		}
+		seg, ok := tokenIDs(ch.Get("token_ids"))
+		if !ok {
+			return gen, status, nil
+		}
+		prevIDs, prevLps := len(ids), len(lps)
+		ids = append(ids, seg...)
+		for _, e := range ch.Get("logprobs.content").Array() {
+			if len(lps) > 0 {
+				lps = append(lps, ',')
+			}
+			lps = append(lps, e.Raw...)
+		}
+		rs.park(s)
+		var left int
+		cur, body, left, err = rs.next(s, prompt, ids)
+		if err != nil {
+			return resumeFailed(len(ids), err), fasthttp.StatusBadGateway, nil
+		}
+		if left == 0 { // max_tokens all generated: the aborted answer, finished by length
+			out, err := joinGenerate(gen, ids[:prevIDs], lps[:prevLps], rs, "length")
+			return out, status, err
+		}
+		deadline = time.Now().Add(s.cfg.UpstreamTimeout)
+	}
+}
+
+// resumeFailed is the error body of a non-streamed generation whose resume
+// failed after n response ids.
+func resumeFailed(n int, err error) []byte {
+	return appendError(nil, fasthttp.StatusBadGateway, errUpstream, fmt.Sprintf("token-in: resuming at response token %d: %v", n, err))
+}
+
+// joinGenerate is a non-streamed generate answer gen preceded by the ids
+// and logprobs entries of the aborted segments: choices.0's token_ids and
+// logprobs.content are the whole response's, the usage counts the carried
+// ids as completion tokens (rs.fixUsage); finish, when set, replaces the
+// finish reason (and clears stop_reason).
+func joinGenerate(gen []byte, ids []uint32, lps []byte, rs *resumeState, finish string) ([]byte, error) {
+	if len(ids) == 0 && finish == "" {
+		return gen, nil
+	}
+	ch := gjson.GetBytes(gen, "choices.0")
+	own, _ := tokenIDs(ch.Get("token_ids"))
+	all := arrays.AppendUint32s(nil, append(append(make([]uint32, 0, len(ids)+len(own)), ids...), own...))
+	out, err := sjson.SetRawBytes(gen, "choices.0.token_ids", all)
+	if err == nil && ch.Get("logprobs.content").IsArray() {
+		entries := append([]byte(nil), lps...)
+		for _, e := range ch.Get("logprobs.content").Array() {
+			if len(entries) > 0 {
+				entries = append(entries, ',')
+			}
+			entries = append(entries, e.Raw...)
+		}
+		out, err = sjson.SetRawBytes(out, "choices.0.logprobs.content", append(append([]byte{'['}, entries...), ']'))
+	}
+	if u := gjson.GetBytes(gen, "usage"); err == nil && u.IsObject() {
+		out, err = sjson.SetRawBytes(out, "usage", rs.fixUsage(u))
+	}
+	if err == nil && finish != "" {
+		if out, err = sjson.SetBytes(out, "choices.0.finish_reason", finish); err == nil {
+			out, err = sjson.SetBytes(out, "choices.0.stop_reason", nil)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: joining the resumed answer: %w", errTokenIn, err)
+	}
+	return out, nil
 }
 
 // resumedBody is the GenerateRequest that continues genBody after ids:

@@ -112,7 +112,7 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	}
 	if rs != nil {
 		p.rs = rs
-		s.resumables.add(s, p)
+		s.resumables.add(s, rs)
 	}
 	go p.run(gen)
 	return nil
@@ -197,7 +197,7 @@ func (p *tokenInPump) run(gen *fasthttp.Response) {
 		}
 	}()
 	if p.rs != nil {
-		defer p.s.resumables.remove(p)
+		defer p.s.resumables.remove(p.rs)
 	}
 	for gen != nil && p.pump(gen) { // parked by a pause in mode abort
 		var err error

@@ -2,8 +2,10 @@ package mock
 
 import (
 	"bufio"
+	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -113,6 +115,57 @@ func generateID(ctx *fasthttp.RequestCtx, body []byte, planID []byte) string {
 		return generateIDPrefix + id.Str
 	}
 	return generateIDPrefix + string(planID)
+}
+
+// errAborted ends the wait of an aborted non-streamed generate request.
+var errAborted = errors.New("mock vLLM: request aborted")
+
+// waitOrAbort is waitOrLeave that also ends, with errAborted, when abort
+// is closed.
+func (s *Server) waitOrAbort(t **time.Timer, d time.Duration, left, abort <-chan struct{}) error {
+	if abort == nil {
+		return s.waitOrLeave(t, d, left)
+	}
+	if *t == nil {
+		*t = time.NewTimer(d)
+	} else {
+		(*t).Reset(d)
+	}
+	select {
+	case <-(*t).C:
+		return nil
+	case <-s.done:
+		(*t).Stop()
+		return errShutdown
+	case <-left:
+		(*t).Stop()
+		return errClientLeft
+	case <-abort:
+		(*t).Stop()
+		return errAborted
+	}
+}
+
+// cutAborted leaves each choice of a non-streamed generate request aborted
+// after elapsed with the ids sampled by then (the first after TTFT, one
+// more per ITL) and finish_reason "abort", as vLLM's final output of an
+// aborted request carries every id so far (v1/engine/output_processor.py,
+// RequestOutputKind.FINAL_ONLY).
+func (p *plan) cutAborted(elapsed time.Duration) {
+	n := 0
+	if elapsed >= p.k.ttft {
+		n = 1
+		if p.k.itl > 0 {
+			n += int((elapsed - p.k.ttft) / p.k.itl)
+		}
+	}
+	for i := range p.choices {
+		c := &p.choices[i]
+		if n < len(c.ids) {
+			c.ids = c.ids[:n]
+		}
+		c.finish, c.stopStr = "abort", ""
+	}
 }
 
 // aborted reports whether the plan's generate request was aborted.

@@ -296,8 +296,13 @@ func (p *plan) delay(ctx *fasthttp.RequestCtx) error {
 	s.generating.Add(1)
 	defer s.generating.Add(-1)
 	w := watchPeer(ctx.Conn())
-	err := s.waitOrLeave(&p.timer, d, w.leftCh())
+	start := time.Now()
+	err := s.waitOrAbort(&p.timer, d, w.leftCh(), p.abort)
 	w.stop()
+	if errors.Is(err, errAborted) { // a generate request aborted: its ids so far
+		p.cutAborted(time.Since(start))
+		return nil
+	}
 	if errors.Is(err, errClientLeft) {
 		s.aborted.Add(1)
 	}

@@ -210,9 +210,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, k *knobs) {
 		return
 	}
 	p.prefill()
-	if p.stream {
-		p.abort, p.unabort = s.aborts.register(generateID(ctx, ctx.PostBody(), p.id[:]))
-	}
+	p.abort, p.unabort = s.aborts.register(generateID(ctx, ctx.PostBody(), p.id[:]))
 	p.respond(ctx, p.stream, (*plan).appendGenerateFull, streamGenerate)
 }
 

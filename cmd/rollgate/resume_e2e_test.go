@@ -470,3 +470,79 @@ func resumePost(t *testing.T, url, body string) gjson.Result {
 	}
 	return gjson.ParseBytes(b)
 }
+
+// TestResumeWhole: non-streamed token-in calls too. Four agents wait for
+// whole 100-token answers (a token every 15 ms); the pause in mode abort
+// aborts their generations (the engine answers the ids so far with
+// finish_reason "abort", which no client sees), the table moves to the
+// other mock under v1, and the resume generates the rest there: each
+// client gets one answer of 100 tokens (finish "length", usage 100
+// completion tokens) whose content is the mock's decoding of its row's
+// ids, and each row's policy_versions is [[0,"v0"],[k,"v1"]], 0 < k < 100.
+func TestResumeWhole(t *testing.T) {
+	const agents, maxTokens = 4, 100
+	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
+	msB, urlB := resumeMock(t, 2, 15*time.Millisecond, 0)
+	addr, dir := freeAddr(t), t.TempDir()
+	db := filepath.Join(dir, "whole.db")
+	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", urlA, "--upstream-kind", "vllm", "--token-in")
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlA, "v0"))
+	bodies := make([][]byte, agents)
+	errs := make([]error, agents)
+	var wg sync.WaitGroup
+	for i := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := fmt.Sprintf(`{"model":"mock-model","messages":[{"role":"user","content":"Tell me the story of whole-%d"}],"max_tokens":%d,"logprobs":true}`, i, maxTokens)
+			resp, err := http.Post(fmt.Sprintf("http://%s/rollout/whole-%d/attempt/a/v1/chat/completions", addr, i), "application/json", strings.NewReader(body))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer resp.Body.Close()
+			bodies[i], errs[i] = io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 {
+				errs[i] = fmt.Errorf("HTTP %d: %s", resp.StatusCode, bodies[i])
+			}
+		}()
+	}
+	testenv.WaitFor(t, 30*time.Second, func() string { return fmt.Sprintf("%d of %d generating\n%s", msA.Generating(), agents, logs) },
+		func() bool { return msA.Generating() == agents })
+	resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort", "")
+	testenv.WaitFor(t, 30*time.Second, func() string {
+		return "not drained: " + resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain").Raw + "\n" + logs.String()
+	}, func() bool {
+		d := resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain")
+		return d.Get("drained").Bool() && d.Get("parked_streams").Int() == agents
+	})
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlB, "v1"))
+	resumeAdmin(t, addr, "POST", "/api/v1/resume", "")
+	wg.Wait()
+	if msB.Requests() == 0 {
+		t.Fatal("nothing reached the new mock")
+	}
+	store := resumeStore(t, db)
+	for i := range agents {
+		rollout := fmt.Sprintf("whole-%d", i)
+		if errs[i] != nil {
+			t.Fatalf("%s: %v\n%s", rollout, errs[i], logs)
+		}
+		ans := gjson.ParseBytes(bodies[i])
+		row := tiRows(t, store, rollout, "a", 1, logs)[0]
+		ids := row.ResponseTokenIDs
+		var segs [][2]json.RawMessage
+		_ = json.Unmarshal([]byte(row.PolicyVersions), &segs)
+		var k int
+		if len(segs) == 2 {
+			_ = json.Unmarshal(segs[1][0], &k)
+		}
+		if ans.Get("choices.0.finish_reason").Str != "length" || ans.Get("usage.completion_tokens").Int() != maxTokens || len(ids) != maxTokens || len(row.ResponseLogprobs) != maxTokens ||
+			len(segs) != 2 || string(segs[0][1]) != `"v0"` || string(segs[1][1]) != `"v1"` || k <= 0 || k >= maxTokens {
+			t.Errorf("%s: finish %q, usage %d, %d ids, %d logprobs, policy_versions %q", rollout, ans.Get("choices.0.finish_reason").Str, ans.Get("usage.completion_tokens").Int(), len(ids), len(row.ResponseLogprobs), row.PolicyVersions)
+		}
+		if got, want := ans.Get("choices.0.message.content").Str, mock.Decode(ids); got != want {
+			t.Errorf("%s: content\n%q\nthe row's ids decode to\n%q", rollout, got, want)
+		}
+	}
+}
