@@ -169,6 +169,7 @@ func TestResumeDrill(t *testing.T) {
 	progressed(make([]int64, agents), 5, "before the first pause")
 	for cycle := 1; cycle <= cycles; cycle++ {
 		from, to := mocks[(cycle-1)%2], mocks[cycle%2]
+		paused := time.Now()
 		v := resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort", "")
 		if v.Get("mode").Str != "abort" {
 			t.Fatalf("cycle %d: pause answered %s, want mode abort", cycle, v.Raw)
@@ -179,12 +180,15 @@ func TestResumeDrill(t *testing.T) {
 			d := resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain")
 			return d.Get("drained").Bool() && d.Get("parked_streams").Int() == agents && from.ActiveStreams() == 0
 		})
+		drained := time.Since(paused)
 		at := counts()
 		resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urls[cycle%2], fmt.Sprintf("v%d", cycle)))
+		resumed := time.Now()
 		resumeAdmin(t, addr, "POST", "/api/v1/resume", "")
 		testenv.WaitFor(t, 30*time.Second, func() string {
 			return fmt.Sprintf("cycle %d: %d of %d streams resumed on the new mock\n%s", cycle, to.ActiveStreams(), agents, logs)
 		}, func() bool { return to.ActiveStreams() == agents })
+		t.Logf("cycle %d: pause(abort) to drained with %d streams parked %v; resume to all %d generating on the new replica %v", cycle, agents, drained.Round(time.Millisecond), agents, time.Since(resumed).Round(time.Millisecond))
 		if cycle < cycles {
 			progressed(at, 3, fmt.Sprintf("after resume %d", cycle))
 		}
@@ -405,6 +409,7 @@ func TestResumeRealVLLM(t *testing.T) {
 		}
 		return true
 	})
+	pausedAt := time.Now()
 	p := resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort&engine=keep", "")
 	if p.Get("engines.0.status").Int() != 200 {
 		t.Fatalf("the engine's own pause: %s", p.Raw)
@@ -415,6 +420,7 @@ func TestResumeRealVLLM(t *testing.T) {
 		return resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.drained").Bool()
 	})
 	parked := resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.parked_streams").Int()
+	t.Logf("pause(abort, engine keep) to drained: %v", time.Since(pausedAt).Round(time.Millisecond))
 	resumeAdmin(t, addr, "PUT", "/api/v1/backends", strings.ReplaceAll(resumeTable(v.URL, "v1"), "mock-model", testenv.VLLMModel))
 	if r := resumeAdmin(t, addr, "POST", "/api/v1/resume", ""); r.Get("engines.0.status").Int() != 200 {
 		t.Fatalf("the engine's own resume: %s", r.Raw)
