@@ -123,8 +123,8 @@ var errAborted = errors.New("mock vLLM: request aborted")
 // waitOrAbort is waitOrLeave that also ends, with errAborted, when abort
 // is closed.
 func (s *Server) waitOrAbort(t **time.Timer, d time.Duration, left, abort <-chan struct{}) error {
-	if abort == nil {
-		return s.waitOrLeave(t, d, left)
+	if d <= 0 {
+		return nil
 	}
 	if *t == nil {
 		*t = time.NewTimer(d)

@@ -528,24 +528,7 @@ func (s *Server) wait(t **time.Timer, d time.Duration) error {
 
 // waitOrLeave is wait that also ends, with errClientLeft, when left is closed.
 func (s *Server) waitOrLeave(t **time.Timer, d time.Duration, left <-chan struct{}) error {
-	if d <= 0 {
-		return nil
-	}
-	if *t == nil {
-		*t = time.NewTimer(d)
-	} else {
-		(*t).Reset(d)
-	}
-	select {
-	case <-(*t).C:
-		return nil
-	case <-s.done:
-		(*t).Stop()
-		return errShutdown
-	case <-left:
-		(*t).Stop()
-		return errClientLeft
-	}
+	return s.waitOrAbort(t, d, left, nil) // a nil channel never closes
 }
 
 // sse writes one SSE data event and flushes it; an error means the client went away.

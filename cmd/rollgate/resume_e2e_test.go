@@ -103,6 +103,47 @@ func (a *resumeAgent) runModel(addr, model, rollout string, maxTokens int, extra
 	}
 }
 
+// resumeGateway starts a --token-in gateway on a SQLite store whose
+// routing table serves model from upstream under policy version v0.
+func resumeGateway(t *testing.T, upstream, model string) (addr, db string, logs *syncBuffer) {
+	t.Helper()
+	addr, db = freeAddr(t), filepath.Join(t.TempDir(), "resume.db")
+	_, logs = start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", upstream, "--upstream-kind", "vllm", "--token-in")
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", strings.ReplaceAll(resumeTable(upstream, "v0"), "mock-model", model))
+	return addr, db, logs
+}
+
+// startAgents starts n agents, agent i running run(i, a), and returns them
+// and the group that waits for them.
+func startAgents(n int, run func(i int, a *resumeAgent)) ([]*resumeAgent, *sync.WaitGroup) {
+	as := make([]*resumeAgent, n)
+	var wg sync.WaitGroup
+	for i := range as {
+		as[i] = &resumeAgent{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run(i, as[i])
+		}()
+	}
+	return as, &wg
+}
+
+// allRead says whether every agent has read at least from[i]+n chunks
+// (from nil: n).
+func allRead(as []*resumeAgent, from []int64, n int64) bool {
+	for i, a := range as {
+		base := int64(0)
+		if from != nil {
+			base = from[i]
+		}
+		if a.chunks.Load() < base+n {
+			return false
+		}
+	}
+	return true
+}
+
 // resumeUsage returns the completion_tokens of a stream's usage chunk.
 func resumeUsage(b []byte) int64 {
 	for _, line := range strings.Split(string(b), "\n") {
@@ -130,34 +171,14 @@ func TestResumeDrill(t *testing.T) {
 	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
 	msB, urlB := resumeMock(t, 2, 15*time.Millisecond, 0)
 	mocks, urls := []*mock.Server{msA, msB}, []string{urlA, urlB}
-	addr, dir := freeAddr(t), t.TempDir()
-	db := filepath.Join(dir, "resume.db")
-	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", urlA, "--upstream-kind", "vllm", "--token-in")
-	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlA, "v0"))
-
-	as := make([]*resumeAgent, agents)
-	var wg sync.WaitGroup
-	for i := range as {
-		as[i] = &resumeAgent{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			as[i].run(addr, fmt.Sprintf("drill-%02d", i), maxTokens)
-		}()
-	}
+	addr, db, logs := resumeGateway(t, urlA, "mock-model")
+	as, wg := startAgents(agents, func(i int, a *resumeAgent) { a.run(addr, fmt.Sprintf("drill-%02d", i), maxTokens) })
 	// progressed waits until every agent has read at least n more chunks
 	// than it had in from.
 	progressed := func(from []int64, n int64, what string) {
 		testenv.WaitFor(t, 30*time.Second, func() string {
 			return fmt.Sprintf("agents did not progress %s\n%s", what, logs)
-		}, func() bool {
-			for i, a := range as {
-				if a.chunks.Load() < from[i]+n {
-					return false
-				}
-			}
-			return true
-		})
+		}, func() bool { return allRead(as, from, n) })
 	}
 	counts := func() []int64 {
 		out := make([]int64, agents)
@@ -166,7 +187,7 @@ func TestResumeDrill(t *testing.T) {
 		}
 		return out
 	}
-	progressed(make([]int64, agents), 5, "before the first pause")
+	progressed(nil, 5, "before the first pause")
 	for cycle := 1; cycle <= cycles; cycle++ {
 		from, to := mocks[(cycle-1)%2], mocks[cycle%2]
 		paused := time.Now()
@@ -247,9 +268,7 @@ func TestResumeDrill(t *testing.T) {
 func TestResumeCannotContinue(t *testing.T) {
 	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
 	_, urlC := resumeMock(t, 2, 15*time.Millisecond, 100)
-	addr, dir := freeAddr(t), t.TempDir()
-	db := filepath.Join(dir, "resume.db")
-	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", urlA, "--upstream-kind", "vllm", "--token-in")
+	addr, db, logs := resumeGateway(t, urlA, "mock-model")
 	a := &resumeAgent{}
 	done := make(chan struct{})
 	go func() {
@@ -308,8 +327,7 @@ func TestEnginePausePassThrough(t *testing.T) {
 	}
 	defer func() { _ = ms.Shutdown() }()
 	_, plain := resumeMock(t, 2, 0, 0)
-	addr, dir := freeAddr(t), t.TempDir()
-	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", filepath.Join(dir, "e.db"), "--upstream", url, "--upstream-kind", "vllm", "--token-in")
+	addr, _, logs := resumeGateway(t, url, "mock-model")
 	isPaused := func() bool {
 		r, err := http.Get(strings.TrimSuffix(url, "/v1") + "/is_paused")
 		if err != nil {
@@ -387,28 +405,11 @@ func TestResumeRealVLLM(t *testing.T) {
 	}
 	t.Cleanup(v.Stop)
 	const agents, maxTokens = 4, 256
-	addr, dir := freeAddr(t), t.TempDir()
-	db := filepath.Join(dir, "real.db")
-	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", v.URL, "--upstream-kind", "vllm", "--token-in")
-	resumeAdmin(t, addr, "PUT", "/api/v1/backends", strings.ReplaceAll(resumeTable(v.URL, "v0"), "mock-model", testenv.VLLMModel))
-	as := make([]*resumeAgent, agents)
-	var wg sync.WaitGroup
-	for i := range as {
-		as[i] = &resumeAgent{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			as[i].runModel(addr, testenv.VLLMModel, fmt.Sprintf("real-%d", i), maxTokens, `,"ignore_eos":true,"temperature":0.7,"seed":`+fmt.Sprint(i))
-		}()
-	}
-	testenv.WaitFor(t, 2*time.Minute, func() string { return "the streams did not start\n" + logs.String() }, func() bool {
-		for _, a := range as {
-			if a.chunks.Load() < 8 {
-				return false
-			}
-		}
-		return true
+	addr, db, logs := resumeGateway(t, v.URL, testenv.VLLMModel)
+	as, wg := startAgents(agents, func(i int, a *resumeAgent) {
+		a.runModel(addr, testenv.VLLMModel, fmt.Sprintf("real-%d", i), maxTokens, `,"ignore_eos":true,"temperature":0.7,"seed":`+fmt.Sprint(i))
 	})
+	testenv.WaitFor(t, 2*time.Minute, func() string { return "the streams did not start\n" + logs.String() }, func() bool { return allRead(as, nil, 8) })
 	pausedAt := time.Now()
 	p := resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort&engine=keep", "")
 	if p.Get("engines.0.status").Int() != 200 {
@@ -489,10 +490,7 @@ func TestResumeWhole(t *testing.T) {
 	const agents, maxTokens = 4, 100
 	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
 	msB, urlB := resumeMock(t, 2, 15*time.Millisecond, 0)
-	addr, dir := freeAddr(t), t.TempDir()
-	db := filepath.Join(dir, "whole.db")
-	_, logs := start(t, addr, "/readyz", "serve", "--listen", addr, "--db", db, "--upstream", urlA, "--upstream-kind", "vllm", "--token-in")
-	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlA, "v0"))
+	addr, db, logs := resumeGateway(t, urlA, "mock-model")
 	bodies := make([][]byte, agents)
 	errs := make([]error, agents)
 	var wg sync.WaitGroup
