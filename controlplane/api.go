@@ -17,6 +17,7 @@ import (
 	"github.com/rollgate/rollgate/controlplane/tasks"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/route"
 )
@@ -143,14 +144,35 @@ func (s *Server) putBackends(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, v)
 }
 
+// postPause pauses the gateway (?mode=wait|abort) and, with ?engine=MODE,
+// the engines too with their own pause routes, after the gateway's own
+// aborts.
 func (s *Server) postPause(ctx *fasthttp.RequestCtx) {
-	s.gw.Pause()
-	writeJSON(ctx, fasthttp.StatusOK, s.gw.PauseState())
+	mode, engine := string(ctx.QueryArgs().Peek("mode")), string(ctx.QueryArgs().Peek("engine"))
+	if engine != "" {
+		if err := backends.CheckEngineMode(engine); err != nil {
+			s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+			return
+		}
+	}
+	if err := s.gw.PauseWith(mode); err != nil {
+		s.plainError(ctx, fasthttp.StatusBadRequest, errInvalidRequest, err.Error())
+		return
+	}
+	v := s.gw.PauseState()
+	if engine != "" {
+		v.Engines, _ = s.gw.PauseEngines(engine) // the mode was checked above
+	}
+	writeJSON(ctx, fasthttp.StatusOK, v)
 }
 
+// postResume resumes the engines an engine pause paused, then the gateway.
 func (s *Server) postResume(ctx *fasthttp.RequestCtx) {
+	engines := s.gw.ResumeEngines()
 	s.gw.Resume()
-	writeJSON(ctx, fasthttp.StatusOK, s.gw.PauseState())
+	v := s.gw.PauseState()
+	v.Engines = engines
+	writeJSON(ctx, fasthttp.StatusOK, v)
 }
 
 // authorizedAdmin checks the admin token on every /api/v1 route, reads

@@ -39,6 +39,15 @@ type Gateway interface {
 	ReplaceBackends(spec []backends.Backend) (backends.View, error)
 	// Pause holds new calls until Resume; PauseState reports the drain.
 	Pause()
+	// PauseWith pauses in a mode: "wait" (Pause) or "abort" (streamed
+	// token-in generations are aborted and resumed after the update); an
+	// unknown mode is an error naming the modes.
+	PauseWith(mode string) error
+	// PauseEngines calls the engines' own pause routes in their mode
+	// (vLLM /pause?mode=, SGLang /pause_generation); ResumeEngines undoes
+	// it. An unknown mode is an error and nothing is paused.
+	PauseEngines(mode string) ([]backends.EnginePauseResult, error)
+	ResumeEngines() []backends.EnginePauseResult
 	Resume()
 	PauseState() backends.DrainView
 	// RegisterRollout records a registered rollout's task id, which the

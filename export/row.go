@@ -114,6 +114,14 @@ type Call struct {
 	// RetryOf is the span id of the call's first try on a retry's rows, ''
 	// on a first try. Extra column.
 	RetryOf string
+	// PolicyVersions gives the policy version of every response token when
+	// more than one generation produced the response (a generation aborted
+	// by a pause in mode abort and resumed after a weight update): segment
+	// boundaries as a JSON array [[first token index, "version"], ...] in
+	// token order, the first at 0; token i was sampled by the last segment
+	// starting at or before i. '' when one generation produced it all
+	// (policy_version is every token's). Extra column.
+	PolicyVersions string
 	// ParentSpanID is the span id of the client's W3C traceparent ('' when
 	// none was sent), so exported spans nest under the caller's span. Not a
 	// stored column: it travels to the OTLP sink only.
@@ -164,6 +172,7 @@ var CallTable = NewTable("llm_calls",
 	Col("token_in", func(c *Call) any { return &c.TokenIn }, LowCard, Since(6)),
 	Col("retry_count", func(c *Call) any { return &c.RetryCount }, Since(7)),
 	Col("retry_of", func(c *Call) any { return &c.RetryOf }, Since(7)),
+	Col("policy_versions", func(c *Call) any { return &c.PolicyVersions }, Since(8)),
 )
 
 // Reward is one row of the rewards table. SequenceID 0 is an episode-level reward.

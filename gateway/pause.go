@@ -14,6 +14,7 @@ type pauser struct {
 	mu      sync.Mutex
 	paused  bool
 	since   time.Time
+	abort   bool          // paused in mode abort (resume.go)
 	resumed chan struct{} // closed on resume
 }
 
@@ -46,11 +47,25 @@ func (p *pauser) pause() {
 	}
 }
 
+// setAbort marks the pause as one in mode abort.
+func (p *pauser) setAbort() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.abort = p.paused
+}
+
+// abortMode returns whether calls are held and whether in mode abort.
+func (p *pauser) abortMode() (paused, abort bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused, p.abort
+}
+
 func (p *pauser) resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.paused {
-		p.paused = false
+		p.paused, p.abort = false, false
 		close(p.resumed)
 	}
 }
@@ -79,13 +94,21 @@ func (s *Server) waitIfPaused(ctx *fasthttp.RequestCtx, c *call) bool {
 
 const retryAfterSeconds = 5
 
-// PauseState returns the drain state: whether new calls are held, how many
-// are held and how many are still in flight upstream.
+// PauseState returns the drain state: whether new calls are held (and in
+// which mode), how many are held, how many are still in flight upstream and
+// how many aborted streams wait for the resume (not in flight: they hold no
+// replica).
 func (s *Server) PauseState() PauseView {
 	paused, since, _ := s.pause.state()
+	_, abort := s.pause.abortMode()
 	inflight := s.inFlight()
-	v := PauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running"}
+	v := PauseView{Paused: paused, HeldCalls: s.held.Load(), InFlight: inflight, Drained: paused && inflight == 0, State: "running",
+		ParkedStreams: s.resumables.parked.Load()}
 	if paused {
+		v.Mode = PauseWait
+		if abort {
+			v.Mode = PauseAbort
+		}
 		v.PausedSince = since.UnixNano()
 		v.State = "draining"
 		if v.Drained {

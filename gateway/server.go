@@ -52,6 +52,8 @@ type Server struct {
 	rollouts    sync.Map       // rollout_id → registered task id (string)
 	draining    atomic.Bool
 	pause       pauser
+	resumables  resumables    // streams a pause in mode abort aborts and resumes (resume.go)
+	engines     enginePauser  // engines paused with their own pause routes (enginepause.go)
 	slots       chan struct{} // MaxConcurrency tokens; nil = no limit
 	clientKeys  []ClientKey
 	held        atomic.Int64 // calls waiting while paused

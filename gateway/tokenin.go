@@ -142,7 +142,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	if info.Stream {
 		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, n: info.N, put: put})
 	}
-	gen, status, err := s.tokenInPost(r, r.Origin()+pathGenerate, genBody, deadline, hw, req)
+	gen, status, err := s.tokenInGenerate(c, r, genBody, prompt, info.N, deadline, hw, req)
 	if err != nil {
 		s.tokenInFailed(c, outcome, err)
 		return err

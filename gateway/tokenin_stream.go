@@ -73,20 +73,16 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	if err != nil {
 		return fmt.Errorf("%w: building the generate request: %w", errTokenIn, err)
 	}
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	tokenInRequest(req, r, r.Origin()+pathGenerate, body, tc.from)
-	gen := fasthttp.AcquireResponse()
-	gen.StreamBody = true
-	err = r.Client().DoDeadline(req, gen, tc.deadline)
-	if err != nil && staleConn(err) {
-		r.Client().CloseIdleConnections() // see tokenInPost
-		gen.Reset()
-		gen.StreamBody = true
-		err = r.Client().DoDeadline(req, gen, tc.deadline)
+	var rs *resumeState
+	if tc.n <= 1 { // resumable after a pause in mode abort (resume.go)
+		rs = newResumeState(c, r, nil)
+		if body, err = sjson.SetBytes(body, "request_id", rs.engineID[len(engineIDPrefix):]); err != nil {
+			return fmt.Errorf("%w: building the generate request: %w", errTokenIn, err)
+		}
+		rs.genBody = body
 	}
+	gen, err := s.startGenerate(r, body, tc.from, tc.deadline)
 	if err != nil {
-		fasthttp.ReleaseResponse(gen)
 		s.tokenInFailed(c, tc.outcome, err)
 		return err
 	}
@@ -114,8 +110,35 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	if tl := gjson.GetBytes(tc.chatReq, "top_logprobs"); tl.Type == gjson.Number && tl.Num > 0 {
 		p.topLogprobs = int(tl.Num)
 	}
+	if rs != nil {
+		p.rs = rs
+		s.resumables.add(s, rs)
+	}
 	go p.run(gen)
 	return nil
+}
+
+// startGenerate sends a streamed generate request (body) to replica r, with
+// from's headers (nil: none), and returns the engine's answer, its body
+// still streaming.
+func (s *Server) startGenerate(r *backends.Upstream, body []byte, from *fasthttp.Request, deadline time.Time) (*fasthttp.Response, error) {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	tokenInRequest(req, r, r.Origin()+pathGenerate, body, from)
+	gen := fasthttp.AcquireResponse()
+	gen.StreamBody = true
+	err := r.Client().DoDeadline(req, gen, deadline)
+	if err != nil && staleConn(err) {
+		r.Client().CloseIdleConnections() // see tokenInPost
+		gen.Reset()
+		gen.StreamBody = true
+		err = r.Client().DoDeadline(req, gen, deadline)
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(gen)
+		return nil, err
+	}
+	return gen, nil
 }
 
 // tokenInPump reads one streamed generate answer, derenders each chunk and
@@ -128,6 +151,7 @@ type tokenInPump struct {
 	named       bool // tool_choice names a function: the finish reason stays "stop"
 	topLogprobs int  // the client's top_logprobs
 	tail        []byte
+	rs          *resumeState // nil: not resumable (n > 1)
 
 	id      string // the chat chunks' id, model and created (derender's)
 	model   string
@@ -165,10 +189,30 @@ func (p *tokenInPump) run(gen *fasthttp.Response) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			p.s.log.Error("panic while streaming a token-in answer; stream ended", "panic", rec)
-			abortResponse(gen, errTokenIn)
+			if gen != nil {
+				abortResponse(gen, errTokenIn)
+			}
+			p.rs.settle(p.s)
 			_ = p.w.CloseWithError(fmt.Errorf("internal error: %v", rec))
 		}
 	}()
+	if p.rs != nil {
+		defer p.s.resumables.remove(p.rs)
+	}
+	for gen != nil && p.pump(gen) { // parked by a pause in mode abort
+		var err error
+		gen = nil
+		p.rs.park(p.s)
+		if gen, err = p.resume(); err != nil {
+			p.fail(fmt.Errorf("resuming at response token %d: %w", len(p.ch[0].ids), err))
+			return
+		}
+	}
+}
+
+// pump pumps one generate stream to the pipe; parked true: the gateway
+// aborted it for a pause in mode abort and the client's stream stays open.
+func (p *tokenInPump) pump(gen *fasthttp.Response) (parked bool) {
 	var sc capture.SSEScanner
 	body := gen.BodyStream()
 	buf := make([]byte, 4<<10)
@@ -189,8 +233,9 @@ func (p *tokenInPump) run(gen *fasthttp.Response) {
 			done, werr, failure = p.event(ev.Data)
 			if werr != nil { // the client went away
 				abortResponse(gen, errClientGone)
+				p.rs.settle(p.s)
 				_ = p.w.CloseWithError(werr)
-				return
+				return false
 			}
 		}
 		if failure == nil && len(sc.Rest()) > p.s.cfg.MaxResponseBodyBytes {
@@ -205,32 +250,47 @@ func (p *tokenInPump) run(gen *fasthttp.Response) {
 	}
 	if failure != nil {
 		abortResponse(gen, failure)
-		p.s.log.Warn("token-in: stream failed", "backend", p.r.Name(), "err", failure)
-		msg := fmt.Sprintf("backend %s: token-in stream: %v", p.r.Name(), failure)
-		ev := append([]byte("data: "), appendError(nil, fasthttp.StatusBadGateway, errUpstream, msg)...)
-		if _, err := p.w.Write(append(ev, "\n\ndata: [DONE]\n\n"...)); err != nil {
-			_ = p.w.CloseWithError(err)
-			return
-		}
-		_ = p.w.Close()
-		return
+		p.fail(failure)
+		return false
 	}
-	// The client has its answer; then the body is read to its end (the
-	// chunked terminator after [DONE]) so its connection goes back to the
-	// pool clean. An engine that sends more than 64 KiB after [DONE] has its
-	// connection closed instead.
-	_ = p.w.Close()
+	// The client has its answer (or, parked, waits for the rest); then the
+	// body is read to its end (the chunked terminator after [DONE]) so its
+	// connection goes back to the pool clean. An engine that sends more than
+	// 64 KiB after [DONE] has its connection closed instead.
+	parked = p.rs.isParked()
+	if !parked {
+		p.rs.settle(p.s)
+		_ = p.w.Close()
+	}
 	if n, err := io.Copy(io.Discard, io.LimitReader(body, 64<<10)); err != nil || n == 64<<10 {
 		abortResponse(gen, errStreamCut)
-		return
+		return parked
 	}
 	fasthttp.ReleaseResponse(gen)
+	return parked
+}
+
+// fail ends the client's stream with an error event naming the backend and
+// the failure, then [DONE].
+func (p *tokenInPump) fail(failure error) {
+	p.s.log.Warn("token-in: stream failed", "backend", p.r.Name(), "err", failure)
+	msg := fmt.Sprintf("backend %s: token-in stream: %v", p.r.Name(), failure)
+	ev := append([]byte("data: "), appendError(nil, fasthttp.StatusBadGateway, errUpstream, msg)...)
+	p.rs.settle(p.s)
+	if _, err := p.w.Write(append(ev, "\n\ndata: [DONE]\n\n"...)); err != nil {
+		_ = p.w.CloseWithError(err)
+		return
+	}
+	_ = p.w.Close()
 }
 
 // event handles one generate SSE event: done after [DONE]; werr when the
 // client cannot be written to; failure when the stream cannot go on.
 func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	if string(data) == "[DONE]" {
+		if p.rs.isParked() {
+			return true, nil, nil // the aborted generation's end: the client's stream goes on
+		}
 		return true, p.write([]byte("[DONE]")), nil
 	}
 	root := gjson.ParseBytes(data)
@@ -244,10 +304,10 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	choices := root.Get("choices").Array()
 	switch {
 	case len(choices) == 0:
-		if u := root.Get("usage"); u.IsObject() {
+		if u := root.Get("usage"); u.IsObject() && !p.rs.isParked() {
 			p.out = p.appendHead(p.out[:0], root)
 			p.out = append(p.out, `[],"usage":`...)
-			p.out = append(append(p.out, u.Raw...), '}')
+			p.out = append(append(p.out, p.rs.fixUsage(u)...), '}')
 			return false, p.write(p.out), nil
 		}
 		return false, nil, nil
@@ -263,6 +323,17 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	ids, ok := tokenIDs(ch.Get("token_ids"))
 	if !ok {
 		return false, nil, fmt.Errorf("%w: a generate stream chunk without token_ids", errTokenIn)
+	}
+	if p.rs.parkOn(ch) { // aborted by the gateway: no finish for the client
+		if len(ids) == 0 {
+			return false, nil, nil
+		}
+		var err error
+		if data, err = sjson.SetBytes(data, "choices.0.finish_reason", nil); err != nil {
+			return false, nil, fmt.Errorf("%w: %w", errTokenIn, err)
+		}
+		root = gjson.ParseBytes(data)
+		ch = root.Get("choices.0")
 	}
 	der, err := p.derender(c, data, ch, ids)
 	if err != nil {
@@ -313,7 +384,7 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	out = arrays.AppendUint32s(out, ids)
 	out = append(out, "}]"...)
 	if u := root.Get("usage"); u.IsObject() { // continuous_usage_stats
-		out = append(append(out, `,"usage":`...), u.Raw...)
+		out = append(append(out, `,"usage":`...), p.rs.fixUsage(u)...)
 	}
 	p.out = append(out, '}')
 	return false, p.write(p.out), nil

@@ -71,6 +71,10 @@ type Sample struct {
 	// never mixes retokenized calls with others; one that merges engine and
 	// tokenize calls is marked tokenize.
 	TokenSource string
+	// MixedPolicy: more than one policy version sampled the response's
+	// tokens (a generation resumed after a weight update, or merged turns
+	// served by different versions); PolicyVersion is the latest (mixed.go).
+	MixedPolicy bool
 }
 
 // assemble builds samples from the kept calls of one attempt, sorted by
@@ -127,8 +131,9 @@ func assemble(mode string, calls []export.Call, st *Stats) ([]*Sample, error) {
 		if c.TokenSource == export.TokenSourceTokenize {
 			s.TokenSource = export.TokenSourceTokenize // the weaker provenance of the two verified ones
 		}
-		if c.PolicyVersion != s.PolicyVersion {
-			s.PolicyVersion = c.PolicyVersion // the latest policy that generated part of it
+		if last, mixed := callPolicy(&c); last != s.PolicyVersion || mixed {
+			s.MixedPolicy = true
+			s.PolicyVersion = last // the latest policy that generated part of it
 		}
 		full[best] = concat(c.PromptTokenIDs, c.ResponseTokenIDs)
 		lastOfAgent[c.AgentName] = best
@@ -138,8 +143,9 @@ func assemble(mode string, calls []export.Call, st *Stats) ([]*Sample, error) {
 }
 
 func newSample(c export.Call) *Sample {
+	version, mixed := callPolicy(&c)
 	return &Sample{RolloutID: c.RolloutID, AttemptID: c.AttemptID, TaskID: c.TaskID, AgentName: c.AgentName,
-		PolicyVersion: c.PolicyVersion, ChoiceIndex: c.ChoiceIndex, SequenceIDs: []uint64{c.SequenceID},
+		PolicyVersion: version, MixedPolicy: mixed, ChoiceIndex: c.ChoiceIndex, SequenceIDs: []uint64{c.SequenceID},
 		Prompt: c.PromptTokenIDs, Response: slices.Clip(c.ResponseTokenIDs),
 		ResponseMask: ones(len(c.ResponseTokenIDs)), Logprobs: logprobs(c), TokenSource: c.TokenSource,
 		HasLogprobs: hasLogprobs(c)}

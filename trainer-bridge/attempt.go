@@ -381,6 +381,9 @@ func (out *attemptOut) judge(samples []*Sample, cr *credits, o *Options, st *Sta
 		if why == "" && o.Logprobs == LogprobsKeep && !s.HasLogprobs {
 			why = ExclNoLogprobs
 		}
+		if why == "" && o.MixedPolicy == MixedDrop && s.MixedPolicy {
+			why = ExclMixedPolicy
+		}
 		if out.report != nil {
 			out.report.Items = append(out.report.Items, Decision{Kind: "sample", SequenceIDs: s.SequenceIDs, ChoiceIndex: s.ChoiceIndex,
 				Reason: why, Truncated: s.Truncated})

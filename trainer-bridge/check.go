@@ -27,7 +27,7 @@ func (r *Request) Options() (Options, error) {
 	}
 	o := Options{Mode: r.Mode, RewardName: r.RewardName, Level: r.Level, DropZeroVariance: r.DropZeroVariance,
 		MaxPrompt: r.MaxPrompt, MaxResponse: r.MaxResponse, Truncation: r.Truncation, WriteAIR: r.WriteAIR, Gamma: 1,
-		MissingReward: r.MissingReward, MinGroupSize: r.MinGroupSize, Logprobs: r.Logprobs, Report: r.Report, GroupBy: r.GroupBy}
+		MissingReward: r.MissingReward, MinGroupSize: r.MinGroupSize, Logprobs: r.Logprobs, Report: r.Report, GroupBy: r.GroupBy, MixedPolicy: r.MixedPolicy}
 	if r.Gamma != nil {
 		o.Gamma = *r.Gamma
 	}
@@ -152,6 +152,7 @@ func (o *Options) resolve() error {
 		{&o.Truncation, "--truncation", []string{TruncCut, TruncDrop, TruncTrim}},
 		{&o.MissingReward, "--missing-reward", []string{MissingZero, MissingDrop, MissingDropGroup}},
 		{&o.Logprobs, "--logprobs", []string{LogprobsKeep, LogprobsOmit}},
+		{&o.MixedPolicy, "--mixed-policy", []string{MixedKeep, MixedDrop}},
 		{&o.GroupBy, "--group-by", []string{GroupGroup, GroupTask, GroupTaskPolicy}},
 	} {
 		if *c.v == "" {

@@ -49,6 +49,8 @@ func Hint(reason string, minGroup int) string {
 		return "over --max-prompt/--max-response with --truncation drop"
 	case ExclPromptTooLong:
 		return "prompt over --max-prompt: raise it (--truncation trim keeps a cut, off-policy prompt)"
+	case ExclMixedPolicy:
+		return "tokens sampled by more than one policy version (resumed after a weight update), with --mixed-policy drop: --mixed-policy keep trains them"
 	case ExclNoLogprobs:
 		return "no sampling logprobs from the engine: --logprobs omit keeps them (batch without rollout_log_probs)"
 	case ExclNoReward:

@@ -34,6 +34,9 @@ type Row struct {
 	// TokenSource is engine, tokenize or retokenized (Sample.TokenSource):
 	// filter on it to train only on ids an engine sampled.
 	TokenSource string `json:"token_source"`
+	// MixedPolicy: more than one policy version sampled the response
+	// (Sample.MixedPolicy); policy_version is the latest.
+	MixedPolicy bool `json:"mixed_policy"`
 }
 
 // ToRow converts a Sample to its row form. Nil slices become empty ones.
@@ -42,7 +45,7 @@ func (s *Sample) ToRow() Row {
 		PolicyVersion: s.PolicyVersion, UID: s.GroupUID, ChoiceIndex: s.ChoiceIndex, SequenceIDs: s.SequenceIDs,
 		PromptIDs: s.Prompt, ResponseIDs: s.Response, ResponseMask: s.ResponseMask, Logprobs: s.Logprobs,
 		Reward: s.Reward, Advantage: s.Advantage, Trimmed: s.Trimmed, Truncated: s.Truncated,
-		HasLogprobs: s.HasLogprobs, TokenSource: s.TokenSource}
+		HasLogprobs: s.HasLogprobs, TokenSource: s.TokenSource, MixedPolicy: s.MixedPolicy}
 	if r.SequenceIDs == nil {
 		r.SequenceIDs = []uint64{}
 	}

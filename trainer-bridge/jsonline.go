@@ -45,6 +45,7 @@ func (s *Sample) appendJSON(b []byte) ([]byte, error) {
 	b = strconv.AppendBool(append(b, `,"truncated":`...), s.Truncated)
 	b = strconv.AppendBool(append(b, `,"has_logprobs":`...), s.HasLogprobs)
 	b = appendKeyString(b, `,"token_source":`, s.TokenSource)
+	b = strconv.AppendBool(append(b, `,"mixed_policy":`...), s.MixedPolicy)
 	b = append(b, `,"response_mask":[`...)
 	for i, v := range s.ResponseMask {
 		if i > 0 {

@@ -56,6 +56,10 @@ type Options struct {
 	// LogprobsOmit (the output leaves rollout_log_probs out; every sample
 	// is kept). Empty: LogprobsKeep, or LogprobsOmit when Retokenize is set.
 	Logprobs string
+	// MixedPolicy is MixedKeep (default: samples whose tokens more than one
+	// policy version sampled are kept, marked mixed_policy) or MixedDrop
+	// (left out as ExclMixedPolicy). See mixed.go.
+	MixedPolicy string
 	// Now stamps AIR rows; nil = time.Now.
 	Now func() time.Time
 	// Progress, when set, is called after each attempt read and, with

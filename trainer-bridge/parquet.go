@@ -41,6 +41,9 @@ type parquetTail struct {
 	Scores     []float32 `parquet:"token_level_scores,list"` // the reward on the last response token
 	Advantages []float32 `parquet:"advantages,list"`         // the advantage times response_mask
 	Returns    []float32 `parquet:"returns,list"`            // = advantages
+	// MixedPolicy: more than one policy version sampled the response
+	// (Sample.MixedPolicy); last, so columns read by position keep theirs.
+	MixedPolicy bool `parquet:"mixed_policy"`
 }
 
 type parquetRow struct {
@@ -59,7 +62,7 @@ type parquetRowNoLP struct {
 // policy_version, uid, choice_index, sequence_ids, token_source,
 // has_logprobs, truncated, trimmed, prompts, responses, response_mask,
 // rollout_log_probs (unless o.OmitLogprobs), token_level_scores,
-// advantages, returns.
+// advantages, returns, mixed_policy.
 func WriteParquet(w io.Writer, samples []*Sample, o ParquetOptions) error {
 	return writeAll(NewParquetWriter(w, o), samples)
 }
@@ -134,7 +137,7 @@ func toParquet(s *Sample) parquetRow {
 		Truncated: s.Truncated, Trimmed: s.Trimmed, PromptIDs: i32(s.Prompt), ResponseIDs: i32(s.Response),
 		ResponseMask: make([]int32, len(s.ResponseMask))},
 		Logprobs:    s.Logprobs,
-		parquetTail: parquetTail{Scores: make([]float32, n), Advantages: make([]float32, n), Returns: make([]float32, n)}}
+		parquetTail: parquetTail{Scores: make([]float32, n), Advantages: make([]float32, n), Returns: make([]float32, n), MixedPolicy: s.MixedPolicy}}
 	if r.Logprobs == nil {
 		r.Logprobs = []float32{}
 	}

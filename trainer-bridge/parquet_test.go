@@ -28,7 +28,7 @@ func TestParquetRoundTrip(t *testing.T) {
 	for _, c := range f.Schema().Columns() {
 		cols = append(cols, c[0])
 	}
-	if got := sp(cols); got != "[rollout_id attempt_id task_id agent_name policy_version uid choice_index sequence_ids token_source has_logprobs truncated trimmed prompts responses response_mask rollout_log_probs token_level_scores advantages returns]" {
+	if got := sp(cols); got != "[rollout_id attempt_id task_id agent_name policy_version uid choice_index sequence_ids token_source has_logprobs truncated trimmed prompts responses response_mask rollout_log_probs token_level_scores advantages returns mixed_policy]" {
 		t.Fatalf("columns %s", got)
 	}
 	rows, err := parquet.Read[parquetRow](bytes.NewReader(buf.Bytes()), int64(buf.Len()))
@@ -74,7 +74,7 @@ func TestParquetRoundTrip(t *testing.T) {
 	for _, c := range f.Schema().Columns() {
 		cols = append(cols, c[0])
 	}
-	if got := sp(cols); got != "[rollout_id attempt_id task_id agent_name policy_version uid choice_index sequence_ids token_source has_logprobs truncated trimmed prompts responses response_mask token_level_scores advantages returns]" {
+	if got := sp(cols); got != "[rollout_id attempt_id task_id agent_name policy_version uid choice_index sequence_ids token_source has_logprobs truncated trimmed prompts responses response_mask token_level_scores advantages returns mixed_policy]" {
 		t.Fatalf("columns without logprobs %s", got)
 	}
 	if f.NumRows() != 4 {

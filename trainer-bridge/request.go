@@ -41,6 +41,7 @@ type Request struct {
 	MinGroupSize     int      `json:"min_group_size"`
 	GroupBy          string   `json:"group_by"`
 	Logprobs         string   `json:"logprobs"`
+	MixedPolicy      string   `json:"mixed_policy"`
 	// Report fills Result.Report (HTTP: "report" in the answer).
 	Report bool `json:"report"`
 	// AIR turns automatic intermediate rewards on (nil = on).
@@ -92,6 +93,7 @@ func (r *Request) RegisterFlags(fs *flag.FlagSet) {
 	f := &requestFlags{}
 	r.flags = f
 	r.registerSelectionFlags(fs, f)
+	fs.StringVar(&r.MixedPolicy, "mixed-policy", "", "keep (default: samples whose tokens more than one policy version sampled, a generation resumed after a weight update, are kept and marked mixed_policy; each token's rollout_log_probs is its own policy's) or drop (left out, counted as mixed_policy)")
 	fs.StringVar(&r.Logprobs, "logprobs", "", "keep (default: write rollout_log_probs; samples without sampling logprobs are excluded as no_logprobs) or omit (leave rollout_log_probs out of the output, keep every sample); default omit with --retokenize")
 	fs.StringVar(&r.Mode, "mode", ModeTransitions, "transitions or trajectories")
 	fs.StringVar(&r.RewardName, "reward-name", "primary", "name of the episode and per-call rewards")

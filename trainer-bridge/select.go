@@ -39,6 +39,7 @@ const (
 	ExclNoSample      = "no_sample"            // attempts left without any sample (attempts); their score still counts in their group
 	ExclSmallGroup    = "small_group"          // samples of a group sampled with fewer than MinGroupSize members (samples)
 	ExclZeroVariance  = "zero_variance"        // samples of a group whose scores are all equal, with DropZeroVariance (samples)
+	ExclMixedPolicy   = "mixed_policy"         // samples whose tokens more than one policy version sampled, with MixedPolicy "drop" (samples)
 	ExclUnfinished    = "unfinished"           // attempts selected as StatusUnregistered that have no episode reward yet (attempts)
 )
 

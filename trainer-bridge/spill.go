@@ -47,7 +47,7 @@ func (s *spill) write(x *Sample) error {
 		s.putString(v)
 	}
 	var flags uint64
-	for i, b := range []bool{x.Trimmed, x.Truncated, x.HasLogprobs} {
+	for i, b := range []bool{x.Trimmed, x.Truncated, x.HasLogprobs, x.MixedPolicy} {
 		if b {
 			flags |= 1 << i
 		}
@@ -134,7 +134,7 @@ func (s *spill) read() (*Sample, error) {
 		}
 	}
 	flags := d.uvarint()
-	x.Trimmed, x.Truncated, x.HasLogprobs = flags&1 != 0, flags&2 != 0, flags&4 != 0
+	x.Trimmed, x.Truncated, x.HasLogprobs, x.MixedPolicy = flags&1 != 0, flags&2 != 0, flags&4 != 0, flags&8 != 0
 	x.ChoiceIndex = uint32(d.uvarint())
 	x.Reward = math.Float64frombits(d.u64())
 	x.Advantage = math.Float64frombits(d.u64())

@@ -89,6 +89,10 @@ type Config struct {
 	// derender: tokenin.go), as vllm serve --enable-scale-out does; off,
 	// they answer 403 as vLLM's do. Default false.
 	ScaleOut bool
+	// DevMode serves vLLM's dev-mode pause routes /pause, /resume and
+	// /is_paused (VLLM_SERVER_DEV_MODE=1; enginepause.go). Default false
+	// (404, as vLLM).
+	DevMode bool
 }
 
 func (c *Config) setDefaults() {
@@ -155,5 +159,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SplitChars, "split-chars", d.SplitChars, "n > 0: every n-th generated word is an emoji split over four byte tokens (how each engine reports those tokens: docs/engines.md); 0 = off")
 	fs.BoolVar(&c.EndOfTurn, "end-of-turn", d.EndOfTurn, "end answers that stop on their own with the end-of-turn token <|im_end|> (counted in usage; in token_ids and logprobs where each engine puts it, see docs/engines.md)")
 	fs.BoolVar(&c.ScaleOut, "enable-scale-out", d.ScaleOut, "serve vLLM 0.32's token-in endpoints POST /v1/chat/completions/render, /inference/v1/generate and /v1/chat/completions/derender (flavor vllm; off: 403 as vLLM); with rollgate --token-in also set --end-of-turn, since the gateway takes a stopped answer's last id for its end-of-turn token")
+	fs.BoolVar(&c.DevMode, "dev-mode", d.DevMode, "serve vLLM's dev-mode pause routes POST /pause?mode=abort|wait|keep, POST /resume and GET /is_paused (vLLM with VLLM_SERVER_DEV_MODE=1; flavor vllm; off: 404 as vLLM)")
 	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "time to first token added per prompt token not served from the prefix cache, e.g. 20us (see --prefix-cache-blocks); 0 = none")
 }

@@ -120,6 +120,9 @@ type plan struct {
 	buf   []byte
 	text  []byte
 	timer *time.Timer
+
+	abort   <-chan struct{} // closed by PathAbortRequests (a streamed generate); nil otherwise
+	unabort func()          // removes the request from the abortable set
 }
 
 var planPool = sync.Pool{New: func() any { return new(plan) }}
@@ -142,6 +145,10 @@ func acquirePlan(s *Server, k *knobs) *plan {
 }
 
 func (p *plan) release() {
+	if p.unabort != nil {
+		p.unabort()
+	}
+	p.abort, p.unabort = nil, nil
 	p.s = nil
 	planPool.Put(p)
 }
@@ -289,8 +296,13 @@ func (p *plan) delay(ctx *fasthttp.RequestCtx) error {
 	s.generating.Add(1)
 	defer s.generating.Add(-1)
 	w := watchPeer(ctx.Conn())
-	err := s.waitOrLeave(&p.timer, d, w.leftCh())
+	start := time.Now()
+	err := s.waitOrAbort(&p.timer, d, w.leftCh(), p.abort)
 	w.stop()
+	if errors.Is(err, errAborted) { // a generate request aborted: its ids so far
+		p.cutAborted(time.Since(start))
+		return nil
+	}
 	if errors.Is(err, errClientLeft) {
 		s.aborted.Add(1)
 	}
@@ -353,6 +365,7 @@ type wire struct {
 // chunk right after its last step, the usage chunk if asked, then [DONE]. The failure
 // knobs act before step 3 (or the last step).
 func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
+	p.s.enginePause.wait(false, p.abort, p.s.done) // a paused engine schedules nothing new
 	if p.s.wait(&p.timer, p.k.ttft) != nil {
 		return
 	}
@@ -374,7 +387,12 @@ func (p *plan) streamWith(w *bufio.Writer, wr *wire) {
 		if st == breakAt && p.breakStream(w) {
 			return
 		}
-		if st > 0 && p.s.wait(&p.timer, p.k.itl) != nil {
+		if st > 0 && p.s.waitOrLeave(&p.timer, p.k.itl, p.abort) != nil && !p.aborted() {
+			return
+		}
+		p.s.enginePause.wait(true, p.abort, p.s.done) // mode keep: frozen between two tokens
+		if p.aborted() {
+			p.streamAborted(w, st)
 			return
 		}
 		for i := range p.choices {

@@ -80,7 +80,7 @@ const (
 
 var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddings, PathModels,
 	PathVersion, PathHealth, PathTokenize, PathDetokenize, PathSleep, PathWakeUp, PathIsSleeping,
-	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender}
+	PathResetPrefixCache, PathApplyTemplate, PathProps, PathMetrics, PathRender, PathGenerate, PathDerender, PathAbortRequests, PathPause, PathResume, PathIsPaused}
 
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
@@ -107,6 +107,9 @@ type Server struct {
 	propsBody   []byte
 
 	pc *prefixCache // nil unless Config.PrefixCacheBlocks > 0
+
+	aborts      abortable   // streamed generate requests PathAbortRequests can abort
+	enginePause enginePause // vLLM's /pause state (enginepause.go)
 }
 
 // New returns a server for cfg (zero fields take their defaults). It panics when
@@ -386,8 +389,10 @@ func (s *Server) serveRoute(ctx *fasthttp.RequestCtx, path string, k *knobs) {
 		if s.method(ctx, fasthttp.MethodGet) {
 			s.writeMetrics(ctx)
 		}
-	case PathRender, PathGenerate, PathDerender:
+	case PathRender, PathGenerate, PathDerender, PathAbortRequests:
 		s.scaleOut(ctx, path, k)
+	case PathPause, PathResume, PathIsPaused:
+		s.servePause(ctx, path)
 	case PathIsSleeping:
 		if s.method(ctx, fasthttp.MethodGet) {
 			writeJSON(ctx, strconv.AppendBool([]byte(`{"is_sleeping":`), s.sleeping.Load()))
@@ -523,24 +528,7 @@ func (s *Server) wait(t **time.Timer, d time.Duration) error {
 
 // waitOrLeave is wait that also ends, with errClientLeft, when left is closed.
 func (s *Server) waitOrLeave(t **time.Timer, d time.Duration, left <-chan struct{}) error {
-	if d <= 0 {
-		return nil
-	}
-	if *t == nil {
-		*t = time.NewTimer(d)
-	} else {
-		(*t).Reset(d)
-	}
-	select {
-	case <-(*t).C:
-		return nil
-	case <-s.done:
-		(*t).Stop()
-		return errShutdown
-	case <-left:
-		(*t).Stop()
-		return errClientLeft
-	}
+	return s.waitOrAbort(t, d, left, nil) // a nil channel never closes
 }
 
 // sse writes one SSE data event and flushes it; an error means the client went away.

@@ -88,6 +88,8 @@ func (s *Server) scaleOut(ctx *fasthttp.RequestCtx, path string, k *knobs) {
 		s.render(ctx, k)
 	case PathGenerate:
 		s.generate(ctx, k)
+	case PathAbortRequests:
+		s.abortRequests(ctx)
 	default:
 		s.derender(ctx)
 	}
@@ -208,6 +210,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, k *knobs) {
 		return
 	}
 	p.prefill()
+	p.abort, p.unabort = s.aborts.register(generateID(ctx, ctx.PostBody(), p.id[:]))
 	p.respond(ctx, p.stream, (*plan).appendGenerateFull, streamGenerate)
 }
 

@@ -48,7 +48,7 @@ var serveSections = []flagSection{
 var bridgeSections = []flagSection{
 	{"Essentials", []string{"db", "clickhouse", "out", "format", "serve"}},
 	{"Selection", []string{"status", "attempts", "tasks", "rollouts", "agent", "since", "until", "after", "queue", "min-policy-version"}},
-	{"Samples", []string{"mode", "max-prompt", "max-response", "truncation", "logprobs", "retokenize", "retokenize-all"}},
+	{"Samples", []string{"mode", "max-prompt", "max-response", "truncation", "logprobs", "mixed-policy", "retokenize", "retokenize-all"}},
 	{"Rewards and advantages", []string{"reward-name", "missing-reward", "credit", "gamma", "estimator", "level",
 		"group-by", "min-group-size", "drop-zero-variance"}},
 	{"Automatic intermediate rewards (AIR)", []string{"air", "air-*"}},

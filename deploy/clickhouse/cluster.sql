@@ -89,7 +89,8 @@ CREATE TABLE IF NOT EXISTS rollgate.llm_calls_local ON CLUSTER '{cluster}' (
     backend_attempts UInt16,
     token_in String,
     retry_count UInt16,
-    retry_of String
+    retry_of String,
+    policy_versions String
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/llm_calls_local', '{replica}')
 PARTITION BY toYYYYMM(toDateTime(intDiv(start_time_unix_nano, 1000000000)))

@@ -100,6 +100,7 @@ func FullCall(rollout, attempt string, seq uint64, choice uint32) export.Call {
 		TurnPrevSequenceID: 41,
 		APIKeyName:         "team-a",
 		BackendAttempts:    3,
+		PolicyVersions:     `[[0,"v0"],[2,"v1"]]`,
 		FinishReason:       "stop",
 		PromptTokens:       uint32(len(prompt)),
 		CompletionTokens:   uint32(len(resp)),

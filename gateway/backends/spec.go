@@ -148,4 +148,13 @@ type DrainView struct {
 	InFlight    int64  `json:"in_flight"`
 	Drained     bool   `json:"drained"`
 	State       string `json:"state"`
+	// Mode is the pause's mode while paused: "wait" or "abort".
+	Mode string `json:"mode,omitempty"`
+	// ParkedStreams counts the streams a pause in mode abort aborted that
+	// wait for the resume to go on.
+	ParkedStreams int64 `json:"parked_streams"`
+	// Engines is what each engine answered to its own pause or resume
+	// route (POST /api/v1/pause?engine=MODE, then /resume); only in those
+	// answers.
+	Engines []EnginePauseResult `json:"engines,omitempty"`
 }
