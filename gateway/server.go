@@ -148,23 +148,16 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	go s.backends.CheckLoop(s.stop, s.health)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	s.srv = &fasthttp.Server{
-		Handler:               s.Handle,
-		ErrorHandler:          s.handleParseError,
-		Name:                  "rollgate",
-		Logger:                fasthttpLogger{log},
-		SecureErrorLogMessage: true, // fasthttp's errors never quote the request (keys in headers)
-		NoDefaultServerHeader: true,
-		MaxRequestBodySize:    cfg.MaxRequestBodyBytes,
-		ReadTimeout:           s.cfg.ClientReadTimeout,
-		IdleTimeout:           s.cfg.ClientIdleTimeout,
-		ReadBufferSize:        8 << 10, // request headers up to 8 KiB
-		// Give the connection's read buffer back once a request is read, and
-		// its write buffer, context and body buffers while it sits idle: a
-		// streaming call then holds no read buffer (8 KiB) for its whole
-		// stream, and an idle keep-alive agent holds no buffers at all (an
-		// agent's last request body, often hundreds of KiB, was kept per
-		// connection). Costs a few pool round trips per call.
-		ReduceMemoryUsage:             true,
+		Handler:                       s.Handle,
+		ErrorHandler:                  s.handleParseError,
+		Name:                          "rollgate",
+		Logger:                        fasthttpLogger{log},
+		SecureErrorLogMessage:         true, // fasthttp's errors never quote the request (keys in headers)
+		NoDefaultServerHeader:         true,
+		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
+		ReadTimeout:                   s.cfg.ClientReadTimeout,
+		IdleTimeout:                   s.cfg.ClientIdleTimeout,
+		ReadBufferSize:                8 << 10, // request headers up to 8 KiB
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		StreamRequestBody:             false,
