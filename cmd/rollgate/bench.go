@@ -111,12 +111,14 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	idlers, err := load.OpenIdle(ctx, cfg.BaseURL, *idlePath, *idle)
-	if err != nil {
-		fmt.Fprintln(stderr, "rollgate bench:", err)
-		return 1
+	var idlers *load.IdleConns
+	if *idle > 0 {
+		if idlers, err = load.OpenIdle(ctx, cfg.BaseURL, *idlePath, *idle); err != nil {
+			fmt.Fprintln(stderr, "rollgate bench:", err)
+			return 1
+		}
+		defer idlers.Close()
 	}
-	defer idlers.Close()
 	var idleRSS float64
 	if len(pids) > 0 && *idle > 0 {
 		if idleRSS, err = load.RSS(pids); err != nil {
