@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // clockTicks is USER_HZ, the unit of utime/stime in /proc/PID/stat (100 on
@@ -25,6 +26,19 @@ type ProcUsage struct {
 	// PeakRSSMiB is the sum of VmHWM (peak resident set since the process
 	// started, not only during the run) over the processes.
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// RunRSSMiB is the highest resident set (VmRSS, descendants included)
+	// sampled every 50 ms during the measured run: unlike PeakRSSMiB, what
+	// this run's load held, not an earlier one's.
+	RunRSSMiB float64 `json:"run_rss_mib,omitempty"`
+	// StartRSSMiB is the resident set just before the measured run (after
+	// the warm-up and the idle connections).
+	StartRSSMiB float64 `json:"start_rss_mib,omitempty"`
+	// BareRSSMiB is the resident set before the idle connections were
+	// opened (only with idle connections).
+	BareRSSMiB float64 `json:"bare_rss_mib,omitempty"`
+	// IdleRSSMiB is the resident set once the idle connections were opened
+	// (before the warm-up; only with idle connections).
+	IdleRSSMiB float64 `json:"idle_rss_mib,omitempty"`
 }
 
 // ProcSnapshot is the CPU time used so far by processes and their descendants.
@@ -125,18 +139,26 @@ func parseStat(b []byte) (uint64, error) {
 }
 
 // peakRSS returns VmHWM of pid in KiB.
-func peakRSS(pid int) (uint64, error) {
+func peakRSS(pid int) (uint64, error) { return statusKiB(pid, "VmHWM:") }
+
+// statusKiB returns the value (KiB) of the line starting with key
+// (e.g. "VmRSS:") of /proc/PID/status.
+func statusKiB(pid int, key string) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, fmt.Errorf("load: process %d: %w", pid, err)
 	}
-	return parseHWM(b)
+	return parseStatusKiB(b, key)
 }
 
 // parseHWM returns the VmHWM line's value (KiB) of a /proc/PID/status file.
-func parseHWM(b []byte) (uint64, error) {
+func parseHWM(b []byte) (uint64, error) { return parseStatusKiB(b, "VmHWM:") }
+
+// parseStatusKiB returns the value (KiB) of the line starting with key of a
+// /proc/PID/status file.
+func parseStatusKiB(b []byte, key string) (uint64, error) {
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(line, key); ok {
 			f := strings.Fields(rest)
 			if len(f) == 0 {
 				break
@@ -144,7 +166,69 @@ func parseHWM(b []byte) (uint64, error) {
 			return strconv.ParseUint(f[0], 10, 64)
 		}
 	}
-	return 0, fmt.Errorf("load: no VmHWM in /proc status")
+	return 0, fmt.Errorf("load: no %s line in /proc status", strings.TrimSuffix(key, ":"))
+}
+
+// RSS returns the resident set (VmRSS) of pids and their descendants, in
+// MiB, now: unlike VmHWM it falls when a process returns memory, so that
+// samples taken during a run measure that run alone.
+func RSS(pids []int) (float64, error) {
+	var kib uint64
+	seen := map[int]bool{}
+	for _, pid := range pids {
+		for _, p := range descendants(pid) {
+			if seen[p] {
+				continue
+			}
+			seen[p] = true
+			v, err := statusKiB(p, "VmRSS:")
+			if err != nil {
+				return 0, err
+			}
+			kib += v
+		}
+	}
+	return float64(kib) / 1024, nil
+}
+
+// RSSSampler records the highest RSS of a set of processes sampled at a
+// fixed interval until stopped.
+type RSSSampler struct {
+	stop chan struct{}
+	done chan struct{}
+	peak float64
+	err  error
+}
+
+// SampleRSS starts sampling RSS(pids) every interval (and once at once).
+func SampleRSS(pids []int, every time.Duration) *RSSSampler {
+	s := &RSSSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			v, err := RSS(pids)
+			if err != nil {
+				s.err = err
+				return
+			}
+			s.peak = max(s.peak, v)
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// Stop ends the sampling and returns the highest RSS seen, in MiB.
+func (s *RSSSampler) Stop() (float64, error) {
+	close(s.stop)
+	<-s.done
+	return s.peak, s.err
 }
 
 // children returns the direct children of pid (all its threads' children).

@@ -76,6 +76,11 @@ type Report struct {
 	TTFT       Percentiles    `json:"ttft"`
 	Capture    *Capture       `json:"capture,omitempty"`
 	Proc       *ProcUsage     `json:"proc,omitempty"`
+	// Idle is the number of idle keep-alive connections held open during
+	// the run (rollgate bench --idle), IdleOpen how many of them the server
+	// still held open at its end.
+	Idle     int `json:"idle,omitempty"`
+	IdleOpen int `json:"idle_open,omitempty"`
 }
 
 // Summary computes the report of r (without capture or process figures).
@@ -170,6 +175,16 @@ func (rep *Report) Print(w io.Writer) {
 	if p := rep.Proc; p != nil {
 		fmt.Fprintf(w, "process     pids %v: %.2f CPU s (%.3f per 1,000 calls), peak RSS %.1f MiB\n",
 			p.PIDs, p.CPUSeconds, p.CPUPer1000, p.PeakRSSMiB)
+		if p.RunRSSMiB > 0 {
+			fmt.Fprintf(w, "rss         %.1f MiB at the start, %.1f MiB at most during the run", p.StartRSSMiB, p.RunRSSMiB)
+			if p.BareRSSMiB > 0 {
+				fmt.Fprintf(w, "; %.1f MiB before the idle connections, %.1f MiB with them", p.BareRSSMiB, p.IdleRSSMiB)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if rep.Idle > 0 {
+		fmt.Fprintf(w, "idle        %d keep-alive connections held, %d still open at the end\n", rep.Idle, rep.IdleOpen)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,7 +37,10 @@ With --db or --clickhouse, the store is read after the run: every call the clien
 x-request-id) must be there exactly once with token_source=engine and as many response token
 ids as completion_tokens; missing and duplicate rows are counted, and the exit status is 1 if
 any check fails. --pids reports CPU seconds (from /proc/PID/stat, descendants included) used
-during the run and peak RSS (VmHWM) of the server processes.`
+during the run, peak RSS (VmHWM) of the server processes, and their resident set (VmRSS) just
+before the run and at most during it (sampled every 50 ms). --idle N holds N idle keep-alive
+connections open through the warm-up and the run (each makes one GET first), the load of agents
+waiting on long tools; the exit status is 1 if the server closed any.`
 
 func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "table" {
@@ -76,6 +80,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	label := fs.String("label", "", "name of the target in --json output (e.g. direct, rollgate-sqlite)")
 	scenario := fs.String("scenario", "", "name of the load in --json output (default from the flags)")
 	jsonOut := fs.String("json", "", "append the report as one JSON line to this file")
+	idle := fs.Int("idle", 0, "hold this many idle keep-alive connections open during the warm-up and the run, each after one GET of --idle-path (agents waiting on a long tool); the run fails if the server closes any")
+	idlePath := fs.String("idle-path", "/v1/models", "the path each idle connection GETs (below --url) before going idle")
 	_, err := parseWithEnv(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -91,8 +97,35 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
+	if *idle < 0 {
+		fmt.Fprintln(stderr, "rollgate bench: --idle must be 0 or more")
+		return 2
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	var bareRSS float64
+	if len(pids) > 0 && *idle > 0 {
+		if bareRSS, err = load.RSS(pids); err != nil {
+			fmt.Fprintln(stderr, "rollgate bench:", err)
+			return 1
+		}
+	}
+	var idlers *load.IdleConns
+	if *idle > 0 {
+		if idlers, err = load.OpenIdle(ctx, cfg.BaseURL, *idlePath, *idle); err != nil {
+			fmt.Fprintln(stderr, "rollgate bench:", err)
+			return 1
+		}
+		defer idlers.Close()
+	}
+	var idleRSS float64
+	if len(pids) > 0 && *idle > 0 {
+		if idleRSS, err = load.RSS(pids); err != nil {
+			fmt.Fprintln(stderr, "rollgate bench:", err)
+			return 1
+		}
+	}
 	if *warmup > 0 {
 		w := cfg
 		w.Duration, w.Rollouts, w.Requests = *warmup, 0, 0
@@ -105,12 +138,21 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
-	var snap *load.ProcSnapshot
+	var (
+		snap     *load.ProcSnapshot
+		sampler  *load.RSSSampler
+		startRSS float64
+	)
 	if len(pids) > 0 {
 		if snap, err = load.Snapshot(pids); err != nil {
 			fmt.Fprintln(stderr, "rollgate bench:", err)
 			return 1
 		}
+		if startRSS, err = load.RSS(pids); err != nil {
+			fmt.Fprintln(stderr, "rollgate bench:", err)
+			return 1
+		}
+		sampler = load.SampleRSS(pids, 50*time.Millisecond)
 	}
 	res, err := load.Run(ctx, cfg)
 	if err != nil {
@@ -119,9 +161,19 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	rep := res.Summary()
 	if snap != nil {
-		if rep.Proc, err = snap.Since(rep.OK); err != nil {
-			fmt.Fprintln(stderr, "rollgate bench:", err)
+		runRSS, rerr := sampler.Stop()
+		if rep.Proc, err = snap.Since(rep.OK); err != nil || rerr != nil {
+			fmt.Fprintln(stderr, "rollgate bench:", cmp.Or(err, rerr))
 			return 1
+		}
+		rep.Proc.StartRSSMiB, rep.Proc.RunRSSMiB, rep.Proc.BareRSSMiB, rep.Proc.IdleRSSMiB = startRSS, runRSS, bareRSS, idleRSS
+	}
+	code := 0
+	if *idle > 0 {
+		rep.Idle, rep.IdleOpen = idlers.Len(), idlers.StillOpen()
+		if rep.IdleOpen < rep.Idle {
+			fmt.Fprintf(stderr, "rollgate bench: the server closed %d of the %d idle connections during the run\n", rep.Idle-rep.IdleOpen, rep.Idle)
+			code = 1
 		}
 	}
 	rep.Label = *label
@@ -129,7 +181,6 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if rep.Scenario == "" {
 		rep.Scenario = defaultScenario(&res.Config)
 	}
-	code := 0
 	if *dbPath != "" || *clickhouseDSN != "" {
 		store, err := stores.Open(ctx, *clickhouseDSN, *dbPath)
 		if err != nil {
