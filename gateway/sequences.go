@@ -204,25 +204,88 @@ func (s *sequences) next(rollout, attempt string) (uint64, error) {
 func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 	var kb [seqKeyBuf]byte
 	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	s.mu.RLock()
-	if e := s.m[string(key)]; e != nil {
-		var id uint64
-		if b := e.blk.Load(); b != nil {
-			if id = b.n.Add(1); id > b.last {
-				id = 0
-			}
-		}
-		if t := s.tick; e.used.Load() != t {
-			e.used.Store(t)
-		}
-		s.mu.RUnlock()
-		if id == 0 {
-			return s.refill(e)
-		}
+	e, id := s.lookupID(key)
+	switch {
+	case id != 0:
 		return e, id, nil
+	case e != nil:
+		return s.refill(e)
 	}
-	s.mu.RUnlock()
 	return s.insert(key, len(rollout))
+}
+
+// lookupID is the fast path of assign and take: the entry of key and the
+// next id of its block, under the read lock; id 0 when the block is
+// exhausted or not reserved yet, e nil when the table has no entry.
+func (s *sequences) lookupID(key []byte) (e *seqEntry, id uint64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e = s.m[string(key)]; e == nil {
+		return nil, 0
+	}
+	if b := e.blk.Load(); b != nil {
+		if id = b.n.Add(1); id > b.last {
+			id = 0
+		}
+	}
+	if t := s.tick; e.used.Load() != t {
+		e.used.Store(t)
+	}
+	return e, id
+}
+
+// seqTicket is a reservation of a block under way for a call that did not
+// wait for it (take): the call goes on meanwhile (its request is sent to
+// the engine) and waits for the ticket only before its id is needed (the
+// answer's headers, its row): the database's commit runs beside the
+// engine's work instead of before it.
+type seqTicket struct {
+	done chan struct{}
+	e    *seqEntry // the attempt's entry (set before done is closed)
+	id   uint64
+	err  error
+}
+
+// wait returns the ticket's entry and id, or the reservation's error. The
+// calls that find the reservation still under way are counted in waits
+// (nil: not counted).
+func (t *seqTicket) wait(waits prometheus.Counter) (*seqEntry, uint64, error) {
+	select {
+	case <-t.done:
+	default:
+		if waits != nil {
+			waits.Inc()
+		}
+		<-t.done
+	}
+	return t.e, t.id, t.err
+}
+
+// take is assign for a call that need not wait for the store: the entry
+// and the next id of (rollout, attempt) when the attempt's block has one
+// (no I/O, no allocation for a known attempt), otherwise the entry and a
+// ticket of the reservation, started in the background, whose id the call
+// takes with wait. The ticket's entry may differ from the one returned (the
+// attempt's entry was dropped or evicted meanwhile); both have the same
+// rollout and attempt.
+func (s *sequences) take(rollout, attempt []byte) (*seqEntry, uint64, *seqTicket) {
+	var kb [seqKeyBuf]byte
+	key := append(append(append(kb[:0], rollout...), 0), attempt...)
+	e, id := s.lookupID(key)
+	switch {
+	case id != 0:
+		return e, id, nil
+	case e == nil:
+		s.mu.Lock()
+		e = s.insertLocked(key, len(rollout))
+		s.mu.Unlock()
+	}
+	t := &seqTicket{done: make(chan struct{}), e: e}
+	go func() {
+		t.e, t.id, t.err = s.refill(e)
+		close(t.done)
+	}()
+	return e, 0, t
 }
 
 // refill reserves the next block of e's attempt in the store and returns
