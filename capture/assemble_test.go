@@ -640,6 +640,24 @@ func BenchmarkAssembleChatBody(b *testing.B) {
 	}
 }
 
+// BenchmarkAssembleChatBody256Logprobs: a non-streamed 256-token chat answer
+// carrying the sampled tokens' logprobs, as the gateway asks vLLM for them
+// by default (the body the closed-loop non-streamed load captures).
+func BenchmarkAssembleChatBody256Logprobs(b *testing.B) {
+	r := assembleStream(openai.ChatCompletions, string(benchStreamOf(256, true)))
+	body := bytes.Clone(r.ResponseBody)
+	var a Assembler
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		a.Reset(openai.ChatCompletions)
+		a.SetBody(body)
+		if r := a.Result(); len(r.Choices[0].TokenIDs) != 256 || len(r.Choices[0].Logprobs) != 256 {
+			b.Fatal("ids or logprobs")
+		}
+	}
+}
+
 // TestAssembleStreamTimings: a llama.cpp stream without usage (include_usage not
 // asked) gives its counts in the finish chunk's "timings": prompt_tokens = cache_n +
 // prompt_n, completion_tokens = predicted_n; usage, when present, wins; timings of
