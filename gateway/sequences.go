@@ -99,6 +99,9 @@ type sequences struct {
 	// (setStore).
 	store        seqstore.Store
 	storeTimeout time.Duration
+	// noAhead turns reserveAhead off (tests of the reservation made by the
+	// call that uses a block up).
+	noAhead bool
 }
 
 // seqReserve serialises the reservations of an entry: the mutex of the call
@@ -111,10 +114,20 @@ type seqReserve struct {
 }
 
 // seqBlock is a block of ids reserved in the store: n is the last id handed
-// out (it passes last when the block is exhausted).
+// out (it passes last when the block is exhausted). The call that takes id
+// mark (half the block) starts the reservation of the next block in the
+// background (reserveAhead).
 type seqBlock struct {
 	n    atomic.Uint64
 	last uint64
+	mark uint64
+}
+
+// newSeqBlock is the block of blk, whose first id is handed out by n.Add.
+func newSeqBlock(blk seqstore.Block) *seqBlock {
+	b := &seqBlock{last: blk.Last, mark: blk.First + (blk.Last-blk.First+1)/2}
+	b.n.Store(blk.First - 1)
+	return b
 }
 
 // seqEntry is one (rollout, attempt): its block of ids, its ids, and the
@@ -128,10 +141,12 @@ type seqEntry struct {
 	task    atomic.Pointer[string]
 	looked  atomic.Bool // the rollout registry was consulted for the task id
 
-	// The current block (nil until reserved), and how the next is reserved
-	// (made with the entry).
-	blk atomic.Pointer[seqBlock]
-	rs  *seqReserve
+	// The current block (nil until reserved), the next one when reserved
+	// ahead (reserveAhead), and how the next is reserved (made with the
+	// entry).
+	blk   atomic.Pointer[seqBlock]
+	ahead atomic.Pointer[seqBlock]
+	rs    *seqReserve
 
 	// prev and next link the entries of one rollout (guarded by sequences.mu).
 	prev, next *seqEntry
@@ -204,8 +219,11 @@ func (s *sequences) next(rollout, attempt string) (uint64, error) {
 func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 	var kb [seqKeyBuf]byte
 	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	e, id := s.lookupID(key)
+	e, id, ahead := s.lookupID(key)
 	switch {
+	case ahead:
+		go s.reserveAhead(e)
+		fallthrough
 	case id != 0:
 		return e, id, nil
 	case e != nil:
@@ -216,22 +234,62 @@ func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 
 // lookupID is the fast path of assign and take: the entry of key and the
 // next id of its block, under the read lock; id 0 when the block is
-// exhausted or not reserved yet, e nil when the table has no entry.
-func (s *sequences) lookupID(key []byte) (e *seqEntry, id uint64) {
+// exhausted (and no block was reserved ahead) or not reserved yet, e nil
+// when the table has no entry. An exhausted block gives way to the block
+// reserved ahead, if any. ahead true: the id is its block's mark, the caller
+// starts reserveAhead.
+func (s *sequences) lookupID(key []byte) (e *seqEntry, id uint64, ahead bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if e = s.m[string(key)]; e == nil {
-		return nil, 0
-	}
-	if b := e.blk.Load(); b != nil {
-		if id = b.n.Add(1); id > b.last {
-			id = 0
-		}
+		return nil, 0, false
 	}
 	if t := s.tick; e.used.Load() != t {
 		e.used.Store(t)
 	}
-	return e, id
+	for {
+		b := e.blk.Load()
+		if b == nil {
+			return e, 0, false
+		}
+		if id = b.n.Add(1); id <= b.last {
+			return e, id, id == b.mark && !s.noAhead
+		}
+		nb := e.ahead.Load()
+		if nb == nil {
+			return e, 0, false
+		}
+		// Stored while e is in the table (under the read lock held here,
+		// so no drop comes between): one caller moves e to it.
+		e.blk.CompareAndSwap(b, nb)
+		e.ahead.CompareAndSwap(nb, nil)
+	}
+}
+
+// reserveAhead reserves e's next block while its current one still has
+// ids, so that the call using it up does not wait for the store. It runs
+// under e's reservation mutex, so blocks are stored in the order the store
+// reserved them; a failure is left to that call (which then reserves itself,
+// and counts as a wait), and a block whose entry left the table meanwhile is
+// abandoned (a gap, as a restart leaves).
+func (s *sequences) reserveAhead(e *seqEntry) {
+	rs := e.rs
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if e.ahead.Load() != nil || !s.holds(e) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
+	blk, err := s.store.Reserve(ctx, e.rollout, e.attempt)
+	cancel()
+	if err != nil {
+		return // seqstore counted it; the call that needs the block retries
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.m[e.key] == e {
+		e.ahead.Store(newSeqBlock(blk))
+	}
 }
 
 // seqTicket is a reservation of a block under way for a call that did not
@@ -271,8 +329,11 @@ func (t *seqTicket) wait(waits prometheus.Counter) (*seqEntry, uint64, error) {
 func (s *sequences) take(rollout, attempt []byte) (*seqEntry, uint64, *seqTicket) {
 	var kb [seqKeyBuf]byte
 	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	e, id := s.lookupID(key)
+	e, id, ahead := s.lookupID(key)
 	switch {
+	case ahead:
+		go s.reserveAhead(e)
+		fallthrough
 	case id != 0:
 		return e, id, nil
 	case e == nil:
@@ -324,6 +385,9 @@ func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 			return id, nil
 		}
 	}
+	if id, ok := s.takeAhead(e); ok { // reserved ahead while this call waited
+		return id, nil
+	}
 	if rs.tries.Load() != tried && rs.lastFail != nil {
 		return 0, rs.lastFail
 	}
@@ -337,7 +401,7 @@ func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 	if rs.lastFail = err; err != nil {
 		return 0, err // seqstore's errors name the attempt and what to check
 	}
-	b := &seqBlock{last: blk.Last}
+	b := newSeqBlock(blk)
 	b.n.Store(blk.First)
 	// Stored under the read lock, so no removal comes between the check
 	// and the store: an entry inserted after e's removal reserves after
@@ -349,6 +413,20 @@ func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 	}
 	e.blk.Store(b)
 	return blk.First, nil
+}
+
+// takeAhead moves e (in the table) to its block reserved ahead and returns
+// that block's first id; ok false when there is none. Called under e's
+// reservation mutex.
+func (s *sequences) takeAhead(e *seqEntry) (id uint64, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	nb := e.ahead.Swap(nil)
+	if nb == nil || s.m[e.key] != e {
+		return 0, false
+	}
+	e.blk.Store(nb)
+	return nb.n.Add(1), true
 }
 
 // holds tells whether e is (still) in the table.
