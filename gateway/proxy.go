@@ -641,6 +641,9 @@ func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, path []
 // capture state, when no sequence id could be reserved (the sequence store
 // is down or slow).
 func (s *Server) admit(ctx *fasthttp.RequestCtx, c *call) bool {
+	if c.pend == nil { // refused already (settleSequence answered 503)
+		return false
+	}
 	s.admitAhead(ctx, c)
 	return c.seq.t == nil || s.settleSequence(ctx, c)
 }
