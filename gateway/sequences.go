@@ -218,18 +218,26 @@ func (s *sequences) next(rollout, attempt string) (uint64, error) {
 // the call must be refused.
 func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 	var kb [seqKeyBuf]byte
-	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	e, id, ahead := s.lookupID(key)
+	key, e, id := s.fastID(&kb, rollout, attempt)
 	switch {
-	case ahead:
-		go s.reserveAhead(e)
-		fallthrough
 	case id != 0:
 		return e, id, nil
 	case e != nil:
 		return s.refill(e)
 	}
 	return s.insert(key, len(rollout))
+}
+
+// fastID is what assign and take do first: the key of (rollout, attempt)
+// in kb, its entry and the next id of its block (lookupID), starting the
+// reservation of the next block when the id is the block's mark.
+func (s *sequences) fastID(kb *[seqKeyBuf]byte, rollout, attempt []byte) (key []byte, e *seqEntry, id uint64) {
+	key = append(append(append(kb[:0], rollout...), 0), attempt...)
+	e, id, ahead := s.lookupID(key)
+	if ahead {
+		go s.reserveAhead(e)
+	}
+	return key, e, id
 }
 
 // lookupID is the fast path of assign and take: the entry of key and the
@@ -328,12 +336,8 @@ func (t *seqTicket) wait(waits prometheus.Counter) (*seqEntry, uint64, error) {
 // rollout and attempt.
 func (s *sequences) take(rollout, attempt []byte) (*seqEntry, uint64, *seqTicket) {
 	var kb [seqKeyBuf]byte
-	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	e, id, ahead := s.lookupID(key)
+	key, e, id := s.fastID(&kb, rollout, attempt)
 	switch {
-	case ahead:
-		go s.reserveAhead(e)
-		fallthrough
 	case id != 0:
 		return e, id, nil
 	case e == nil:
