@@ -225,7 +225,15 @@ func (a *Assembler) footprint() int {
 func (a *Assembler) SetBody(body []byte) {
 	a.built = false
 	a.body = append(a.body[:0], body...)
-	if err := jsonscan.Validate(a.body); err != nil {
+	// One scan validates the body and finds every container's end for
+	// parseBody's walks: without the index each level of nesting (choices,
+	// a choice, its logprobs, their content, each entry) rescans its values,
+	// and logprobs, which the gateway asks for by default, are most of a body.
+	indexed, err := a.indexChunk(a.body)
+	if indexed {
+		defer a.ends.Clear()
+	}
+	if err != nil {
 		if errors.Is(err, jsonscan.ErrTooDeep) {
 			// Nothing reads it further, and the row does not keep it
 			// (Assembled.tooDeep): any recursive reader would overflow.
@@ -300,10 +308,16 @@ func (a *Assembler) repeatsHead(data []byte) bool {
 	return i < len(data) && data[i] == '"'
 }
 
-// indexChunk validates the chunk and, unless noIndex, indexes its
-// containers' ends (indexed: the caller clears the index when done).
+// maxIndexedBody is the longest text indexChunk indexes: the index takes 4
+// bytes per byte of text, and Clear keeps a buffer of up to 1 MiB of text
+// (longer texts are walked without an index, rescanning nested values).
+const maxIndexedBody = 1 << 20
+
+// indexChunk validates a stream chunk or a whole body and, unless noIndex
+// or it is longer than maxIndexedBody, indexes its containers' ends
+// (indexed: the caller clears the index when done).
 func (a *Assembler) indexChunk(data []byte) (indexed bool, err error) {
-	if a.noIndex {
+	if a.noIndex || len(data) > maxIndexedBody {
 		return false, jsonscan.Validate(data)
 	}
 	if err := a.ends.Validate(data); err != nil {

@@ -625,18 +625,25 @@ func BenchmarkAssembleChatStream256(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(payloads)), "ns/chunk")
 }
 
+// BenchmarkAssembleChatBody: a non-streamed 256-token chat answer, plain and
+// carrying the sampled tokens' logprobs, as the gateway asks vLLM for them
+// by default (the body the closed-loop non-streamed load captures).
 func BenchmarkAssembleChatBody(b *testing.B) {
-	r := assembleStream(openai.ChatCompletions, benchChatStream(256))
-	body := bytes.Clone(r.ResponseBody)
-	var a Assembler
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		a.Reset(openai.ChatCompletions)
-		a.SetBody(body)
-		if r := a.Result(); len(r.Choices[0].TokenIDs) != 256 {
-			b.Fatal("ids")
-		}
+	for _, logprobs := range []bool{false, true} {
+		b.Run(map[bool]string{false: "plain", true: "logprobs"}[logprobs], func(b *testing.B) {
+			r := assembleStream(openai.ChatCompletions, string(benchStreamOf(256, logprobs)))
+			body := bytes.Clone(r.ResponseBody)
+			var a Assembler
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				a.Reset(openai.ChatCompletions)
+				a.SetBody(body)
+				if r := a.Result(); len(r.Choices[0].TokenIDs) != 256 || logprobs != (len(r.Choices[0].Logprobs) == 256) {
+					b.Fatal("ids or logprobs")
+				}
+			}
+		})
 	}
 }
 

@@ -30,10 +30,24 @@ type call struct {
 	model    string
 	tr       callTrace   // the gateway's own spans, when the call is traced
 	opts     callOptions // set by a mounted route (ProxyAgent)
+	seq      pendingSeq  // the reservation of its sequence id under way (admitAhead)
+}
+
+// pendingSeq is a call's sequence id while its block is being reserved:
+// the reservation's ticket (nil: none under way) and, for a call a retry
+// may repeat, what settleSequence remembers of it (retryMemo).
+type pendingSeq struct {
+	t         *seqTicket
+	remember  bool
+	body, key uint64
 }
 
 // errClientGone marks an upstream stream closed because the client went away.
 var errClientGone = errors.New("client disconnected")
+
+// errNoSequence closes an upstream answer dropped because the call got no
+// sequence id (settleSequence).
+var errNoSequence = errors.New("answer dropped: no sequence id could be reserved")
 
 // errRetried closes an upstream answer dropped for another attempt.
 var errRetried = errors.New("answer dropped: the call is retried")
@@ -87,10 +101,7 @@ func (s *Server) proxyWith(ctx *fasthttp.RequestCtx, attr attribution, ep openai
 	if !ok || !s.waitIfPaused(ctx, &c) || !s.acquireSlot(ctx, &c) {
 		return
 	}
-	if !s.admit(ctx, &c) {
-		s.releaseSlot()
-		return
-	}
+	s.admitAhead(ctx, &c)
 	s.forward(ctx, &c, pl, path, body)
 }
 
@@ -309,9 +320,11 @@ func (s *Server) rewriteFor(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstr
 }
 
 // send sends the rewritten request to replica r (counted outstanding on it)
-// and returns its response, streamed when the call is. hungUp true: the
-// client hung up on a non-streamed call meanwhile; hungUp answered for it,
-// and r and the response were released.
+// and returns its response, streamed when the call is. A call admitted
+// without its sequence id (admitAhead) takes it once the engine answered.
+// hungUp true: the client hung up on a non-streamed call meanwhile (hungUp
+// answered for it), or no sequence id could be reserved (answered 503); r
+// and the response were released.
 func (s *Server) send(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *backends.Upstream, attempt int, path []byte, req *fasthttp.Request, rewritten []byte, info rewrite.Request, deadline time.Time) (resp *fasthttp.Response, hungUp bool, err error) {
 	req.Reset()
 	s.buildUpstream(ctx, req, r, path, rewritten)
@@ -322,6 +335,12 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, r *b
 		s.tracing.attemptStart(c, r, attempt, path)
 	}
 	hw, err := s.exchange(ctx, c, pl, r, info, req, resp, rewritten, deadline)
+	if c.seq.t != nil && !s.settleSequence(ctx, c) {
+		hw.stop()
+		s.release(r)
+		abortResponse(resp, errNoSequence)
+		return nil, true, err
+	}
 	if hw.stop() {
 		if err == nil {
 			r.MarkSuccess()
@@ -617,40 +636,80 @@ func (s *Server) beginCall(ctx *fasthttp.RequestCtx, p *capture.Pending, path []
 }
 
 // admit attributes an admitted call to its rollout and attempt, gives it its
-// sequence id and sets the attribution response headers. attr's ids have
-// been validated (validAttribution), so they are safe in headers and rows.
-// It returns false, having answered 503 and released c's capture state,
-// when no sequence id could be reserved (the sequence store is down or slow).
+// sequence id and sets the attribution response headers (admitAhead, then
+// settleSequence). It returns false, having answered 503 and released c's
+// capture state, when no sequence id could be reserved (the sequence store
+// is down or slow).
 func (s *Server) admit(ctx *fasthttp.RequestCtx, c *call) bool {
-	p, attr := c.pend, c.attr
-	if p.Meta.SequenceID != 0 {
-		return true
-	}
-	h := &ctx.Response.Header
-	e, seq, err := s.assignSequence(ctx, c)
-	if err != nil {
-		s.log.Warn("refusing a call: no sequence id", "err", err)
-		ctx.Response.Header.Set("Retry-After", "1")
-		s.reject(ctx, c, rejectSequenceStore, fasthttp.StatusServiceUnavailable, errServer,
-			"the gateway could not reserve a sequence id for this call (its database, --queue or --db, is down or slow; the gateway's log has the cause); nothing was sent to the model: retry")
+	if c.pend == nil { // refused already (settleSequence answered 503)
 		return false
 	}
+	s.admitAhead(ctx, c)
+	return c.seq.t == nil || s.settleSequence(ctx, c)
+}
+
+// admitAhead is admit without waiting for the sequence store: a call whose
+// attempt needs a new block of ids (its first call, or a used-up block)
+// keeps the reservation's ticket in c.seq and goes on; it takes its id in
+// settleSequence once the engine has answered (send), or before any other
+// answer (fail), so the database's commit runs beside the engine's work.
+// attr's ids have been validated (validAttribution), so they are safe in
+// headers and rows.
+func (s *Server) admitAhead(ctx *fasthttp.RequestCtx, c *call) {
+	p, attr := c.pend, c.attr
+	if p.Meta.SequenceID != 0 || c.seq.t != nil {
+		return
+	}
+	e, seq, t := s.assignSequence(ctx, c)
 	p.Meta.RolloutID, p.Meta.AttemptID = e.rollout, e.attempt
 	p.Meta.TaskID = s.texts.get(attr.taskID)
 	p.Meta.AgentName = s.texts.get(attr.agentName)
 	if p.Meta.TaskID == "" && e.rollout != "" {
 		p.Meta.TaskID = s.registeredTask(e)
 	}
-	p.Meta.SequenceID = seq
-	if e.rollout != "" {
-		h.SetBytesV("x-rollout-id", attr.rolloutID)
-		h.SetBytesV("x-attempt-id", attr.attemptID)
+	if t != nil {
+		c.seq.t = t
+		return
+	}
+	s.setSequenceID(ctx, c, seq)
+}
+
+// settleSequence waits for the reservation admitAhead started and gives
+// the call its id. It returns false, having answered 503 and released c's
+// capture state, when the reservation failed: the call gets no id, no row,
+// and the engine's answer (if any) is not returned.
+func (s *Server) settleSequence(ctx *fasthttp.RequestCtx, c *call) bool {
+	t := c.seq.t
+	c.seq.t = nil
+	e, seq, err := t.wait(s.m.SequenceWaits)
+	if err != nil {
+		s.log.Warn("refusing a call: no sequence id", "err", err)
+		ctx.Response.Header.Set("Retry-After", "1")
+		s.reject(ctx, c, rejectSequenceStore, fasthttp.StatusServiceUnavailable, errServer,
+			"the gateway could not reserve a sequence id for this call (its database, --queue or --db, is down or slow; the gateway's log has the cause); no answer of the model was returned: retry")
+		return false
+	}
+	if c.seq.remember {
+		e.retries.remember(c.seq.body, c.seq.key, seq, c.pend.IDs.Span)
+	}
+	s.setSequenceID(ctx, c, seq)
+	return true
+}
+
+// setSequenceID gives the call its sequence id (its row's) and sets the
+// attribution response headers: x-sequence-id, and x-rollout-id and
+// x-attempt-id for an attributed call.
+func (s *Server) setSequenceID(ctx *fasthttp.RequestCtx, c *call, seq uint64) {
+	c.pend.Meta.SequenceID = seq
+	h := &ctx.Response.Header
+	if c.pend.Meta.RolloutID != "" {
+		h.SetBytesV("x-rollout-id", c.attr.rolloutID)
+		h.SetBytesV("x-attempt-id", c.attr.attemptID)
 	}
 	num := s.bufs.get()
 	*num = strconv.AppendUint((*num)[:0], seq, 10)
 	h.SetBytesV("x-sequence-id", *num)
 	s.bufs.put(num)
-	return true
 }
 
 // registeredTask returns the task id registered (POST /api/v1/rollouts) for

@@ -110,20 +110,22 @@ func (m *retryMemo) remember(body, key, seq uint64, span [16]byte) {
 	m.mu.Unlock()
 }
 
-// assignSequence is admit's sequence id: the id of the call a retry repeats
-// (with its try number and first span on the row), else a new id from the
-// sequence table, remembered for the call's own retries.
-func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, uint64, error) {
+// assignSequence is admitAhead's sequence id: the id of the call a retry
+// repeats (with its try number and first span on the row), else a new id
+// from the sequence table, remembered for the call's own retries; or, when
+// the attempt needs a new block, the reservation's ticket (c.seq notes what
+// settleSequence remembers once the id is known).
+func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, uint64, *seqTicket) {
 	attr, p := c.attr, c.pend
 	if len(attr.rolloutID) == 0 {
-		return s.seq.assign(attr.rolloutID, attr.attemptID)
+		return s.seq.take(attr.rolloutID, attr.attemptID)
 	}
 	sig := readRetrySignal(&ctx.Request.Header)
 	if !sig.present {
 		// No SDK retry header and no key: this call cannot be a retry, and
 		// a retry of it (which would carry one) cannot be told from a new
 		// call, so its body is neither hashed nor remembered.
-		return s.seq.assign(attr.rolloutID, attr.attemptID)
+		return s.seq.take(attr.rolloutID, attr.attemptID)
 	}
 	body := maphash.String(retrySeed, p.Request)
 	if sig.key != 0 || sig.count > 0 {
@@ -139,11 +141,13 @@ func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, u
 			s.m.Retries.WithLabelValues("unmatched").Inc()
 		}
 	}
-	e, seq, err := s.seq.assign(attr.rolloutID, attr.attemptID)
-	if err == nil {
-		e.retries.remember(body, sig.key, seq, p.IDs.Span)
+	e, seq, t := s.seq.take(attr.rolloutID, attr.attemptID)
+	if t != nil {
+		c.seq.remember, c.seq.body, c.seq.key = true, body, sig.key
+		return e, 0, t
 	}
-	return e, seq, err
+	e.retries.remember(body, sig.key, seq, p.IDs.Span)
+	return e, seq, nil
 }
 
 // lookup returns the entry of (rollout, attempt), nil when the table has

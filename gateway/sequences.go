@@ -99,6 +99,9 @@ type sequences struct {
 	// (setStore).
 	store        seqstore.Store
 	storeTimeout time.Duration
+	// noAhead turns reserveAhead off (tests of the reservation made by the
+	// call that uses a block up).
+	noAhead bool
 }
 
 // seqReserve serialises the reservations of an entry: the mutex of the call
@@ -111,10 +114,20 @@ type seqReserve struct {
 }
 
 // seqBlock is a block of ids reserved in the store: n is the last id handed
-// out (it passes last when the block is exhausted).
+// out (it passes last when the block is exhausted). The call that takes id
+// mark (half the block) starts the reservation of the next block in the
+// background (reserveAhead).
 type seqBlock struct {
 	n    atomic.Uint64
 	last uint64
+	mark uint64
+}
+
+// newSeqBlock is the block of blk, whose first id is handed out by n.Add.
+func newSeqBlock(blk seqstore.Block) *seqBlock {
+	b := &seqBlock{last: blk.Last, mark: blk.First + (blk.Last-blk.First+1)/2}
+	b.n.Store(blk.First - 1)
+	return b
 }
 
 // seqEntry is one (rollout, attempt): its block of ids, its ids, and the
@@ -128,10 +141,12 @@ type seqEntry struct {
 	task    atomic.Pointer[string]
 	looked  atomic.Bool // the rollout registry was consulted for the task id
 
-	// The current block (nil until reserved), and how the next is reserved
-	// (made with the entry).
-	blk atomic.Pointer[seqBlock]
-	rs  *seqReserve
+	// The current block (nil until reserved), the next one when reserved
+	// ahead (reserveAhead), and how the next is reserved (made with the
+	// entry).
+	blk   atomic.Pointer[seqBlock]
+	ahead atomic.Pointer[seqBlock]
+	rs    *seqReserve
 
 	// prev and next link the entries of one rollout (guarded by sequences.mu).
 	prev, next *seqEntry
@@ -203,26 +218,139 @@ func (s *sequences) next(rollout, attempt string) (uint64, error) {
 // the call must be refused.
 func (s *sequences) assign(rollout, attempt []byte) (*seqEntry, uint64, error) {
 	var kb [seqKeyBuf]byte
-	key := append(append(append(kb[:0], rollout...), 0), attempt...)
-	s.mu.RLock()
-	if e := s.m[string(key)]; e != nil {
-		var id uint64
-		if b := e.blk.Load(); b != nil {
-			if id = b.n.Add(1); id > b.last {
-				id = 0
-			}
-		}
-		if t := s.tick; e.used.Load() != t {
-			e.used.Store(t)
-		}
-		s.mu.RUnlock()
-		if id == 0 {
-			return s.refill(e)
-		}
+	key, e, id := s.fastID(&kb, rollout, attempt)
+	switch {
+	case id != 0:
 		return e, id, nil
+	case e != nil:
+		return s.refill(e)
 	}
-	s.mu.RUnlock()
 	return s.insert(key, len(rollout))
+}
+
+// fastID is what assign and take do first: the key of (rollout, attempt)
+// in kb, its entry and the next id of its block (lookupID), starting the
+// reservation of the next block when the id is the block's mark.
+func (s *sequences) fastID(kb *[seqKeyBuf]byte, rollout, attempt []byte) (key []byte, e *seqEntry, id uint64) {
+	key = append(append(append(kb[:0], rollout...), 0), attempt...)
+	e, id, ahead := s.lookupID(key)
+	if ahead {
+		go s.reserveAhead(e)
+	}
+	return key, e, id
+}
+
+// lookupID is the fast path of assign and take: the entry of key and the
+// next id of its block, under the read lock; id 0 when the block is
+// exhausted (and no block was reserved ahead) or not reserved yet, e nil
+// when the table has no entry. An exhausted block gives way to the block
+// reserved ahead, if any. ahead true: the id is its block's mark, the caller
+// starts reserveAhead.
+func (s *sequences) lookupID(key []byte) (e *seqEntry, id uint64, ahead bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e = s.m[string(key)]; e == nil {
+		return nil, 0, false
+	}
+	if t := s.tick; e.used.Load() != t {
+		e.used.Store(t)
+	}
+	for {
+		b := e.blk.Load()
+		if b == nil {
+			return e, 0, false
+		}
+		if id = b.n.Add(1); id <= b.last {
+			return e, id, id == b.mark && !s.noAhead
+		}
+		nb := e.ahead.Load()
+		if nb == nil {
+			return e, 0, false
+		}
+		// Stored while e is in the table (under the read lock held here,
+		// so no drop comes between): one caller moves e to it.
+		e.blk.CompareAndSwap(b, nb)
+		e.ahead.CompareAndSwap(nb, nil)
+	}
+}
+
+// reserveAhead reserves e's next block while its current one still has
+// ids, so that the call using it up does not wait for the store. It runs
+// under e's reservation mutex, so blocks are stored in the order the store
+// reserved them; a failure is left to that call (which then reserves itself,
+// and counts as a wait), and a block whose entry left the table meanwhile is
+// abandoned (a gap, as a restart leaves).
+func (s *sequences) reserveAhead(e *seqEntry) {
+	rs := e.rs
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if e.ahead.Load() != nil || !s.holds(e) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
+	blk, err := s.store.Reserve(ctx, e.rollout, e.attempt)
+	cancel()
+	if err != nil {
+		return // seqstore counted it; the call that needs the block retries
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.m[e.key] == e {
+		e.ahead.Store(newSeqBlock(blk))
+	}
+}
+
+// seqTicket is a reservation of a block under way for a call that did not
+// wait for it (take): the call goes on meanwhile (its request is sent to
+// the engine) and waits for the ticket only before its id is needed (the
+// answer's headers, its row): the database's commit runs beside the
+// engine's work instead of before it.
+type seqTicket struct {
+	done chan struct{}
+	e    *seqEntry // the attempt's entry (set before done is closed)
+	id   uint64
+	err  error
+}
+
+// wait returns the ticket's entry and id, or the reservation's error. The
+// calls that find the reservation still under way are counted in waits
+// (nil: not counted).
+func (t *seqTicket) wait(waits prometheus.Counter) (*seqEntry, uint64, error) {
+	select {
+	case <-t.done:
+	default:
+		if waits != nil {
+			waits.Inc()
+		}
+		<-t.done
+	}
+	return t.e, t.id, t.err
+}
+
+// take is assign for a call that need not wait for the store: the entry
+// and the next id of (rollout, attempt) when the attempt's block has one
+// (no I/O, no allocation for a known attempt), otherwise the entry and a
+// ticket of the reservation, started in the background, whose id the call
+// takes with wait. The ticket's entry may differ from the one returned (the
+// attempt's entry was dropped or evicted meanwhile); both have the same
+// rollout and attempt.
+func (s *sequences) take(rollout, attempt []byte) (*seqEntry, uint64, *seqTicket) {
+	var kb [seqKeyBuf]byte
+	key, e, id := s.fastID(&kb, rollout, attempt)
+	switch {
+	case id != 0:
+		return e, id, nil
+	case e == nil:
+		s.mu.Lock()
+		e = s.insertLocked(key, len(rollout))
+		s.mu.Unlock()
+	}
+	t := &seqTicket{done: make(chan struct{}), e: e}
+	go func() {
+		t.e, t.id, t.err = s.refill(e)
+		close(t.done)
+	}()
+	return e, 0, t
 }
 
 // refill reserves the next block of e's attempt in the store and returns
@@ -261,6 +389,9 @@ func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 			return id, nil
 		}
 	}
+	if id, ok := s.takeAhead(e); ok { // reserved ahead while this call waited
+		return id, nil
+	}
 	if rs.tries.Load() != tried && rs.lastFail != nil {
 		return 0, rs.lastFail
 	}
@@ -274,7 +405,7 @@ func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 	if rs.lastFail = err; err != nil {
 		return 0, err // seqstore's errors name the attempt and what to check
 	}
-	b := &seqBlock{last: blk.Last}
+	b := newSeqBlock(blk)
 	b.n.Store(blk.First)
 	// Stored under the read lock, so no removal comes between the check
 	// and the store: an entry inserted after e's removal reserves after
@@ -286,6 +417,20 @@ func (s *sequences) reserve(e *seqEntry) (uint64, error) {
 	}
 	e.blk.Store(b)
 	return blk.First, nil
+}
+
+// takeAhead moves e (in the table) to its block reserved ahead and returns
+// that block's first id; ok false when there is none. Called under e's
+// reservation mutex.
+func (s *sequences) takeAhead(e *seqEntry) (id uint64, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	nb := e.ahead.Swap(nil)
+	if nb == nil || s.m[e.key] != e {
+		return 0, false
+	}
+	e.blk.Store(nb)
+	return nb.n.Add(1), true
 }
 
 // holds tells whether e is (still) in the table.

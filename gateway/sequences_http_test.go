@@ -14,8 +14,10 @@ import (
 
 // TestSequenceStoreDownAnswers503: when no sequence id can be reserved
 // (the store's database is gone), a call is answered 503 OpenAI-style,
-// counted as rejected for "sequence_store", not proxied and not captured;
-// calls of an attempt whose block is in memory still pass.
+// counted as rejected for "sequence_store", without a sequence id and not
+// captured (the request may have reached the engine, whose answer is then
+// dropped: the reservation runs beside it, see Server.admitAhead); calls of
+// an attempt whose block is in memory still pass.
 func TestSequenceStoreDownAnswers503(t *testing.T) {
 	store, err := sqlite.Open(filepath.Join(t.TempDir(), "rollgate.db"))
 	if err != nil {

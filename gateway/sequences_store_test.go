@@ -267,6 +267,7 @@ func TestSequenceStoreDroppedRefillDoesNotOvertake(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			g := newGatedStore(nil)
 			s := newStoreTable(g, 2)
+			s.noAhead = true          // the block is used up with no block reserved ahead
 			for i := 1; i <= 4; i++ { // the first block, exhausted
 				if id, err := s.next("r", "a"); err != nil || id != uint64(i) {
 					t.Fatalf("call %d: %d, %v", i, id, err)
@@ -305,6 +306,7 @@ func TestSequenceStoreTwoGatewaysDroppedRefill(t *testing.T) {
 	dsn := postgresDSN(t)
 	g := newGatedStore(openSeqStore(t, dsn))
 	a, b := newStoreTable(g, 0), newStoreTable(openSeqStore(t, dsn), 0)
+	a.noAhead = true           // a's block is used up with no block reserved ahead
 	for i := 1; i <= 16; i++ { // a's first block, exhausted
 		if id, err := a.next("r", "a"); err != nil || id != uint64(i) {
 			t.Fatalf("call %d: %d, %v", i, id, err)

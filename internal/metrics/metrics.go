@@ -27,6 +27,12 @@ type Metrics struct {
 	// SequenceEvictions counts (rollout, attempt) entries moved out of the
 	// gateway's in-memory sequence table to keep it within its bounds.
 	SequenceEvictions prometheus.Counter
+	// SequenceWaits counts admitted calls that waited for a block of
+	// sequence ids to be reserved in the database: the engine had answered
+	// before the reservation (begun when the call was admitted, beside the
+	// engine's work) was committed, or the call was answered without the
+	// engine (an error) meanwhile.
+	SequenceWaits prometheus.Counter
 	// TokenIn counts chat calls under token-in mode by outcome ("extended",
 	// "first", "whole:REASON", "passthrough:REASON"; the token_in column).
 	TokenIn *prometheus.CounterVec
@@ -116,6 +122,9 @@ func New() *Metrics {
 		SequenceEvictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rollgate_sequence_evictions_total", Help: "Attempts moved out of the in-memory sequence table to keep it within its bounds (each reserves its next block of ids from the sequence store at its next call).",
 		}),
+		SequenceWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rollgate_sequence_waits_total", Help: "Admitted calls that waited for their block of sequence ids to be reserved in the database (an attempt's first call, or a used-up block): the reservation, begun at admission beside the engine's work, was not committed when the call needed its id.",
+		}),
 		TokenIn: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rollgate_token_in_calls_total", Help: "Chat calls under token-in mode by outcome: extended (previous prompt + response ids + the new messages), first, whole:REASON (rendered whole), passthrough:REASON (the engine rendered the text).",
 		}, []string{"outcome"}),
@@ -192,7 +201,7 @@ func New() *Metrics {
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.Requests, m.CallsRejected, m.SequenceEvictions, m.TokenIn, m.Retries, m.TokenInEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
+		m.Requests, m.CallsRejected, m.SequenceEvictions, m.SequenceWaits, m.TokenIn, m.Retries, m.TokenInEvictions, m.RequestDuration, m.TTFT, m.Tokens, m.InFlight, m.BackendInFlight, m.RoutingAffinity,
 		m.CaptureQueueDepth, m.CaptureQueueCapacity, m.CaptureDropped, m.CapturedRows, m.TokenIDs, m.TokenFallback, m.Detok, m.Redactions, m.AgentSpans, m.Turns,
 		m.ExportBatches, m.ExportRows, m.ExportErrors, m.ExportDropped, m.ExportDuration,
 	)
