@@ -95,7 +95,9 @@ func (p *Prev) size() int64 {
 // Check compares a call (its canonical messages and render key) with the
 // attempt's previous call: the index of the choice whose answer the
 // messages extend the previous messages with (followed by at least one new
-// message) and "", else the reason.
+// message) and "", else the reason. For a choice that did not end on an
+// end-of-turn token the index comes with ReasonNotEnded (JoinCut can still
+// join it); every other reason comes with -1.
 func Check(prev *Prev, msgs []string, renderKey string) (int, string) {
 	n := len(prev.Messages)
 	switch {
@@ -117,7 +119,9 @@ func Check(prev *Prev, msgs []string, renderKey string) (int, string) {
 	case len(msgs) == n+1:
 		return -1, ReasonShorter
 	case !prev.Choices[i].Ended:
-		return -1, ReasonNotEnded
+		// The answer was cut (max_tokens, a stop string): the caller may
+		// still join it with JoinCut.
+		return i, ReasonNotEnded
 	}
 	return i, ""
 }
@@ -144,13 +148,56 @@ func Join(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint
 	}
 	response := prev.Choices[choice].Response
 	eot := response[len(response)-1]
-	j := len(closed) - 1
-	for j >= 0 && closed[j] != eot {
-		j--
-	}
+	j := lastIndex(closed, eot)
 	if j < 0 || len(closed)-1-j > maxJoinTail {
 		return dst, false
 	}
+	rest, ok := joinAfter(prev.Prompt, closed, j, full)
+	if !ok {
+		return dst, false
+	}
+	dst = append(dst, prev.Prompt...)
+	dst = append(dst, response...)
+	return append(dst, rest...), true
+}
+
+// JoinCut is Join for an answer that did not end on an end-of-turn token
+// (cut by max_tokens or a stop string): the template closes the turn after
+// the answer, so the prompt is prev.Prompt, the sampled ids, the closing
+// ids the template renders after them, then the new messages' ids. The
+// closing is derived from closed only when it is exact: closed must start
+// with prev.Prompt followed by exactly the sampled ids (the answer's text
+// re-renders to the sampled tokens and the history to the previous
+// prompt); the closing is then the ids after them up to the first one that
+// joins full as Join's end-of-turn token does. ok is false otherwise (the
+// caller renders whole, ReasonNotEnded).
+func JoinCut(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint32, ok bool) {
+	if choice < 0 || choice >= len(prev.Choices) || len(prev.Choices[choice].Response) == 0 {
+		return dst, false
+	}
+	response := prev.Choices[choice].Response
+	n := len(prev.Prompt) + len(response)
+	if len(closed) <= n || !slices.Equal(closed[:len(prev.Prompt)], prev.Prompt) || !slices.Equal(closed[len(prev.Prompt):n], response) {
+		return dst, false
+	}
+	for j := n; j < len(closed) && j-n < maxJoinTail; j++ {
+		if rest, ok := joinAfter(prev.Prompt, closed, j, full); ok {
+			dst = append(dst, closed[:j+1]...)
+			return append(dst, rest...), true
+		}
+	}
+	return dst, false
+}
+
+// joinAfter returns the ids of full after the turn that closed[j] (the
+// answer's end-of-turn token) ends: the same occurrence (by count) of that
+// id in full, provided the ids after it in closed start the ids after it in
+// full. A template that writes the generation prompt although none was
+// asked for (Llama 3's writes it always) renders after the turn exactly the
+// ids that follow prompt's last occurrence of the token: those are no join,
+// and nothing is required after the token then.
+func joinAfter(prompt, closed []uint32, j int, full []uint32) ([]uint32, bool) {
+	eot := closed[j]
 	count := 0
 	for _, id := range closed[:j+1] {
 		if id == eot {
@@ -168,15 +215,26 @@ func Join(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint
 		}
 	}
 	if k < 0 {
-		return dst, false
+		return nil, false
 	}
 	tail, rest := closed[j+1:], full[k+1:]
-	if len(rest) <= len(tail) || !slices.Equal(rest[:len(tail)], tail) {
-		return dst, false
+	if last := lastIndex(prompt, eot); len(tail) > 0 && last >= 0 && slices.Equal(prompt[last+1:], tail) {
+		tail = nil
 	}
-	dst = append(dst, prev.Prompt...)
-	dst = append(dst, response...)
-	return append(dst, rest...), true
+	if len(rest) <= len(tail) || !slices.Equal(rest[:len(tail)], tail) {
+		return nil, false
+	}
+	return rest, true
+}
+
+// lastIndex is the index of the last id in ids, or -1.
+func lastIndex(ids []uint32, id uint32) int {
+	for i := len(ids) - 1; i >= 0; i-- {
+		if ids[i] == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // Canonical returns the canonical form of each message of a chat request's
