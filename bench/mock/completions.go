@@ -52,7 +52,7 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 			return field + ": the prompt list must not be empty"
 		case first.Type == gjson.Number:
 			var ok bool
-			if p.prompts, ok = tokenIDList(p.prompts, v); !ok {
+			if p.prompts, ok = tokenIDList(p.prompts, v, p.s.v.size()); !ok {
 				return bad
 			}
 			p.endPrompt()
@@ -63,7 +63,7 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 					p.prompts = appendEncode(p.prompts, e.Str)
 				} else if e.IsArray() && first.IsArray() {
 					var ok bool
-					if p.prompts, ok = tokenIDList(p.prompts, e); !ok {
+					if p.prompts, ok = tokenIDList(p.prompts, e, p.s.v.size()); !ok {
 						msg = bad
 						return false
 					}
@@ -249,7 +249,7 @@ func appendTextOffsets(dst []byte, c *planChoice, from, to, offset int) []byte {
 			dst = append(dst, ',')
 		}
 		dst = strconv.AppendInt(dst, int64(offset), 10)
-		offset += len(tokenText(c.ids[pos]))
+		offset += len(c.v.text(c.ids[pos]))
 	}
 	return append(dst, ']')
 }
@@ -308,7 +308,7 @@ func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int
 	// The offset advances by the tokens reported, not by the text sent: text
 	// held back for stop strings lags the tokens (completion/serving.py,
 	// vLLM 0.32.0).
-	c.offset += len(tokenText(c.ids[st]))
+	c.offset += len(c.v.text(c.ids[st]))
 	return dst
 }
 

@@ -110,7 +110,7 @@ func (p *plan) appendMessageItem(dst []byte, done bool) []byte {
 func (p *plan) appendOutputText(dst []byte, done bool) []byte {
 	dst = append(dst, `{"annotations":[],"text":"`...)
 	if done {
-		dst = appendTextOf(dst, p.choices[0].ids)
+		dst = p.s.v.appendText(dst, p.choices[0].ids)
 	}
 	dst = append(dst, `","type":"output_text","logprobs":`...)
 	if done {
@@ -258,7 +258,7 @@ func (p *plan) streamResponse(w *bufio.Writer) {
 	b = eventHead(p.buf[:0], "response.output_text.done", &seq)
 	b = p.appendItemRef(b)
 	b = append(b, `,"text":"`...)
-	b = appendTextOf(b, c.ids)
+	b = c.v.appendText(b, c.ids)
 	p.buf = append(b, `","logprobs":[]}`...)
 	if !emit("response.output_text.done") {
 		return
