@@ -165,29 +165,42 @@ func Join(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint
 // (cut by max_tokens or a stop string): the template closes the turn after
 // the answer, so the prompt is prev.Prompt, the sampled ids, the closing
 // ids the template renders after them, then the new messages' ids. The
-// closing is derived from closed only when it is exact: closed must start
-// with prev.Prompt followed by exactly the sampled ids (the answer's text
-// re-renders to the sampled tokens and the history to the previous
-// prompt); the closing is then the ids after them up to the first one that
-// joins full as Join's end-of-turn token does. ok is false otherwise (the
-// caller renders whole, ReasonNotEnded).
+// closing is derived from closed only when it is exact: near its end,
+// closed must hold exactly the sampled ids (the answer's text re-renders
+// to the sampled tokens), right after the opening prev.Prompt ends with
+// (its last maxOpening ids: the assistant turn's generation prompt); the
+// closing is then the ids after them up to the first one that joins full
+// as Join's end-of-turn token does. Earlier turns may render differently
+// from prev.Prompt (Qwen3 drops earlier thinking), as in Join. ok is false
+// otherwise (the caller renders whole, ReasonNotEnded).
 func JoinCut(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint32, ok bool) {
 	if choice < 0 || choice >= len(prev.Choices) || len(prev.Choices[choice].Response) == 0 {
 		return dst, false
 	}
 	response := prev.Choices[choice].Response
-	n := len(prev.Prompt) + len(response)
-	if len(closed) <= n || !slices.Equal(closed[:len(prev.Prompt)], prev.Prompt) || !slices.Equal(closed[len(prev.Prompt):n], response) {
-		return dst, false
-	}
-	for j := n; j < len(closed) && j-n < maxJoinTail; j++ {
-		if rest, ok := joinAfter(prev.Prompt, closed, j, full); ok {
-			dst = append(dst, closed[:j+1]...)
-			return append(dst, rest...), true
+	k := min(len(prev.Prompt), maxOpening)
+	opening := prev.Prompt[len(prev.Prompt)-k:]
+	for s := len(closed) - len(response) - 1; s >= k && len(closed)-len(response)-s <= maxJoinTail; s-- {
+		e := s + len(response)
+		if !slices.Equal(closed[s:e], response) || !slices.Equal(closed[s-k:s], opening) {
+			continue
 		}
+		for j := e; j < len(closed) && j-e < maxJoinTail; j++ {
+			if rest, ok := joinAfter(prev.Prompt, closed, j, full); ok {
+				dst = append(dst, prev.Prompt...)
+				dst = append(dst, response...)
+				dst = append(dst, closed[e:j+1]...)
+				return append(dst, rest...), true
+			}
+		}
+		return dst, false
 	}
 	return dst, false
 }
+
+// maxOpening is how many of the previous prompt's last ids (the assistant
+// turn's opening) JoinCut requires right before the answer in closed.
+const maxOpening = 4
 
 // joinAfter returns the ids of full after the turn that closed[j] (the
 // answer's end-of-turn token) ends: the same occurrence (by count) of that

@@ -66,11 +66,18 @@ func TestJoinCut(t *testing.T) {
 	if want := slices.Concat(prompt, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}); !ok || !slices.Equal(got, want) {
 		t.Fatalf("JoinCut with a re-tokenised answer = %v, %v; want %v", got, ok, want)
 	}
+	// An earlier turn the template renders otherwise (12 for 10: Qwen3
+	// drops earlier thinking): the answer's own turn decides.
+	other := []uint32{1, 12, 11, 2, 3, 1, 20, 3}
+	got, ok = JoinCut(nil, prev, 0, slices.Concat(other, []uint32{30, 31, 2, 3}), slices.Concat(other, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}))
+	if want := slices.Concat(prompt, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}); !ok || !slices.Equal(got, want) {
+		t.Fatalf("JoinCut after an earlier turn rendered otherwise = %v, %v; want %v", got, ok, want)
+	}
 	// Not exact: the answer re-renders to other ids (a stop string cut, a
-	// different merge), or the history to another prompt.
+	// different merge), after another opening, or nothing closes it.
 	for name, c := range map[string][]uint32{
 		"answer":  slices.Concat(prompt, []uint32{40, 2, 3}),
-		"history": slices.Concat([]uint32{1, 12, 11, 2, 3, 1, 20, 3}, []uint32{30, 31, 2, 3}),
+		"opening": slices.Concat([]uint32{1, 10, 11, 2, 3, 1, 21, 3}, []uint32{30, 31, 2, 3}),
 		"nothing": slices.Concat(prompt, []uint32{30, 31}),
 	} {
 		if got, ok := JoinCut(nil, prev, 0, c, full); ok {
