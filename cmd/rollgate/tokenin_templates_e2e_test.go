@@ -103,6 +103,27 @@ func TestTokenInTemplatesMock(t *testing.T) {
 				t.Fatal(err)
 			}
 			kinds, breaks := turnKinds(t, rows)
+			// The answers the agents acted on: tool calls (hermes for Qwen
+			// and the toy, llama3_json for Llama 3) and, for Qwen3 with
+			// thinking, reasoning, on both gateways.
+			tiRowsAll, err := g.tiStore.Calls(t.Context(), export.CallFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for gw, rs := range map[string][]export.Call{"token-in": tiRowsAll, "passthrough": rows} {
+				calls, reasoning := 0, 0
+				for _, r := range rs {
+					m := gjson.Parse(r.ResponseMessage)
+					calls += len(m.Get("tool_calls").Array())
+					if m.Get("reasoning").String() != "" {
+						reasoning++
+					}
+				}
+				wantReasoning := c.model == "qwen3" && c.kwargs == ""
+				if calls < 2*3 || (reasoning == len(rs)) != wantReasoning || (reasoning > 0) != wantReasoning {
+					t.Errorf("%s, %s: %d tool calls and %d of %d answers with reasoning; want 2 tool calls per agent and reasoning in every answer exactly when Qwen3 thinks", c.name, gw, calls, reasoning, len(rs))
+				}
+			}
 			fmt.Fprintf(&table, "| %s | %d | %d | %d (100 %%) | %d | %d of %d (%.0f %%): %s |\n", c.name, n.later, n.extended, tiMerged,
 				ptMerged, breaks, n.ptLater, 100*float64(breaks)/float64(max(n.ptLater, 1)), formatCounts(kinds))
 		})
