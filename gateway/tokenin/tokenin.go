@@ -9,7 +9,9 @@
 //     messages plus the returned assistant message (Extends) or why not.
 //   - Join builds an extending call's prompt: the previous prompt ids, the
 //     previous response ids (end-of-turn token included), then the ids the
-//     engine's own template renders after that end-of-turn token.
+//     engine's own template renders after that end-of-turn token; JoinCut
+//     does the same for an answer cut by max_tokens or a stop string, with
+//     the closing the template renders after the sampled ids in between.
 //
 // The engine calls themselves (render, generate, derender) are package
 // gateway's (tokenin.go there); this package holds no I/O.
@@ -46,7 +48,7 @@ const (
 	ReasonAssistant   = "assistant"    // the assistant message differs from the one returned
 	ReasonShorter     = "no_new"       // no message after the returned assistant message
 	ReasonTemplate    = "template"     // tools, template or its arguments changed
-	ReasonNotEnded    = "not_ended"    // the previous answer did not end on an end-of-turn token
+	ReasonNotEnded    = "not_ended"    // the previous answer was cut and its turn does not re-render to the sampled ids (JoinCut)
 	ReasonJoin        = "join"         // the template's join after the turn could not be located
 	ReasonNoAttempt   = "no_attempt"   // the call names no rollout and attempt
 	ReasonRender      = "render"       // the engine could not render the messages
