@@ -43,6 +43,13 @@ func startTemplateMock(t *testing.T, c templateCase) string {
 	return "http://" + addr + "/v1"
 }
 
+// templateAgents runs tokenInAgentsWith's agents (one per city) over a
+// mock with c's template, through a --token-in and a passthrough gateway.
+func templateAgents(t *testing.T, c templateCase, cities []string, maxTokens int, stream func(turn int) bool) (tokenInGateways, tokenInCounts) {
+	t.Helper()
+	return tokenInAgentsWith(t, startTemplateMock(t, c), "vllm", cities, tiAgentOpts{Model: "mock-model", MaxTokens: maxTokens, Kwargs: c.kwargs, Stream: stream})
+}
+
 // turnKinds counts the later calls' turn_kind (tokenize.CompareTurn's
 // classification) in a store's rows, and how many are not "prefix".
 func turnKinds(t *testing.T, rows []export.Call) (kinds map[string]int, breaks int) {
@@ -84,11 +91,7 @@ func TestTokenInTemplatesMock(t *testing.T) {
 	table.WriteString("| template | later calls | token-in extended | token-in merged | passthrough merged | passthrough breaks (turn_kind) |\n|---|---:|---:|---:|---:|---|\n")
 	for _, c := range templateCases {
 		t.Run(c.name, func(t *testing.T) {
-			base := startTemplateMock(t, c)
-			g, n := tokenInAgentsWith(t, base, "vllm", []string{"Paris", "Tokyo", "Lima"}, tiAgentOpts{
-				Model: "mock-model", MaxTokens: 96, Kwargs: c.kwargs,
-				Stream: func(turn int) bool { return turn != 2 },
-			})
+			g, n := templateAgents(t, c, []string{"Paris", "Tokyo", "Lima"}, 96, func(turn int) bool { return turn != 2 })
 			if n.extended != n.later || n.later == 0 {
 				t.Errorf("%s: %d of %d later calls extended, want all", c.name, n.extended, n.later)
 			}
@@ -149,11 +152,7 @@ func TestTokenInCutAnswersMock(t *testing.T) {
 	table.WriteString("| template | later calls after a cut answer | token_in | merged by the bridge |\n|---|---:|---|---:|\n")
 	for _, c := range templateCases {
 		t.Run(c.name, func(t *testing.T) {
-			base := startTemplateMock(t, c)
-			g, n := tokenInAgentsWith(t, base, "vllm", []string{"Paris", "Tokyo"}, tiAgentOpts{
-				Model: "mock-model", MaxTokens: 6, Kwargs: c.kwargs,
-				Stream: func(turn int) bool { return turn%2 == 1 },
-			})
+			g, n := templateAgents(t, c, []string{"Paris", "Tokyo"}, 6, func(turn int) bool { return turn%2 == 1 })
 			rows, err := g.tiStore.Calls(t.Context(), export.CallFilter{})
 			if err != nil {
 				t.Fatal(err)
