@@ -43,7 +43,7 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 	case !v.Exists() || v.Type == gjson.Null:
 		return field + ": Field required"
 	case v.Type == gjson.String:
-		p.prompts = appendEncode(p.prompts, v.Str)
+		p.prompts = p.s.v.encode(p.prompts, v.Str)
 		p.endPrompt()
 	case v.IsArray():
 		first := v.Get("0")
@@ -60,7 +60,7 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 			msg := ""
 			v.ForEach(func(_, e gjson.Result) bool {
 				if e.Type == gjson.String && first.Type == gjson.String {
-					p.prompts = appendEncode(p.prompts, e.Str)
+					p.prompts = p.s.v.encode(p.prompts, e.Str)
 				} else if e.IsArray() && first.IsArray() {
 					var ok bool
 					if p.prompts, ok = tokenIDList(p.prompts, e, p.s.v.size()); !ok {

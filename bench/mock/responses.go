@@ -63,7 +63,8 @@ func (p *plan) buildResponses(f *fields) string {
 		})
 	}
 	p.text = append(t, "<|im_start|>assistant\n"...)
-	p.prompts = appendEncode(p.prompts, b2s(p.text))
+	// The toy layout; in real-template mode encoded by the real tokenizer.
+	p.prompts = p.s.v.encode(p.prompts, b2s(p.text))
 	p.endPrompt()
 	if msg := p.checkContext(len(p.prompts), f.maxOutput); msg != "" {
 		return msg
