@@ -158,7 +158,7 @@ func TestTokenInCutAnswersMock(t *testing.T) {
 				t.Fatal(err)
 			}
 			slices.SortFunc(rows, func(a, b export.Call) int {
-				return cmp.Compare(a.RolloutID+fmt.Sprint(a.SequenceID), b.RolloutID+fmt.Sprint(b.SequenceID))
+				return cmp.Or(cmp.Compare(a.RolloutID, b.RolloutID), cmp.Compare(a.SequenceID, b.SequenceID))
 			})
 			outcomes := map[string]int{}
 			for k, r := range rows {
