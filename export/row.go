@@ -98,8 +98,10 @@ type Call struct {
 	BackendAttempts uint16
 	// TokenIn says how token-in mode (serve --token-in) served the call:
 	// "extended" (prompt = the previous call's prompt + response ids + the
-	// new messages' rendered ids), "first" (rendered whole by the engine's
-	// template: the attempt's first call), "whole:REASON" (rendered whole:
+	// new messages' rendered ids; after a cut answer, the closing the
+	// template renders after it comes between: tokenin.JoinCut), "first"
+	// (rendered whole by the engine's template: the attempt's first call),
+	// "whole:REASON" (rendered whole:
 	// edited, assistant, no_new, template, not_ended, join) or
 	// "passthrough:REASON" (sent as text, the engine rendered it: stream, n,
 	// no_attempt, render, derender, kind, bad_messages); '' when token-in

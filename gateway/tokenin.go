@@ -122,14 +122,21 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	outcome, prompt := tokenin.First, rendered.ids
 	if prev != nil {
 		outcome = tokenin.WholePrefix
-		if choice, why := tokenin.Check(prev, msgs, renderKey); why != "" {
+		// A cut answer (why is ReasonNotEnded) is joined with the closing
+		// the template renders after it (tokenin.JoinCut), when exact.
+		join, fail := tokenin.Join, tokenin.ReasonJoin
+		choice, why := tokenin.Check(prev, msgs, renderKey)
+		if why == tokenin.ReasonNotEnded {
+			join, fail = tokenin.JoinCut, tokenin.ReasonNotEnded
+		}
+		if why != "" && why != tokenin.ReasonNotEnded {
 			outcome += why
 		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline, hw); err != nil {
-			outcome += tokenin.ReasonJoin
-		} else if joined, ok := tokenin.Join(make([]uint32, 0, len(prev.Prompt)+len(prev.Choices[choice].Response)+len(rendered.ids)), prev, choice, closed.ids, rendered.ids); ok {
+			outcome += fail
+		} else if joined, ok := join(make([]uint32, 0, len(prev.Prompt)+len(prev.Choices[choice].Response)+len(rendered.ids)), prev, choice, closed.ids, rendered.ids); ok {
 			outcome, prompt = tokenin.Extended, joined
 		} else {
-			outcome += tokenin.ReasonJoin
+			outcome += fail
 		}
 	}
 	genBody, err := sjson.SetBytes(rendered.raw, "token_ids", prompt)

@@ -79,8 +79,10 @@ func (p *plan) buildChat(f *fields) string {
 	}
 
 	p.setModel(f)
-	p.text = appendRenderChat(p.text[:0], f.messages.Raw, f.tools.Raw, f.addGenPrompt)
-	p.prompts = appendEncode(p.prompts, b2s(p.text))
+	if p.text, msg = p.s.v.renderChat(p.text[:0], f); msg != "" {
+		return msg
+	}
+	p.prompts = p.s.v.encode(p.prompts, b2s(p.text))
 	p.endPrompt()
 	limit := f.limit()
 	if msg := p.checkContext(len(p.prompts), limit); msg != "" {
@@ -92,6 +94,7 @@ func (p *plan) buildChat(f *fields) string {
 	p.continuousUsage = f.stream && f.continuousUsage()
 
 	textSeed := p.seedAndID(f, limit)
+	p.realThink, p.realTools = thinkingOn(f.kwargs), tool.Exists() && !(f.toolChoice.Type == gjson.String && f.toolChoice.Str == "none")
 	p.genChatChoices(f.n, textSeed, limit, tool, useTool)
 	return ""
 }
@@ -211,7 +214,7 @@ func (p *plan) genChatChoices(n int, textSeed uint64, limit int, tool gjson.Resu
 			// choice (chat_completion/serving.py, 0.32.0).
 			c.finish = "stop"
 		}
-		if vllm {
+		if vllm && p.s.v.real == nil {
 			planHermes(c) // a call cut short streams what the parser made of it
 		}
 	}
@@ -296,7 +299,7 @@ func (p *plan) appendLogprobEntry(dst []byte, id uint32, lp float64) []byte {
 		dst = append(dst, `,"logprob":`...)
 		dst = appendFloat(dst, lp)
 		dst = append(dst, `,"bytes":`...)
-		return appendTokenBytes(dst, id)
+		return p.s.v.appendTokenBytes(dst, id)
 	}
 	dst = append(dst, '{')
 	if fl == FlavorLlamaCpp {
@@ -315,7 +318,7 @@ func (p *plan) appendLogprobEntry(dst []byte, id uint32, lp float64) []byte {
 	if fl == FlavorLlamaCpp {
 		dst = appendRawBytes(dst, vocab[id]) // llama.cpp sends the raw bytes
 	} else {
-		dst = appendTokenBytes(dst, id)
+		dst = p.s.v.appendTokenBytes(dst, id)
 	}
 	dst = append(dst, `,"logprob":`...)
 	return appendFloat(dst, lp)
@@ -339,30 +342,13 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 		dst = append(dst, `{"index":`...)
 		dst = strconv.AppendInt(dst, int64(i), 10)
 		dst = append(dst, `,"message":{"role":"assistant","content":`...)
-		switch {
-		case c.tool && (p.namedTool || p.requiredTool):
-			dst = append(dst, `""`...)
-		case c.tool:
-			dst = append(dst, "null"...)
-		default:
-			dst = append(dst, '"')
-			dst = appendChoiceText(dst, c)
-			dst = append(dst, '"')
+		if p.s.v.real != nil {
+			a := p.s.v.real.parse(c.answerText(len(c.ids)), p.realThink, p.realTools, true)
+			dst = append(appendParsedMessage(dst, &a, p.namedTool || p.requiredTool, c.ids, int64(i)), '}')
+		} else {
+			dst = p.appendToyMessage(dst, c)
 		}
-		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null`...)
-		if c.tool {
-			dst = append(dst, `,"tool_calls":[{"id":`...)
-			dst = appendCallID(dst, c)
-			dst = append(dst, `,"type":"function","function":{"name":`...)
-			dst = appendJSONString(dst, b2s(c.name))
-			dst = append(dst, `,"arguments":`...)
-			// The parser's json.dumps(arguments): a string of ", "/": " JSON.
-			n := len(dst)
-			dst = appendPyJSON(dst, c.args)
-			dst = append(dst[:n], appendJSONString(p.text[:0], b2s(dst[n:]))...)
-			dst = append(dst, "}}]"...)
-		}
-		dst = append(dst, `,"reasoning":null},"logprobs":`...)
+		dst = append(dst, `,"logprobs":`...)
 		dst = p.appendChatLogprobs(dst, c, 0, len(c.ids))
 		dst = append(dst, `,"finish_reason":"`...)
 		dst = append(dst, c.finish...)
@@ -379,6 +365,35 @@ func (p *plan) appendChatFull(dst []byte) []byte {
 	dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
 	dst = appendIDsOrNull(dst, p.prompts, p.returnIDs)
 	return append(dst, `,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}`...)
+}
+
+// appendToolMessage appends the toy answer's message members from
+// content's value on: its text, or its tool call.
+func (p *plan) appendToyMessage(dst []byte, c *planChoice) []byte {
+	switch {
+	case c.tool && (p.namedTool || p.requiredTool):
+		dst = append(dst, `""`...)
+	case c.tool:
+		dst = append(dst, "null"...)
+	default:
+		dst = append(dst, '"')
+		dst = appendChoiceText(dst, c)
+		dst = append(dst, '"')
+	}
+	dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null`...)
+	if c.tool {
+		dst = append(dst, `,"tool_calls":[{"id":`...)
+		dst = appendCallID(dst, c)
+		dst = append(dst, `,"type":"function","function":{"name":`...)
+		dst = appendJSONString(dst, b2s(c.name))
+		dst = append(dst, `,"arguments":`...)
+		// The parser's json.dumps(arguments): a string of ", "/": " JSON.
+		n := len(dst)
+		dst = appendPyJSON(dst, c.args)
+		dst = append(dst[:n], appendJSONString(p.text[:0], b2s(dst[n:]))...)
+		dst = append(dst, "}}]"...)
+	}
+	return append(dst, `,"reasoning":null}`...)
 }
 
 // appendWholeUsage appends the usage of a whole vLLM answer: UsageInfo with
@@ -457,6 +472,12 @@ func (p *plan) appendChatStep(dst []byte, i int, c *planChoice, st int, final bo
 	dst = append(dst, `,"delta":`...)
 	empty := false
 	switch t := c.stepTextOf(st); {
+	case c.v.real != nil:
+		was := c.v.real.parse(c.answerText(st), p.realThink, p.realTools, false)
+		now := c.v.real.parse(c.answerText(st+1), p.realThink, p.realTools, false)
+		dst = append(dst, '{')
+		dst, empty = appendParsedDelta(dst, &was, &now, false, func(k int) string { return callIDOf(c.ids, int64(i), k) })
+		dst = append(dst, '}')
 	case c.hermes:
 		dst, empty = appendHermesDelta(dst, c, st)
 	case t == "":

@@ -43,7 +43,7 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 	case !v.Exists() || v.Type == gjson.Null:
 		return field + ": Field required"
 	case v.Type == gjson.String:
-		p.prompts = appendEncode(p.prompts, v.Str)
+		p.prompts = p.s.v.encode(p.prompts, v.Str)
 		p.endPrompt()
 	case v.IsArray():
 		first := v.Get("0")
@@ -52,7 +52,7 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 			return field + ": the prompt list must not be empty"
 		case first.Type == gjson.Number:
 			var ok bool
-			if p.prompts, ok = tokenIDList(p.prompts, v); !ok {
+			if p.prompts, ok = tokenIDList(p.prompts, v, p.s.v.size()); !ok {
 				return bad
 			}
 			p.endPrompt()
@@ -60,10 +60,10 @@ func (p *plan) readPrompts(v gjson.Result, field string) string {
 			msg := ""
 			v.ForEach(func(_, e gjson.Result) bool {
 				if e.Type == gjson.String && first.Type == gjson.String {
-					p.prompts = appendEncode(p.prompts, e.Str)
+					p.prompts = p.s.v.encode(p.prompts, e.Str)
 				} else if e.IsArray() && first.IsArray() {
 					var ok bool
-					if p.prompts, ok = tokenIDList(p.prompts, e); !ok {
+					if p.prompts, ok = tokenIDList(p.prompts, e, p.s.v.size()); !ok {
 						msg = bad
 						return false
 					}
@@ -249,7 +249,7 @@ func appendTextOffsets(dst []byte, c *planChoice, from, to, offset int) []byte {
 			dst = append(dst, ',')
 		}
 		dst = strconv.AppendInt(dst, int64(offset), 10)
-		offset += len(tokenText(c.ids[pos]))
+		offset += len(c.v.text(c.ids[pos]))
 	}
 	return append(dst, ']')
 }
@@ -308,7 +308,7 @@ func (p *plan) appendCompletionStepHead(dst []byte, i int, c *planChoice, st int
 	// The offset advances by the tokens reported, not by the text sent: text
 	// held back for stop strings lags the tokens (completion/serving.py,
 	// vLLM 0.32.0).
-	c.offset += len(tokenText(c.ids[st]))
+	c.offset += len(c.v.text(c.ids[st]))
 	return dst
 }
 

@@ -93,6 +93,18 @@ type Config struct {
 	// /is_paused (VLLM_SERVER_DEV_MODE=1; enginepause.go). Default false
 	// (404, as vLLM).
 	DevMode bool
+	// ModelDir, when set, is a Hugging Face model folder (tokenizer.json and
+	// tokenizer_config.json, or chat_template.jinja): real-template mode
+	// (vocab.go). Its chat template and tokenizer replace the toy ones
+	// everywhere (chat prompts with chat_template_kwargs, /tokenize,
+	// /detokenize, the token-in endpoints, token ids and logprobs); answers
+	// are the tokenizer's encoding of the text the mock says, end on the
+	// template's end-of-turn token (EndOfTurn is implied), and are parsed as
+	// vLLM 0.32 parses them for the model: Qwen3's <think> block as
+	// reasoning, tool calls as the hermes parser (Qwen) or llama3_json
+	// (a template without <tool_call>) reads them. vLLM flavour only, not
+	// with SplitChars. Default "": the toy tokenizer and template.
+	ModelDir string
 }
 
 func (c *Config) setDefaults() {
@@ -160,5 +172,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.EndOfTurn, "end-of-turn", d.EndOfTurn, "end answers that stop on their own with the end-of-turn token <|im_end|> (counted in usage; in token_ids and logprobs where each engine puts it, see docs/engines.md)")
 	fs.BoolVar(&c.ScaleOut, "enable-scale-out", d.ScaleOut, "serve vLLM 0.32's token-in endpoints POST /v1/chat/completions/render, /inference/v1/generate and /v1/chat/completions/derender (flavor vllm; off: 403 as vLLM); with rollgate --token-in also set --end-of-turn, since the gateway takes a stopped answer's last id for its end-of-turn token")
 	fs.BoolVar(&c.DevMode, "dev-mode", d.DevMode, "serve vLLM's dev-mode pause routes POST /pause?mode=abort|wait|keep, POST /resume and GET /is_paused (vLLM with VLLM_SERVER_DEV_MODE=1; flavor vllm; off: 404 as vLLM)")
+	fs.StringVar(&c.ModelDir, "model-dir", d.ModelDir, "real-template mode: a Hugging Face model folder whose tokenizer.json and chat template (tokenizer_config.json or chat_template.jinja) replace the toy ones in chat prompts (chat_template_kwargs honoured), /tokenize, /detokenize and the token-in endpoints; answers are that tokenizer's ids, end on the template's end-of-turn token (implies --end-of-turn) and are parsed as vLLM 0.32 does for Qwen (qwen3 reasoning, hermes tool calls) and Llama 3 (llama3_json); flavor vllm only; empty = the toy tokenizer")
 	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "time to first token added per prompt token not served from the prefix cache, e.g. 20us (see --prefix-cache-blocks); 0 = none")
 }

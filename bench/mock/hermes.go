@@ -28,7 +28,7 @@ func planHermes(c *planChoice) {
 	c.argDiff = c.argDiff[:0]
 	off, sent := 0, argsStart
 	for k, id := range c.ids {
-		off += len(tokenText(id))
+		off += len(c.v.text(id))
 		if c.nameAt < 0 && off >= nameEnd {
 			c.nameAt = k
 		}

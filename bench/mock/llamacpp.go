@@ -359,7 +359,7 @@ func (s *Server) llamaCppTokenize(ctx *fasthttp.RequestCtx, f *fields, p *plan) 
 			b = append(b, `{"id":`...)
 			b = strconv.AppendUint(b, uint64(id), 10)
 			b = append(b, `,"piece":`...)
-			if validUTF8Token(id) {
+			if p.s.v.validUTF8(id) {
 				b = appendJSONString(b, vocab[id])
 			} else {
 				b = appendRawBytes(b, vocab[id])

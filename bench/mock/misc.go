@@ -120,10 +120,11 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 			msg = "messages: Input should be a valid list"
 			break
 		}
-		p.text = appendRenderChat(p.text[:0], f.messages.Raw, f.tools.Raw, f.addGenPrompt)
-		p.prompts = appendEncode(p.prompts, b2s(p.text))
+		if p.text, msg = s.v.renderChat(p.text[:0], &f); msg == "" {
+			p.prompts = s.v.encode(p.prompts, b2s(p.text))
+		}
 	case f.prompt.Type == gjson.String:
-		p.prompts = appendEncode(p.prompts, f.prompt.Str)
+		p.prompts = s.v.encode(p.prompts, f.prompt.Str)
 	case !f.prompt.Exists() || f.prompt.Type == gjson.Null:
 		msg = "prompt: Field required (or messages, for the chat form)"
 	default:
@@ -146,7 +147,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendJSONString(b, vocab[id])
+			b = appendJSONString(b, s.v.pieces[id])
 		}
 		b = append(b, ']')
 	} else {
@@ -167,8 +168,8 @@ func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
 	if msg == "" {
 		if !f.tokens.Exists() || f.tokens.Type == gjson.Null {
 			msg = "tokens: Field required"
-		} else if ids, ok := tokenIDList(p.prompts, f.tokens); !ok {
-			msg = "tokens: Input should be a list of token ids below " + strconv.Itoa(len(vocab))
+		} else if ids, ok := tokenIDList(p.prompts, f.tokens, s.v.size()); !ok {
+			msg = "tokens: Input should be a list of token ids below " + strconv.Itoa(s.v.size())
 		} else {
 			p.prompts = ids
 		}
@@ -177,7 +178,7 @@ func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
 		s.writeError(ctx, fasthttp.StatusBadRequest, msg)
 		return
 	}
-	p.text = appendDecode(p.text[:0], p.prompts)
+	p.text = s.v.decode(p.text[:0], p.prompts)
 	var b []byte
 	switch s.cfg.Flavor {
 	case FlavorSGLang:

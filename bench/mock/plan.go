@@ -14,6 +14,7 @@ import (
 
 // planChoice is one generated output sequence.
 type planChoice struct {
+	v      *vocabulary // the server's (the text of ids)
 	ids    []uint32
 	prompt int    // index of the prompt this choice answers (completions)
 	finish string // "stop", "length" or "tool_calls"
@@ -108,6 +109,7 @@ type plan struct {
 	genPromptIDs                                  bool // a generate request's return_token_ids: prompt ids on its first chunk
 	continuousUsage                               bool // usage on every chunk (vLLM)
 	namedTool, requiredTool                       bool // tool_choice names a tool, or is "required"
+	realThink, realTools                          bool // real-template mode: parse reasoning, tool calls (real.go)
 	topLogprobs                                   int
 	stops                                         []string // the request's stop strings
 	k                                             knobs
@@ -137,6 +139,7 @@ func acquirePlan(s *Server, k *knobs) *plan {
 	p.choices = p.choices[:0]
 	p.returnIDs, p.logprobs, p.asTokenIDs, p.includeUsage = false, false, false, false
 	p.continuousUsage, p.namedTool, p.requiredTool = false, false, false
+	p.realThink, p.realTools = false, false
 	p.stream, p.genPromptIDs = false, false
 	p.topLogprobs = 0
 	p.stops = p.stops[:0]
@@ -169,7 +172,7 @@ func (p *plan) addChoice() *planChoice {
 		p.choices = append(p.choices, planChoice{})
 	}
 	c := &p.choices[len(p.choices)-1]
-	*c = planChoice{ids: c.ids[:0], name: c.name[:0], args: c.args[:0], argDiff: c.argDiff[:0]}
+	*c = planChoice{v: p.s.v, ids: c.ids[:0], name: c.name[:0], args: c.args[:0], argDiff: c.argDiff[:0]}
 	return c
 }
 
@@ -249,36 +252,7 @@ func (p *plan) appendTokenString(dst []byte, id uint32) []byte {
 		dst = strconv.AppendUint(dst, uint64(id), 10)
 		return append(dst, '"')
 	}
-	return appendJSONString(dst, vocab[id])
-}
-
-// appendTokenBytes appends the UTF-8 bytes of token id as a JSON list (U+FFFD's for a
-// token that is not valid UTF-8 on its own).
-func appendTokenBytes(dst []byte, id uint32) []byte {
-	tok := vocab[id]
-	if !validUTF8Token(id) {
-		tok = "\ufffd"
-	}
-	return appendRawBytes(dst, tok)
-}
-
-// appendTextOf appends the escaped text of ids (no quotes). Generated tokens are ASCII, so
-// escaping token by token is exact. The end-of-turn token is no text (see tokenText).
-func appendTextOf(dst []byte, ids []uint32) []byte {
-	for _, id := range ids {
-		dst = appendJSONStringBody(dst, tokenText(id))
-	}
-	return dst
-}
-
-// tokenText is the text token id adds to an answer: its piece, except for the
-// end-of-turn token, which the engines leave out (vLLM skips special tokens when
-// detokenizing; llama.cpp renders control tokens as "").
-func tokenText(id uint32) string {
-	if id == TokenIMEnd {
-		return ""
-	}
-	return vocab[id]
+	return appendJSONString(dst, p.s.v.pieces[id])
 }
 
 // delay waits as a non-streaming response would take: TTFT plus ITL per further step. It
@@ -476,6 +450,10 @@ func (p *plan) wantTokenIDStrings(f *fields) bool {
 
 // genText fills c with a text answer of up to limit tokens.
 func (p *plan) genText(c *planChoice, limit int) {
+	if p.s.v.real != nil {
+		p.genReal(c, "", gjson.Result{}, limit)
+		return
+	}
 	n, finish := p.outputLen(limit)
 	c.ids = genTextIDs(c.ids, c.seed, n)
 	c.finish = finish
@@ -500,7 +478,7 @@ func (p *plan) endTurn(c *planChoice, limit int) {
 		c.finish = "length"
 		return
 	}
-	c.ids = append(c.ids, TokenIMEnd)
+	c.ids = append(c.ids, p.s.v.eot)
 	c.eos = true
 	if c.tool {
 		c.nSuffix++

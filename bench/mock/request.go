@@ -17,6 +17,7 @@ type fields struct {
 	logprobs, tokens, encodingFormat         gjson.Result
 	stop                                     gjson.Result
 	content, parseSpecial, withPieces        gjson.Result // llama.cpp /tokenize
+	kwargs                                   gjson.Result // chat_template_kwargs (real-template mode)
 	n, maxTokens, maxCompletion, maxOutput   int
 	topLogprobs                              int
 	stream, returnIDs, asTokenIDs, tokenStrs bool
@@ -78,6 +79,8 @@ func parseFields(body []byte, f *fields) {
 			f.parseSpecial = v
 		case "with_pieces":
 			f.withPieces = v
+		case "chat_template_kwargs":
+			f.kwargs = v
 		case "n":
 			intField(v, "n", &f.n, &f.err)
 		case "max_tokens":
@@ -197,14 +200,14 @@ func (f *fields) limit() int {
 }
 
 // tokenIDList appends the ids of a JSON array of token ids to dst; ok is false when v is
-// not an array of integers in the vocabulary.
-func tokenIDList(dst []uint32, v gjson.Result) ([]uint32, bool) {
+// not an array of integers in the vocabulary (below size).
+func tokenIDList(dst []uint32, v gjson.Result, size int) ([]uint32, bool) {
 	if !v.IsArray() {
 		return dst, false
 	}
 	ok := true
 	v.ForEach(func(_, t gjson.Result) bool {
-		if t.Type != gjson.Number || t.Num != math.Trunc(t.Num) || t.Num < 0 || t.Num >= float64(len(vocab)) {
+		if t.Type != gjson.Number || t.Num != math.Trunc(t.Num) || t.Num < 0 || t.Num >= float64(size) {
 			ok = false
 			return false
 		}

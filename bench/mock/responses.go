@@ -63,7 +63,8 @@ func (p *plan) buildResponses(f *fields) string {
 		})
 	}
 	p.text = append(t, "<|im_start|>assistant\n"...)
-	p.prompts = appendEncode(p.prompts, b2s(p.text))
+	// The toy layout; in real-template mode encoded by the real tokenizer.
+	p.prompts = p.s.v.encode(p.prompts, b2s(p.text))
 	p.endPrompt()
 	if msg := p.checkContext(len(p.prompts), f.maxOutput); msg != "" {
 		return msg
@@ -110,7 +111,7 @@ func (p *plan) appendMessageItem(dst []byte, done bool) []byte {
 func (p *plan) appendOutputText(dst []byte, done bool) []byte {
 	dst = append(dst, `{"annotations":[],"text":"`...)
 	if done {
-		dst = appendTextOf(dst, p.choices[0].ids)
+		dst = p.s.v.appendText(dst, p.choices[0].ids)
 	}
 	dst = append(dst, `","type":"output_text","logprobs":`...)
 	if done {
@@ -258,7 +259,7 @@ func (p *plan) streamResponse(w *bufio.Writer) {
 	b = eventHead(p.buf[:0], "response.output_text.done", &seq)
 	b = p.appendItemRef(b)
 	b = append(b, `,"text":"`...)
-	b = appendTextOf(b, c.ids)
+	b = c.v.appendText(b, c.ids)
 	p.buf = append(b, `","logprobs":[]}`...)
 	if !emit("response.output_text.done") {
 		return

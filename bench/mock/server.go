@@ -85,6 +85,7 @@ var knownPaths = []string{PathChat, PathCompletions, PathResponses, PathEmbeddin
 // Server is a mock vLLM server. Create it with New or Start.
 type Server struct {
 	cfg  Config
+	v    *vocabulary // the toy tokenizer and template, or Config.ModelDir's
 	srv  *fasthttp.Server
 	done chan struct{}
 	once sync.Once
@@ -115,11 +116,34 @@ type Server struct {
 // New returns a server for cfg (zero fields take their defaults). It panics when
 // cfg.Flavor is not one of Flavors; Start returns an error instead.
 func New(cfg Config) *Server {
-	cfg.setDefaults()
-	if _, err := ParseFlavor(string(cfg.Flavor)); err != nil {
+	s, err := NewChecked(cfg)
+	if err != nil {
 		panic(err.Error())
 	}
+	return s
+}
+
+// NewChecked is New returning an invalid configuration (an unknown
+// flavour, a ModelDir that does not load or with another flavour or
+// SplitChars) as an error.
+func NewChecked(cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if _, err := ParseFlavor(string(cfg.Flavor)); err != nil {
+		return nil, err
+	}
+	v := toy
+	if cfg.ModelDir != "" {
+		if cfg.Flavor != FlavorVLLM || cfg.SplitChars > 0 {
+			return nil, errors.New("mock: --model-dir needs --flavor vllm and no --split-chars (real-template mode imitates vLLM only)")
+		}
+		var err error
+		if v, err = loadVocabulary(cfg.ModelDir); err != nil {
+			return nil, err
+		}
+		cfg.EndOfTurn = true // a real model ends its turn with the end-of-turn token
+	}
 	s := &Server{
+		v:        v,
 		cfg:      cfg,
 		done:     make(chan struct{}),
 		perPath:  make(map[string]*atomic.Int64, len(knownPaths)),
@@ -142,7 +166,7 @@ func New(cfg Config) *Server {
 		MaxRequestBodySize: 64 << 20,
 		CloseOnShutdown:    true,
 	}
-	return s
+	return s, nil
 }
 
 // Config returns the effective configuration (defaults applied).
@@ -178,14 +202,13 @@ func (s *Server) Shutdown() error {
 // Start listens on 127.0.0.1 on a free port, serves in a goroutine and returns the server
 // and its OpenAI base URL, e.g. "http://127.0.0.1:41234/v1". Stop it with Shutdown.
 func Start(cfg Config) (s *Server, baseURL string, err error) {
-	if _, err := ParseFlavor(string(cfg.Flavor)); err != nil {
+	if s, err = NewChecked(cfg); err != nil {
 		return nil, "", err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", fmt.Errorf("mock vLLM: listen on 127.0.0.1:0: %w", err)
 	}
-	s = New(cfg)
 	go s.Serve(ln) //nolint:errcheck // Serve returns nil after Shutdown
 	return s, "http://" + ln.Addr().String() + "/v1", nil
 }

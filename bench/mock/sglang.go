@@ -64,7 +64,7 @@ func (p *plan) appendSGLangChatFull(dst []byte) []byte {
 			dst = append(dst, "}}]},"...)
 		} else {
 			dst = append(dst, '"')
-			dst = appendTextOf(dst, c.ids)
+			dst = c.v.appendText(dst, c.ids)
 			dst = append(dst, `","reasoning_content":null,"tool_calls":null},`...)
 		}
 		dst = append(dst, `"logprobs":`...)

@@ -47,7 +47,7 @@ func (p *plan) applyStop(c *planChoice) {
 	}
 	var text strings.Builder
 	for k, id := range c.ids {
-		text.WriteString(vocab[id])
+		text.WriteString(p.s.v.pieces[id])
 		s := text.String()
 		at, which := -1, ""
 		for _, w := range p.stops {
@@ -83,7 +83,7 @@ func (p *plan) holdBack(c *planChoice) {
 	}
 	var text strings.Builder
 	for _, id := range c.ids {
-		text.WriteString(tokenText(id))
+		text.WriteString(c.v.text(id))
 	}
 	s := text.String()
 	end := len(s)
@@ -93,7 +93,7 @@ func (p *plan) holdBack(c *planChoice) {
 	c.stepText = c.stepText[:0]
 	off, sent := 0, 0
 	for k, id := range c.ids {
-		off += len(tokenText(id))
+		off += len(c.v.text(id))
 		upto := min(off-hold, end)
 		if k == len(c.ids)-1 {
 			upto = end
@@ -152,18 +152,18 @@ func (c *planChoice) stepTextOf(st int) string {
 	if c.stepText != nil {
 		return c.stepText[st]
 	}
-	return tokenText(c.ids[st])
+	return c.v.text(c.ids[st])
 }
 
 // appendChoiceText appends the escaped text of a text choice: its tokens' text, cut
 // at a matched stop string.
 func appendChoiceText(dst []byte, c *planChoice) []byte {
 	if c.stopStr == "" && c.stepText == nil {
-		return appendTextOf(dst, c.ids)
+		return c.v.appendText(dst, c.ids)
 	}
 	var s strings.Builder
 	for _, id := range c.ids {
-		s.WriteString(tokenText(id))
+		s.WriteString(c.v.text(id))
 	}
 	if c.stopStr == "" {
 		return appendJSONStringBody(dst, s.String())

@@ -225,8 +225,8 @@ func (p *plan) buildGenerate(body []byte) string {
 		return "Input should be a valid dictionary or object to extract fields from"
 	}
 	var ok bool
-	if p.prompts, ok = tokenIDList(p.prompts, root.Get("token_ids")); !ok {
-		return "token_ids: Input should be a list of token ids, each at least 0 and below the vocabulary size " + strconv.Itoa(len(vocab))
+	if p.prompts, ok = tokenIDList(p.prompts, root.Get("token_ids"), p.s.v.size()); !ok {
+		return "token_ids: Input should be a list of token ids, each at least 0 and below the vocabulary size " + strconv.Itoa(p.s.v.size())
 	}
 	if len(p.prompts) == 0 {
 		return "token_ids: List should have at least 1 item after validation, not 0"
@@ -307,7 +307,7 @@ func (p *plan) buildGenerate(body []byte) string {
 	p.continuousUsage = f.stream && f.continuousUsage()
 	p.genPromptIDs = root.Get("return_token_ids").Type == gjson.True
 
-	p.text = appendDecode(p.text[:0], p.prompts)
+	p.text = p.s.v.decode(p.text[:0], p.prompts)
 	textSeed := p.seedAndID(&f, limit)
 
 	tool := sp.Get("extra_args.mock_tool_call")
@@ -329,6 +329,10 @@ func (p *plan) buildGenerate(body []byte) string {
 // `<tool_call>{"name":NAME,"arguments":` + arguments + `}</tool_call>`, cut
 // to plain text by the output limit.
 func (p *plan) genToolCall(c *planChoice, name string, params gjson.Result, limit int) {
+	if p.s.v.real != nil {
+		p.genReal(c, name, params, limit)
+		return
+	}
 	r := rng(c.seed)
 	c.tool = true
 	c.name = append(c.name, name...)
@@ -474,6 +478,7 @@ func (s *Server) appendDerender(dst []byte, root gjson.Result) ([]byte, string) 
 	parseTools := req.Get("tools").IsArray() && !(tc.Type == gjson.String && tc.Str == "none")
 	forced := tc.IsObject() || (tc.Type == gjson.String && tc.Str == "required")
 	asIDs := req.Get("return_tokens_as_token_ids").Type == gjson.True
+	think := thinkingOn(req.Get("chat_template_kwargs"))
 	prompt := root.Get("prompt_tokens")
 	if prompt.Exists() && prompt.Type != gjson.Null && (prompt.Type != gjson.Number || prompt.Num < 0 || prompt.Num != float64(int64(prompt.Num))) {
 		return dst, "prompt_tokens: Input should be a non-negative integer"
@@ -496,8 +501,8 @@ func (s *Server) appendDerender(dst []byte, root gjson.Result) ([]byte, string) 
 	msg := ""
 	choices.ForEach(func(_, ch gjson.Result) bool {
 		var ok bool
-		if ids, ok = tokenIDList(ids[:0], ch.Get("token_ids")); !ok || len(ids) == 0 {
-			msg = "choice " + strconv.Itoa(n) + " has empty or null token_ids (each id at least 0 and below " + strconv.Itoa(len(vocab)) + ")"
+		if ids, ok = tokenIDList(ids[:0], ch.Get("token_ids"), s.v.size()); !ok || len(ids) == 0 {
+			msg = "choice " + strconv.Itoa(n) + " has empty or null token_ids (each id at least 0 and below " + strconv.Itoa(s.v.size()) + ")"
 			return false
 		}
 		completion += len(ids)
@@ -507,7 +512,7 @@ func (s *Server) appendDerender(dst []byte, root gjson.Result) ([]byte, string) 
 		n++
 		text = text[:0]
 		for _, id := range ids {
-			text = append(text, tokenText(id)...)
+			text = append(text, s.v.text(id)...)
 		}
 		stop := ch.Get("stop_reason")
 		if stop.Type == gjson.String && stop.Str != "" {
@@ -518,9 +523,14 @@ func (s *Server) appendDerender(dst []byte, root gjson.Result) ([]byte, string) 
 		idx := ch.Get("index")
 		dst = strconv.AppendInt(append(dst, `{"index":`...), idx.Int(), 10)
 		dst = append(dst, `,"message":{"role":"assistant","content":`...)
-		dst = appendHermes(dst, b2s(text), parseTools, forced, ids, idx.Int())
+		if s.v.real != nil {
+			a := s.v.real.parse(b2s(text), think, parseTools, true)
+			dst = appendParsedMessage(dst, &a, forced, ids, idx.Int())
+		} else {
+			dst = appendHermes(dst, b2s(text), parseTools, forced, ids, idx.Int())
+		}
 		dst = append(dst, `},"logprobs":`...)
-		dst = appendDerenderLogprobs(dst, ch.Get("logprobs.content"), asIDs)
+		dst = s.v.appendDerenderLogprobs(dst, ch.Get("logprobs.content"), asIDs)
 		dst = append(dst, `,"finish_reason":`...)
 		dst = appendJSONOrNull(dst, ch.Get("finish_reason"))
 		dst = append(dst, `,"stop_reason":`...)
@@ -620,13 +630,13 @@ func appendHermes(dst []byte, text string, parse, forced bool, ids []uint32, ind
 // appendDerenderLogprobs appends the chat logprobs of a generate choice's
 // logprobs.content (online_derenderer.py _resolve_logprobs: each token id
 // decoded to its string and bytes), or null.
-func appendDerenderLogprobs(dst []byte, content gjson.Result, asIDs bool) []byte {
+func (voc *vocabulary) appendDerenderLogprobs(dst []byte, content gjson.Result, asIDs bool) []byte {
 	if !content.IsArray() {
 		return append(dst, "null"...)
 	}
 	entry := func(dst []byte, e gjson.Result) []byte {
 		id := uint32(0)
-		if v := e.Get("token_id"); v.Type == gjson.Number && v.Num >= 0 && v.Num < float64(len(vocab)) {
+		if v := e.Get("token_id"); v.Type == gjson.Number && v.Num >= 0 && v.Num < float64(voc.size()) {
 			id = uint32(v.Num)
 		}
 		dst = append(dst, `{"token":`...)
@@ -634,10 +644,10 @@ func appendDerenderLogprobs(dst []byte, content gjson.Result, asIDs bool) []byte
 			dst = strconv.AppendUint(append(dst, `"token_id:`...), uint64(id), 10)
 			dst = append(dst, '"')
 		} else {
-			dst = appendJSONString(dst, vocab[id])
+			dst = appendJSONString(dst, voc.pieces[id])
 		}
 		dst = appendFloat(append(dst, `,"logprob":`...), e.Get("logprob").Float())
-		return appendTokenBytes(append(dst, `,"bytes":`...), id)
+		return voc.appendTokenBytes(append(dst, `,"bytes":`...), id)
 	}
 	dst = append(dst, `{"content":[`...)
 	first := true

@@ -125,7 +125,7 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 		return dst, "chat_request is required when a tool or reasoning parser is configured because plain detokenization would leak raw parser markup into content."
 	}
 	promptIDs := root.Get("prompt_token_ids")
-	if _, ok := tokenIDList(nil, promptIDs); !ok {
+	if _, ok := tokenIDList(nil, promptIDs, s.v.size()); !ok {
 		return dst, "prompt_token_ids is required when a tool or reasoning parser is configured. Without it parse_delta cannot tell whether the prompt left reasoning open (e.g. a chat template that pre-opens <think>) and would misclassify reasoning content as plain content."
 	}
 	choices := gen.Get("choices")
@@ -136,7 +136,7 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 		return dst, "derender_chat_stream expects at most one choice per chunk (got " + strconv.Itoa(n) + ")."
 	}
 	var st derenderState
-	if msg := readDerenderState(&st, root.Get("stream_state")); msg != "" {
+	if msg := readDerenderState(&st, root.Get("stream_state"), s.v.size()); msg != "" {
 		return dst, msg
 	}
 	model := root.Get("model")
@@ -146,6 +146,7 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 	tc := req.Get("tool_choice")
 	parseTools := req.Get("tools").IsArray() && !(tc.Type == gjson.String && tc.Str == "none")
 	returnIDs := req.Get("return_token_ids").Type == gjson.True && req.Get("include_reasoning").Type != gjson.False
+	think := thinkingOn(req.Get("chat_template_kwargs"))
 
 	dst = append(dst, `{"chunk":{"id":`...)
 	dst = appendJSONString(dst, gen.Get("request_id").String())
@@ -155,9 +156,9 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 	dst = appendJSONString(dst, model.Str)
 	dst = append(dst, `,"choices":[`...)
 	if ch := choices.Get("0"); ch.Exists() {
-		delta, ok := tokenIDList(nil, ch.Get("token_ids"))
+		delta, ok := tokenIDList(nil, ch.Get("token_ids"), s.v.size())
 		if !ok && ch.Get("token_ids").Type != gjson.Null {
-			return dst, "generate_chunk.choices.0.token_ids: Input should be a list of token ids, each at least 0 and below the vocabulary size " + strconv.Itoa(len(vocab))
+			return dst, "generate_chunk.choices.0.token_ids: Input should be a list of token ids, each at least 0 and below the vocabulary size " + strconv.Itoa(s.v.size())
 		}
 		dst = strconv.AppendInt(append(dst, `{"index":`...), ch.Get("index").Int(), 10)
 		dst = append(dst, `,"delta":{"role":`...)
@@ -167,7 +168,17 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 			dst = append(dst, `"assistant"`...)
 			st.roleSent = true
 		}
-		dst = st.appendParsedDelta(dst, delta, parseTools)
+		if s.v.real != nil {
+			was := s.v.real.parse(string(s.v.decodeText(nil, st.ids)), think, parseTools, false)
+			now := s.v.real.parse(string(s.v.decodeText(s.v.decodeText(nil, st.ids), delta)), think, parseTools, false)
+			dst = append(dst, ',')
+			dst, _ = appendParsedDelta(dst, &was, &now, true, st.callID)
+			if len(now.calls) > 0 {
+				st.toolsStreamed = true
+			}
+		} else {
+			dst = st.appendParsedDelta(dst, s.v, delta, parseTools)
+		}
 		finish := ch.Get("finish_reason")
 		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
 		if finish.Type == gjson.String && st.toolsStreamed && !tc.IsObject() { // any finish reason, as vLLM's derender
@@ -205,7 +216,7 @@ func (s *Server) appendDerenderStream(dst []byte, root gjson.Result) ([]byte, st
 }
 
 // readDerenderState reads a stream_state (null: the first call).
-func readDerenderState(st *derenderState, v gjson.Result) string {
+func readDerenderState(st *derenderState, v gjson.Result, size int) string {
 	if !v.Exists() || v.Type == gjson.Null {
 		return ""
 	}
@@ -213,7 +224,7 @@ func readDerenderState(st *derenderState, v gjson.Result) string {
 		return "stream_state: Input should be a valid dictionary or object to extract fields from"
 	}
 	var ok bool
-	if st.ids, ok = tokenIDList(nil, v.Get("output_token_ids")); !ok && v.Get("output_token_ids").Exists() {
+	if st.ids, ok = tokenIDList(nil, v.Get("output_token_ids"), size); !ok && v.Get("output_token_ids").Exists() {
 		return "stream_state.output_token_ids: Input should be a list of token ids"
 	}
 	sum := int64(0)
@@ -264,14 +275,14 @@ func (st *derenderState) append(dst []byte) []byte {
 // chunk's ids delta, given the output so far in st.ids: the text as
 // content, or (parseTools, an output that opens with <tool_call>) the
 // hermes parser's tool-call delta.
-func (st *derenderState) appendParsedDelta(dst []byte, delta []uint32, parseTools bool) []byte {
+func (st *derenderState) appendParsedDelta(dst []byte, v *vocabulary, delta []uint32, parseTools bool) []byte {
 	var before, now strings.Builder
 	for _, id := range st.ids {
-		before.WriteString(tokenText(id))
+		before.WriteString(v.text(id))
 	}
 	now.WriteString(before.String())
 	for _, id := range delta {
-		now.WriteString(tokenText(id))
+		now.WriteString(v.text(id))
 	}
 	text, from := now.String(), before.Len()
 	if !parseTools || !strings.HasPrefix(text, "<tool_call>") {
@@ -376,4 +387,13 @@ func jsonUnquote(s string, dst *string) bool {
 	}
 	*dst = v.Str
 	return true
+}
+
+// callID is the id of streamed tool call i: pinned in last_tool_call_ids
+// once drawn (derived from the ids so far).
+func (st *derenderState) callID(i int) string {
+	for len(st.callIDs) <= i {
+		st.callIDs = append(st.callIDs, callIDOf(st.ids, 0, len(st.callIDs)))
+	}
+	return st.callIDs[i]
 }

@@ -1,9 +1,6 @@
 package mock
 
-import (
-	"strings"
-	"unicode/utf8"
-)
+import "strings"
 
 // The toy tokenizer has a fixed vocabulary whose ids never change:
 //
@@ -106,6 +103,7 @@ func init() {
 		}
 		n.id = int32(id)
 	}
+	toy = newToy()
 }
 
 // VocabSize is the number of token ids of the toy tokenizer (valid ids are 0..VocabSize()-1).
@@ -169,9 +167,4 @@ func appendDecode(dst []byte, ids []uint32) []byte {
 		}
 	}
 	return dst
-}
-
-// validUTF8Token reports whether a token decodes to valid UTF-8 on its own.
-func validUTF8Token(id uint32) bool {
-	return int(id) < len(vocab) && utf8.ValidString(vocab[id])
 }

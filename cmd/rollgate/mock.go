@@ -30,12 +30,16 @@ func runMock(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "rollgate mock:", err)
 		return 2
 	}
+	s, err := mock.NewChecked(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "rollgate mock:", err)
+		return 2
+	}
 	ln, err := listen("--listen", *addr)
 	if err != nil {
 		fmt.Fprintln(stderr, "rollgate mock:", err)
 		return 1
 	}
-	s := mock.New(cfg)
 	fmt.Fprintf(stderr, "mock %s engine listening on http://%s/v1\n", s.Config().Flavor, ln.Addr())
 	go func() {
 		sig := make(chan os.Signal, 1)

@@ -20,6 +20,7 @@ import (
 type tiMessage struct {
 	Role       string       `json:"role"`
 	Content    any          `json:"content"`
+	Reasoning  *string      `json:"reasoning,omitempty"` // sent back as received (Qwen3's thinking)
 	ToolCalls  []tiToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string       `json:"tool_call_id,omitempty"`
 }
@@ -54,6 +55,27 @@ func tiAgent(t *testing.T, base, model, city string, maxTokens int) []tiTurn {
 // chunks as an SDK does, tiReadStream). stream nil: none.
 func tiAgentStreaming(t *testing.T, base, model, city string, maxTokens int, stream func(turn int) bool) []tiTurn {
 	t.Helper()
+	return tiAgentWith(t, base, city, tiAgentOpts{Model: model, MaxTokens: maxTokens, Stream: stream})
+}
+
+// tiAgentOpts configures tiAgentWith's agent.
+type tiAgentOpts struct {
+	Model     string
+	MaxTokens int
+	// Stream says which turns are streamed (nil: none).
+	Stream func(turn int) bool
+	// Kwargs is the chat_template_kwargs JSON object sent on every call
+	// (e.g. {"enable_thinking":false}); "" sends none.
+	Kwargs string
+}
+
+// tiAgentWith is the tool-using agent of tiAgent (four turns: a forced tool
+// call, the tool's result, text, another turn) configured by o; it sends
+// back every assistant message as it received it (content, tool calls,
+// reasoning). Reusable against any engine (the mock, a real vLLM).
+func tiAgentWith(t *testing.T, base, city string, o tiAgentOpts) []tiTurn {
+	t.Helper()
+	model, maxTokens, stream := o.Model, o.MaxTokens, o.Stream
 	msgs := []tiMessage{{Role: "user", Content: "What is the weather in " + city + "?"}}
 	var turns []tiTurn
 	for turn := range 4 {
@@ -64,8 +86,11 @@ func tiAgentStreaming(t *testing.T, base, model, city string, maxTokens int, str
 		mj, _ := json.Marshal(msgs)
 		streamed := stream != nil && stream(turn)
 		extra := ""
+		if o.Kwargs != "" {
+			extra = `,"chat_template_kwargs":` + o.Kwargs
+		}
 		if streamed {
-			extra = `,"stream":true,"stream_options":{"include_usage":true}`
+			extra += `,"stream":true,"stream_options":{"include_usage":true}`
 		}
 		body := fmt.Sprintf(`{"model":%q,"messages":%s,"tools":%s,"tool_choice":%s,"max_tokens":%d,"temperature":0%s}`, model, mj, realTools, choice, maxTokens, extra)
 		status, b, _ := postReal(t, base+"/chat/completions", body)
@@ -94,7 +119,7 @@ func tiAgentStreaming(t *testing.T, base, model, city string, maxTokens int, str
 			tt.calls = append(tt.calls, c.Function.Name+"("+c.Function.Arguments+")")
 		}
 		turns = append(turns, tt)
-		msgs = append(msgs, tiMessage{Role: "assistant", Content: m.Content, ToolCalls: m.ToolCalls})
+		msgs = append(msgs, tiMessage{Role: "assistant", Content: m.Content, Reasoning: m.Reasoning, ToolCalls: m.ToolCalls})
 		for _, c := range m.ToolCalls {
 			msgs = append(msgs, tiMessage{Role: "tool", ToolCallID: c.ID, Content: "Sunny, 21 C"})
 		}
@@ -133,14 +158,19 @@ func tiRows(t *testing.T, store export.Store, rollout, attempt string, n int, lo
 // ways; any later call whose prompt ids are the same both ways gets the
 // same answer. It logs the passthrough break rate (turn_kind) beside.
 func tokenInAgents(t *testing.T, upstream, kind, model string, cities []string, maxTokens int, stream func(turn int) bool) (tokenInGateways, tokenInCounts) {
+	return tokenInAgentsWith(t, upstream, kind, cities, tiAgentOpts{Model: model, MaxTokens: maxTokens, Stream: stream})
+}
+
+// tokenInAgentsWith is tokenInAgents with the agents configured by o.
+func tokenInAgentsWith(t *testing.T, upstream, kind string, cities []string, o tiAgentOpts) (tokenInGateways, tokenInCounts) {
 	g := startTokenInGateways(t, upstream, kind)
 	tiAddr, ptAddr, tiStore, ptStore, tiLogs, ptLogs := g.tiAddr, g.ptAddr, g.tiStore, g.ptStore, g.tiLogs, g.ptLogs
 
 	var extended, later, ptBreaks, ptLater, same, comparable int
 	for i, city := range cities {
 		rollout := fmt.Sprintf("ti-%d", i)
-		tiTurns := tiAgentStreaming(t, "http://"+tiAddr+"/rollout/"+rollout+"/attempt/a1/v1", model, city, maxTokens, stream)
-		ptTurns := tiAgentStreaming(t, "http://"+ptAddr+"/rollout/"+rollout+"/attempt/a1/v1", model, city, maxTokens, stream)
+		tiTurns := tiAgentWith(t, "http://"+tiAddr+"/rollout/"+rollout+"/attempt/a1/v1", city, o)
+		ptTurns := tiAgentWith(t, "http://"+ptAddr+"/rollout/"+rollout+"/attempt/a1/v1", city, o)
 		tiR := tiRows(t, tiStore, rollout, "a1", len(tiTurns), tiLogs)
 		ptR := tiRows(t, ptStore, rollout, "a1", len(ptTurns), ptLogs)
 		for k, r := range tiR {

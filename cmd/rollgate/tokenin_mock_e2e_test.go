@@ -6,16 +6,18 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/rollgate/rollgate/bench/mock"
 )
 
 // TestTokenInMock runs tool-using agents (a forced tool call, the tool's
 // result, text turns, another tool call) through a --token-in gateway and a
 // passthrough gateway on one mock engine serving vLLM's token-in endpoints
 // (rollgate mock --enable-scale-out --end-of-turn), and checks:
-//   - every call of an attempt after the first is "extended" when the
-//     previous answer ended on the end-of-turn token, its prompt ids
-//     starting with the previous prompt + response ids (and capture's turn
-//     check agrees), else "whole:not_ended" (answers cut by max_tokens);
+//   - every call of an attempt after the first is "extended", its prompt
+//     ids starting with the previous prompt + response ids (and capture's
+//     turn check agrees); after an answer cut by max_tokens the template's
+//     closing (<|im_end|>) follows them (tokenin.JoinCut);
 //   - token-in and passthrough give the same answers (content, tool calls,
 //     finish reason) and response ids on every turn: the mock samples from
 //     the prompt's text, the same both ways;
@@ -32,12 +34,12 @@ func TestTokenInMock(t *testing.T) {
 	tiAddr, ptAddr, tiStore, ptStore, tiLogs, ptLogs := g.tiAddr, g.ptAddr, g.tiStore, g.ptStore, g.tiLogs, g.ptLogs
 
 	want := map[string]int{}
-	var toolCalls, ptBreaks, ptLater, samePrompt int
+	var toolCalls, ptBreaks, ptLater, samePrompt, cut, later int
 	cities := []string{"Paris", "Tokyo", "Lima", "Oslo"}
 	for i, city := range cities {
 		maxTokens := 48
 		if i == len(cities)-1 {
-			maxTokens = 8 // every answer is cut: the next call cannot extend it
+			maxTokens = 8 // every answer is cut: the next call extends it with the template's closing
 		}
 		rollout := fmt.Sprintf("tim-%d", i)
 		tiTurns := tiAgent(t, "http://"+tiAddr+"/rollout/"+rollout+"/attempt/a1/v1", "mock-model", city, maxTokens)
@@ -81,26 +83,32 @@ func TestTokenInMock(t *testing.T) {
 				}
 				continue
 			}
+			later++
 			prev := tiR[k-1]
 			ended := prev.FinishReason == "stop" || prev.FinishReason == "tool_calls"
-			switch {
-			case ended && r.TokenIn == "extended":
-				head := slices.Concat(prev.PromptTokenIDs, prev.ResponseTokenIDs)
-				if len(r.PromptTokenIDs) <= len(head) || !slices.Equal(r.PromptTokenIDs[:len(head)], head) {
-					t.Errorf("%s call %d: extended, but its %d prompt ids do not start with the previous %d prompt + %d response ids", city, k, len(r.PromptTokenIDs), len(prev.PromptTokenIDs), len(prev.ResponseTokenIDs))
-				}
-				if r.TurnKind != "prefix" {
-					t.Errorf("%s call %d: extended, but capture's turn check says %q", city, k, r.TurnKind)
-				}
-			case ended:
-				t.Errorf("%s call %d: the previous answer ended (%s), token_in %q, want extended\n%s", city, k, prev.FinishReason, r.TokenIn, tiLogs)
-			case r.TokenIn != "whole:not_ended":
-				t.Errorf("%s call %d: the previous answer did not end (%s), token_in %q, want whole:not_ended", city, k, prev.FinishReason, r.TokenIn)
+			if r.TokenIn != "extended" {
+				t.Errorf("%s call %d: the previous answer finished %s, token_in %q, want extended\n%s", city, k, prev.FinishReason, r.TokenIn, tiLogs)
+				continue
+			}
+			head := slices.Concat(prev.PromptTokenIDs, prev.ResponseTokenIDs)
+			if len(r.PromptTokenIDs) <= len(head) || !slices.Equal(r.PromptTokenIDs[:len(head)], head) {
+				t.Errorf("%s call %d: extended, but its %d prompt ids do not start with the previous %d prompt + %d response ids", city, k, len(r.PromptTokenIDs), len(prev.PromptTokenIDs), len(prev.ResponseTokenIDs))
+			} else if !ended && r.PromptTokenIDs[len(head)] != mock.TokenIMEnd {
+				// A cut answer: the template's closing follows the sampled ids.
+				t.Errorf("%s call %d: the previous answer was cut (%s), but the id after it is %d, want the template's closing <|im_end|> (%d)", city, k, prev.FinishReason, r.PromptTokenIDs[len(head)], mock.TokenIMEnd)
+			}
+			if !ended {
+				cut++
+			}
+			if r.TurnKind != "prefix" {
+				t.Errorf("%s call %d: extended, but capture's turn check says %q", city, k, r.TurnKind)
 			}
 		}
 	}
-	if want["extended"] < 3*(len(cities)-1) || want["whole:not_ended"] < 3 || toolCalls < 2*(len(cities)-1) {
-		t.Errorf("outcomes %v with %d tool calls: want every later call of the first %d agents extended, the last agent's whole:not_ended, and tool calls", want, toolCalls, len(cities)-1)
+	// Every later call is extended, also after the last agent's answers cut
+	// by max_tokens (before JoinCut they were rendered whole: "whole:not_ended").
+	if want["extended"] != later || cut < 3 || toolCalls < 2*(len(cities)-1) {
+		t.Errorf("outcomes %v, %d after a cut answer, with %d tool calls: want every later call extended (the last agent's after cut answers) and tool calls", want, cut, toolCalls)
 	}
 	if samePrompt < len(cities) {
 		t.Errorf("%d calls had the same prompt ids both ways, want at least every first call (%d)", samePrompt, len(cities))

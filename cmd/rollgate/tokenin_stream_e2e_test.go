@@ -66,6 +66,7 @@ func tiReadChoices(t *testing.T, b []byte, n int) ([]tiMessage, []string) {
 				Delta struct {
 					Role      string  `json:"role"`
 					Content   *string `json:"content"`
+					Reasoning *string `json:"reasoning"`
 					ToolCalls []struct {
 						Index    int    `json:"index"`
 						ID       string `json:"id"`
@@ -103,6 +104,13 @@ func tiReadChoices(t *testing.T, b []byte, n int) ([]tiMessage, []string) {
 			if c.Delta.Content != nil {
 				content[i].WriteString(*c.Delta.Content)
 				nonNull[i] = nonNull[i] || *c.Delta.Content != ""
+			}
+			if c.Delta.Reasoning != nil && *c.Delta.Reasoning != "" {
+				r := *c.Delta.Reasoning
+				if m.Reasoning != nil {
+					r = *m.Reasoning + r
+				}
+				m.Reasoning = &r
 			}
 			for _, tc := range c.Delta.ToolCalls {
 				for len(m.ToolCalls) <= tc.Index {

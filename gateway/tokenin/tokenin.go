@@ -9,7 +9,9 @@
 //     messages plus the returned assistant message (Extends) or why not.
 //   - Join builds an extending call's prompt: the previous prompt ids, the
 //     previous response ids (end-of-turn token included), then the ids the
-//     engine's own template renders after that end-of-turn token.
+//     engine's own template renders after that end-of-turn token; JoinCut
+//     does the same for an answer cut by max_tokens or a stop string, with
+//     the closing the template renders after the sampled ids in between.
 //
 // The engine calls themselves (render, generate, derender) are package
 // gateway's (tokenin.go there); this package holds no I/O.
@@ -46,7 +48,7 @@ const (
 	ReasonAssistant   = "assistant"    // the assistant message differs from the one returned
 	ReasonShorter     = "no_new"       // no message after the returned assistant message
 	ReasonTemplate    = "template"     // tools, template or its arguments changed
-	ReasonNotEnded    = "not_ended"    // the previous answer did not end on an end-of-turn token
+	ReasonNotEnded    = "not_ended"    // the previous answer was cut and its turn does not re-render to the sampled ids (JoinCut)
 	ReasonJoin        = "join"         // the template's join after the turn could not be located
 	ReasonNoAttempt   = "no_attempt"   // the call names no rollout and attempt
 	ReasonRender      = "render"       // the engine could not render the messages
@@ -95,7 +97,9 @@ func (p *Prev) size() int64 {
 // Check compares a call (its canonical messages and render key) with the
 // attempt's previous call: the index of the choice whose answer the
 // messages extend the previous messages with (followed by at least one new
-// message) and "", else the reason.
+// message) and "", else the reason. For a choice that did not end on an
+// end-of-turn token the index comes with ReasonNotEnded (JoinCut can still
+// join it); every other reason comes with -1.
 func Check(prev *Prev, msgs []string, renderKey string) (int, string) {
 	n := len(prev.Messages)
 	switch {
@@ -117,7 +121,9 @@ func Check(prev *Prev, msgs []string, renderKey string) (int, string) {
 	case len(msgs) == n+1:
 		return -1, ReasonShorter
 	case !prev.Choices[i].Ended:
-		return -1, ReasonNotEnded
+		// The answer was cut (max_tokens, a stop string): the caller may
+		// still join it with JoinCut.
+		return i, ReasonNotEnded
 	}
 	return i, ""
 }
@@ -144,13 +150,69 @@ func Join(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint
 	}
 	response := prev.Choices[choice].Response
 	eot := response[len(response)-1]
-	j := len(closed) - 1
-	for j >= 0 && closed[j] != eot {
-		j--
-	}
+	j := lastIndex(closed, eot)
 	if j < 0 || len(closed)-1-j > maxJoinTail {
 		return dst, false
 	}
+	rest, ok := joinAfter(prev.Prompt, closed, j, full)
+	if !ok {
+		return dst, false
+	}
+	dst = append(dst, prev.Prompt...)
+	dst = append(dst, response...)
+	return append(dst, rest...), true
+}
+
+// JoinCut is Join for an answer that did not end on an end-of-turn token
+// (cut by max_tokens or a stop string): the template closes the turn after
+// the answer, so the prompt is prev.Prompt, the sampled ids, the closing
+// ids the template renders after them, then the new messages' ids. The
+// closing is derived from closed only when it is exact: near its end,
+// closed must hold exactly the sampled ids (the answer's text re-renders
+// to the sampled tokens), right after the opening prev.Prompt ends with
+// (its last maxOpening ids: the assistant turn's generation prompt); the
+// closing is then the ids after them up to the first one that joins full
+// as Join's end-of-turn token does. Earlier turns may render differently
+// from prev.Prompt (Qwen3 drops earlier thinking), as in Join. ok is false
+// otherwise (the caller renders whole, ReasonNotEnded).
+func JoinCut(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint32, ok bool) {
+	if choice < 0 || choice >= len(prev.Choices) || len(prev.Choices[choice].Response) == 0 {
+		return dst, false
+	}
+	response := prev.Choices[choice].Response
+	k := min(len(prev.Prompt), maxOpening)
+	opening := prev.Prompt[len(prev.Prompt)-k:]
+	for s := len(closed) - len(response) - 1; s >= k && len(closed)-len(response)-s <= maxJoinTail; s-- {
+		e := s + len(response)
+		if !slices.Equal(closed[s:e], response) || !slices.Equal(closed[s-k:s], opening) {
+			continue
+		}
+		for j := e; j < len(closed) && j-e < maxJoinTail; j++ {
+			if rest, ok := joinAfter(prev.Prompt, closed, j, full); ok {
+				dst = append(dst, prev.Prompt...)
+				dst = append(dst, response...)
+				dst = append(dst, closed[e:j+1]...)
+				return append(dst, rest...), true
+			}
+		}
+		return dst, false
+	}
+	return dst, false
+}
+
+// maxOpening is how many of the previous prompt's last ids (the assistant
+// turn's opening) JoinCut requires right before the answer in closed.
+const maxOpening = 4
+
+// joinAfter returns the ids of full after the turn that closed[j] (the
+// answer's end-of-turn token) ends: the same occurrence (by count) of that
+// id in full, provided the ids after it in closed start the ids after it in
+// full. A template that writes the generation prompt although none was
+// asked for (Llama 3's writes it always) renders after the turn exactly the
+// ids that follow prompt's last occurrence of the token: those are no join,
+// and nothing is required after the token then.
+func joinAfter(prompt, closed []uint32, j int, full []uint32) ([]uint32, bool) {
+	eot := closed[j]
 	count := 0
 	for _, id := range closed[:j+1] {
 		if id == eot {
@@ -168,15 +230,26 @@ func Join(dst []uint32, prev *Prev, choice int, closed, full []uint32) (_ []uint
 		}
 	}
 	if k < 0 {
-		return dst, false
+		return nil, false
 	}
 	tail, rest := closed[j+1:], full[k+1:]
-	if len(rest) <= len(tail) || !slices.Equal(rest[:len(tail)], tail) {
-		return dst, false
+	if last := lastIndex(prompt, eot); len(tail) > 0 && last >= 0 && slices.Equal(prompt[last+1:], tail) {
+		tail = nil
 	}
-	dst = append(dst, prev.Prompt...)
-	dst = append(dst, response...)
-	return append(dst, rest...), true
+	if len(rest) <= len(tail) || !slices.Equal(rest[:len(tail)], tail) {
+		return nil, false
+	}
+	return rest, true
+}
+
+// lastIndex is the index of the last id in ids, or -1.
+func lastIndex(ids []uint32, id uint32) int {
+	for i := len(ids) - 1; i >= 0; i-- {
+		if ids[i] == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // Canonical returns the canonical form of each message of a chat request's

@@ -31,6 +31,61 @@ func TestJoin(t *testing.T) {
 	f(&Prev{}, closed, full, nil)
 }
 
+// Llama 3 ids: 1 <|begin_of_text|>, 2 <|start_header_id|>, 3 <|end_header_id|>,
+// 4 <|eot_id|>, 5 "\n\n", 6 user, 7 assistant, 8 tool, 10+ text. Its
+// template writes the generation prompt even when none is asked for.
+func TestJoinTemplateAlwaysOpensATurn(t *testing.T) {
+	head := func(role uint32) []uint32 { return []uint32{2, role, 3, 5} }
+	cat := func(parts ...[]uint32) []uint32 { return slices.Concat(parts...) }
+	prompt := cat([]uint32{1}, head(6), []uint32{10, 4}, head(7))
+	prev := &Prev{Prompt: prompt, Choices: []Choice{{Response: []uint32{20, 21, 4}, Ended: true}}}
+	closed := cat([]uint32{1}, head(6), []uint32{10, 4}, head(7), []uint32{22, 4}, head(7))
+	full := cat([]uint32{1}, head(6), []uint32{10, 4}, head(7), []uint32{22, 4}, head(8), []uint32{30, 4}, head(7))
+	got, ok := Join(nil, prev, 0, closed, full)
+	want := cat(prompt, []uint32{20, 21, 4}, head(8), []uint32{30, 4}, head(7))
+	if !ok || !slices.Equal(got, want) {
+		t.Fatalf("Join = %v, %v; want %v", got, ok, want)
+	}
+}
+
+// A cut answer (no end-of-turn id sampled): JoinCut appends the closing the
+// template renders after the sampled ids, only when closed is exactly the
+// previous prompt + those ids + the closing.
+func TestJoinCut(t *testing.T) {
+	prompt := []uint32{1, 10, 11, 2, 3, 1, 20, 3}
+	prev := &Prev{Prompt: prompt, Choices: []Choice{{Response: []uint32{30, 31}}}}
+	closed := slices.Concat(prompt, []uint32{30, 31, 2, 3})
+	full := slices.Concat(prompt, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3})
+	got, ok := JoinCut(nil, prev, 0, closed, full)
+	if want := slices.Concat(prompt, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}); !ok || !slices.Equal(got, want) {
+		t.Fatalf("JoinCut = %v, %v; want %v", got, ok, want)
+	}
+	// The full rendering re-tokenises the answer (40): the sampled ids stay.
+	full2 := slices.Concat(prompt, []uint32{40, 2, 3, 1, 50, 2, 3, 1, 20, 3})
+	got, ok = JoinCut(nil, prev, 0, closed, full2)
+	if want := slices.Concat(prompt, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}); !ok || !slices.Equal(got, want) {
+		t.Fatalf("JoinCut with a re-tokenised answer = %v, %v; want %v", got, ok, want)
+	}
+	// An earlier turn the template renders otherwise (12 for 10: Qwen3
+	// drops earlier thinking): the answer's own turn decides.
+	other := []uint32{1, 12, 11, 2, 3, 1, 20, 3}
+	got, ok = JoinCut(nil, prev, 0, slices.Concat(other, []uint32{30, 31, 2, 3}), slices.Concat(other, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}))
+	if want := slices.Concat(prompt, []uint32{30, 31, 2, 3, 1, 50, 2, 3, 1, 20, 3}); !ok || !slices.Equal(got, want) {
+		t.Fatalf("JoinCut after an earlier turn rendered otherwise = %v, %v; want %v", got, ok, want)
+	}
+	// Not exact: the answer re-renders to other ids (a stop string cut, a
+	// different merge), after another opening, or nothing closes it.
+	for name, c := range map[string][]uint32{
+		"answer":  slices.Concat(prompt, []uint32{40, 2, 3}),
+		"opening": slices.Concat([]uint32{1, 10, 11, 2, 3, 1, 21, 3}, []uint32{30, 31, 2, 3}),
+		"nothing": slices.Concat(prompt, []uint32{30, 31}),
+	} {
+		if got, ok := JoinCut(nil, prev, 0, c, full); ok {
+			t.Errorf("%s: JoinCut = %v, want no join", name, got)
+		}
+	}
+}
+
 func TestCheck(t *testing.T) {
 	msgs, err := Canonical([]byte(`[{"role":"user","content":"hi"}]`))
 	if err != nil {
@@ -47,8 +102,14 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		i, got := Check(prev, m, key)
-		if got != want || (want == "" && i != 1) || (want != "" && i != -1) {
-			t.Fatalf("Check(%s) = %d, %q, want %q (choice 1 when it extends)", next, i, got, want)
+		// Choice 1 when it extends or its answer was cut (ReasonNotEnded:
+		// JoinCut may join it), -1 otherwise.
+		wantI := -1
+		if want == "" || want == ReasonNotEnded {
+			wantI = 1
+		}
+		if got != want || i != wantI {
+			t.Fatalf("Check(%s) = %d, %q, want %d, %q", next, i, got, wantI, want)
 		}
 	}
 	// The client re-serialises the arguments and drops members: still the answer.
