@@ -60,15 +60,6 @@ FAMILIES = {
         stop_ids=[151645, 151643],
         extra=dict(rope_theta=1000000.0, use_sliding_window=False),
     ),
-    "qwen3": dict(
-        config="Qwen3Config",
-        model="Qwen3ForCausalLM",
-        vocab_size=151936,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        stop_ids=[151645, 151643],
-        extra=dict(rope_theta=1000000.0, use_sliding_window=False),
-    ),
     "llama3": dict(
         config="LlamaConfig",
         model="LlamaForCausalLM",
@@ -79,6 +70,9 @@ FAMILIES = {
         extra=dict(rope_theta=500000.0),
     ),
 }
+
+# Qwen3 shares Qwen2.5's vocabulary and special ids.
+FAMILIES["qwen3"] = dict(FAMILIES["qwen2_5"], config="Qwen3Config", model="Qwen3ForCausalLM")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
