@@ -24,17 +24,26 @@ type tplFamily struct {
 	tools bool     // the template renders tools and tool calls
 	// kwargs are the chat_template_kwargs variants the agents run with.
 	kwargs []string
+	// ended is how token-in serves a call after an answer that ended on
+	// the end-of-turn token: tokenin.Extended, or the fallback a template
+	// forces.
+	ended string
 }
 
 var tplFamilies = []tplFamily{
-	{name: "qwen2_5", flags: []string{"--enable-auto-tool-choice", "--tool-call-parser", "hermes"}, eot: 151645, tools: true, kwargs: []string{""}},
+	{name: "qwen2_5", flags: []string{"--enable-auto-tool-choice", "--tool-call-parser", "hermes"}, eot: 151645, tools: true, kwargs: []string{""}, ended: tokenin.Extended},
 	{name: "qwen3", flags: []string{"--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"}, eot: 151645, tools: true,
-		kwargs: []string{`{"enable_thinking":true}`, `{"enable_thinking":false}`}},
+		kwargs: []string{`{"enable_thinking":true}`, `{"enable_thinking":false}`}, ended: tokenin.Extended},
 	// Llama 3.0's template (the @lenml package's) has no tools: it renders
 	// every message as header + trimmed content + <|eot_id|>; and its
 	// vocabulary has no <|python_tag|>, which vLLM's llama3_json tool
-	// parser requires at start (parser_manager.py: TypeError).
-	{name: "llama3", eot: 128009, kwargs: []string{""}},
+	// parser requires at start (parser_manager.py: TypeError). It writes
+	// the assistant header after the last message whatever
+	// add_generation_prompt says, so a history rendered up to an answer
+	// does not end on that answer's <|eot_id|>: token-in cannot locate the
+	// template's join and renders every later call whole (never a wrong
+	// prompt).
+	{name: "llama3", eot: 128009, kwargs: []string{""}, ended: tokenin.WholePrefix + tokenin.ReasonJoin},
 }
 
 // tplAgentCfg is how one agent of TestTokenInRealTemplatesVLLM calls.
@@ -42,6 +51,7 @@ type tplAgentCfg struct {
 	model, kwargs string
 	tools, stream bool
 	eot           uint32
+	ended         string // tplFamily.ended
 }
 
 // The answers' lengths: every turn but tplCutTurn is biased towards the
@@ -175,7 +185,7 @@ func TestTokenInRealTemplatesVLLM(t *testing.T) {
 					if stream {
 						variant += ", streamed"
 					}
-					c := tplAgentCfg{model: served, kwargs: kw, tools: fam.tools, stream: stream, eot: fam.eot}
+					c := tplAgentCfg{model: served, kwargs: kw, tools: fam.tools, stream: stream, eot: fam.eot, ended: fam.ended}
 					table = append(table, tplVariant(t, v.URL, variant, c, retok))
 				}
 			}
@@ -238,6 +248,8 @@ func tplVariant(t *testing.T, upstream, variant string, c tplAgentCfg, retok *ch
 				if len(r.PromptTokenIDs) <= len(want) || !slices.Equal(r.PromptTokenIDs[:len(want)], want) {
 					t.Errorf("%s %s call %d: extended, but its %d prompt ids do not start with the previous %d prompt + %d response ids", variant, city, k, len(r.PromptTokenIDs), len(prev.PromptTokenIDs), len(prev.ResponseTokenIDs))
 				}
+			case ended && r.TokenIn == c.ended:
+				row.whole[r.TokenIn]++
 			case ended:
 				row.whole[r.TokenIn]++
 				t.Errorf("%s %s call %d: the previous answer ended (%s) and the agent extends the history, but token_in is %q\n%s", variant, city, k, prev.FinishReason, r.TokenIn, g.tiLogs)
@@ -258,7 +270,15 @@ func tplVariant(t *testing.T, upstream, variant string, c tplAgentCfg, retok *ch
 			}
 		}
 	}
-	row.tiMerged, row.ptMerged = tokenInMerges(t, "real vLLM 0.32, "+variant, g, n)
+	if c.ended == tokenin.Extended {
+		row.tiMerged, row.ptMerged = tokenInMerges(t, "real vLLM 0.32, "+variant, g, n)
+		return row
+	}
+	if row.extended != 0 {
+		t.Errorf("%s: %d calls extended, want every call after an ended answer served %s", variant, row.extended, c.ended)
+	}
+	_, row.tiMerged, _ = bridgeMerged(t, g.tiDB)
+	_, row.ptMerged, _ = bridgeMerged(t, g.ptDB)
 	return row
 }
 
