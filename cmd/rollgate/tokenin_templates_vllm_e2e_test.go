@@ -39,11 +39,9 @@ var tplFamilies = []tplFamily{
 	// vocabulary has no <|python_tag|>, which vLLM's llama3_json tool
 	// parser requires at start (parser_manager.py: TypeError). It writes
 	// the assistant header after the last message whatever
-	// add_generation_prompt says, so a history rendered up to an answer
-	// does not end on that answer's <|eot_id|>: token-in cannot locate the
-	// template's join and renders every later call whole (never a wrong
-	// prompt).
-	{name: "llama3", eot: 128009, kwargs: []string{""}, ended: tokenin.WholePrefix + tokenin.ReasonJoin},
+	// add_generation_prompt says; tokenin.Join treats that tail as no join,
+	// so later calls extend.
+	{name: "llama3", eot: 128009, kwargs: []string{""}, ended: tokenin.Extended},
 }
 
 // tplAgentCfg is how one agent of TestTokenInRealTemplatesVLLM calls.
@@ -120,6 +118,7 @@ func tplAgent(t *testing.T, base, city string, c tplAgentCfg) []tiTurn {
 			m, finish = ans.Choices[0].Message, ans.Choices[0].FinishReason
 		}
 		var tt tiTurn
+		m.Reasoning = nil // dropped, as SDKs do
 		msgs, tt = tiAnswered(msgs, m, finish)
 		turns = append(turns, tt)
 	}
