@@ -283,13 +283,37 @@ func Detokenizer(kind openai.Kind, baseURL string) func(ctx context.Context, ids
 	return d.Detokenizer(baseURL, nil)
 }
 
+// ProbeOwnedBy is the probe of a kind that /models' owned_by names:
+// ProbeNamed when it is name, else ProbeNo.
+func ProbeOwnedBy(d *Docs, name string) int {
+	if OwnedBy(d) == name {
+		return ProbeNamed
+	}
+	return ProbeNo
+}
+
+// Client is one replica's engine-specific endpoints: its Root (Root of the
+// base URL) and the HTTP client to call them with (nil: fallback.DefaultHTTP).
+type Client struct {
+	Root string
+	HC   *http.Client
+}
+
+// NewClient is the Client of the replica at baseURL.
+func NewClient(baseURL string, hc *http.Client) Client { return Client{Root: Root(baseURL), HC: hc} }
+
+// Post sends a JSON body to path under Root (fallback.Post).
+func (c Client) Post(ctx context.Context, path string, body []byte) (gjson.Result, error) {
+	return fallback.Post(ctx, c.HC, c.Root+path, body)
+}
+
 func ownedBy(body []byte) string {
 	return strings.ToLower(gjson.GetBytes(body, "data.0.owned_by").String())
 }
 
 // PromptIDs tokenizes one completions prompt text of req with the prompt
-// form of POST root/tokenize, which vLLM and SGLang share.
-func PromptIDs(ctx context.Context, hc *http.Client, root string, req gjson.Result, text string) ([]uint32, error) {
+// form of POST /tokenize, which vLLM and SGLang share.
+func (c Client) PromptIDs(ctx context.Context, req gjson.Result, text string) ([]uint32, error) {
 	body := map[string]any{"prompt": text, "add_special_tokens": true}
 	if m := req.Get("model"); m.Type == gjson.String {
 		body["model"] = m.Str
@@ -297,11 +321,17 @@ func PromptIDs(ctx context.Context, hc *http.Client, root string, req gjson.Resu
 	if a := req.Get("add_special_tokens"); a.IsBool() {
 		body["add_special_tokens"] = a.Bool()
 	}
+	return c.Tokenize(ctx, body)
+}
+
+// Tokenize POSTs body (JSON-encoded) to /tokenize and reads the "tokens"
+// of the answer, as vLLM, SGLang and llama.cpp all answer.
+func (c Client) Tokenize(ctx context.Context, body any) ([]uint32, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("fallback: encoding tokenize request: %w", err)
 	}
-	res, err := fallback.Post(ctx, hc, root+"/tokenize", b)
+	res, err := c.Post(ctx, "/tokenize", b)
 	if err != nil {
 		return nil, err
 	}

@@ -9,9 +9,7 @@ package llamacpp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/tidwall/gjson"
@@ -36,21 +34,15 @@ func (Engine) Inject() engines.Inject {
 
 // Probe: /models' owned_by "llamacpp".
 func (Engine) Probe(d *engines.Docs) int {
-	if engines.OwnedBy(d) == "llamacpp" {
-		return engines.ProbeNamed
-	}
-	return engines.ProbeNo
+	return engines.ProbeOwnedBy(d, "llamacpp")
 }
 
 // Tokenizer is /apply-template and /tokenize.
 func (Engine) Tokenizer(baseURL string, hc *http.Client) fallback.Tokenizer {
-	return tokenizer{root: engines.Root(baseURL), hc: hc}
+	return tokenizer{engines.NewClient(baseURL, hc)}
 }
 
-type tokenizer struct {
-	root string
-	hc   *http.Client
-}
+type tokenizer struct{ engines.Client }
 
 // ChatIDs renders with /apply-template, which runs the chat route's own
 // parameter parsing on the whole body (tools, tool_choice,
@@ -58,7 +50,7 @@ type tokenizer struct {
 // as the client sent it. Then the text is tokenized the way the chat route
 // does (special tokens added and parsed).
 func (t tokenizer) ChatIDs(ctx context.Context, req gjson.Result) ([]uint32, error) {
-	res, err := fallback.Post(ctx, t.hc, t.root+"/apply-template", []byte(req.Raw))
+	res, err := t.Post(ctx, "/apply-template", []byte(req.Raw))
 	if err != nil {
 		return nil, err
 	}
@@ -71,15 +63,7 @@ func (t tokenizer) ChatIDs(ctx context.Context, req gjson.Result) ([]uint32, err
 
 // TextIDs is POST /tokenize with special tokens added and parsed.
 func (t tokenizer) TextIDs(ctx context.Context, _ gjson.Result, text string) ([]uint32, error) {
-	body, err := json.Marshal(map[string]any{"content": text, "add_special": true, "parse_special": true})
-	if err != nil {
-		return nil, fmt.Errorf("fallback: encoding tokenize request: %w", err)
-	}
-	res, err := fallback.Post(ctx, t.hc, t.root+"/tokenize", body)
-	if err != nil {
-		return nil, err
-	}
-	return fallback.IDList(res.Get("tokens"), "tokens")
+	return t.Tokenize(ctx, map[string]any{"content": text, "add_special": true, "parse_special": true})
 }
 
 // Interface guards.

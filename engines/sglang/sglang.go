@@ -33,10 +33,7 @@ func (Engine) Inject() engines.Inject {
 
 // Probe: /models' owned_by "sglang".
 func (Engine) Probe(d *engines.Docs) int {
-	if engines.OwnedBy(d) == "sglang" {
-		return engines.ProbeNamed
-	}
-	return engines.ProbeNo
+	return engines.ProbeOwnedBy(d, "sglang")
 }
 
 // PromptTokenizer is the prompt form of POST /tokenize (SGLang's has no
@@ -44,13 +41,10 @@ func (Engine) Probe(d *engines.Docs) int {
 // Engine is not engines.Tokenizing): SGLang returns ids on every form but
 // streamed chat, which its /tokenize cannot render.
 func PromptTokenizer(baseURL string, hc *http.Client) fallback.Tokenizer {
-	return tokenizer{root: engines.Root(baseURL), hc: hc}
+	return tokenizer{engines.NewClient(baseURL, hc)}
 }
 
-type tokenizer struct {
-	root string
-	hc   *http.Client
-}
+type tokenizer struct{ engines.Client }
 
 // ChatIDs is ErrUnsupported: SGLang's /tokenize has no chat form.
 func (tokenizer) ChatIDs(context.Context, gjson.Result) ([]uint32, error) {
@@ -59,7 +53,7 @@ func (tokenizer) ChatIDs(context.Context, gjson.Result) ([]uint32, error) {
 
 // TextIDs is the prompt form, as on vLLM.
 func (t tokenizer) TextIDs(ctx context.Context, req gjson.Result, text string) ([]uint32, error) {
-	return engines.PromptIDs(ctx, t.hc, t.root, req, text)
+	return t.PromptIDs(ctx, req, text)
 }
 
 // The pause routes (sgl-project/sglang python/sglang/srt/entrypoints/

@@ -42,10 +42,7 @@ func (Engine) Probe(d *engines.Docs) int {
 	if st, body := d.Get(versionPath); st == http.StatusOK && gjson.GetBytes(body, "version").Exists() {
 		return engines.ProbeCertain
 	}
-	if engines.OwnedBy(d) == "vllm" {
-		return engines.ProbeNamed
-	}
-	return engines.ProbeNo
+	return engines.ProbeOwnedBy(d, "vllm")
 }
 
 const versionPath = "/version"
@@ -98,13 +95,10 @@ func versionBefore(v string, major, minor, patch int) bool {
 
 // Tokenizer is vLLM's POST /tokenize (chat and prompt forms).
 func (Engine) Tokenizer(baseURL string, hc *http.Client) fallback.Tokenizer {
-	return tokenizer{root: engines.Root(baseURL), hc: hc}
+	return tokenizer{engines.NewClient(baseURL, hc)}
 }
 
-type tokenizer struct {
-	root string
-	hc   *http.Client
-}
+type tokenizer struct{ engines.Client }
 
 // ChatIDs uses vLLM's chat form; every template-relevant field of the
 // request is forwarded as it is, so /tokenize renders the same prompt.
@@ -124,7 +118,7 @@ func (t tokenizer) ChatIDs(ctx context.Context, req gjson.Result) ([]uint32, err
 		fmt.Fprintf(&b, `,"add_special_tokens":%s`, req.Get("add_special_tokens").Raw)
 	}
 	b.WriteByte('}')
-	res, err := fallback.Post(ctx, t.hc, t.root+"/tokenize", b.Bytes())
+	res, err := t.Post(ctx, "/tokenize", b.Bytes())
 	if err != nil {
 		return nil, err
 	}
@@ -133,18 +127,18 @@ func (t tokenizer) ChatIDs(ctx context.Context, req gjson.Result) ([]uint32, err
 
 // TextIDs uses the prompt form of /tokenize.
 func (t tokenizer) TextIDs(ctx context.Context, req gjson.Result, text string) ([]uint32, error) {
-	return engines.PromptIDs(ctx, t.hc, t.root, req, text)
+	return t.PromptIDs(ctx, req, text)
 }
 
 // Detokenizer is vLLM's POST /detokenize.
 func (Engine) Detokenizer(baseURL string, hc *http.Client) func(ctx context.Context, ids []uint32) ([]byte, error) {
-	root := engines.Root(baseURL)
+	c := engines.NewClient(baseURL, hc)
 	return func(ctx context.Context, ids []uint32) ([]byte, error) {
 		body, err := json.Marshal(map[string]any{"tokens": ids})
 		if err != nil {
 			return nil, fmt.Errorf("fallback: detokenize: %w", err)
 		}
-		res, err := fallback.Post(ctx, hc, root+"/detokenize", body)
+		res, err := c.Post(ctx, "/detokenize", body)
 		if err != nil {
 			return nil, err
 		}
