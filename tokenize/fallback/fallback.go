@@ -4,8 +4,9 @@
 //
 //   - prompt ids from the backend's own tokenizer endpoint, with the same
 //     messages, tools and chat template arguments as the captured request,
-//     so the engine's chat template is applied (vLLM's POST /tokenize chat
-//     form; llama.cpp's /apply-template then /tokenize);
+//     so the engine's chat template is applied (a Tokenizer: each engine
+//     kind's package under engines/ has its own, e.g. vLLM's POST /tokenize
+//     chat form, llama.cpp's /apply-template then /tokenize);
 //   - output ids from the logprobs the engine returned: vLLM's
 //     "token_id:NNN" tokens (request field return_tokens_as_token_ids) and
 //     llama.cpp's non-standard "id" on each logprobs entry.
