@@ -236,6 +236,9 @@ func Identify(d *Docs) (kind openai.Kind, ok bool) {
 	for _, e := range All() {
 		if r := e.Probe(d); r > bestRate {
 			best, bestRate = e.Kind(), r
+			if r == ProbeCertain {
+				break // as the probe always did: vLLM's /version, then nothing else
+			}
 		}
 	}
 	if bestRate > ProbeNo {

@@ -43,6 +43,11 @@ func TestIdentify(t *testing.T) {
 	}
 	models := func(owner string) string { return `{"data":[{"id":"m","owned_by":"` + owner + `"}]}` }
 	f(map[string]string{"/version": `{"version":"0.32.0"}`, "/v1/models": models("sglang")}, openai.KindVLLM, true)
+	fetches := map[string]int{}
+	engines.Identify(docs(map[string]string{"/version": `{"version":"0.32.0"}`}, fetches))
+	if fetches["/v1/models"] != 0 {
+		t.Fatal("a replica that /version names is asked for /models too")
+	}
 	f(map[string]string{"/v1/models": models("vllm")}, openai.KindVLLM, true)
 	f(map[string]string{"/v1/models": models("SGLang")}, openai.KindSGLang, true)
 	f(map[string]string{"/v1/models": models("llamacpp")}, openai.KindLlamaCpp, true)
