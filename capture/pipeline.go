@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/capture/spool"
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
+	"github.com/rollgate/rollgate/tokenize/hf"
 )
 
 // Pending is the raw material of one call, handed over by the gateway's hot
@@ -39,6 +41,10 @@ type Pending struct {
 	// NoBodies leaves request_body and response_body empty in the rows
 	// (embeddings are captured without bodies by default).
 	NoBodies bool
+	// Engine is the replica that served the call (its engine kind and base
+	// URL; zero: none known): the id fallback and the detokenisation check
+	// use its engine's tokenizer endpoints (Config.Fallback, Config.Detok).
+	Engine engines.Replica
 	// IDs are the call's span, trace and parent span ids as lowercase hex,
 	// written by the gateway without allocating; capture copies them into
 	// Meta.SpanID, TraceID and ParentSpanID off the hot path.
@@ -245,10 +251,15 @@ type Config struct {
 	BatchSize int `yaml:"batch_size"`
 	// FlushInterval is the longest a row waits before being written (default 200ms).
 	FlushInterval time.Duration `yaml:"flush_interval"`
-	// Fallback, when set, returns the id filler for the backend that served a
-	// call (nil: none). It runs for calls whose engine ids are missing or
-	// failed a check, off the hot path, before the rows are written.
-	Fallback func(backend string) IDFiller `yaml:"-"`
+	// Fallback, when set, returns the id filler for the engine replica that
+	// served a call (Pending.Engine; nil: none), usually EngineFiller. It
+	// runs for calls whose engine ids are missing or failed a check, off the
+	// hot path, before the rows are written.
+	Fallback func(r engines.Replica) IDFiller `yaml:"-"`
+	// Detok, when set, turns on the detokenisation check: it returns the
+	// decoder for the engine replica that served a call (Decode nil: no
+	// check), EngineDetok or LocalDetok.
+	Detok func(r engines.Replica) Detokenizer `yaml:"-"`
 	// Redact rewrites stored text (bodies, messages) before rows reach any
 	// sink; nil = no redaction.
 	Redact *Redactor `yaml:"-"`
@@ -326,9 +337,7 @@ type Pipeline struct {
 	mu     sync.RWMutex
 	closed bool
 
-	fallback atomic.Pointer[func(backend string) IDFiller]
-	detok    atomic.Pointer[func(backend string) Detokenizer]
-	turns    *tokenize.Tracker
+	turns *tokenize.Tracker
 
 	replay replayState // ReplayWAL's end (walpipe.go)
 }
@@ -341,24 +350,62 @@ type Detokenizer struct {
 	Special func(id uint32) bool
 }
 
-// SetDetok turns on the detokenisation check: f returns the decoder of the
-// backend that served a call (Decode nil: no check). Safe while running.
-func (p *Pipeline) SetDetok(f func(backend string) Detokenizer) {
-	p.detok.Store(&f)
+// EngineFiller is the id filler of replica r's engine (its tokenizer
+// endpoints, engines.Tokenizing); nil when the engine has none.
+func EngineFiller(r engines.Replica) IDFiller {
+	if f := engines.Filler(r.Kind, r.BaseURL); f != nil {
+		return f
+	}
+	return nil
+}
+
+// EngineDetok is the decoder of replica r's engine (engines.Detokenizing:
+// vLLM's /detokenize); Decode nil when the engine has none.
+func EngineDetok(r engines.Replica) Detokenizer {
+	return Detokenizer{Decode: engines.Detokenizer(r.Kind, r.BaseURL)}
+}
+
+// LocalDetok is the decoder of a local tokenizer, whichever replica
+// served the call.
+func LocalDetok(tk *hf.Tokenizer) func(engines.Replica) Detokenizer {
+	d := Detokenizer{Decode: func(_ context.Context, ids []uint32) ([]byte, error) { return tk.DecodeBytes(ids) }, Special: tk.IsSpecial}
+	return func(engines.Replica) Detokenizer { return d }
+}
+
+// UseEngines sets Fallback and Detok as the gateway's settings say:
+// Fallback is EngineFiller unless noFallback (disable_tokenize_fallback);
+// detokCheck (detok_check) "" leaves the check off, "engine" uses
+// EngineDetok, anything else is the path of a tokenizer.json (LocalDetok).
+func (c *Config) UseEngines(noFallback bool, detokCheck string) error {
+	c.Fallback, c.Detok = nil, nil
+	if !noFallback {
+		c.Fallback = EngineFiller
+	}
+	switch detokCheck {
+	case "":
+	case "engine":
+		c.Detok = EngineDetok
+	default:
+		tk, err := hf.LoadFile(detokCheck)
+		if err != nil {
+			return fmt.Errorf("detok_check tokenizer: %w", err)
+		}
+		c.Detok = LocalDetok(tk)
+	}
+	return nil
 }
 
 // checkDetok decodes the rows' engine ids and compares them with the text
 // returned; a mismatch adds "detok" to token_check. Counted in
 // rollgate_detok_total by outcome.
-func (p *Pipeline) checkDetok(rows []export.Call) {
-	fp := p.detok.Load()
-	if fp == nil || *fp == nil || len(rows) == 0 {
+func (p *Pipeline) checkDetok(engine engines.Replica, rows []export.Call) {
+	if p.cfg.Detok == nil || len(rows) == 0 {
 		return
 	}
 	if src := rows[0].TokenSource; src != export.TokenSourceEngine && src != export.TokenSourceTokenize {
 		return
 	}
-	d := (*fp)(rows[0].Backend)
+	d := p.cfg.Detok(engine)
 	if d.Decode == nil {
 		return
 	}
@@ -374,11 +421,6 @@ func (p *Pipeline) checkDetok(rows []export.Call) {
 			rows[i].TokenCheck += "detok"
 		}
 	}
-}
-
-// SetFallback sets (or replaces) Config.Fallback; safe while running.
-func (p *Pipeline) SetFallback(f func(backend string) IDFiller) {
-	p.fallback.Store(&f)
 }
 
 // NewPipeline starts the workers and the batcher.
@@ -399,9 +441,6 @@ func NewPipeline(cfg Config, sinks []NamedSink, m *metrics.Metrics, log *slog.Lo
 		settled:  map[uint64]struct{}{},
 		flushReq: make(chan struct{}, 1),
 		turns:    tokenize.NewTracker(tokenize.TurnOptions{}, 0),
-	}
-	if cfg.Fallback != nil {
-		p.SetFallback(cfg.Fallback)
 	}
 	m.CaptureQueueCapacity.Set(float64(cfg.QueueSize))
 	for range cfg.Workers {
@@ -607,7 +646,7 @@ func (p *Pipeline) callRows(c *Pending, a *Assembler) (rows []export.Call) {
 		rows = Rows(c, a)
 		p.fill(c, rows)
 	}
-	p.checkDetok(rows)
+	p.checkDetok(c.Engine, rows)
 	p.checkTurn(rows)
 	if len(rows) > 0 && rows[0].PromptTokens+rows[0].CompletionTokens > 0 {
 		model := metrics.ModelLabel(rows[0].Model)
@@ -643,12 +682,11 @@ func (p *Pipeline) checkTurn(rows []export.Call) {
 
 // fill runs the configured id fallback for a call whose engine ids are not verified.
 func (p *Pipeline) fill(c *Pending, rows []export.Call) {
-	fp := p.fallback.Load()
-	if fp == nil || *fp == nil || len(rows) == 0 || rows[0].TokenSource == export.TokenSourceEngine ||
+	if p.cfg.Fallback == nil || len(rows) == 0 || rows[0].TokenSource == export.TokenSourceEngine ||
 		rows[0].Error != "" || rows[0].HTTPStatus >= 300 {
 		return
 	}
-	f := (*fp)(rows[0].Backend)
+	f := p.cfg.Fallback(c.Engine)
 	if f == nil {
 		return
 	}

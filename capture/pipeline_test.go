@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
@@ -171,10 +172,9 @@ func TestPipelineDetokCheck(t *testing.T) {
 				mu.Unlock()
 				return nil
 			})
-			p := NewPipeline(Config{FlushInterval: time.Millisecond}, []NamedSink{{Name: "f", Sink: sink}}, m, nil)
-			p.SetDetok(func(string) Detokenizer {
+			p := NewPipeline(Config{FlushInterval: time.Millisecond, Detok: func(engines.Replica) Detokenizer {
 				return Detokenizer{Decode: func(_ context.Context, ids []uint32) ([]byte, error) { return []byte(c.decoded), nil }}
-			})
+			}}, []NamedSink{{Name: "f", Sink: sink}}, m, nil)
 			p.TryPush(pending(1))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

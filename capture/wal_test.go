@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
@@ -73,6 +74,12 @@ func TestWALRecordRowsMatch(t *testing.T) {
 	copy(p.IDs.Parent[:], "00f067aa0ba902b7")
 	p.IDs.HasParent = true
 	f("no bodies, parent span", p)
+	p = streamPending(6)
+	p.Engine = engines.Replica{Kind: openai.KindLlamaCpp, BaseURL: "http://10.0.0.1:8080/v1"}
+	f("with its engine", p)
+	if q := roundTrip(t, p); q.Engine != p.Engine {
+		t.Fatalf("the record's engine is %+v, want %+v (the replayed call's id fallback needs it)", q.Engine, p.Engine)
+	}
 }
 
 // openTestWAL opens a WAL in dir with metrics on a registry of its own.
@@ -291,7 +298,9 @@ func TestPipelineWALSurvivesKill(t *testing.T) {
 // FuzzWALRecord: decoding any payload never panics, and a decoded record
 // encodes back to a record that decodes to the same call.
 func FuzzWALRecord(f *testing.F) {
-	for _, p := range []*Pending{pending(1), streamPending(2)} {
+	withEngine := pending(3)
+	withEngine.Engine = engines.Replica{Kind: openai.KindVLLM, BaseURL: "http://127.0.0.1:8000/v1"}
+	for _, p := range []*Pending{pending(1), streamPending(2), withEngine} {
 		rec := appendWALRecord(nil, p, &walScratch{})
 		f.Add(rec[walHeader:])
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/rollgate/rollgate/capture/spool"
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/openai"
 )
@@ -15,13 +16,15 @@ import (
 //
 //	version byte (walVersion)
 //	endpoint byte
-//	flags byte: 1 NoBodies, 2 IDs.Set, 4 IDs.HasParent
+//	flags byte: 1 NoBodies, 2 IDs.Set, 4 IDs.HasParent, 8 Engine
 //	N uvarint
 //	span (16) and trace (32) ids when IDs.Set; parent (16) when HasParent
 //	meta: uvarint length, then a spool batch payload holding Meta alone
 //	request: uvarint length, bytes
 //	body: uvarint length, bytes
 //	events: uvarint count, then each data payload as uvarint length, bytes
+//	engine when flag 8: kind byte, base URL as uvarint length, bytes
+//	(Pending.Engine, so a replayed call gets its engine's id fallback)
 //
 // A streamed call keeps every data payload (the assembler's state is
 // rebuilt by AddEvent at replay; the payloads are what the backend sent, so
@@ -46,7 +49,8 @@ const (
 	walFlagNoBodies = 1
 	walFlagIDs      = 2
 	walFlagParent   = 4
-	walFlagsKnown   = walFlagNoBodies | walFlagIDs | walFlagParent
+	walFlagEngine   = 8
+	walFlagsKnown   = walFlagNoBodies | walFlagIDs | walFlagParent | walFlagEngine
 	walMaxEndpoint  = 16
 )
 
@@ -75,6 +79,9 @@ func appendWALRecord(dst []byte, p *Pending, s *walScratch) []byte {
 	if p.IDs.HasParent {
 		flags |= walFlagParent
 	}
+	if p.Engine.BaseURL != "" {
+		flags |= walFlagEngine
+	}
 	dst = append(dst, flags)
 	dst = binary.AppendUvarint(dst, uint64(max(p.N, 0)))
 	if p.IDs.Set {
@@ -99,6 +106,10 @@ func appendWALRecord(dst []byte, p *Pending, s *walScratch) []byte {
 	for _, end := range p.rawEnds {
 		dst = appendWALBytes(dst, p.raw[start:end])
 		start = end
+	}
+	if p.Engine.BaseURL != "" {
+		dst = append(dst, byte(p.Engine.Kind))
+		dst = appendWALBytes(dst, []byte(p.Engine.BaseURL))
 	}
 	return dst
 }
@@ -244,6 +255,17 @@ func decodeWALRecord(payload []byte, p *Pending) error {
 			return d.err
 		}
 		p.AddEvent(data)
+	}
+	if flags&walFlagEngine != 0 {
+		kind := d.byte("engine kind")
+		base := d.bytes("engine base URL")
+		if d.err != nil {
+			return d.err
+		}
+		if len(base) == 0 {
+			return fmt.Errorf("%w: engine without a base URL", errWALRecord)
+		}
+		p.Engine = engines.Replica{Kind: openai.Kind(kind), BaseURL: string(base)}
 	}
 	if len(d.b) > 0 {
 		return fmt.Errorf("%w: %d bytes after the last field", errWALRecord, len(d.b))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/tokenize"
@@ -205,7 +206,7 @@ func TestWALPanickingCallSetAside(t *testing.T) {
 	w := openTestWAL(t, dir, WALConfig{})
 	m := metrics.New()
 	sink := &memCalls{spans: map[string]int{}}
-	p := NewPipeline(Config{Workers: 1, FlushInterval: time.Millisecond, WAL: w, Fallback: func(string) IDFiller { return panicFiller{} }},
+	p := NewPipeline(Config{Workers: 1, FlushInterval: time.Millisecond, WAL: w, Fallback: func(engines.Replica) IDFiller { return panicFiller{} }},
 		[]NamedSink{{Name: "mem", Sink: sink}}, m, nil)
 	c := pending(1)
 	c.Body = []byte(`{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)

@@ -92,18 +92,20 @@ func layer(dir string) int {
 		return 2
 	case "bench":
 		return 2 // the mock engine and load generator: export and internal only
+	case "engines":
+		return 3 // what rollgate knows per engine kind: gateway and capture both use it
 	case "capture":
-		return 3
-	case "gateway":
 		return 4
-	case "trainer-bridge":
+	case "gateway":
 		return 5
-	case "controlplane":
+	case "trainer-bridge":
 		return 6
-	case "ui":
+	case "controlplane":
 		return 7
-	default: // cmd, testkit, deploy, docs
+	case "ui":
 		return 8
+	default: // cmd, testkit, deploy, docs
+		return 9
 	}
 }
 

@@ -552,7 +552,6 @@ func TestOldVLLMIdsWithoutAgentChanges(t *testing.T) {
 func TestDetokCheckWithEngine(t *testing.T) {
 	s, _ := openSQLite(t)
 	e := newEnv(t, s, func(c *gateway.Config) { c.DetokCheck = "engine" })
-	e.pipe.SetDetok(e.gw.DetokFor)
 	for _, body := range []string{chatBody, withStream(chatBody, `"stream":true`)} {
 		r := do(t, "POST", e.url+"/v1/chat/completions", body)
 		row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]

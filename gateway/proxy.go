@@ -312,6 +312,7 @@ func (s *Server) rewriteFor(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstr
 	}
 	p := c.pend
 	p.Meta.Backend = r.Name()
+	p.Engine = r.Engine()
 	p.Meta.BackendAttempts = uint16(min(attempt+1, math.MaxUint16))
 	p.Meta.PolicyVersion = spec.PolicyVersion
 	p.Meta.Stream = info.Stream

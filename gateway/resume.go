@@ -13,9 +13,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export/arrays"
 	"github.com/rollgate/rollgate/gateway/backends"
-	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // Generations that survive a weight update (POST /api/v1/pause?mode=abort).
@@ -59,9 +59,6 @@ const (
 	PauseWait  = "wait"  // in-flight calls finish (the default)
 	PauseAbort = "abort" // streamed token-in generations are aborted and resumed after the update
 )
-
-// pathAbortRequests is vLLM 0.32's abort route for token-in generations.
-const pathAbortRequests = "/inference/v1/abort_requests"
 
 // engineIDPrefix is vLLM's prefix of a generate request's external id.
 const engineIDPrefix = "generate-tokens-"
@@ -187,8 +184,11 @@ func (rs *resumeState) requestAbort(s *Server) bool {
 	rs.aborting = true
 	r, id := rs.r, rs.engineID
 	rs.mu.Unlock()
-	body := append(append([]byte(`{"request_ids":[`), appendJSONString(nil, id)...), "]}"...)
-	out, status, err := s.tokenInPostTimeout(r, r.Origin()+pathAbortRequests, body, time.Now().Add(abortTimeout))
+	ti, ok := engines.Lookup(r.Kind()).(engines.TokenIn)
+	if !ok { // cannot happen: the generation went to a token-in kind
+		return false
+	}
+	out, status, err := s.tokenInPostTimeout(r, r.Origin()+ti.TokenInPaths().Abort, ti.AbortBody(id), time.Now().Add(abortTimeout))
 	if err == nil && status != fasthttp.StatusOK {
 		err = fmt.Errorf("HTTP %d: %s", status, truncate(string(out), 200))
 	}
@@ -336,7 +336,7 @@ func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstre
 	switch {
 	case r == nil:
 		return nil, nil, 0, fmt.Errorf("no healthy replica of model %q after the resume", rs.model)
-	case r.Kind() != openai.KindVLLM:
+	case !hasTokenIn(r):
 		return nil, nil, 0, fmt.Errorf("replica %s of model %q is of kind %s after the resume: it has no token-in generate", r.Name(), rs.model, r.Kind())
 	}
 	if body, left, err = resumedBody(rs.genBody, prompt, ids); err != nil || left == 0 {
@@ -399,7 +399,8 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 // logprobs, the usage of the whole. A resume the engine cannot continue is
 // a 502 error body naming the response token it stopped at.
 func (s *Server) tokenInGenerate(c *call, r *backends.Upstream, genBody []byte, prompt []uint32, n int, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) ([]byte, int, error) {
-	url := r.Origin() + pathGenerate
+	paths, _ := tokenInPaths(r)
+	url := r.Origin() + paths.Generate
 	if n > 1 {
 		return s.tokenInPost(r, url, genBody, deadline, hw, from)
 	}
@@ -416,7 +417,8 @@ func (s *Server) tokenInGenerate(c *call, r *backends.Upstream, genBody []byte, 
 	var lps []byte // the aborted segments' logprobs.content entries, comma-separated
 	cur := r
 	for {
-		gen, status, err := s.tokenInPost(cur, cur.Origin()+pathGenerate, body, deadline, hw, from)
+		curPaths, _ := tokenInPaths(cur)
+		gen, status, err := s.tokenInPost(cur, cur.Origin()+curPaths.Generate, body, deadline, hw, from)
 		if len(ids) > 0 && (err != nil && !errors.Is(err, errClientGone) || err == nil && status != fasthttp.StatusOK) {
 			if err == nil {
 				err = fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(gen), 300))

@@ -25,7 +25,6 @@ import (
 	"github.com/rollgate/rollgate/gateway/tokenin"
 	"github.com/rollgate/rollgate/internal/metrics"
 	"github.com/rollgate/rollgate/internal/openai"
-	"github.com/rollgate/rollgate/tokenize/hf"
 )
 
 // Server is the gateway: an OpenAI-compatible proxy with capture. The
@@ -58,7 +57,6 @@ type Server struct {
 	clientKeys  []ClientKey
 	held        atomic.Int64 // calls waiting while paused
 	stop        chan struct{}
-	localTok    *hf.Tokenizer           // DetokCheck's tokenizer.json, when a path
 	tracing     *Tracing                // the gateway's own spans; nil = off
 	storeStatus func() StoreStatus      // /readyz's store fields; nil = none
 	control     ControlPlane            // /api/v1 and /v1/traces; nil = 404
@@ -113,13 +111,6 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	if s.hosts, err = newHostPolicy(&s.cfg); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	if cfg.DetokCheck != "" && cfg.DetokCheck != "engine" {
-		tk, err := hf.LoadFile(cfg.DetokCheck)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: detok_check tokenizer: %w", err)
-		}
-		s.localTok = tk
-	}
 	if len(cfg.Force) > 0 {
 		if s.force, err = rewrite.ForceMap(cfg.Force); err != nil {
 			return nil, fmt.Errorf("gateway: force: %w (each entry needs a name and a JSON value)", err)
@@ -166,43 +157,6 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		Concurrency:                   1 << 20,
 	}
 	return s, nil
-}
-
-// DetokFor returns the decoder of the detokenisation check for the replica
-// named backend (see Config.DetokCheck), for capture.Pipeline.SetDetok.
-func (s *Server) DetokFor(backend string) capture.Detokenizer {
-	switch s.cfg.DetokCheck {
-	case "":
-		return capture.Detokenizer{}
-	case "engine":
-		for r := range s.named(backend) {
-			if k, ok := r.ResolvedKind(); ok && k == openai.KindVLLM {
-				return capture.Detokenizer{Decode: r.Filler().Detokenize}
-			}
-		}
-		return capture.Detokenizer{}
-	}
-	if s.localTok == nil {
-		return capture.Detokenizer{}
-	}
-	tk := s.localTok
-	return capture.Detokenizer{Decode: func(_ context.Context, ids []uint32) ([]byte, error) { return tk.DecodeBytes(ids) }, Special: tk.IsSpecial}
-}
-
-// FallbackFor returns the token-id filler of the replica named backend, for
-// capture.Pipeline.SetFallback: vLLM replicas (the engine's /tokenize, and
-// token_id:NNN logprobs) and llama.cpp replicas (/apply-template +
-// /tokenize, and the ids of chat logprobs), unless disabled.
-func (s *Server) FallbackFor(backend string) capture.IDFiller {
-	if s.cfg.DisableTokenizeFallback {
-		return nil
-	}
-	for r := range s.named(backend) {
-		if f := r.Filler(); f != nil {
-			return f
-		}
-	}
-	return nil
 }
 
 // Serve serves on ln until Shutdown, with TLS when TLSCertFile is set.

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/internal/openai"
@@ -80,7 +81,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.out, b.scratch = b.out[:0], b.scratch[:0]
 	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
 	b.head.Set(nil)
-	b.fp.reset(inj&rewrite.IncludeUsage != 0 && (c.endpoint == openai.ChatCompletions || c.endpoint == openai.Completions) && r != nil && r.Kind() == openai.KindVLLM)
+	b.fp.reset(inj&rewrite.IncludeUsage != 0 && (c.endpoint == openai.ChatCompletions || c.endpoint == openai.Completions) && r != nil && engines.InjectOf(r.Kind()).UsageFingerprint)
 	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
 	b.upstream = resp.BodyStream()

@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/sjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export/arrays"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
@@ -19,24 +20,24 @@ import (
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
-// vLLM 0.32's token-in endpoints (registered with --enable-scale-out;
-// vllm/entrypoints/scale_out/factories.py):
-//   - render: vllm/entrypoints/scale_out/render/api_router.py, a
-//     ChatCompletionRequest in, a GenerateRequest out (token_ids and the
-//     resolved sampling_params, structured output for tool choices
-//     included; token_in_token_out/protocol.py);
-//   - generate: token_in_token_out/api_router.py, that GenerateRequest in,
-//     a GenerateTokensResponse out (choices[].token_ids with the
-//     end-of-turn token, finish_reason, stop_reason, logprobs by token id);
-//   - derender: derender/api_router.py, a DerenderChatRequest
-//     (generate_response, prompt_token_ids, chat_request) in, a
-//     ChatCompletionResponse out, built by vLLM's own tool and reasoning
-//     parsers (renderers/online_derenderer.py).
-const (
-	pathRender   = "/v1/chat/completions/render"
-	pathGenerate = "/inference/v1/generate"
-	pathDerender = "/v1/chat/completions/derender"
-)
+// The token-in endpoints are the engine kind's (engines.TokenIn; vLLM
+// 0.32's render, generate, derender and abort_requests in engines/vllm).
+
+// hasTokenIn says whether replica r's kind has token-in endpoints.
+func hasTokenIn(r *backends.Upstream) bool {
+	_, ok := tokenInPaths(r)
+	return ok
+}
+
+// tokenInPaths are replica r's token-in endpoints; ok is false when its
+// kind has none.
+func tokenInPaths(r *backends.Upstream) (engines.TokenInPaths, bool) {
+	ti, ok := engines.Lookup(r.Kind()).(engines.TokenIn)
+	if !ok {
+		return engines.TokenInPaths{}, false
+	}
+	return ti.TokenInPaths(), true
+}
 
 // errTokenIn marks an engine answer token-in mode cannot use.
 var errTokenIn = errors.New("token-in")
@@ -100,7 +101,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		return r.Client().DoDeadline(req, resp, deadline)
 	}
 	switch {
-	case r.Kind() != openai.KindVLLM:
+	case !hasTokenIn(r):
 		return pass(tokenin.ReasonKind)
 	case len(c.attr.rolloutID) == 0 || len(c.attr.attemptID) == 0:
 		return pass(tokenin.ReasonNoAttempt)
@@ -209,7 +210,8 @@ type renderedPrompt struct {
 
 // tokenInRender renders a chat request with the engine's template.
 func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time, hw *hangupWatch) (renderedPrompt, error) {
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathRender[len("/v1"):], body, deadline, hw, nil)
+	paths, _ := tokenInPaths(r)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+paths.Render, body, deadline, hw, nil)
 	if err != nil {
 		return renderedPrompt{}, err
 	}
@@ -264,7 +266,8 @@ func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint
 	buf = append(buf, `,"chat_request":`...)
 	buf = append(buf, chatReq...)
 	buf = append(buf, '}')
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+pathDerender[len("/v1"):], buf, deadline, hw, nil)
+	paths, _ := tokenInPaths(r)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+paths.Derender, buf, deadline, hw, nil)
 	if err != nil {
 		return nil, err
 	}

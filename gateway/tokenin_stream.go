@@ -124,7 +124,8 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 func (s *Server) startGenerate(r *backends.Upstream, body []byte, from *fasthttp.Request, deadline time.Time) (*fasthttp.Response, error) {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	tokenInRequest(req, r, r.Origin()+pathGenerate, body, from)
+	paths, _ := tokenInPaths(r)
+	tokenInRequest(req, r, r.Origin()+paths.Generate, body, from)
 	gen := fasthttp.AcquireResponse()
 	gen.StreamBody = true
 	err := r.Client().DoDeadline(req, gen, deadline)
@@ -415,7 +416,8 @@ func (p *tokenInPump) derender(c *pumpChoice, data []byte, ch gjson.Result, ids 
 		body = append(body, c.state...)
 	}
 	body = append(body, p.tail...)
-	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+pathDerender[len("/v1"):], body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
+	paths, _ := tokenInPaths(p.r)
+	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+paths.Derender, body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
 	if err != nil {
 		return gjson.Result{}, fmt.Errorf("derender: %w", err)
 	}

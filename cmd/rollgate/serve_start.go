@@ -87,8 +87,6 @@ func (s *serving) start(c *fileConfig, stderr io.Writer) error {
 	if err := c.UI.mount(s.srv, s.store.Store, s.cfg.AdminToken, s.log); err != nil {
 		return refused(err)
 	}
-	s.pipe.SetFallback(s.srv.FallbackFor)
-	s.pipe.SetDetok(s.srv.DetokFor)
 	go func() {
 		if err := s.pipe.ReplayWAL(); err != nil {
 			s.log.Error("replaying the capture write-ahead log; its records stay for the next start", "err", err)
@@ -190,6 +188,11 @@ func (s *serving) openCapture(ctx context.Context, c *fileConfig, m *metrics.Met
 	}
 	sink := capture.NamedSink{Name: s.store.Name(), Sink: s.store.Store}
 	pc := c.Capture.Pipeline
+	// The id fallback and the detokenisation check call the engine of the
+	// replica that served each call (package engines).
+	if err := pc.UseEngines(s.cfg.DisableTokenizeFallback, s.cfg.DetokCheck); err != nil {
+		return refused(fmt.Errorf("gateway: %w (--detok-check)", err))
+	}
 	if c.Spool.Dir != "" {
 		sc := c.Spool
 		sc.Dir = filepath.Join(c.Spool.Dir, s.store.Name())

@@ -2,20 +2,21 @@ package backends
 
 import (
 	"io"
-	"strings"
 	"time"
 
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // IDsFromLogprobs reports whether token ids must be asked of this replica,
-// of engine kind, through logprobs (vLLM before 0.10.2 ignores
-// return_token_ids).
+// of engine kind, through logprobs (an engines.Versioned kind whose version
+// says so: vLLM before 0.10.2 ignores return_token_ids). The version is
+// probed like the kind.
 func (u *Upstream) IDsFromLogprobs(kind openai.Kind) bool {
-	if kind != openai.KindVLLM {
+	v, ok := engines.Lookup(kind).(engines.Versioned)
+	if !ok {
 		return false
 	}
 	switch u.spec.TokenIDs {
@@ -33,47 +34,18 @@ func (u *Upstream) IDsFromLogprobs(kind openai.Kind) bool {
 	}
 	defer u.kindMu.Unlock()
 	u.nextVerProbeAt.Store(now + int64(5*time.Second))
-	if st, body := u.get("/version"); st == 200 {
-		if v := gjson.GetBytes(body, "version"); v.Exists() {
-			u.oldVLLM.Store(versionBefore(v.String(), 0, 10, 2))
-			u.verOK.Store(true)
-		}
+	if st, body := u.get(v.VersionPath()); st == 200 {
+		u.noteVersion(v, body)
 	}
 	return u.oldVLLM.Load()
 }
 
-// versionBefore reports whether a version string such as "0.9.2",
-// "0.10.1.1" or "0.11.0.dev12+gabc" is older than major.minor.patch. An
-// unreadable version counts as new.
-func versionBefore(v string, major, minor, patch int) bool {
-	var nums [3]int
-	for i := range nums {
-		j := 0
-		for j < len(v) && v[j] >= '0' && v[j] <= '9' {
-			nums[i] = nums[i]*10 + int(v[j]-'0')
-			j++
-		}
-		if j == 0 {
-			if i == 0 {
-				return false // not a version number
-			}
-			break
-		}
-		v = v[j:]
-		if i < 2 {
-			if len(v) == 0 || v[0] != '.' {
-				break
-			}
-			v = v[1:]
-		}
+// noteVersion records what the version document body of v says.
+func (u *Upstream) noteVersion(v engines.Versioned, body []byte) {
+	if old, ok := v.IDsFromLogprobs(body); ok {
+		u.oldVLLM.Store(old)
+		u.verOK.Store(true)
 	}
-	want := [3]int{major, minor, patch}
-	for i := range nums {
-		if nums[i] != want[i] {
-			return nums[i] < want[i]
-		}
-	}
-	return false
 }
 
 // Kind returns the replica's backend kind, probing it once when its kind is
@@ -121,26 +93,17 @@ func (u *Upstream) getTimeout(path string, timeout time.Duration) (int, []byte) 
 	return status, body
 }
 
+// probe asks the registered engines which kind the replica is
+// (engines.Identify), noting the version of a versioned kind on the way.
 func (u *Upstream) probe() (openai.Kind, bool) {
-	get := u.get
-	if st, body := get("/version"); st == 200 && gjson.GetBytes(body, "version").Exists() {
-		u.oldVLLM.Store(versionBefore(gjson.GetBytes(body, "version").String(), 0, 10, 2))
-		u.verOK.Store(true)
-		return openai.KindVLLM, true
+	d := engines.NewDocs(u.basePath, u.get)
+	k, ok := engines.Identify(d)
+	if v, isV := engines.Lookup(k).(engines.Versioned); ok && isV {
+		if st, body := d.Get(v.VersionPath()); st == 200 {
+			u.noteVersion(v, body)
+		}
 	}
-	st, body := get(u.basePath + "/models")
-	if st != 200 {
-		return openai.KindOpenAI, false
-	}
-	switch strings.ToLower(gjson.GetBytes(body, "data.0.owned_by").String()) {
-	case "vllm":
-		return openai.KindVLLM, true
-	case "sglang":
-		return openai.KindSGLang, true
-	case "llamacpp":
-		return openai.KindLlamaCpp, true
-	}
-	return openai.KindOpenAI, true
+	return k, ok
 }
 
 // readBody returns a small response's body, at most limit bytes of it (the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
@@ -94,7 +95,7 @@ func TestCheckLoopMarksHealth(t *testing.T) {
 }
 
 // TestNamedFindsEveryPool: Named yields the replicas of that name across
-// pools, the first engine with a filler deciding FallbackFor.
+// pools, the first engine with a filler deciding capture's id fallback.
 func TestNamedFindsEveryPool(t *testing.T) {
 	s, err := New([]Backend{
 		{Model: "a", Replicas: []Replica{{Name: "gpu", URL: "http://10.0.0.1:8000/v1", Kind: "openai"}}},
@@ -106,10 +107,10 @@ func TestNamedFindsEveryPool(t *testing.T) {
 	var fillers, named int
 	for r := range s.Load().Named("gpu") {
 		named++
-		if r.Filler() != nil {
+		if e := r.Engine(); engines.Filler(e.Kind, e.BaseURL) != nil {
 			fillers++
-			if r.Filler() != r.llamaFiller {
-				t.Fatal("a llama.cpp replica's filler is not the llama.cpp one")
+			if e.Kind != openai.KindLlamaCpp || e.BaseURL != "http://10.0.0.1:8000/v1" {
+				t.Fatalf("a llama.cpp replica's filler is not the llama.cpp one: %+v", e)
 			}
 		}
 	}

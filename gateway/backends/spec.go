@@ -11,6 +11,10 @@ package backends
 import (
 	"fmt"
 	"net/url"
+	"strings"
+
+	"github.com/rollgate/rollgate/engines"
+	"github.com/rollgate/rollgate/internal/openai"
 )
 
 // Backend is one model and the replicas that serve it.
@@ -85,10 +89,8 @@ func Validate(bs []Backend) error {
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return fmt.Errorf("backends[%d].replicas[%d]: url %q is not an http(s) URL like http://host:8000/v1", i, j, r.URL)
 			}
-			switch r.Kind {
-			case "", "auto", "vllm", "sglang", "llamacpp", "llama.cpp", "openai":
-			default:
-				return fmt.Errorf("backends[%d].replicas[%d]: kind %q is not one of vllm, sglang, llamacpp, openai, auto", i, j, r.Kind)
+			if !knownKind(r.Kind) {
+				return fmt.Errorf("backends[%d].replicas[%d]: kind %q is not one of %s, auto", i, j, r.Kind, strings.Join(kindNames(), ", "))
 			}
 			if r.Weight < 0 {
 				return fmt.Errorf("backends[%d].replicas[%d]: weight %d is negative", i, j, r.Weight)
@@ -99,18 +101,25 @@ func Validate(bs []Backend) error {
 }
 
 // TokenInKind refuses token-in mode (on) for a replica of a configured
-// engine kind that has no token-in endpoints: only vLLM has them (and
-// "auto", resolved by the probe: a replica found to be another kind has its
-// calls passed through, token_in = "passthrough:kind").
+// engine kind that has no token-in endpoints (engines.TokenIn: vLLM); kind
+// "auto" is resolved by the probe: a replica found to be another kind has
+// its calls passed through, token_in = "passthrough:kind".
 func TokenInKind(on bool, kind string) error {
-	switch kind {
-	case "", "auto", "vllm":
+	if kind == "" || kind == "auto" || !on {
 		return nil
 	}
-	if on {
-		return fmt.Errorf("token_in: kind %q has no token-in endpoints (render, token-in generate, derender) that rollgate uses; only vllm has; turn token_in off for this backend", kind)
+	if k, err := openai.ParseKind(kind); err == nil && knownKind(kind) {
+		if _, ok := engines.Lookup(k).(engines.TokenIn); ok {
+			return nil
+		}
 	}
-	return nil
+	var have []string
+	for _, e := range engines.All() {
+		if _, ok := e.(engines.TokenIn); ok {
+			have = append(have, e.Kind().String())
+		}
+	}
+	return fmt.Errorf("token_in: kind %q has no token-in endpoints (render, token-in generate, derender) that rollgate uses; only %s has; turn token_in off for this backend", kind, strings.Join(have, ", "))
 }
 
 // View is the routing table as GET /api/v1/backends shows it.
@@ -157,4 +166,24 @@ type DrainView struct {
 	// route (POST /api/v1/pause?engine=MODE, then /resume); only in those
 	// answers.
 	Engines []EnginePauseResult `json:"engines,omitempty"`
+}
+
+// knownKind says whether kind is a replica kind as users write it: "",
+// "auto", or the exact name of a registered engine kind ("llama.cpp" too).
+func knownKind(kind string) bool {
+	switch kind {
+	case "", "auto", "llama.cpp":
+		return true
+	}
+	k, err := openai.ParseKind(kind)
+	return err == nil && k.String() == kind && engines.Lookup(k) != nil
+}
+
+// kindNames are the registered engine kinds' names.
+func kindNames() []string {
+	var out []string
+	for _, e := range engines.All() {
+		out = append(out, e.Kind().String())
+	}
+	return out
 }

@@ -14,8 +14,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/internal/openai"
-	"github.com/rollgate/rollgate/tokenize/fallback"
 )
 
 // Upstream is one replica in the live routing table, as the proxy calls it.
@@ -42,8 +42,7 @@ type Upstream struct {
 	unreachable atomic.Bool
 	told404     atomic.Bool
 
-	filler      *fallback.Client // id filler for vLLM replicas
-	llamaFiller *fallback.Client // id filler for llama.cpp replicas
+	base string // origin + basePath: the replica's base URL as capture's engine clients use it
 
 	// kind is resolved once for kind "auto"; kindOK is 0 until then.
 	kindMu      sync.Mutex
@@ -97,17 +96,16 @@ func (u *Upstream) ResolvedKind() (kind openai.Kind, ok bool) {
 	return openai.Kind(u.kind.Load()), true
 }
 
-// Filler is the token-id filler of a replica whose engine is known to be
-// vLLM (its /tokenize, and token_id:NNN logprobs) or llama.cpp
-// (/apply-template + /tokenize); nil for other engines and unknown kinds.
-func (u *Upstream) Filler() *fallback.Client {
-	switch k, ok := u.ResolvedKind(); {
-	case ok && k == openai.KindVLLM:
-		return u.filler
-	case ok && k == openai.KindLlamaCpp:
-		return u.llamaFiller
+// Engine is the replica as capture's engine clients need it (its
+// tokenizer and detokenizer endpoints, package engines): its kind and base
+// URL once the kind is known; the zero value until then. It allocates
+// nothing.
+func (u *Upstream) Engine() engines.Replica {
+	k, ok := u.ResolvedKind()
+	if !ok {
+		return engines.Replica{}
 	}
-	return nil
+	return engines.Replica{Kind: k, BaseURL: u.base}
 }
 
 // Pool is the set of replicas serving one model.
@@ -360,8 +358,7 @@ func buildTable(spec []Backend, old *Table, cc *clientCache, keys *UpstreamKeys,
 				}
 				r.auth = auth
 			}
-			r.filler = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: openai.KindVLLM}
-			r.llamaFiller = &fallback.Client{BaseURL: r.origin + r.basePath, Kind: openai.KindLlamaCpp}
+			r.base = r.origin + r.basePath
 			if k, err := openai.ParseKind(rs.Kind); err == nil {
 				r.kind.Store(uint32(k))
 				r.kindOK.Store(true)

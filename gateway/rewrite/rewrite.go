@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 )
@@ -212,8 +213,11 @@ const (
 // "top_logprobs":1; completions: "logprobs":1), except on a streamed chat
 // request with tools, which llama.cpp refuses with logprobs. Nothing is
 // injected that the engine refuses for the request's shape. A field the
-// client set to a non-null value is left as is; a null value is replaced. Nothing is ever injected towards KindOpenAI, nor for
-// other endpoints. The rest of the body is copied byte for byte.
+// client set to a non-null value is left as is; a null value is replaced.
+// Nothing is ever injected towards KindOpenAI (a kind whose
+// engines.Inject says Nothing, as does a kind no package registered), nor
+// for other endpoints. What each kind takes is its engines.Inject
+// (engines/vllm, engines/sglang, engines/llamacpp, engines/openai). The rest of the body is copied byte for byte.
 //
 // An invalid body, a body that is not a JSON object, or a "model", "stream"
 // or "n" of the wrong type yields a *RequestError (errors.Is ErrInvalidBody);
@@ -234,14 +238,15 @@ func Rewrite(dst, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt O
 	so := scanStreamOptions(body, ms.so)
 	info.IncludeUsage = so.usage.ok && string(body[so.usage.start:so.usage.end]) == "true"
 
-	if kind == openai.KindOpenAI || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
+	e := engines.InjectOf(kind)
+	if e.Nothing || (endpoint != openai.ChatCompletions && endpoint != openai.Completions) {
 		return append(dst, body...), info, 0, nil
 	}
 	ed := edits{at: ms.end, comma: ms.any}
 	// The order of the calls is the order of the appended members.
-	inj = ms.planIDs(&ed, body, endpoint, kind, opt, info.Stream)
-	inj |= ms.planUsage(&ed, body, &so, kind, info.Stream)
-	inj |= ms.planLogprobs(&ed, body, endpoint, kind, opt, info.Stream)
+	inj = ms.planIDs(&ed, body, endpoint, &e, opt, info.Stream)
+	inj |= ms.planUsage(&ed, body, &so, &e, info.Stream)
+	inj |= ms.planLogprobs(&ed, body, endpoint, &e, opt, info.Stream)
 	return ed.apply(dst, body), info, inj, nil
 }
 
@@ -389,16 +394,16 @@ func scanStreamOptions(body []byte, so span) (o streamOptions) {
 	return o
 }
 
-// planIDs plans "return_token_ids":true towards vLLM and SGLang (not for
-// SGLang streaming chat, which rejects it, nor when the ids come from
-// logprobs).
-func (ms *members) planIDs(ed *edits, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options, stream bool) Injected {
-	if (kind != openai.KindVLLM && kind != openai.KindSGLang) || !ms.ids.null(body) || opt.IDsFromLogprobs ||
-		(kind == openai.KindSGLang && endpoint == openai.ChatCompletions && stream) {
+// planIDs plans "return_token_ids":true towards the kinds that take it
+// (vLLM and SGLang; not for SGLang streaming chat, which rejects it, nor
+// when the ids come from logprobs).
+func (ms *members) planIDs(ed *edits, body []byte, endpoint openai.Endpoint, e *engines.Inject, opt Options, stream bool) Injected {
+	if !e.ReturnTokenIDs || !ms.ids.null(body) || opt.IDsFromLogprobs ||
+		(e.NoIDsOnStreamedChat && endpoint == openai.ChatCompletions && stream) {
 		return 0
 	}
 	inj := ReturnTokenIDs
-	if kind == openai.KindSGLang {
+	if e.OmitsIDs {
 		inj |= OmitIDs
 	}
 	if ms.ids.ok {
@@ -415,9 +420,9 @@ func (ms *members) planIDs(ed *edits, body []byte, endpoint openai.Endpoint, kin
 // would add usage to every chunk). Not towards llama.cpp: there the usage
 // chunk takes the "timings" the finish chunk carries otherwise, and capture
 // reads the counts from those timings instead (docs/engines.md).
-func (ms *members) planUsage(ed *edits, body []byte, so *streamOptions, kind openai.Kind, stream bool) Injected {
+func (ms *members) planUsage(ed *edits, body []byte, so *streamOptions, e *engines.Inject, stream bool) Injected {
 	continuous := so.object && !so.contUsage.null(body) && string(body[so.contUsage.start:so.contUsage.end]) != "false"
-	if !stream || kind == openai.KindLlamaCpp || !so.usage.null(body) || !(ms.so.null(body) || so.object) || continuous {
+	if !stream || e.NoStreamUsage || !so.usage.null(body) || !(ms.so.null(body) || so.object) || continuous {
 		return 0
 	}
 	switch {
@@ -446,9 +451,9 @@ func (ms *members) planUsage(ed *edits, body []byte, so *streamOptions, kind ope
 // ids; a client's own n_probs already makes it send the entries. Chat
 // refuses top_logprobs without logprobs:true; injecting would turn that
 // error into a success, so such requests are left alone.
-func (ms *members) planLogprobs(ed *edits, body []byte, endpoint openai.Endpoint, kind openai.Kind, opt Options, stream bool) Injected {
-	llama := kind == openai.KindLlamaCpp
-	fromLogprobs := opt.IDsFromLogprobs && kind == openai.KindVLLM && ms.lp.null(body) && ms.tlp.null(body) && ms.asIDs.null(body)
+func (ms *members) planLogprobs(ed *edits, body []byte, endpoint openai.Endpoint, e *engines.Inject, opt Options, stream bool) Injected {
+	llama := e.IDsInLogprobs
+	fromLogprobs := opt.IDsFromLogprobs && e.TokensAsIDs && ms.lp.null(body) && ms.tlp.null(body) && ms.asIDs.null(body)
 	llamaLogprobs := llama && ms.lp.null(body) && ms.tlp.null(body) && ms.nProbs.null(body) &&
 		!(endpoint == openai.ChatCompletions && stream && nonEmptyArray(body, ms.tools))
 	var inj Injected

@@ -9,6 +9,8 @@ package openai
 import (
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Endpoint is the OpenAI-compatible route a request targets. It decides
@@ -124,7 +126,59 @@ func ParseKind(s string) (Kind, error) {
 	case "llamacpp", "llama.cpp":
 		return KindLlamaCpp, nil
 	}
-	return 0, fmt.Errorf("unknown backend kind %q: want one of vllm, sglang, llamacpp, openai", s)
+	extra := extraKinds.Load()
+	if extra != nil {
+		for i, name := range *extra {
+			if strings.EqualFold(strings.TrimSpace(s), name) {
+				return firstExtraKind + Kind(i), nil
+			}
+		}
+	}
+	want := "vllm, sglang, llamacpp, openai"
+	if extra != nil {
+		want += ", " + strings.Join(*extra, ", ")
+	}
+	return 0, fmt.Errorf("unknown backend kind %q: want one of %s", s, want)
+}
+
+// firstExtraKind is the Kind of the first kind added by RegisterKind.
+const firstExtraKind Kind = 16
+
+// extraKinds are the names of the kinds added by RegisterKind, in order.
+var (
+	extraKinds   atomic.Pointer[[]string]
+	extraKindsMu sync.Mutex
+)
+
+// RegisterKind adds an engine kind named name (lower case, as users write
+// it) beside the built-in ones and returns its Kind; ParseKind accepts the
+// name from then on and String prints it. Registering a name again returns
+// the same Kind. It panics when name is empty, names a built-in kind, or
+// more than 239 kinds are added. Engine packages call it from init (see
+// package engines).
+func RegisterKind(name string) Kind {
+	name = strings.ToLower(strings.TrimSpace(name))
+	if name == "" {
+		panic("openai: RegisterKind with an empty name")
+	}
+	extraKindsMu.Lock()
+	defer extraKindsMu.Unlock()
+	if k, err := ParseKind(name); err == nil {
+		if k < firstExtraKind {
+			panic("openai: RegisterKind(" + name + "): a built-in kind")
+		}
+		return k
+	}
+	var names []string
+	if p := extraKinds.Load(); p != nil {
+		names = append(names, *p...)
+	}
+	if len(names) >= 256-int(firstExtraKind) {
+		panic("openai: RegisterKind: too many engine kinds")
+	}
+	names = append(names, name)
+	extraKinds.Store(&names)
+	return firstExtraKind + Kind(len(names)-1)
 }
 
 // String returns the name ParseKind accepts ("vllm", ...).
@@ -138,6 +192,9 @@ func (k Kind) String() string {
 		return "openai"
 	case KindLlamaCpp:
 		return "llamacpp"
+	}
+	if p := extraKinds.Load(); p != nil && k >= firstExtraKind && int(k-firstExtraKind) < len(*p) {
+		return (*p)[k-firstExtraKind]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }

@@ -69,3 +69,33 @@ func TestEndpointValues(t *testing.T) {
 		t.Fatal("Endpoint values changed: the capture WAL stores them as numbers")
 	}
 }
+
+// TestRegisterKind: a kind added by an engine package parses and prints by
+// its name, registering it again gives the same kind, and the built-in
+// kinds keep their values and names.
+func TestRegisterKind(t *testing.T) {
+	k := RegisterKind("Test-Engine")
+	if k < firstExtraKind || k.String() != "test-engine" {
+		t.Fatalf("RegisterKind = %d %q", k, k)
+	}
+	if again := RegisterKind("test-engine"); again != k {
+		t.Fatalf("registered again: %d, want %d", again, k)
+	}
+	if got, err := ParseKind(" TEST-ENGINE "); err != nil || got != k {
+		t.Fatalf("ParseKind = %v, %v", got, err)
+	}
+	if _, err := ParseKind("nope"); err == nil || !strings.Contains(err.Error(), "vllm, sglang, llamacpp, openai, test-engine") {
+		t.Fatalf("unknown kind: %v", err)
+	}
+	for s, want := range map[string]Kind{"vllm": KindVLLM, "sglang": KindSGLang, "openai": KindOpenAI, "llama.cpp": KindLlamaCpp} {
+		if got, err := ParseKind(s); err != nil || got != want {
+			t.Fatalf("ParseKind(%q) = %v, %v", s, got, err)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("registering a built-in kind's name did not panic")
+		}
+	}()
+	RegisterKind("vllm")
+}

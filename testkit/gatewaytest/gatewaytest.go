@@ -23,6 +23,10 @@ import (
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/controlplane"
+	_ "github.com/rollgate/rollgate/engines/llamacpp" // the engine kinds, registered as cmd/rollgate does
+	_ "github.com/rollgate/rollgate/engines/openai"
+	_ "github.com/rollgate/rollgate/engines/sglang"
+	_ "github.com/rollgate/rollgate/engines/vllm"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/sqlite"
@@ -148,8 +152,11 @@ func NewEnvWith(t *testing.T, store export.Store, mc mock.Config, mutate func(*g
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	e.Pipe = capture.NewPipeline(capture.Config{FlushInterval: 10 * time.Millisecond, BatchSize: 64},
-		[]capture.NamedSink{{Name: store.Name(), Sink: store}}, e.M, nil)
+	pc := capture.Config{FlushInterval: 10 * time.Millisecond, BatchSize: 64}
+	if err := pc.UseEngines(cfg.DisableTokenizeFallback, cfg.DetokCheck); err != nil {
+		t.Fatal(err)
+	}
+	e.Pipe = capture.NewPipeline(pc, []capture.NamedSink{{Name: store.Name(), Sink: store}}, e.M, nil)
 	gw, err := gateway.New(cfg, e.Pipe, e.M, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +164,6 @@ func NewEnvWith(t *testing.T, store export.Store, mc mock.Config, mutate func(*g
 	e.GW = gw
 	e.CP = controlplane.New(controlplane.ConfigOf(cfg), gw, store, e.Pipe, e.M, nil)
 	gw.SetControlPlane(e.CP)
-	e.Pipe.SetFallback(gw.FallbackFor)
 	go gw.Serve(ln)
 	e.URL = "http://" + ln.Addr().String()
 	t.Cleanup(func() {

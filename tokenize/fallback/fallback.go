@@ -4,8 +4,9 @@
 //
 //   - prompt ids from the backend's own tokenizer endpoint, with the same
 //     messages, tools and chat template arguments as the captured request,
-//     so the engine's chat template is applied (vLLM's POST /tokenize chat
-//     form; llama.cpp's /apply-template then /tokenize);
+//     so the engine's chat template is applied (a Tokenizer: each engine
+//     kind's package under engines/ has its own, e.g. vLLM's POST /tokenize
+//     chat form, llama.cpp's /apply-template then /tokenize);
 //   - output ids from the logprobs the engine returned: vLLM's
 //     "token_id:NNN" tokens (request field return_tokens_as_token_ids) and
 //     llama.cpp's non-standard "id" on each logprobs entry.
@@ -17,7 +18,6 @@ package fallback
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -38,30 +38,29 @@ var ErrUnsupported = errors.New("fallback: no tokenizer endpoint for this backen
 // maxResponse bounds a tokenizer endpoint's response body.
 const maxResponse = 64 << 20
 
-// Client calls a backend's tokenizer endpoints.
+// Tokenizer is one replica's tokenizer endpoints, as its engine kind
+// calls them (engines/*: vLLM's /tokenize chat form, llama.cpp's
+// /apply-template then /tokenize, ...).
+type Tokenizer interface {
+	// ChatIDs returns the prompt ids of a chat request (req is the whole
+	// captured request), rendered with the engine's chat template;
+	// ErrUnsupported when the engine cannot.
+	ChatIDs(ctx context.Context, req gjson.Result) ([]uint32, error)
+	// TextIDs returns the ids of one completions prompt text of req;
+	// ErrUnsupported when the engine cannot.
+	TextIDs(ctx context.Context, req gjson.Result, text string) ([]uint32, error)
+}
+
+// Client obtains token ids of captured calls through a replica's
+// tokenizer endpoints and the logprobs its answers carried.
 type Client struct {
-	// BaseURL is the backend's URL, with or without the OpenAI "/v1" suffix
-	// (tokenizer endpoints have no /v1 prefix, which is stripped).
-	BaseURL string
-	// Kind is the backend's engine; the zero value is vLLM.
-	Kind openai.Kind
-	// HTTP is the client used (default: one with a 30s timeout).
-	HTTP *http.Client
+	// Tok is the replica's tokenizer endpoints.
+	Tok Tokenizer
 }
 
-var defaultHTTP = &http.Client{Timeout: 30 * time.Second}
-
-func (c *Client) root() string {
-	u := strings.TrimRight(c.BaseURL, "/")
-	return strings.TrimSuffix(u, "/v1")
-}
-
-func (c *Client) http() *http.Client {
-	if c.HTTP != nil {
-		return c.HTTP
-	}
-	return defaultHTTP
-}
+// DefaultHTTP is the client tokenizer endpoints are called with unless one
+// is given (a 30s timeout).
+var DefaultHTTP = &http.Client{Timeout: 30 * time.Second}
 
 // PromptIDs returns the prompt ids of a captured request as the backend
 // tokenizes them: one list for a chat request (endpoint containing "chat"),
@@ -73,75 +72,17 @@ func (c *Client) PromptIDs(ctx context.Context, endpoint string, request []byte)
 		return nil, errors.New("fallback: request body is not a JSON object")
 	}
 	if openai.ChatShaped(endpoint) {
-		ids, err := c.chatIDs(ctx, req)
+		msgs := req.Get("messages")
+		if !msgs.IsArray() {
+			return nil, errors.New("fallback: chat request has no messages array")
+		}
+		ids, err := c.Tok.ChatIDs(ctx, req)
 		if err != nil {
 			return nil, err
 		}
 		return [][]uint32{ids}, nil
 	}
 	return c.completionIDs(ctx, req)
-}
-
-func (c *Client) chatIDs(ctx context.Context, req gjson.Result) ([]uint32, error) {
-	msgs := req.Get("messages")
-	if !msgs.IsArray() {
-		return nil, errors.New("fallback: chat request has no messages array")
-	}
-	switch c.Kind {
-	case openai.KindVLLM:
-		// vLLM's chat form; every template-relevant field of the request is
-		// forwarded as it is, so /tokenize renders the same prompt.
-		var b bytes.Buffer
-		b.WriteString(`{"messages":`)
-		b.WriteString(msgs.Raw)
-		for _, k := range []string{"model", "tools", "chat_template", "chat_template_kwargs", "documents",
-			"add_generation_prompt", "continue_final_message", "mm_processor_kwargs"} {
-			if v := req.Get(gjsonKey(k)); v.Exists() && v.Type != gjson.Null {
-				fmt.Fprintf(&b, `,%q:%s`, k, v.Raw)
-			}
-		}
-		if !req.Get("add_special_tokens").Exists() {
-			b.WriteString(`,"add_special_tokens":false`)
-		} else {
-			fmt.Fprintf(&b, `,"add_special_tokens":%s`, req.Get("add_special_tokens").Raw)
-		}
-		b.WriteByte('}')
-		res, err := c.post(ctx, "/tokenize", b.Bytes())
-		if err != nil {
-			return nil, err
-		}
-		return idList(res.Get("tokens"), "tokens")
-	case openai.KindLlamaCpp:
-		// llama.cpp renders with /apply-template, which runs the chat
-		// route's own parameter parsing on the whole body (tools,
-		// tool_choice, chat_template_kwargs, add_generation_prompt, ...):
-		// so the request goes as the client sent it. Then the text is
-		// tokenized the way the chat route does (special tokens added and
-		// parsed).
-		res, err := c.post(ctx, "/apply-template", []byte(req.Raw))
-		if err != nil {
-			return nil, err
-		}
-		p := res.Get("prompt")
-		if p.Type != gjson.String {
-			return nil, errors.New("fallback: /apply-template returned no prompt")
-		}
-		return c.llamaTokenize(ctx, p.Str)
-	default:
-		return nil, ErrUnsupported
-	}
-}
-
-func (c *Client) llamaTokenize(ctx context.Context, text string) ([]uint32, error) {
-	body, err := json.Marshal(map[string]any{"content": text, "add_special": true, "parse_special": true})
-	if err != nil {
-		return nil, fmt.Errorf("fallback: encoding tokenize request: %w", err)
-	}
-	res, err := c.post(ctx, "/tokenize", body)
-	if err != nil {
-		return nil, err
-	}
-	return idList(res.Get("tokens"), "tokens")
 }
 
 func (c *Client) completionIDs(ctx context.Context, req gjson.Result) ([][]uint32, error) {
@@ -153,7 +94,7 @@ func (c *Client) completionIDs(ctx context.Context, req gjson.Result) ([][]uint3
 	case p.IsArray():
 		arr := p.Array()
 		if len(arr) > 0 && arr[0].Type == gjson.Number {
-			ids, err := idList(p, "prompt")
+			ids, err := IDList(p, "prompt")
 			return [][]uint32{ids}, err
 		}
 		prompts = arr
@@ -166,28 +107,11 @@ func (c *Client) completionIDs(ctx context.Context, req gjson.Result) ([][]uint3
 		var err error
 		switch {
 		case pr.IsArray():
-			ids, err = idList(pr, "prompt")
+			ids, err = IDList(pr, "prompt")
 		case pr.Type != gjson.String:
 			err = fmt.Errorf("fallback: prompt %d is neither text nor ids", i)
-		case c.Kind == openai.KindLlamaCpp:
-			ids, err = c.llamaTokenize(ctx, pr.Str)
-		case c.Kind == openai.KindVLLM || c.Kind == openai.KindSGLang:
-			body := map[string]any{"prompt": pr.Str, "add_special_tokens": true}
-			if m := req.Get("model"); m.Type == gjson.String {
-				body["model"] = m.Str
-			}
-			if a := req.Get("add_special_tokens"); a.IsBool() {
-				body["add_special_tokens"] = a.Bool()
-			}
-			var b []byte
-			if b, err = json.Marshal(body); err == nil {
-				var res gjson.Result
-				if res, err = c.post(ctx, "/tokenize", b); err == nil {
-					ids, err = idList(res.Get("tokens"), "tokens")
-				}
-			}
 		default:
-			err = ErrUnsupported
+			ids, err = c.Tok.TextIDs(ctx, req, pr.Str)
 		}
 		if err != nil {
 			return nil, err
@@ -197,33 +121,19 @@ func (c *Client) completionIDs(ctx context.Context, req gjson.Result) ([][]uint3
 	return out, nil
 }
 
-// Detokenize turns ids into text with the backend's own tokenizer (vLLM's
-// POST /detokenize), for the detokenisation check.
-func (c *Client) Detokenize(ctx context.Context, ids []uint32) ([]byte, error) {
-	body, err := json.Marshal(map[string]any{"tokens": ids})
-	if err != nil {
-		return nil, fmt.Errorf("fallback: detokenize: %w", err)
+// Post sends a JSON body to url with hc (nil: DefaultHTTP) and returns the
+// parsed JSON response; an answer other than 200 is an error quoting the
+// engine's message.
+func Post(ctx context.Context, hc *http.Client, url string, body []byte) (gjson.Result, error) {
+	if hc == nil {
+		hc = DefaultHTTP
 	}
-	res, err := c.post(ctx, "/detokenize", body)
-	if err != nil {
-		return nil, err
-	}
-	p := res.Get("prompt")
-	if p.Type != gjson.String {
-		return nil, errors.New("fallback: /detokenize answered without a prompt string")
-	}
-	return []byte(p.String()), nil
-}
-
-// post sends a JSON body and returns the parsed JSON response.
-func (c *Client) post(ctx context.Context, path string, body []byte) (gjson.Result, error) {
-	url := c.root() + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return gjson.Result{}, fmt.Errorf("fallback: POST %s: %w", url, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http().Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return gjson.Result{}, fmt.Errorf("fallback: POST %s: %w", url, err)
 	}
@@ -248,8 +158,9 @@ func (c *Client) post(ctx context.Context, path string, body []byte) (gjson.Resu
 	return gjson.ParseBytes(data), nil
 }
 
-// idList reads a JSON array of non-negative integers below 2^32.
-func idList(v gjson.Result, what string) ([]uint32, error) {
+// IDList reads a JSON array of non-negative integers below 2^32 (what
+// names the value in errors).
+func IDList(v gjson.Result, what string) ([]uint32, error) {
 	if !v.IsArray() {
 		return nil, fmt.Errorf("fallback: %s is not a list of ids", what)
 	}
@@ -284,8 +195,8 @@ func u32(e gjson.Result) (uint32, bool) {
 	return uint32(n), true
 }
 
-// gjsonKey escapes a key for a gjson path.
-func gjsonKey(k string) string {
+// GJSONKey escapes a key for a gjson path.
+func GJSONKey(k string) string {
 	return strings.NewReplacer(".", `\.`, "*", `\*`, "?", `\?`).Replace(k)
 }
 

@@ -15,6 +15,10 @@ import (
 
 	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/engines"
+	_ "github.com/rollgate/rollgate/engines/llamacpp"
+	"github.com/rollgate/rollgate/engines/sglang"
+	_ "github.com/rollgate/rollgate/engines/vllm"
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize"
@@ -128,7 +132,7 @@ func TestPromptIDsVLLMChatEqualsEngine(t *testing.T) {
 	_, base := startMock(t, mock.Config{})
 	req := chatRequest(false, "")
 	want := gjson.GetBytes(post(t, base+chatPath, req), "prompt_token_ids")
-	c := &fallback.Client{BaseURL: base, Kind: openai.KindVLLM}
+	c := engines.Filler(openai.KindVLLM, base)
 	got, err := c.PromptIDs(context.Background(), "/v1/chat/completions", []byte(req))
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +156,7 @@ func TestPromptIDsVLLMChatEqualsEngine(t *testing.T) {
 
 func TestPromptIDsCompletions(t *testing.T) {
 	_, base := startMock(t, mock.Config{})
-	c := &fallback.Client{BaseURL: base} // kind "" is vLLM; base ends in /v1
+	c := engines.Filler(openai.KindVLLM, base) // base ends in /v1
 	for _, tc := range []struct{ name, prompt string }{
 		{"string", `"hello the world"`},
 		{"list", `["hello the world","quick brown fox"]`},
@@ -182,7 +186,7 @@ func TestPromptIDsCompletions(t *testing.T) {
 func TestPromptIDsErrors(t *testing.T) {
 	_, base := startMock(t, mock.Config{})
 	ctx := context.Background()
-	c := &fallback.Client{BaseURL: base}
+	c := engines.Filler(openai.KindVLLM, base)
 	for _, tc := range []struct{ endpoint, req, want string }{
 		{chatPath, `[]`, "not a JSON object"},
 		{chatPath, `{"model":"m"}`, "no messages"},
@@ -194,7 +198,7 @@ func TestPromptIDsErrors(t *testing.T) {
 			t.Errorf("%s: err = %v, want %q", tc.req, err, tc.want)
 		}
 	}
-	sg := &fallback.Client{BaseURL: base, Kind: openai.KindSGLang}
+	sg := &fallback.Client{Tok: sglang.PromptTokenizer(base, nil)}
 	if _, err := sg.PromptIDs(ctx, chatPath, []byte(`{"messages":[]}`)); err != fallback.ErrUnsupported {
 		t.Fatalf("sglang chat: %v", err)
 	}
@@ -202,7 +206,7 @@ func TestPromptIDsErrors(t *testing.T) {
 	if _, err := c.PromptIDs(ctx, chatPath, []byte(`{"messages":{}}`)); err == nil {
 		t.Fatal("messages object accepted")
 	}
-	down := &fallback.Client{BaseURL: "http://127.0.0.1:1"}
+	down := engines.Filler(openai.KindVLLM, "http://127.0.0.1:1")
 	if _, err := down.PromptIDs(ctx, cmplPath, []byte(`{"prompt":"x"}`)); err == nil || !strings.Contains(err.Error(), "127.0.0.1:1/tokenize") {
 		t.Fatalf("unreachable backend: %v", err)
 	}
@@ -255,7 +259,7 @@ func TestFill(t *testing.T) {
 				t.Fatalf("before Fill: token_source %s (%s)", got, c.rows[0].TokenCheck)
 			}
 			before := srv.RequestsTo(mock.PathTokenize)
-			cl := &fallback.Client{BaseURL: base, Kind: openai.KindVLLM}
+			cl := engines.Filler(openai.KindVLLM, base)
 			out, err := cl.Fill(context.Background(), c.rows, c.request, c.each)
 			if err != nil {
 				t.Fatal(err)
@@ -298,7 +302,7 @@ func TestFillLeavesRowsAlone(t *testing.T) {
 	// Engine ids verified: nothing to do, no request.
 	srv, base := startMock(t, mock.Config{})
 	c := call(t, base, chatPath, chatRequest(false, ""))
-	cl := &fallback.Client{BaseURL: base}
+	cl := engines.Filler(openai.KindVLLM, base)
 	before := srv.RequestsTo(mock.PathTokenize)
 	if out, err := cl.Fill(ctx, c.rows, c.request, c.each); err != nil || !out.Skipped {
 		t.Fatalf("engine ids: %+v %v", out, err)
@@ -317,7 +321,7 @@ func TestFillLeavesRowsAlone(t *testing.T) {
 	c = call(t, base, chatPath, chatRequest(false, ""))
 	want := reference(t, chatPath, chatRequest(false, ""))
 	orig := slices.Clone(c.rows)
-	cl = &fallback.Client{BaseURL: base}
+	cl = engines.Filler(openai.KindVLLM, base)
 	out, err := cl.Fill(ctx, c.rows, c.request, c.each)
 	if err == nil || !strings.Contains(err.Error(), "return_tokens_as_token_ids") || !out.Prompt || out.Output {
 		t.Fatalf("no logprobs: %+v %v", out, err)
@@ -341,7 +345,7 @@ func TestFillLeavesRowsAlone(t *testing.T) {
 	}))
 	defer other.Close()
 	c = call(t, base, chatPath, chatRequest(false, `,"logprobs":true,"return_tokens_as_token_ids":true`))
-	cl = &fallback.Client{BaseURL: other.URL}
+	cl = engines.Filler(openai.KindVLLM, other.URL)
 	out, err = cl.Fill(ctx, c.rows, c.request, c.each)
 	if err == nil || !slices.Contains(out.Failed, tokenize.CheckPromptCount) {
 		t.Fatalf("wrong template accepted: %+v %v", out, err)
@@ -404,7 +408,7 @@ func fakeLlamaCpp(t *testing.T) *httptest.Server {
 
 func TestLlamaCpp(t *testing.T) {
 	s := fakeLlamaCpp(t)
-	c := &fallback.Client{BaseURL: s.URL + "/v1/", Kind: openai.KindLlamaCpp}
+	c := engines.Filler(openai.KindLlamaCpp, s.URL+"/v1/")
 	ctx := context.Background()
 	got, err := c.PromptIDs(ctx, chatPath, []byte(`{"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {

@@ -1,0 +1,9 @@
+package gateway
+
+// The engine kinds, registered as cmd/rollgate registers them.
+import (
+	_ "github.com/rollgate/rollgate/engines/llamacpp"
+	_ "github.com/rollgate/rollgate/engines/openai"
+	_ "github.com/rollgate/rollgate/engines/sglang"
+	_ "github.com/rollgate/rollgate/engines/vllm"
+)
