@@ -222,7 +222,35 @@ func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.
 	if !ok || len(ids) == 0 {
 		return renderedPrompt{}, fmt.Errorf("%w: render answered no token_ids", errTokenIn)
 	}
+	if out, err = keepMaxTokens(out, body); err != nil {
+		return renderedPrompt{}, err
+	}
 	return renderedPrompt{raw: out, ids: ids}, nil
+}
+
+// keepMaxTokens puts the chat request's output limit (max_completion_tokens,
+// else max_tokens) into a render answer whose sampling_params left it out.
+// vLLM 0.32 serialises SamplingParams with msgspec's omit_defaults
+// (vllm/sampling_params.py), so a client's max_tokens of 16, the default,
+// vanishes from render's answer, and generate then lets the answer run to
+// the context's end (token_in_token_out/serving.py applies its server-side
+// default to a max_tokens not provided).
+func keepMaxTokens(rendered, chatReq []byte) ([]byte, error) {
+	if gjson.GetBytes(rendered, "sampling_params.max_tokens").Exists() {
+		return rendered, nil
+	}
+	limit := gjson.GetBytes(chatReq, "max_completion_tokens")
+	if limit.Type != gjson.Number {
+		limit = gjson.GetBytes(chatReq, "max_tokens")
+	}
+	if limit.Type != gjson.Number {
+		return rendered, nil
+	}
+	out, err := sjson.SetRawBytes(rendered, "sampling_params.max_tokens", []byte(limit.Raw))
+	if err != nil {
+		return nil, fmt.Errorf("%w: setting the request's max_tokens on render's answer: %v", errTokenIn, err)
+	}
+	return out, nil
 }
 
 // tokenInDerender turns a generate answer into the chat completion the

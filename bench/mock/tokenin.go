@@ -97,6 +97,9 @@ func (s *Server) scaleOut(ctx *fasthttp.RequestCtx, path string, k *knobs) {
 
 // render answers a chat request with the GenerateRequest vLLM's render
 // builds (render/serving.py render_chat_request).
+// defaultSamplingMaxTokens is vLLM's SamplingParams.max_tokens default.
+const defaultSamplingMaxTokens = 16
+
 func (s *Server) render(ctx *fasthttp.RequestCtx, k *knobs) {
 	var f fields
 	parseFields(ctx.PostBody(), &f)
@@ -144,8 +147,15 @@ func (s *Server) render(ctx *fasthttp.RequestCtx, k *knobs) {
 		}
 		b = appendJSONString(b, st)
 	}
-	b = append(b, `],"stop_token_ids":[],"max_tokens":`...)
-	b = strconv.AppendInt(b, int64(limit), 10)
+	b = append(b, `],"stop_token_ids":[]`...)
+	// vLLM 0.32's SamplingParams is a msgspec Struct with omit_defaults=True
+	// (vllm/sampling_params.py), so a max_tokens equal to its default, 16,
+	// is left out of render's answer; generate then applies its own
+	// default, what the context leaves (token_in_token_out/serving.py,
+	// is_sampling_param_provided). The mock omits it too.
+	if limit != defaultSamplingMaxTokens {
+		b = strconv.AppendInt(append(b, `,"max_tokens":`...), int64(limit), 10)
+	}
 	if p.logprobs {
 		b = strconv.AppendInt(append(b, `,"logprobs":`...), int64(p.topLogprobs), 10)
 	}
