@@ -34,12 +34,9 @@ type call struct {
 }
 
 // pendingSeq is a call's sequence id while its block is being reserved:
-// the reservation's ticket (nil: none under way) and, for a call a retry
-// may repeat, what settleSequence remembers of it (retryMemo).
+// the reservation's ticket (nil: none under way).
 type pendingSeq struct {
-	t         *seqTicket
-	remember  bool
-	body, key uint64
+	t *seqTicket
 }
 
 // errClientGone marks an upstream stream closed because the client went away.
@@ -682,16 +679,13 @@ func (s *Server) admitAhead(ctx *fasthttp.RequestCtx, c *call) {
 func (s *Server) settleSequence(ctx *fasthttp.RequestCtx, c *call) bool {
 	t := c.seq.t
 	c.seq.t = nil
-	e, seq, err := t.wait(s.m.SequenceWaits)
+	_, seq, err := t.wait(s.m.SequenceWaits)
 	if err != nil {
 		s.log.Warn("refusing a call: no sequence id", "err", err)
 		ctx.Response.Header.Set("Retry-After", "1")
 		s.reject(ctx, c, rejectSequenceStore, fasthttp.StatusServiceUnavailable, errServer,
 			"the gateway could not reserve a sequence id for this call (its database, --queue or --db, is down or slow; the gateway's log has the cause); no answer of the model was returned: retry")
 		return false
-	}
-	if c.seq.remember {
-		e.retries.remember(c.seq.body, c.seq.key, seq, c.pend.IDs.Span)
 	}
 	s.setSequenceID(ctx, c, seq)
 	return true

@@ -43,7 +43,12 @@ var retrySeed = maphash.MakeSeed()
 type retryTry struct {
 	body  uint64   // hash of the request body
 	key   uint64   // hash of the Idempotency-Key, 0 without one
-	seq   uint64   // the call's sequence id (0: an empty slot)
+	seq   uint64   // the call's sequence id (0 with no ticket: an empty slot)
+	// ticket is the reservation of the call's id while it was under way
+	// when the call was remembered (seq 0): a retry arriving before the
+	// first try has its id (an SDK timing out on a slow engine) waits on
+	// the same ticket and takes the same id.
+	ticket *seqTicket
 	first [16]byte // span id of the call's first try
 	tries uint16   // retries seen so far (the last retry_count given)
 }
@@ -89,7 +94,7 @@ func (m *retryMemo) match(body uint64, sig retrySignal) (retryTry, bool) {
 	defer m.mu.Unlock()
 	for i := range retryRecent {
 		t := &m.recent[(int(m.next)+retryRecent-1-i)%retryRecent]
-		if t.seq == 0 {
+		if t.seq == 0 && t.ticket == nil {
 			break
 		}
 		if sig.key != 0 && t.key == sig.key || sig.key == 0 && t.key == 0 && t.body == body {
@@ -104,8 +109,18 @@ func (m *retryMemo) match(body uint64, sig retrySignal) (retryTry, bool) {
 
 // remember records a new call of the attempt, replacing the oldest.
 func (m *retryMemo) remember(body, key, seq uint64, span [16]byte) {
+	m.put(retryTry{body: body, key: key, seq: seq, first: span})
+}
+
+// rememberPending records a new call whose id is still being reserved
+// (ticket t): its retries take the id t gives.
+func (m *retryMemo) rememberPending(body, key uint64, span [16]byte, t *seqTicket) {
+	m.put(retryTry{body: body, key: key, ticket: t, first: span})
+}
+
+func (m *retryMemo) put(t retryTry) {
 	m.mu.Lock()
-	m.recent[m.next] = retryTry{body: body, key: key, seq: seq, first: span}
+	m.recent[m.next] = t
 	m.next = (m.next + 1) % retryRecent
 	m.mu.Unlock()
 }
@@ -113,8 +128,9 @@ func (m *retryMemo) remember(body, key, seq uint64, span [16]byte) {
 // assignSequence is admitAhead's sequence id: the id of the call a retry
 // repeats (with its try number and first span on the row), else a new id
 // from the sequence table, remembered for the call's own retries; or, when
-// the attempt needs a new block, the reservation's ticket (c.seq notes what
-// settleSequence remembers once the id is known).
+// the attempt needs a new block, the reservation's ticket (remembered too:
+// a retry of a call whose id is still being reserved waits on the same
+// ticket).
 func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, uint64, *seqTicket) {
 	attr, p := c.attr, c.pend
 	if len(attr.rolloutID) == 0 {
@@ -134,6 +150,9 @@ func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, u
 				s.m.Retries.WithLabelValues("matched").Inc()
 				p.Meta.RetryCount = t.tries
 				p.Meta.RetryOf = string(t.first[:])
+				if t.seq == 0 { // the first try's id is still being reserved
+					return e, 0, t.ticket
+				}
 				return e, t.seq, nil
 			}
 		}
@@ -143,7 +162,7 @@ func (s *Server) assignSequence(ctx *fasthttp.RequestCtx, c *call) (*seqEntry, u
 	}
 	e, seq, t := s.seq.take(attr.rolloutID, attr.attemptID)
 	if t != nil {
-		c.seq.remember, c.seq.body, c.seq.key = true, body, sig.key
+		e.retries.rememberPending(body, sig.key, p.IDs.Span, t)
 		return e, 0, t
 	}
 	e.retries.remember(body, sig.key, seq, p.IDs.Span)

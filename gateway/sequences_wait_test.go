@@ -79,3 +79,43 @@ func TestSequenceReservationBesideEngine(t *testing.T) {
 		t.Fatalf("stored %+v, want the calls with ids 1 and 2", rows)
 	}
 }
+
+// TestRetryWhileFirstTryReserves: an SDK retry that arrives while its
+// first try's id is still being reserved (the attempt's first call, a
+// slow store) is the same call: both tries answer x-sequence-id 1, and the
+// retry's row says retry_count 1. (Before the retry memo kept the pending
+// reservation, the retry was a new call with id 2.)
+func TestRetryWhileFirstTryReserves(t *testing.T) {
+	store, _ := openSQLite(t)
+	inner, err := seqstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "seq.db"), seqstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inner.Close() })
+	held := &heldStore{Store: inner, entered: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, store, func(c *gateway.Config) { c.SequenceStore = held })
+	url := e.url + "/rollout/ro-r/attempt/at-1/v1/chat/completions"
+
+	held.hold.Store(true)
+	first, retry := make(chan resp, 1), make(chan resp, 1)
+	go func() { first <- do(t, "POST", url, chatBody, "x-stainless-retry-count", "0") }()
+	<-held.entered
+	waitFor(t, "the engine to get the first try", func() bool { return e.mock.RequestsTo("/v1/chat/completions") == 1 })
+	go func() { retry <- do(t, "POST", url, chatBody, "x-stainless-retry-count", "1") }()
+	waitFor(t, "the engine to get the retry", func() bool { return e.mock.RequestsTo("/v1/chat/completions") == 2 })
+	close(held.release)
+	for name, ch := range map[string]chan resp{"first try": first, "retry": retry} {
+		if r := <-ch; r.status != 200 || r.header.Get("x-sequence-id") != "1" {
+			t.Errorf("%s: %d x-sequence-id %q, want 200 and 1", name, r.status, r.header.Get("x-sequence-id"))
+		}
+	}
+	var rows []export.Call
+	waitFor(t, "two rows", func() bool { rows = e.storedCalls(export.CallFilter{RolloutID: "ro-r"}); return len(rows) == 2 })
+	tries := map[uint16]uint64{}
+	for _, r := range rows {
+		tries[r.RetryCount] = r.SequenceID
+	}
+	if len(tries) != 2 || tries[0] != 1 || tries[1] != 1 {
+		t.Fatalf("rows (retry_count → sequence_id) %v, want 0 → 1 and 1 → 1", tries)
+	}
+}
