@@ -41,16 +41,16 @@ var retrySeed = maphash.MakeSeed()
 
 // retryTry is one remembered call of an attempt.
 type retryTry struct {
-	body  uint64   // hash of the request body
-	key   uint64   // hash of the Idempotency-Key, 0 without one
-	seq   uint64   // the call's sequence id (0 with no ticket: an empty slot)
+	body uint64 // hash of the request body
+	key  uint64 // hash of the Idempotency-Key, 0 without one
+	seq  uint64 // the call's sequence id (0 with no ticket: an empty slot)
 	// ticket is the reservation of the call's id while it was under way
 	// when the call was remembered (seq 0): a retry arriving before the
 	// first try has its id (an SDK timing out on a slow engine) waits on
 	// the same ticket and takes the same id.
 	ticket *seqTicket
-	first [16]byte // span id of the call's first try
-	tries uint16   // retries seen so far (the last retry_count given)
+	first  [16]byte // span id of the call's first try
+	tries  uint16   // retries seen so far (the last retry_count given)
 }
 
 // retryMemo is an attempt's recent calls, a ring of retryRecent.
