@@ -179,6 +179,9 @@ func createSchemaLocked(ctx context.Context, db *sql.DB) error {
 	return createSchema(ctx, conn)
 }
 
+// listenerApp is the application_name of an instance's listening session.
+func listenerApp(instance string) string { return "rollgate-seq-listener-" + instance }
+
 // channel is the notification channel of a gateway instance.
 func channel(instance string) string { return "rg_seq_" + instance }
 
@@ -186,6 +189,8 @@ func channel(instance string) string { return "rg_seq_" + instance }
 // lock and listens on its channel.
 func (p *Postgres) connectListener(ctx context.Context) (*pgx.Conn, error) {
 	cfg := p.cfg.Copy()
+	// Named, so an operator (or a test) finds it in pg_stat_activity.
+	cfg.RuntimeParams["application_name"] = listenerApp(p.instance)
 	// The whole setup (including waiting for the instance's lock, which a
 	// session of this gateway cut off by a partition may still hold at the
 	// server for up to the lease) is bounded; the listener retries.
@@ -200,6 +205,14 @@ func (p *Postgres) connectListener(ctx context.Context) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("seqstore: connecting to PostgreSQL to listen for takeovers: %w", err)
+	}
+	// A session of this gateway that was cut off may still hold the lock
+	// at the server (until its TCP settings end it, or forever behind a
+	// proxy that keeps the server's side of the connection up): it is ours
+	// and dead to us, so end it rather than wait.
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, listenerApp(p.instance)); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("seqstore: ending this gateway's previous listening session: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, p.instance); err != nil {
 		conn.Close(context.Background())

@@ -112,8 +112,8 @@ func (p *Postgres) prove(ctx context.Context, conn *pgx.Conn) (*pgconn.Notificat
 	pctx, cancel := context.WithTimeout(ctx, p.opt.heartbeat())
 	defer cancel()
 	if err := conn.Ping(pctx); err != nil {
-		if ctx.Err() != nil {
-			return nil, err
+		if ctx.Err() != nil || pctx.Err() == nil {
+			return nil, err // closing, or the session broke
 		}
 		return nil, fmt.Errorf("%w (%s): %w", errLeaseLost, p.opt.heartbeat(), err)
 	}
