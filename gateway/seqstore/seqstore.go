@@ -188,9 +188,12 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollgate_sequence_rows_pruned_total",
 			Help: "Rows of rg_sequences deleted after the retention."}),
 		sessionLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollgate_sequence_session_lost_total",
-			Help: "Times the gateway's PostgreSQL listening session ended, by cause: lease (PostgreSQL did not answer a heartbeat within a quarter of --sequence-lease: a partition or an overloaded server), error (the connection failed). Every attempt's ids were dropped; reservations are refused until it is back."}, []string{"cause"}),
+			Help: "Times the gateway's PostgreSQL listening session ended, by cause: lease (PostgreSQL did not answer a heartbeat within a quarter of --sequence-lease: a partition or an overloaded server), error (the connection failed). Every attempt's ids were dropped; reservations are refused until it is back. Always 0 with the SQLite store."}, []string{"cause"}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollgate_sequence_refused_total",
-			Help: "Reservations of sequence ids refused because the gateway's PostgreSQL session was down or its lease had lapsed (the calls were answered 503)."}),
+			Help: "Reservations of sequence ids refused because the gateway's PostgreSQL session was down or its lease had lapsed (the calls were answered 503). Always 0 with the SQLite store."}),
+	}
+	for _, cause := range []string{"lease", "error"} {
+		m.sessionLost.WithLabelValues(cause) // exported at 0, so that increase() sees the first loss
 	}
 	if r != nil {
 		// A second store on one registry (tests) keeps the first's counters.
