@@ -36,7 +36,7 @@ func TestServeFlagsKept(t *testing.T) {
 		"otlp-endpoint": "", "otlp-gateway-sample-ratio": "0.01", "otlp-headers": "",
 		"otlp-insecure": "false", "otlp-protocol": "http", "policy-version": "", "public-url": "",
 		"queue": "", "queue-timeout": "10s", "retries": "2", "routing": "affine",
-		"routing-load-factor": "1.25", "sequence-retention": "0s", "sequence-timeout": "5s",
+		"routing-load-factor": "1.25", "sequence-retention": "0s", "sequence-timeout": "5s", "sequence-lease": "4s",
 		"spool-dir": "", "spool-full-policy": "block", "spool-max-bytes": "1073741824",
 		"spool-sync-interval": "0s", "task-lease": "1m0s", "tls-cert": "", "tls-key": "",
 		"upstream": "", "upstream-kind": "auto", "upstream-timeout": "10m0s", "ui": "true", "ui-tokenizer": "",

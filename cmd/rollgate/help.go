@@ -27,7 +27,7 @@ var serveSections = []flagSection{
 	{"Backends and routing", []string{"model", "policy-version", "routing", "routing-load-factor",
 		"retries", "retry-backoff", "health-interval", "unhealthy-after", "unhealthy-cooldown"}},
 	{"Capture", []string{"inject-logprobs", "capture-embedding-bodies", "detok-check",
-		"disable-tokenize-fallback", "clickhouse-ttl-days", "sequence-retention", "sequence-timeout", "unattributed"}},
+		"disable-tokenize-fallback", "clickhouse-ttl-days", "sequence-retention", "sequence-timeout", "sequence-lease", "unattributed"}},
 	{"Token-in (vLLM >= 0.32)", []string{"token-in", "token-in-*"}},
 	{"Durability (spool and write-ahead log)", []string{"spool-dir", "spool-*", "capture-wal", "capture-wal-*"}},
 	{"Training loop (task queue, bridge API)", []string{"queue", "task-lease", "bridge-lease-ttl", "bridge-tokenizers", "public-url"}},

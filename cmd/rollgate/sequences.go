@@ -17,13 +17,21 @@ type sequenceConfig struct {
 	// Retention deletes an attempt's row once no id was reserved for it
 	// this long (0 = keep rows forever).
 	Retention time.Duration `yaml:"sequence_retention"`
+	// Lease bounds how long a gateway cut off from the PostgreSQL queue
+	// database keeps handing out sequence ids (seqstore.Options.SessionLease).
+	Lease time.Duration `yaml:"sequence_lease"`
 }
 
-// RegisterFlags registers --sequence-retention (--sequence-timeout is the
-// gateway's: gateway.Config.SequenceStoreTimeout).
+// RegisterFlags registers --sequence-retention and --sequence-lease
+// (--sequence-timeout is the gateway's: gateway.Config.SequenceStoreTimeout).
 func (c *sequenceConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Retention, "sequence-retention", c.Retention,
 		"delete the rg_sequences row (180 B in SQLite, 270 B in PostgreSQL) of an attempt no sequence id was reserved for in this long, hourly; it must exceed the longest an attempt may still get calls, or its ids start again at 1 (0 = keep rows forever)")
+	if c.Lease == 0 {
+		c.Lease = seqstore.DefaultSessionLease
+	}
+	fs.DurationVar(&c.Lease, "sequence-lease", c.Lease,
+		"with a PostgreSQL --queue: a gateway whose session to it stops answering (a silent network partition) hands out no sequence id more than half this after the last answer and answers 503 until the session is back; PostgreSQL ends the cut-off session about this long after its last packet, and a takeover from an unresponsive gateway waits half this plus 1s (at least 2s). Round trips to PostgreSQL must stay well below a quarter of it")
 }
 
 // openSequenceStore opens where sequence ids are reserved: the task queue's

@@ -74,7 +74,7 @@ func (s *serving) start(c *fileConfig, stderr io.Writer) error {
 		return err
 	}
 	var err error
-	if s.seqs, err = openSequenceStore(ctx, c.Queue.DSN, c.Store.DB, seqstore.Options{Retention: c.Sequences.Retention, Registerer: m.Registry, Logger: s.log}); err != nil {
+	if s.seqs, err = openSequenceStore(ctx, c.Queue.DSN, c.Store.DB, seqstore.Options{Retention: c.Sequences.Retention, SessionLease: c.Sequences.Lease, Registerer: m.Registry, Logger: s.log}); err != nil {
 		return failed(err)
 	}
 	s.cfg.SequenceStore = s.seqs

@@ -30,8 +30,8 @@ import (
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/gateway/seqstore"
 	"github.com/rollgate/rollgate/internal/metrics"
-	"github.com/rollgate/rollgate/testkit/gatewaytest"
 )
 
 // rateInterval stands in for Grafana's $__rate_interval (at least four
@@ -158,13 +158,14 @@ func TestPrometheusEvaluatesDeployQueries(t *testing.T) {
 	// and an id-less backend, a failing sink and a failing spooled sink)
 	// makes these return data (not RollgateDown, RollgateCaptureDropping,
 	// RollgateCaptureQueueFilling, RollgateExportLag, RollgateSpoolCorruptRecords,
-	// RollgateSequenceStoreUnavailable: the promtool tests make those fire).
+	// RollgateSequenceStoreUnavailable, RollgateSequenceLeaseLapsed: the
+	// promtool tests make those fire).
 	t.Run("alert expressions", func(t *testing.T) {
 		withData := []string{"RollgateBackendDown", "RollgateBackendStalled", "RollgateHighErrorRate",
 			"RollgateExportErrors", "RollgateExportDroppingRows", "RollgateCallsWithoutTokenIDs",
 			"RollgateTokenIDsNotFromEngine", "RollgateSpoolFilling", "RollgateSpoolDroppingRows", "RollgateExportBacklog"}
-		if len(alerts) != 16 {
-			t.Fatalf("%d alert rules, want 16", len(alerts))
+		if len(alerts) != 17 {
+			t.Fatalf("%d alert rules, want 17", len(alerts))
 		}
 		for _, a := range alerts {
 			if _, err := prom.instant(a.expr); err != nil {
@@ -419,6 +420,14 @@ func startLoadedGateway(t *testing.T) string {
 		}
 	}()
 
+	// The sequence store's metrics on the gateway's registry, as serve
+	// registers them (the rules use them).
+	seqs, err := seqstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "sequences.db"), seqstore.Options{Registerer: m.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { seqs.Close() })
+
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -428,7 +437,7 @@ func startLoadedGateway(t *testing.T) string {
 		UpstreamTimeout: 10 * time.Minute,
 		IdleTimeout:     10 * time.Minute, // the hung backend stays hung for the whole test
 		Retries:         -1,
-		SequenceStore:   gatewaytest.SequenceStore(t),
+		SequenceStore:   seqs,
 		Backends: []gateway.Backend{
 			{Model: "m", Replicas: []gateway.Replica{{Name: "mock-a", URL: base, Kind: "vllm", PolicyVersion: "v1"}}},
 			{Model: "noids", Replicas: []gateway.Replica{{Name: "mock-noids", URL: noIDsBase, Kind: "vllm"}}},

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // postgresReserve moves the row forward by a block (as sqliteReserve), then
@@ -62,15 +62,19 @@ type takeover struct {
 // acknowledged, so any call of the attempt that reaches it after the taking
 // call's answer reserves again, above. An agent that waits for an answer
 // before its next call (every sequential agent) thus sees increasing ids
-// whichever gateway serves each call. Exceptions, all counted or logged:
-// the acknowledgement does not come within TakeoverWait
-// (rollgate_sequence_takeovers_total{outcome="timeout"}: the old holder is
-// alive to PostgreSQL but stalled); and the window between PostgreSQL
-// ending a gateway's session and that gateway noticing (it then drops every
-// attempt and reserves nothing until it listens again) — calls it answers
-// from memory in that window may get ids below those another gateway gave
-// meanwhile. Concurrent calls of one attempt are ordered by the database,
-// not by their arrival.
+// whichever gateway serves each call. A gateway cut off from PostgreSQL
+// (even silently: packets dropped, no reset) stops handing out ids within
+// SessionLease/2 of its session's last answer and refuses reservations
+// (503, rollgate_sequence_refused_total) until it listens again; a takeover
+// whose acknowledgement does not come waits TakeoverWait, longer than that,
+// so ids stay in call order across a partition too (see session.go).
+// Exceptions, all counted or logged: a gateway process stalled (stopped,
+// swapped out) longer than SessionLease/2 while holding a block, which may
+// answer a call it had already admitted with an id below those another
+// gateway gave meanwhile (rollgate_sequence_takeovers_total{outcome="timeout"}
+// counts the takeovers that did not wait for an acknowledgement).
+// Concurrent calls of one attempt are ordered by the database, not by their
+// arrival.
 //
 // Cost: no database access for a call whose attempt this gateway holds a
 // block of; one statement for the first call of an attempt and each
@@ -87,6 +91,9 @@ type Postgres struct {
 
 	listening atomic.Bool
 	gen       atomic.Uint64 // incremented on every connect and disconnect of the listener
+	epoch     time.Time     // the origin of proof (monotonic)
+	proof     atomic.Int64  // since epoch: when the listening session last answered (session.go)
+	cfg       *pgx.ConnConfig
 	cancel    context.CancelFunc
 	done      chan struct{}
 }
@@ -129,11 +136,13 @@ const schemaLock = 7210418
 // OpenPostgres connects to PostgreSQL, creates rg_sequences if missing and
 // starts listening for takeovers. It fails when the database is unreachable.
 func OpenPostgres(ctx context.Context, dsn string, opt Options) (*Postgres, error) {
-	db, err := sql.Open("pgx", dsn)
+	opt.setDefaults()
+	cfg, err := pgConfig(dsn, opt.SessionLease)
 	if err != nil {
-		return nil, fmt.Errorf("seqstore: opening PostgreSQL: %w", err)
+		return nil, err
 	}
-	p := &Postgres{dsn: dsn, waiters: map[string]chan struct{}{}, keys: map[string]*keyLock{}, done: make(chan struct{})}
+	db := stdlib.OpenDB(*cfg)
+	p := &Postgres{dsn: dsn, cfg: cfg, waiters: map[string]chan struct{}{}, keys: map[string]*keyLock{}, done: make(chan struct{}), epoch: time.Now()}
 	p.owned = true
 	if err := createSchemaLocked(ctx, db); err != nil {
 		db.Close()
@@ -170,16 +179,23 @@ func createSchemaLocked(ctx context.Context, db *sql.DB) error {
 	return createSchema(ctx, conn)
 }
 
+// listenerApp is the application_name of an instance's listening session.
+func listenerApp(instance string) string { return "rollgate-seq-listener-" + instance }
+
 // channel is the notification channel of a gateway instance.
 func channel(instance string) string { return "rg_seq_" + instance }
 
 // connectListener opens the session that holds this instance's advisory
 // lock and listens on its channel.
 func (p *Postgres) connectListener(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(p.dsn)
-	if err != nil {
-		return nil, fmt.Errorf("seqstore: parsing the PostgreSQL DSN: %w", err)
-	}
+	cfg := p.cfg.Copy()
+	// Named, so an operator (or a test) finds it in pg_stat_activity.
+	cfg.RuntimeParams["application_name"] = listenerApp(p.instance)
+	// The whole setup (including waiting for the instance's lock, which a
+	// session of this gateway cut off by a partition may still hold at the
+	// server for up to the lease) is bounded; the listener retries.
+	ctx, cancel := context.WithTimeout(ctx, 2*p.opt.SessionLease)
+	defer cancel()
 	// Interrupting WaitForNotification (Close) must leave the session
 	// usable, to release the instance's lock before closing: a deadline,
 	// not a cancel request that could cancel the unlock.
@@ -190,6 +206,14 @@ func (p *Postgres) connectListener(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seqstore: connecting to PostgreSQL to listen for takeovers: %w", err)
 	}
+	// A session of this gateway that was cut off may still hold the lock
+	// at the server (until its TCP settings end it, or forever behind a
+	// proxy that keeps the server's side of the connection up): it is ours
+	// and dead to us, so end it rather than wait.
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, listenerApp(p.instance)); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("seqstore: ending this gateway's previous listening session: %w", err)
+	}
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, p.instance); err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("seqstore: locking the instance id: %w", err)
@@ -198,6 +222,7 @@ func (p *Postgres) connectListener(ctx context.Context) (*pgx.Conn, error) {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("seqstore: LISTEN: %w", err)
 	}
+	p.proven()
 	p.gen.Add(1)
 	p.listening.Store(true)
 	return conn, nil
@@ -210,7 +235,7 @@ func (p *Postgres) listen(ctx context.Context, conn *pgx.Conn) {
 	backoff := 100 * time.Millisecond
 	for {
 		for {
-			n, err := conn.WaitForNotification(ctx)
+			n, err := p.prove(ctx, conn)
 			if err != nil && ctx.Err() != nil {
 				// Closing: release the lock now, so that a gateway taking
 				// an attempt over sees this one gone without waiting for
@@ -219,13 +244,20 @@ func (p *Postgres) listen(ctx context.Context, conn *pgx.Conn) {
 				conn.Exec(uctx, `SELECT pg_advisory_unlock_all()`)
 				cancel()
 			}
+			if err == nil && n != nil {
+				err = p.handle(ctx, conn, n.Payload)
+			}
 			if err != nil {
 				if ctx.Err() == nil {
-					p.log.Warn("seqstore: lost the PostgreSQL session that listens for takeovers: dropping every attempt's ids; calls get 503 until it is back", "err", err)
+					cause := "error"
+					if errors.Is(err, errLeaseLost) {
+						cause = "lease"
+					}
+					p.m.sessionLost.WithLabelValues(cause).Inc()
+					p.log.Warn("seqstore: lost the PostgreSQL session that listens for takeovers: dropping every attempt's ids; calls get 503 until it is back", "err", err, "cause", cause)
 				}
 				break
 			}
-			p.handle(ctx, conn, n.Payload)
 		}
 		p.listening.Store(false)
 		p.gen.Add(1)
@@ -253,8 +285,10 @@ func (p *Postgres) listen(ctx context.Context, conn *pgx.Conn) {
 }
 
 // handle processes one notification: a takeover (JSON) is applied and
-// acknowledged; anything else is the token of an acknowledgement.
-func (p *Postgres) handle(ctx context.Context, conn *pgx.Conn, payload string) {
+// acknowledged; anything else is the token of an acknowledgement. An error
+// (the acknowledgement failed or did not go within a heartbeat) ends the
+// session.
+func (p *Postgres) handle(ctx context.Context, conn *pgx.Conn, payload string) error {
 	if len(payload) == 0 || payload[0] != '{' {
 		p.mu.Lock()
 		ch := p.waiters[payload]
@@ -263,19 +297,23 @@ func (p *Postgres) handle(ctx context.Context, conn *pgx.Conn, payload string) {
 		if ch != nil {
 			close(ch)
 		}
-		return
+		return nil
 	}
 	var t takeover
 	if err := json.Unmarshal([]byte(payload), &t); err != nil {
 		p.log.Warn("seqstore: ignoring a malformed takeover notification", "payload", payload, "err", err)
-		return
+		return nil
 	}
 	if f := p.drop.Load(); f != nil {
 		(*f)(t.Rollout, t.Attempt)
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_notify($1, $2)`, channel(t.Holder), t.Token); err != nil && ctx.Err() == nil {
-		p.log.Warn("seqstore: acknowledging a takeover (the other gateway waits out its takeover wait)", "err", err)
+	actx, cancel := context.WithTimeout(ctx, p.opt.heartbeat())
+	defer cancel()
+	if _, err := conn.Exec(actx, `SELECT pg_notify($1, $2)`, channel(t.Holder), t.Token); err != nil {
+		return fmt.Errorf("seqstore: acknowledging a takeover (the other gateway waits out its takeover wait): %w", err)
 	}
+	p.proven()
+	return nil
 }
 
 // dropAll tells the gateway to forget every attempt.
@@ -296,8 +334,9 @@ var errNotListening = errors.New("seqstore: not listening for takeovers (Postgre
 // previous holder's acknowledgement on a takeover (see Postgres).
 func (p *Postgres) Reserve(ctx context.Context, rollout, attempt string) (Block, error) {
 	gen := p.gen.Load()
-	if !p.listening.Load() {
+	if !p.listening.Load() || !p.leaseHeld() {
 		p.m.errors.Inc()
+		p.m.refused.Inc()
 		return Block{}, errNotListening
 	}
 	defer p.lockKey(rollout, attempt)()
@@ -336,9 +375,10 @@ func (p *Postgres) Reserve(ctx context.Context, rollout, attempt string) (Block,
 		p.m.errors.Inc()
 		return Block{}, err
 	}
-	if p.gen.Load() != gen || !p.listening.Load() {
+	if p.gen.Load() != gen || !p.listening.Load() || !p.leaseHeld() {
 		// The session broke meanwhile: a takeover of this block might go unseen.
 		p.m.errors.Inc()
+		p.m.refused.Inc()
 		return Block{}, errNotListening
 	}
 	p.m.reservations.Inc()
@@ -355,7 +395,7 @@ func (p *Postgres) Reserve(ctx context.Context, rollout, attempt string) (Block,
 			p.m.takeovers.WithLabelValues("acked").Inc()
 		case <-t.C:
 			p.m.takeovers.WithLabelValues("timeout").Inc()
-			p.log.Warn("seqstore: the gateway that held an attempt did not acknowledge its takeover in time: ids stay unique, but it may answer a later call of the attempt with a lower id",
+			p.log.Warn("seqstore: the gateway that held an attempt did not acknowledge its takeover in time (cut off from PostgreSQL, or stalled): ids stay unique; past its session lease it hands out no more ids",
 				"rollout", rollout, "attempt", attempt, "holder", prev, "wait", p.opt.TakeoverWait)
 		case <-ctx.Done():
 			p.m.errors.Inc()

@@ -79,9 +79,19 @@ type Options struct {
 	MaxBlock uint64
 	// TakeoverWait bounds how long a reservation that took an attempt over
 	// from a live gateway waits for that gateway's acknowledgement
-	// (PostgreSQL; default 2s). Past it the block is returned anyway
-	// (uniqueness holds; see Postgres) and the timeout is counted.
+	// (PostgreSQL; default SessionLease/2 + 1s, at least 2s: longer than
+	// the old holder may hand out ids once cut off). Past it the block is
+	// returned anyway (uniqueness holds; see Postgres) and the timeout is
+	// counted.
 	TakeoverWait time.Duration
+	// SessionLease bounds how long a gateway cut off from PostgreSQL
+	// (PostgreSQL only; default 4s): it hands out no id more than
+	// SessionLease/2 after its listening session last answered and refuses
+	// reservations meanwhile (503), and PostgreSQL ends the cut-off session
+	// about SessionLease after its last packet (see the lease in session.go).
+	// The session is proven alive every SessionLease/4, so a round trip to
+	// PostgreSQL must stay well below SessionLease/4.
+	SessionLease time.Duration
 	// Retention deletes the rows of attempts no block was reserved for in
 	// this long (checked hourly; default 0: rows are kept). It must exceed
 	// the longest an attempt may still receive calls: an attempt whose row
@@ -103,8 +113,11 @@ func (o *Options) setDefaults() {
 	if o.MaxBlock < o.MinBlock {
 		o.MaxBlock = max(1024, o.MinBlock)
 	}
+	if o.SessionLease <= 0 {
+		o.SessionLease = DefaultSessionLease
+	}
 	if o.TakeoverWait <= 0 {
-		o.TakeoverWait = 2 * time.Second
+		o.TakeoverWait = max(2*time.Second, o.SessionLease/2+time.Second)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -160,6 +173,8 @@ type metrics struct {
 	errors       prometheus.Counter
 	takeovers    *prometheus.CounterVec
 	pruned       prometheus.Counter
+	sessionLost  *prometheus.CounterVec
+	refused      prometheus.Counter
 }
 
 func newMetrics(r prometheus.Registerer) *metrics {
@@ -172,10 +187,17 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Help: "Reservations that took an attempt over from another gateway, by outcome: acked (it dropped the attempt), gone (it no longer runs), timeout (no acknowledgement within the wait)."}, []string{"outcome"}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollgate_sequence_rows_pruned_total",
 			Help: "Rows of rg_sequences deleted after the retention."}),
+		sessionLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollgate_sequence_session_lost_total",
+			Help: "Times the gateway's PostgreSQL listening session ended, by cause: lease (PostgreSQL did not answer a heartbeat within a quarter of --sequence-lease: a partition or an overloaded server), error (the connection failed). Every attempt's ids were dropped; reservations are refused until it is back. Always 0 with the SQLite store."}, []string{"cause"}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollgate_sequence_refused_total",
+			Help: "Reservations of sequence ids refused because the gateway's PostgreSQL session was down or its lease had lapsed (the calls were answered 503). Always 0 with the SQLite store."}),
+	}
+	for _, cause := range []string{"lease", "error"} {
+		m.sessionLost.WithLabelValues(cause) // exported at 0, so that increase() sees the first loss
 	}
 	if r != nil {
 		// A second store on one registry (tests) keeps the first's counters.
-		for _, c := range []prometheus.Collector{m.reservations, m.errors, m.takeovers, m.pruned} {
+		for _, c := range []prometheus.Collector{m.reservations, m.errors, m.takeovers, m.pruned, m.sessionLost, m.refused} {
 			_ = r.Register(c)
 		}
 	}

@@ -222,8 +222,8 @@ func TestListenerLossDropsEverything(t *testing.T) {
 	}
 	defer db.Close()
 	var killed bool
-	if err := db.QueryRow(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1`,
-		"LISTEN "+channel(s.Instance())).Scan(&killed); err != nil || !killed {
+	if err := db.QueryRow(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`,
+		listenerApp(s.Instance())).Scan(&killed); err != nil || !killed {
 		t.Fatalf("terminating the listening session: %v %v", killed, err)
 	}
 	<-all // dropped everything

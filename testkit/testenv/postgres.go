@@ -36,6 +36,30 @@ func StartPostgres() (dsn string, stop func(), err error) {
 	if dsn := os.Getenv(EnvPostgresDSN); dsn != "" {
 		return dsn, func() {}, nil
 	}
+	return StartPostgresWith(PostgresOptions{})
+}
+
+// PostgresOptions place the server StartPostgresWith starts.
+type PostgresOptions struct {
+	// Listen is the address it listens on (default 127.0.0.1).
+	Listen string
+	// Port is its port (default: a free one, see FreePort).
+	Port int
+	// Command makes the server's command (default exec.Command): e.g. to
+	// run it in another network namespace (testkit/netns Host.Command).
+	Command func(name string, args ...string) *exec.Cmd
+}
+
+// StartPostgresWith is StartPostgres on the address and with the command
+// o gives; it ignores ROLLGATE_TEST_POSTGRES_DSN.
+func StartPostgresWith(o PostgresOptions) (dsn string, stop func(), err error) {
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1"
+	}
+	custom := o.Command != nil
+	if !custom {
+		o.Command = exec.Command
+	}
 	bin, err := postgresBin()
 	if err != nil {
 		return "", nil, err
@@ -68,21 +92,41 @@ func StartPostgres() (dsn string, stop func(), err error) {
 		cleanup()
 		return "", nil, fmt.Errorf("postgres test server: initdb: %w\n%s", err, out)
 	}
-	port, err := freePort()
-	if err != nil {
-		cleanup()
-		return "", nil, err
+	if o.Listen != "127.0.0.1" {
+		// Clients come from other addresses (hosts of testkit/netns).
+		if err := appendFile(filepath.Join(data, "pg_hba.conf"), "host all all 0.0.0.0/0 trust\n"); err != nil {
+			cleanup()
+			return "", nil, fmt.Errorf("postgres test server: %w", err)
+		}
+	}
+	port := o.Port
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			cleanup()
+			return "", nil, err
+		}
 	}
 	logf, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
 		cleanup()
 		return "", nil, fmt.Errorf("postgres test server: %w", err)
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+dir,
-		"-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=32MB")
+	args := []string{filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port),
+		"-c", "listen_addresses=" + o.Listen, "-c", "unix_socket_directories=" + dir,
+		"-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=32MB"}
+	var cmd *exec.Cmd
+	if custom && attr.Credential != nil {
+		// The command may need root first (ip netns exec): the user
+		// changes last, with setpriv, which also sets the parent-death
+		// signal the change of user would clear.
+		c := attr.Credential
+		cmd = o.Command("setpriv", append([]string{"--reuid=" + strconv.Itoa(int(c.Uid)), "--regid=" + strconv.Itoa(int(c.Gid)),
+			"--clear-groups", "--pdeathsig=KILL", "--"}, args...)...)
+	} else {
+		cmd = o.Command(args[0], args[1:]...)
+		cmd.SysProcAttr = attr
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		cleanup()
@@ -100,10 +144,11 @@ func StartPostgres() (dsn string, stop func(), err error) {
 		}
 		cleanup()
 	}
-	dsn = fmt.Sprintf("postgres://rollgate@127.0.0.1:%d/postgres?sslmode=disable", port)
+	hostPort := net.JoinHostPort(o.Listen, strconv.Itoa(port))
+	dsn = fmt.Sprintf("postgres://rollgate@%s/postgres?sslmode=disable", hostPort)
 	deadline := time.Now().Add(StartTimeout)
 	for {
-		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+		if c, err := net.DialTimeout("tcp", hostPort, time.Second); err == nil {
 			c.Close()
 			if db, err := sql.Open("pgx", dsn); err == nil {
 				err = db.Ping()
@@ -171,3 +216,16 @@ func postgresBin() (string, error) {
 // in *dsn, runs the tests, stops the server and exits. A server that cannot
 // be started fails the whole test binary.
 func PostgresMain(m *testing.M, dsn *string) { runWith(m, dsn, StartPostgres) }
+
+// appendFile appends text to the file at path.
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
