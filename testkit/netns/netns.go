@@ -258,6 +258,10 @@ func (n *Net) Close() {
 	n.mu.Unlock()
 	for _, h := range hosts {
 		killIn(h.NS)
+		// The host's end of the pair goes with its namespace only once the
+		// killed processes have exited (SIGKILL is not waited for): delete
+		// the bridge's end, which takes the pair with it at once.
+		_ = exec.Command("ip", "link", "del", fmt.Sprintf("%sv%d", n.id, h.idx)).Run()
 		_ = exec.Command("ip", "netns", "del", h.NS).Run()
 	}
 	_ = exec.Command("ip", "link", "del", n.bridge).Run()
