@@ -30,13 +30,9 @@ func (h *heldStore) Reserve(ctx context.Context, r, a string) (seqstore.Block, e
 	return h.Store.Reserve(ctx, r, a)
 }
 
-// TestSequenceReservationBesideEngine: the first call of an attempt (no
-// block in memory: the empty-pool path) is sent to the engine while its
-// block is still being reserved; it answers only once the reservation is
-// committed, with id 1, and counts in rollgate_sequence_waits_total (the
-// engine answered first). The next call takes id 2 from the block in
-// memory and waits for nothing.
-func TestSequenceReservationBesideEngine(t *testing.T) {
+// heldEnv is a gateway over a SQLite sequence store wrapped in a heldStore.
+func heldEnv(t *testing.T) (*env, *heldStore) {
+	t.Helper()
 	store, _ := openSQLite(t)
 	inner, err := seqstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "seq.db"), seqstore.Options{})
 	if err != nil {
@@ -44,7 +40,17 @@ func TestSequenceReservationBesideEngine(t *testing.T) {
 	}
 	t.Cleanup(func() { inner.Close() })
 	held := &heldStore{Store: inner, entered: make(chan struct{}), release: make(chan struct{})}
-	e := newEnv(t, store, func(c *gateway.Config) { c.SequenceStore = held })
+	return newEnv(t, store, func(c *gateway.Config) { c.SequenceStore = held }), held
+}
+
+// TestSequenceReservationBesideEngine: the first call of an attempt (no
+// block in memory: the empty-pool path) is sent to the engine while its
+// block is still being reserved; it answers only once the reservation is
+// committed, with id 1, and counts in rollgate_sequence_waits_total (the
+// engine answered first). The next call takes id 2 from the block in
+// memory and waits for nothing.
+func TestSequenceReservationBesideEngine(t *testing.T) {
+	e, held := heldEnv(t)
 	url := e.url + "/rollout/ro-w/attempt/at-1/v1/chat/completions"
 
 	held.hold.Store(true)
@@ -86,14 +92,7 @@ func TestSequenceReservationBesideEngine(t *testing.T) {
 // retry's row says retry_count 1. (Before the retry memo kept the pending
 // reservation, the retry was a new call with id 2.)
 func TestRetryWhileFirstTryReserves(t *testing.T) {
-	store, _ := openSQLite(t)
-	inner, err := seqstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "seq.db"), seqstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { inner.Close() })
-	held := &heldStore{Store: inner, entered: make(chan struct{}), release: make(chan struct{})}
-	e := newEnv(t, store, func(c *gateway.Config) { c.SequenceStore = held })
+	e, held := heldEnv(t)
 	url := e.url + "/rollout/ro-r/attempt/at-1/v1/chat/completions"
 
 	held.hold.Store(true)
