@@ -43,7 +43,7 @@ type TokenIn interface {
 	ParseGenerate(answer []byte) (Generated, error)
 	// ParseGenerateChunk reads one event of a streamed generate answer
 	// (not "[DONE]"); a chunk carries at most one choice.
-	ParseGenerateChunk(data []byte) (Generated, error)
+	ParseGenerateChunk(data []byte) (GenChunk, error)
 	// JoinGenerate is the whole generate answer answer preceded by the
 	// response ids ids and the logprobs entries lps (raw, comma-separated)
 	// of aborted segments; usage (when not nil) replaces its usage and
@@ -72,8 +72,8 @@ type TokenIn interface {
 	// so it is derendered without its finish reason.
 	DerenderStreamBody(dst, chunk []byte, ch GenChoice, parked bool, state, tail []byte) ([]byte, error)
 	// DerenderStreamAnswer reads a streaming derender answer: the chat
-	// chunk and the state for the next request.
-	DerenderStreamAnswer(out []byte) (chunk gjson.Result, state []byte, err error)
+	// chunk and the state for the next request (its Raw is sent back).
+	DerenderStreamAnswer(out []byte) (chunk, state gjson.Result, err error)
 }
 
 // GenerateOptions are the options of one generate request.
@@ -87,16 +87,28 @@ type GenerateOptions struct {
 	RequestID string
 }
 
-// Generated is a generate answer or one stream event, read.
+// Generated is a whole generate answer, read.
 type Generated struct {
 	// RequestID is the answer's request id ("" when it names none).
+	RequestID string
+	// Choices are the answer's choices.
+	Choices []GenChoice
+	// Usage is the answer's usage object (not IsObject: none).
+	Usage gjson.Result
+}
+
+// GenChunk is one event of a streamed generate answer, read.
+type GenChunk struct {
+	// RequestID is the chunk's request id ("" when it names none).
 	RequestID string
 	// Error: the event is the engine's error event (it goes to the client
 	// as it is).
 	Error bool
-	// Choices are the answer's choices (a stream chunk: at most one).
-	Choices []GenChoice
-	// Usage is the answer's usage object (not IsObject: none).
+	// HasChoice: the chunk carries Choice (else it is, say, the usage
+	// chunk).
+	HasChoice bool
+	Choice    GenChoice
+	// Usage is the chunk's usage object (not IsObject: none).
 	Usage gjson.Result
 }
 

@@ -393,10 +393,12 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 // the resume and asks the replica then routed for the rest, as a stream's
 // pump does, and returns one answer: every segment's ids and logprobs,
 // the usage of the whole. A resume the engine cannot continue is a 502
-// error body naming the response token it stopped at.
-func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBody []byte, prompt []uint32, rs *resumeState, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) ([]byte, int, error) {
+// error body naming the response token it stopped at. parsed is the
+// answer as the engine's ParseGenerate read it, when it did (nil: not read).
+func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBody []byte, prompt []uint32, rs *resumeState, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) (answer []byte, parsed *engines.Generated, status int, err error) {
 	if rs == nil {
-		return s.tokenInPost(r, r.Origin()+ti.TokenInPaths().Generate, genBody, deadline, hw, from)
+		answer, status, err = s.tokenInPost(r, r.Origin()+ti.TokenInPaths().Generate, genBody, deadline, hw, from)
+		return answer, nil, status, err
 	}
 	rs.genBody = genBody
 	s.resumables.add(s, rs)
@@ -411,18 +413,21 @@ func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBo
 			if err == nil {
 				err = fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(gen), 300))
 			}
-			return resumeFailed(len(ids), err), fasthttp.StatusBadGateway, nil
+			return resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
 		}
 		if err != nil || status != fasthttp.StatusOK {
-			return gen, status, err
+			return gen, nil, status, err
 		}
 		if len(ids) > 0 {
 			rs.segment(cur, len(ids))
 		}
 		g, perr := ti.ParseGenerate(gen)
 		if perr != nil || len(g.Choices) == 0 || !rs.parkOn(g.Choices[0].Finish) {
+			if len(ids) == 0 && perr == nil {
+				return gen, &g, status, nil // read once: the caller uses it
+			}
 			out, err := joinGenerate(ti, gen, g.Usage, ids, lps, rs, "")
-			return out, status, err
+			return out, nil, status, err
 		}
 		ch := g.Choices[0]
 		prevIDs, prevLps := len(ids), len(lps)
@@ -438,11 +443,11 @@ func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBo
 		prevTI := ti // gen's engine
 		cur, ti, body, left, err = rs.next(s, prompt, ids)
 		if err != nil {
-			return resumeFailed(len(ids), err), fasthttp.StatusBadGateway, nil
+			return resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
 		}
 		if left == 0 { // max_tokens all generated: the aborted answer, finished by length
 			out, err := joinGenerate(prevTI, gen, g.Usage, ids[:prevIDs], lps[:prevLps], rs, "length")
-			return out, status, err
+			return out, nil, status, err
 		}
 		deadline = time.Now().Add(s.cfg.UpstreamTimeout)
 	}

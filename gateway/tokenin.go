@@ -153,7 +153,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	if genBody, err = ti.GenerateBody(genBody, prompt, opts); err != nil {
 		return pass(tokenin.ReasonRender)
 	}
-	gen, status, err := s.tokenInGenerate(r, ti, genBody, prompt, rs, deadline, hw, req)
+	gen, parsed, status, err := s.tokenInGenerate(r, ti, genBody, prompt, rs, deadline, hw, req)
 	if err != nil {
 		s.tokenInFailed(c, outcome, err)
 		return err
@@ -178,9 +178,16 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	resp.SetBodyRaw(der)
 
 	// Each choice's answer (n > 1: the agent sends one back), by index.
-	generated, err := ti.ParseGenerate(gen)
+	if parsed == nil {
+		g, err := ti.ParseGenerate(gen)
+		if err != nil {
+			return nil // nothing to extend next time: the next call renders whole
+		}
+		parsed = &g
+	}
+	generated := *parsed
 	derChoices := gjson.GetBytes(der, "choices").Array()
-	if err != nil || len(generated.Choices) != len(derChoices) || len(derChoices) != max(info.N, 1) {
+	if len(generated.Choices) != len(derChoices) || len(derChoices) != max(info.N, 1) {
 		return nil // nothing to extend next time: the next call renders whole
 	}
 	choices := make([]tokenin.Choice, len(derChoices))

@@ -92,8 +92,8 @@ func (fakeGenEngine) ParseGenerate(answer []byte) (engines.Generated, error) {
 
 var errFakeNoStream = errors.New("fakegen: no streaming")
 
-func (fakeGenEngine) ParseGenerateChunk([]byte) (engines.Generated, error) {
-	return engines.Generated{}, errFakeNoStream
+func (fakeGenEngine) ParseGenerateChunk([]byte) (engines.GenChunk, error) {
+	return engines.GenChunk{}, errFakeNoStream
 }
 
 func (fakeGenEngine) JoinGenerate([]byte, []uint32, []byte, []byte, string) ([]byte, error) {
@@ -139,8 +139,8 @@ func (fakeGenEngine) DerenderStreamBody([]byte, []byte, engines.GenChoice, bool,
 	return nil, errFakeNoStream
 }
 
-func (fakeGenEngine) DerenderStreamAnswer([]byte) (gjson.Result, []byte, error) {
-	return gjson.Result{}, nil, errFakeNoStream
+func (fakeGenEngine) DerenderStreamAnswer([]byte) (gjson.Result, gjson.Result, error) {
+	return gjson.Result{}, gjson.Result{}, errFakeNoStream
 }
 
 var _ engines.TokenIn = fakeGenEngine{}

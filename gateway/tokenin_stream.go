@@ -286,7 +286,7 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 	case g.Error:
 		// The engine's error event (a generation error) goes on as it is.
 		return false, p.write(data), nil
-	case len(g.Choices) == 0:
+	case !g.HasChoice:
 		if g.Usage.IsObject() && !p.rs.isParked() {
 			p.out = p.appendHead(p.out[:0], g.RequestID)
 			p.out = append(p.out, `[],"usage":`...)
@@ -295,7 +295,7 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		}
 		return false, nil, nil
 	}
-	ch := g.Choices[0]
+	ch := g.Choice
 	if ch.Index < 0 || ch.Index >= len(p.ch) || p.ch[ch.Index].done {
 		return false, nil, fmt.Errorf("%w: a generate stream chunk for choice %d of %d", errTokenIn, ch.Index, len(p.ch))
 	}
@@ -380,7 +380,7 @@ func (p *tokenInPump) derender(c *pumpChoice, data []byte, ch engines.GenChoice,
 	if err != nil {
 		return gjson.Result{}, err
 	}
-	c.state = append(c.state[:0], state...)
+	c.state = append(c.state[:0], state.Raw...)
 	return chunk, nil
 }
 

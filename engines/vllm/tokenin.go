@@ -162,31 +162,32 @@ func (Engine) ResumeBody(genBody []byte, prompt, ids []uint32, requestID string)
 
 // ParseGenerate reads a GenerateTokensResponse.
 func (Engine) ParseGenerate(answer []byte) (engines.Generated, error) {
-	if !gjson.ValidBytes(answer) {
-		return engines.Generated{}, fmt.Errorf("%w: a generate answer is not JSON", errTokenIn)
-	}
 	root := gjson.ParseBytes(answer)
-	g := engines.Generated{RequestID: root.Get("request_id").String(), Usage: root.Get("usage")}
-	for _, ch := range root.Get("choices").Array() {
+	choices := root.Get("choices").Array()
+	g := engines.Generated{
+		RequestID: root.Get("request_id").String(), Usage: root.Get("usage"),
+		Choices: make([]engines.GenChoice, len(choices)),
+	}
+	for i, ch := range choices {
 		c, err := choice(ch)
 		if err != nil {
 			return g, err
 		}
-		g.Choices = append(g.Choices, c)
+		g.Choices[i] = c
 	}
 	return g, nil
 }
 
 // ParseGenerateChunk reads one event of a streamed generate answer.
-func (Engine) ParseGenerateChunk(data []byte) (engines.Generated, error) {
+func (Engine) ParseGenerateChunk(data []byte) (engines.GenChunk, error) {
 	root := gjson.ParseBytes(data)
 	if !root.IsObject() || !gjson.ValidBytes(data) {
-		return engines.Generated{}, fmt.Errorf("%w: a generate stream event is not a JSON object", errTokenIn)
+		return engines.GenChunk{}, fmt.Errorf("%w: a generate stream event is not a JSON object", errTokenIn)
 	}
 	if root.Get("error").Exists() {
-		return engines.Generated{Error: true}, nil
+		return engines.GenChunk{Error: true}, nil
 	}
-	g := engines.Generated{RequestID: root.Get("request_id").String(), Usage: root.Get("usage")}
+	g := engines.GenChunk{RequestID: root.Get("request_id").String(), Usage: root.Get("usage")}
 	choices := root.Get("choices").Array()
 	switch {
 	case len(choices) == 0:
@@ -198,7 +199,7 @@ func (Engine) ParseGenerateChunk(data []byte) (engines.Generated, error) {
 	if err != nil {
 		return g, fmt.Errorf("%w: a generate stream chunk without token_ids", errTokenIn)
 	}
-	g.Choices = []engines.GenChoice{c}
+	g.HasChoice, g.Choice = true, c
 	return g, nil
 }
 
@@ -379,10 +380,11 @@ func (Engine) DerenderStreamBody(dst, chunk []byte, ch engines.GenChoice, parked
 }
 
 // DerenderStreamAnswer reads {chunk, stream_state}.
-func (Engine) DerenderStreamAnswer(out []byte) (gjson.Result, []byte, error) {
+func (Engine) DerenderStreamAnswer(out []byte) (chunk, state gjson.Result, err error) {
 	der := gjson.ParseBytes(out)
-	if !gjson.ValidBytes(out) || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
-		return gjson.Result{}, nil, fmt.Errorf("%w: derender answered no chunk and stream_state: %.300s", errTokenIn, out)
+	chunk, state = der.Get("chunk"), der.Get("stream_state")
+	if !gjson.ValidBytes(out) || !chunk.IsObject() || !state.IsObject() {
+		return gjson.Result{}, gjson.Result{}, fmt.Errorf("%w: derender answered no chunk and stream_state: %.300s", errTokenIn, out)
 	}
-	return der.Get("chunk"), []byte(der.Get("stream_state").Raw), nil
+	return chunk, state, nil
 }

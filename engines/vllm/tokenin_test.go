@@ -14,20 +14,20 @@ import (
 func TestParseGenerateChunk(t *testing.T) {
 	var e Engine
 	g, err := e.ParseGenerateChunk([]byte(`{"request_id":"generate-tokens-x","choices":[{"index":0,"token_ids":[5,6],"finish_reason":null,"logprobs":{"content":[{"token_id":5,"logprob":-0.5}]}}]}`))
-	if err != nil || g.RequestID != "generate-tokens-x" || len(g.Choices) != 1 || !slices.Equal(g.Choices[0].IDs, []uint32{5, 6}) ||
-		g.Choices[0].Finish != "" || g.Choices[0].EndedOnTurn || len(g.Choices[0].Logprobs.Array()) != 1 {
+	if err != nil || g.RequestID != "generate-tokens-x" || !g.HasChoice || !slices.Equal(g.Choice.IDs, []uint32{5, 6}) ||
+		g.Choice.Finish != "" || g.Choice.EndedOnTurn || len(g.Choice.Logprobs.Array()) != 1 {
 		t.Fatalf("step: %+v, %v", g, err)
 	}
 	g, err = e.ParseGenerateChunk([]byte(`{"choices":[{"index":0,"token_ids":[9],"finish_reason":"stop","stop_reason":9}]}`))
-	if err != nil || g.Choices[0].Finish != "stop" || !g.Choices[0].EndedOnTurn || g.Choices[0].StopReason.Uint() != 9 {
+	if err != nil || g.Choice.Finish != "stop" || !g.Choice.EndedOnTurn || g.Choice.StopReason.Uint() != 9 {
 		t.Fatalf("finish: %+v, %v", g, err)
 	}
 	g, err = e.ParseGenerateChunk([]byte(`{"choices":[{"index":0,"token_ids":[],"finish_reason":"stop","stop_reason":"END"}]}`))
-	if err != nil || g.Choices[0].EndedOnTurn {
+	if err != nil || g.Choice.EndedOnTurn {
 		t.Fatalf("a stop string is no end of turn: %+v, %v", g, err)
 	}
 	g, err = e.ParseGenerateChunk([]byte(`{"choices":[],"usage":{"prompt_tokens":3}}`))
-	if err != nil || len(g.Choices) != 0 || g.Usage.Get("prompt_tokens").Int() != 3 {
+	if err != nil || g.HasChoice || g.Usage.Get("prompt_tokens").Int() != 3 {
 		t.Fatalf("usage: %+v, %v", g, err)
 	}
 	if g, err = e.ParseGenerateChunk([]byte(`{"error":{"message":"boom"}}`)); err != nil || !g.Error {
@@ -50,7 +50,7 @@ func TestDerenderStreamBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	tail := e.DerenderStreamTail([]uint32{1, 2}, []byte(`{"model":"m","messages":[]}`))
-	body, err := e.DerenderStreamBody(nil, chunk, g.Choices[0], false, nil, tail)
+	body, err := e.DerenderStreamBody(nil, chunk, g.Choice, false, nil, tail)
 	if err != nil || !gjson.ValidBytes(body) {
 		t.Fatalf("%s, %v", body, err)
 	}
@@ -61,7 +61,7 @@ func TestDerenderStreamBody(t *testing.T) {
 	}
 	abort := []byte(`{"choices":[{"index":0,"token_ids":[4],"finish_reason":"abort"}]}`)
 	g, _ = e.ParseGenerateChunk(abort)
-	body, err = e.DerenderStreamBody(nil, abort, g.Choices[0], true, []byte(`{"s":1}`), tail)
+	body, err = e.DerenderStreamBody(nil, abort, g.Choice, true, []byte(`{"s":1}`), tail)
 	b = gjson.ParseBytes(body)
 	if err != nil || b.Get("generate_chunk.choices.0.finish_reason").Type != gjson.Null || b.Get("generate_chunk.choices.0.token_ids").Raw != "[4]" || b.Get("stream_state.s").Int() != 1 {
 		t.Fatalf("parked: %s, %v", body, err)
@@ -88,8 +88,8 @@ func TestResumeBody(t *testing.T) {
 	}
 }
 
-// FuzzParseGenerateChunk: any event either fails or reads at most one
-// choice with a valid index or -1; never a panic.
+// FuzzParseGenerateChunk: any event either fails or reads a choice with a
+// valid index or -1; never a panic.
 func FuzzParseGenerateChunk(f *testing.F) {
 	for _, s := range []string{`{"choices":[{"index":0,"token_ids":[1],"finish_reason":"stop","stop_reason":null}]}`, `{"choices":[],"usage":{}}`, `{"error":{}}`, `{"choices":[{"index":1.5,"token_ids":[1e9]}]}`} {
 		f.Add([]byte(s))
@@ -99,11 +99,11 @@ func FuzzParseGenerateChunk(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(g.Choices) > 1 || len(g.Choices) == 1 && g.Choices[0].Index < -1 {
+		if g.HasChoice && g.Choice.Index < -1 {
 			t.Fatalf("%s: %+v", data, g)
 		}
-		if len(g.Choices) == 1 {
-			_, _ = Engine{}.DerenderStreamBody(nil, data, g.Choices[0], g.Choices[0].Finish == "abort", nil, nil)
+		if g.HasChoice {
+			_, _ = Engine{}.DerenderStreamBody(nil, data, g.Choice, g.Choice.Finish == "abort", nil, nil)
 		}
 	})
 }
