@@ -153,17 +153,6 @@ type Pausing interface {
 	ResumeRequest() (path string, body []byte)
 }
 
-// TokenIn is an engine kind that serves chat calls token-in (--token-in):
-// render messages to ids, generate from ids, derender ids to a chat
-// completion, abort a generation.
-type TokenIn interface {
-	// TokenInPaths are the kind's token-in endpoints.
-	TokenInPaths() TokenInPaths
-	// AbortBody is the body of the abort request of the generation with
-	// request id id.
-	AbortBody(id string) []byte
-}
-
 // TokenInPaths are an engine's token-in endpoints. Render and Derender are
 // relative to the replica's base URL (after its "/v1"), Generate and Abort
 // to its origin.

@@ -28,7 +28,14 @@ func (discard) Write(context.Context, *export.Batch) error { return nil }
 // benchTarget starts the mock and a gateway in front of it (capture into a
 // discarding sink) and returns the mock's and the gateway's addresses.
 func benchTarget(b *testing.B, tracing *gateway.Tracing) (mockAddr, gwAddr string) {
-	ms, base, err := mock.Start(mock.Config{})
+	return benchGateway(b, mock.Config{}, gateway.Config{Tracing: tracing})
+}
+
+// benchGateway starts the mock configured by mc and a gateway configured by
+// cfg (its backend: every model to the mock) in front of it, capturing into
+// a discarding sink, and returns the mock's and the gateway's addresses.
+func benchGateway(b *testing.B, mc mock.Config, cfg gateway.Config) (mockAddr, gwAddr string) {
+	ms, base, err := mock.Start(mc)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -49,8 +56,9 @@ func benchTarget(b *testing.B, tracing *gateway.Tracing) (mockAddr, gwAddr strin
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { seqs.Close() })
-	gw, err := gateway.New(gateway.Config{Backends: []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}},
-		Tracing: tracing, SequenceStore: seqs}, pipe, m, nil)
+	cfg.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{URL: base, Kind: "vllm"}}}}
+	cfg.SequenceStore = seqs
+	gw, err := gateway.New(cfg, pipe, m, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

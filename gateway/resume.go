@@ -14,7 +14,6 @@ import (
 
 	"github.com/rollgate/rollgate/capture"
 	"github.com/rollgate/rollgate/engines"
-	"github.com/rollgate/rollgate/export/arrays"
 	"github.com/rollgate/rollgate/gateway/backends"
 )
 
@@ -35,11 +34,10 @@ import (
 // logprobs are its own generation's), and policy_versions gives the segments
 // as [[first response token index, policy version], ...].
 //
-// The abort, vLLM 0.32.0: POST /inference/v1/abort_requests {"request_ids":
-// ["generate-tokens-<request_id>"]} (scale_out/token_in_token_out/
-// api_router.py, registered with the token-in routes; the external id is
-// "generate-tokens-" + the GenerateRequest's request_id, serving.py
-// serve_tokens, since the gateway never forwards X-Request-Id). The engine
+// The abort is the engine kind's (engines.TokenIn: TokenInPaths().Abort
+// with AbortBody(EngineRequestID(request id))); vLLM 0.32.0: POST
+// /inference/v1/abort_requests {"request_ids":
+// ["generate-tokens-<request_id>"]} (engines/vllm). The engine
 // ends the stream with a final output of no new ids and finish_reason
 // "abort" (v1/engine/output_processor.py abort_requests), then the usage
 // chunk and [DONE]; the gateway takes those for itself and the client sees
@@ -59,9 +57,6 @@ const (
 	PauseWait  = "wait"  // in-flight calls finish (the default)
 	PauseAbort = "abort" // streamed token-in generations are aborted and resumed after the update
 )
-
-// engineIDPrefix is vLLM's prefix of a generate request's external id.
-const engineIDPrefix = "generate-tokens-"
 
 // abortTimeout bounds one abort request to an engine.
 const abortTimeout = 5 * time.Second
@@ -147,14 +142,14 @@ type policySegment struct {
 type resumeState struct {
 	mu       sync.Mutex
 	r        *backends.Upstream // the replica generating now; nil while parked
-	engineID string             // the current generate request's external id
+	id       string             // the current generate request's request id
 	aborting bool               // an abort of the current request was asked for
 	parked   bool               // the current request ended by that abort
 
 	orig    *backends.Upstream // the replica the client stream releases when it ends
 	base    string             // request id base; segment k is base-k
 	seg     int
-	genBody []byte // the streamed GenerateRequest as first sent (its own copy)
+	genBody []byte // the generate request as first sent
 	model   string // the routed model and the rollout, to route the resumed request
 	rollout string
 	pend    *capture.Pending
@@ -162,13 +157,14 @@ type resumeState struct {
 	carried int // response ids generated before the current segment
 }
 
-// newResumeState prepares the stream of call c, started on r with genBody,
-// for abort and resume.
-func newResumeState(c *call, r *backends.Upstream, genBody []byte) *resumeState {
+// newResumeState prepares the generation of call c, started on r, for
+// abort and resume; its generate request is to carry the request id id
+// (and genBody is to be set to it).
+func newResumeState(c *call, r *backends.Upstream) *resumeState {
 	base := "rollgate-" + string(c.pend.IDs.Span[:])
 	return &resumeState{
-		r: r, orig: r, engineID: engineIDPrefix + base + "-0", base: base,
-		genBody: genBody, model: c.model, rollout: string(c.attr.rolloutID), pend: c.pend,
+		r: r, orig: r, id: base + "-0", base: base,
+		model: c.model, rollout: string(c.attr.rolloutID), pend: c.pend,
 		segs: []policySegment{{0, r.Spec().PolicyVersion}},
 	}
 }
@@ -182,12 +178,13 @@ func (rs *resumeState) requestAbort(s *Server) bool {
 		return false
 	}
 	rs.aborting = true
-	r, id := rs.r, rs.engineID
+	r := rs.r
 	rs.mu.Unlock()
-	ti, ok := engines.Lookup(r.Kind()).(engines.TokenIn)
-	if !ok { // cannot happen: the generation went to a token-in kind
+	ti := tokenInOf(r)
+	if ti == nil { // cannot happen: the generation went to a token-in kind
 		return false
 	}
+	id := ti.EngineRequestID(rs.id)
 	out, status, err := s.tokenInPostTimeout(r, r.Origin()+ti.TokenInPaths().Abort, ti.AbortBody(id), time.Now().Add(abortTimeout))
 	if err == nil && status != fasthttp.StatusOK {
 		err = fmt.Errorf("HTTP %d: %s", status, truncate(string(out), 200))
@@ -204,12 +201,13 @@ func (s *Server) tokenInPostTimeout(r *backends.Upstream, url string, body []byt
 	return s.tokenInPost(r, url, body, deadline, nil, nil)
 }
 
-// parkOn reports whether a generate chunk is the end of a generation the
-// gateway aborted (finish_reason "abort" after requestAbort); then the
+// parkOn reports whether a generate choice that finished with reason finish
+// is the end of a generation the gateway aborted ("abort" after
+// requestAbort); then the
 // stream parks: the chunk's ids (if any) go on without a finish reason, and
 // the usage chunk and [DONE] that follow are not for the client.
-func (rs *resumeState) parkOn(ch gjson.Result) bool {
-	if rs == nil || ch.Get("finish_reason").Str != "abort" {
+func (rs *resumeState) parkOn(finish string) bool {
+	if rs == nil || finish != "abort" {
 		return false
 	}
 	rs.mu.Lock()
@@ -296,11 +294,11 @@ func (rs *resumeState) segmentsJSON() string {
 
 // next waits for the gateway to resume and prepares the rest of a parked
 // generation after ids (the response ids so far): the replica the routing
-// table now names for the model and the GenerateRequest (the prompt ids +
-// ids, max_tokens reduced by their number), which it marks as the current
+// table now names for the model and the generate request (the prompt ids +
+// ids, max_tokens reduced by their number: the engine's ResumeBody), which it marks as the current
 // one (abortable again). left 0: max_tokens were all generated, nothing
 // is sent.
-func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstream, body []byte, left int, err error) {
+func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstream, ti engines.TokenIn, body []byte, left int, err error) {
 	for {
 		if paused, _, resumed := s.pause.state(); paused {
 			t := time.NewTimer(s.cfg.PauseMaxHold)
@@ -312,7 +310,7 @@ func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstre
 				rs.mu.Lock()
 				rs.parked = false
 				rs.mu.Unlock()
-				return nil, nil, 0, fmt.Errorf("the gateway stayed paused longer than pause_max_hold (%s) after aborting the generation", s.cfg.PauseMaxHold)
+				return nil, nil, nil, 0, fmt.Errorf("the gateway stayed paused longer than pause_max_hold (%s) after aborting the generation", s.cfg.PauseMaxHold)
 			}
 		}
 		if paused, _ := s.pause.abortMode(); !paused {
@@ -330,29 +328,26 @@ func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstre
 		pl = t.Wildcard()
 	}
 	if pl == nil {
-		return nil, nil, 0, fmt.Errorf("no backend serves model %q after the resume", rs.model)
+		return nil, nil, nil, 0, fmt.Errorf("no backend serves model %q after the resume", rs.model)
 	}
 	r = s.pick(pl, []byte(rs.rollout), nil)
-	switch {
-	case r == nil:
-		return nil, nil, 0, fmt.Errorf("no healthy replica of model %q after the resume", rs.model)
-	case !hasTokenIn(r):
-		return nil, nil, 0, fmt.Errorf("replica %s of model %q is of kind %s after the resume: it has no token-in generate", r.Name(), rs.model, r.Kind())
+	if r == nil {
+		return nil, nil, nil, 0, fmt.Errorf("no healthy replica of model %q after the resume", rs.model)
 	}
-	if body, left, err = resumedBody(rs.genBody, prompt, ids); err != nil || left == 0 {
-		return nil, nil, left, err
+	if ti = tokenInOf(r); ti == nil {
+		return nil, nil, nil, 0, fmt.Errorf("replica %s of model %q is of kind %s after the resume: it has no token-in generate", r.Name(), rs.model, r.Kind())
+	}
+	id := rs.base + "-" + strconv.Itoa(rs.seg+1)
+	if body, left, err = ti.ResumeBody(rs.genBody, prompt, ids, id); err != nil || left == 0 {
+		return nil, nil, nil, left, err
 	}
 	rs.seg++
-	id := rs.base + "-" + strconv.Itoa(rs.seg)
-	if body, err = sjson.SetBytes(body, "request_id", id); err != nil {
-		return nil, nil, 0, fmt.Errorf("%w: %w", errTokenIn, err)
-	}
 	s.acquire(r)
 	rs.mu.Lock()
-	rs.r, rs.engineID = r, engineIDPrefix+id
+	rs.r, rs.id = r, id
 	rs.mu.Unlock()
 	s.log.Info("token-in: resuming a generation", "backend", r.Name(), "policy_version", r.Spec().PolicyVersion, "at_token", len(ids))
-	return r, body, left, nil
+	return r, ti, body, left, nil
 }
 
 // segment records that the generation on r, started after n response ids,
@@ -370,15 +365,15 @@ func (rs *resumeState) segment(r *backends.Upstream, n int) {
 // stream.
 func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 	rs, c := p.rs, &p.ch[0]
-	r, body, left, err := rs.next(p.s, p.tc.prompt, c.ids)
+	r, ti, body, left, err := rs.next(p.s, p.tc.prompt, c.ids)
 	if err != nil {
 		return nil, err
 	}
 	if left == 0 { // max_tokens were all generated: the answer ends here
 		return nil, p.finishLength()
 	}
-	p.r = r
-	gen, err := p.s.startGenerate(r, body, nil, time.Now().Add(p.s.cfg.UpstreamTimeout))
+	p.r, p.ti = r, ti
+	gen, err := p.s.startGenerate(r, ti, body, nil, time.Now().Add(p.s.cfg.UpstreamTimeout))
 	if err != nil {
 		return nil, err
 	}
@@ -391,58 +386,53 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 	return gen, nil
 }
 
-// tokenInGenerate sends a non-streamed generate request (one choice:
-// resumable) and returns the engine's answer. Aborted by a pause in mode
-// abort (the engine answers the ids so far with finish_reason "abort"), it
-// waits for the resume and asks the replica then routed for the rest, as a
-// stream's pump does, and returns one answer: every segment's ids and
-// logprobs, the usage of the whole. A resume the engine cannot continue is
-// a 502 error body naming the response token it stopped at.
-func (s *Server) tokenInGenerate(c *call, r *backends.Upstream, genBody []byte, prompt []uint32, n int, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) ([]byte, int, error) {
-	paths, _ := tokenInPaths(r)
-	url := r.Origin() + paths.Generate
-	if n > 1 {
-		return s.tokenInPost(r, url, genBody, deadline, hw, from)
+// tokenInGenerate sends a non-streamed generate request genBody to r and
+// returns the engine's answer. With rs (one choice: resumable; genBody
+// carries its request id) a pause in mode abort aborts it (the engine
+// answers the ids so far with finish reason "abort"); it then waits for
+// the resume and asks the replica then routed for the rest, as a stream's
+// pump does, and returns one answer: every segment's ids and logprobs,
+// the usage of the whole. A resume the engine cannot continue is a 502
+// error body naming the response token it stopped at. parsed is the
+// answer as the engine's ParseGenerate read it, when it did (nil: not read).
+func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBody []byte, prompt []uint32, rs *resumeState, deadline time.Time, hw *hangupWatch, from *fasthttp.Request) (answer []byte, parsed *engines.Generated, status int, err error) {
+	if rs == nil {
+		answer, status, err = s.tokenInPost(r, r.Origin()+ti.TokenInPaths().Generate, genBody, deadline, hw, from)
+		return answer, nil, status, err
 	}
-	rs := newResumeState(c, r, nil)
-	body, err := sjson.SetBytes(genBody, "request_id", rs.engineID[len(engineIDPrefix):])
-	if err != nil {
-		return s.tokenInPost(r, url, genBody, deadline, hw, from)
-	}
-	rs.genBody = body
+	rs.genBody = genBody
 	s.resumables.add(s, rs)
 	defer s.resumables.remove(rs)
 	defer rs.settle(s)
 	var ids []uint32
-	var lps []byte // the aborted segments' logprobs.content entries, comma-separated
-	cur := r
+	var lps []byte // the aborted segments' logprobs entries, comma-separated
+	cur, body := r, genBody
 	for {
-		curPaths, _ := tokenInPaths(cur)
-		gen, status, err := s.tokenInPost(cur, cur.Origin()+curPaths.Generate, body, deadline, hw, from)
+		gen, status, err := s.tokenInPost(cur, cur.Origin()+ti.TokenInPaths().Generate, body, deadline, hw, from)
 		if len(ids) > 0 && (err != nil && !errors.Is(err, errClientGone) || err == nil && status != fasthttp.StatusOK) {
 			if err == nil {
 				err = fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(gen), 300))
 			}
-			return resumeFailed(len(ids), err), fasthttp.StatusBadGateway, nil
+			return resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
 		}
 		if err != nil || status != fasthttp.StatusOK {
-			return gen, status, err
+			return gen, nil, status, err
 		}
 		if len(ids) > 0 {
 			rs.segment(cur, len(ids))
 		}
-		ch := gjson.GetBytes(gen, "choices.0")
-		if !rs.parkOn(ch) {
-			out, err := joinGenerate(gen, ids, lps, rs, "")
-			return out, status, err
+		g, perr := ti.ParseGenerate(gen)
+		if perr != nil || len(g.Choices) == 0 || !rs.parkOn(g.Choices[0].Finish) {
+			if len(ids) == 0 && perr == nil {
+				return gen, &g, status, nil // read once: the caller uses it
+			}
+			out, err := joinGenerate(ti, gen, g.Usage, ids, lps, rs, "")
+			return out, nil, status, err
 		}
-		seg, ok := tokenIDs(ch.Get("token_ids"))
-		if !ok {
-			return gen, status, nil
-		}
+		ch := g.Choices[0]
 		prevIDs, prevLps := len(ids), len(lps)
-		ids = append(ids, seg...)
-		for _, e := range ch.Get("logprobs.content").Array() {
+		ids = append(ids, ch.IDs...)
+		for _, e := range ch.Logprobs.Array() {
 			if len(lps) > 0 {
 				lps = append(lps, ',')
 			}
@@ -450,13 +440,14 @@ func (s *Server) tokenInGenerate(c *call, r *backends.Upstream, genBody []byte, 
 		}
 		rs.park(s)
 		var left int
-		cur, body, left, err = rs.next(s, prompt, ids)
+		prevTI := ti // gen's engine
+		cur, ti, body, left, err = rs.next(s, prompt, ids)
 		if err != nil {
-			return resumeFailed(len(ids), err), fasthttp.StatusBadGateway, nil
+			return resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
 		}
 		if left == 0 { // max_tokens all generated: the aborted answer, finished by length
-			out, err := joinGenerate(gen, ids[:prevIDs], lps[:prevLps], rs, "length")
-			return out, status, err
+			out, err := joinGenerate(prevTI, gen, g.Usage, ids[:prevIDs], lps[:prevLps], rs, "length")
+			return out, nil, status, err
 		}
 		deadline = time.Now().Add(s.cfg.UpstreamTimeout)
 	}
@@ -468,69 +459,27 @@ func resumeFailed(n int, err error) []byte {
 	return appendError(nil, fasthttp.StatusBadGateway, errUpstream, fmt.Sprintf("token-in: resuming at response token %d: %v", n, err))
 }
 
-// joinGenerate is a non-streamed generate answer gen preceded by the ids
-// and logprobs entries of the aborted segments: choices.0's token_ids and
-// logprobs.content are the whole response's, the usage counts the carried
-// ids as completion tokens (rs.fixUsage); finish, when set, replaces the
-// finish reason (and clears stop_reason).
-func joinGenerate(gen []byte, ids []uint32, lps []byte, rs *resumeState, finish string) ([]byte, error) {
+// joinGenerate is a non-streamed generate answer gen (whose usage is
+// usage) preceded by the ids and logprobs entries of the aborted segments
+// (the engine's JoinGenerate): the usage counts the carried ids as
+// completion tokens (rs.fixUsage); finish, when set, replaces the finish
+// reason.
+func joinGenerate(ti engines.TokenIn, gen []byte, usage gjson.Result, ids []uint32, lps []byte, rs *resumeState, finish string) ([]byte, error) {
 	if len(ids) == 0 && finish == "" {
 		return gen, nil
 	}
-	ch := gjson.GetBytes(gen, "choices.0")
-	own, _ := tokenIDs(ch.Get("token_ids"))
-	all := arrays.AppendUint32s(nil, append(append(make([]uint32, 0, len(ids)+len(own)), ids...), own...))
-	out, err := sjson.SetRawBytes(gen, "choices.0.token_ids", all)
-	if err == nil && ch.Get("logprobs.content").IsArray() {
-		entries := append([]byte(nil), lps...)
-		for _, e := range ch.Get("logprobs.content").Array() {
-			if len(entries) > 0 {
-				entries = append(entries, ',')
-			}
-			entries = append(entries, e.Raw...)
-		}
-		out, err = sjson.SetRawBytes(out, "choices.0.logprobs.content", append(append([]byte{'['}, entries...), ']'))
+	var u []byte
+	if usage.IsObject() {
+		u = rs.fixUsage(usage)
 	}
-	if u := gjson.GetBytes(gen, "usage"); err == nil && u.IsObject() {
-		out, err = sjson.SetRawBytes(out, "usage", rs.fixUsage(u))
-	}
-	if err == nil && finish != "" {
-		if out, err = sjson.SetBytes(out, "choices.0.finish_reason", finish); err == nil {
-			out, err = sjson.SetBytes(out, "choices.0.stop_reason", nil)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: joining the resumed answer: %w", errTokenIn, err)
-	}
-	return out, nil
-}
-
-// resumedBody is the GenerateRequest that continues genBody after ids:
-// token_ids = prompt + ids, sampling_params.max_tokens (when set) reduced by
-// len(ids). left is what max_tokens leaves (-1: not set).
-func resumedBody(genBody []byte, prompt, ids []uint32) (body []byte, left int, err error) {
-	all := arrays.AppendUint32s(make([]byte, 0, 8*(len(prompt)+len(ids))), append(append(make([]uint32, 0, len(prompt)+len(ids)), prompt...), ids...))
-	if body, err = sjson.SetRawBytes(genBody, "token_ids", all); err != nil {
-		return nil, 0, fmt.Errorf("%w: %w", errTokenIn, err)
-	}
-	left = -1
-	if mt := gjson.GetBytes(genBody, "sampling_params.max_tokens"); mt.Type == gjson.Number {
-		left = max(int(mt.Int())-len(ids), 0)
-		if left > 0 {
-			if body, err = sjson.SetBytes(body, "sampling_params.max_tokens", left); err != nil {
-				return nil, 0, fmt.Errorf("%w: %w", errTokenIn, err)
-			}
-		}
-	}
-	return body, left, nil
+	return ti.JoinGenerate(gen, ids, lps, u, finish)
 }
 
 // finishLength ends a stream whose max_tokens were all generated before the
 // abort took effect, as the engine would have: a finish chunk with reason
 // "length", then [DONE].
 func (p *tokenInPump) finishLength() error {
-	chunk := []byte(`{"request_id":"","choices":[{"index":0,"token_ids":[],"finish_reason":"length","stop_reason":null,"logprobs":null}]}`)
-	for _, ev := range [][]byte{chunk, []byte("[DONE]")} {
+	for _, ev := range [][]byte{p.ti.LengthChunk(), []byte("[DONE]")} {
 		_, werr, failure := p.event(ev)
 		if failure != nil {
 			return failure

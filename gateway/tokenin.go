@@ -3,8 +3,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
 	"strings"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/engines"
-	"github.com/rollgate/rollgate/export/arrays"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/rewrite"
 	"github.com/rollgate/rollgate/gateway/tokenin"
@@ -25,18 +22,17 @@ import (
 
 // hasTokenIn says whether replica r's kind has token-in endpoints.
 func hasTokenIn(r *backends.Upstream) bool {
-	_, ok := tokenInPaths(r)
-	return ok
+	return tokenInOf(r) != nil
 }
 
-// tokenInPaths are replica r's token-in endpoints; ok is false when its
-// kind has none.
-func tokenInPaths(r *backends.Upstream) (engines.TokenInPaths, bool) {
-	ti, ok := engines.Lookup(r.Kind()).(engines.TokenIn)
-	if !ok {
-		return engines.TokenInPaths{}, false
-	}
-	return ti.TokenInPaths(), true
+// tokenInOf is the token-in capability of replica r's kind (nil: it has
+// none). The engine owns the requests' and answers' shapes; the gateway
+// sends them (tokenInPost, startGenerate: the transport stays here, tied to
+// the hang-up watch, the stale-connection retry and the replica's pooled
+// client).
+func tokenInOf(r *backends.Upstream) engines.TokenIn {
+	ti, _ := engines.Lookup(r.Kind()).(engines.TokenIn)
+	return ti
 }
 
 // errTokenIn marks an engine answer token-in mode cannot use.
@@ -89,7 +85,7 @@ func (s *Server) tokenInFailed(c *call, outcome string, err error) {
 }
 
 // serveTokenIn sends a chat call to replica r in token-in mode and leaves
-// in resp a vLLM chat completion as the ordinary path would have received
+// in resp the kind's chat completion as the ordinary path would have received
 // it with body's injected fields (prompt_token_ids, choices[].token_ids,
 // logprobs), so stripping and capture treat it alike. A call it cannot
 // serve so (see tokenin's Reason constants) goes the ordinary way: req
@@ -100,8 +96,9 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		s.noteTokenIn(c, tokenin.PassthroughPrefix+reason)
 		return r.Client().DoDeadline(req, resp, deadline)
 	}
+	ti := tokenInOf(r)
 	switch {
-	case !hasTokenIn(r):
+	case ti == nil:
 		return pass(tokenin.ReasonKind)
 	case len(c.attr.rolloutID) == 0 || len(c.attr.attemptID) == 0:
 		return pass(tokenin.ReasonNoAttempt)
@@ -115,7 +112,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	key := tokenin.Key(string(c.attr.rolloutID), string(c.attr.attemptID))
 	prev := s.tokenIn.Get(key)
 
-	rendered, err := s.tokenInRender(r, body, deadline, hw)
+	rendered, err := s.tokenInRender(r, ti, body, deadline, hw)
 	if err != nil {
 		s.log.Warn("token-in: render failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonRender)
@@ -132,7 +129,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		}
 		if why != "" && why != tokenin.ReasonNotEnded {
 			outcome += why
-		} else if closed, err := s.tokenInRender(r, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline, hw); err != nil {
+		} else if closed, err := s.tokenInRender(r, ti, closedHistory(body, msgsRaw, len(prev.Messages)+1), deadline, hw); err != nil {
 			outcome += fail
 		} else if joined, ok := join(make([]uint32, 0, len(prev.Prompt)+len(prev.Choices[choice].Response)+len(rendered.ids)), prev, choice, closed.ids, rendered.ids); ok {
 			outcome, prompt = tokenin.Extended, joined
@@ -140,17 +137,23 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 			outcome += fail
 		}
 	}
-	genBody, err := sjson.SetBytes(rendered.raw, "token_ids", prompt)
-	if err != nil {
-		return pass(tokenin.ReasonRender)
-	}
+	genBody := rendered.raw
 	put := func(choices []tokenin.Choice) {
 		s.tokenIn.Put(key, &tokenin.Prev{Messages: msgs, RenderKey: renderKey, Prompt: prompt, Choices: choices})
 	}
 	if info.Stream {
-		return s.serveTokenInStream(c, r, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, n: info.N, put: put})
+		return s.serveTokenInStream(c, r, ti, resp, tokenInStreamCall{genBody: genBody, prompt: prompt, chatReq: body, outcome: outcome, deadline: deadline, from: req, n: info.N, put: put})
 	}
-	gen, status, err := s.tokenInGenerate(c, r, genBody, prompt, info.N, deadline, hw, req)
+	var rs *resumeState
+	var opts engines.GenerateOptions
+	if info.N <= 1 { // resumable after a pause in mode abort (resume.go)
+		rs = newResumeState(c, r)
+		opts.RequestID = rs.id
+	}
+	if genBody, err = ti.GenerateBody(genBody, prompt, opts); err != nil {
+		return pass(tokenin.ReasonRender)
+	}
+	gen, parsed, status, err := s.tokenInGenerate(r, ti, genBody, prompt, rs, deadline, hw, req)
 	if err != nil {
 		s.tokenInFailed(c, outcome, err)
 		return err
@@ -164,7 +167,7 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 		resp.SetBody(gen)
 		return nil
 	}
-	der, err := s.tokenInDerender(r, gen, prompt, body, deadline, hw)
+	der, err := s.tokenInDerender(r, ti, gen, prompt, body, deadline, hw)
 	if err != nil {
 		s.log.Warn("token-in: derender failed; passing the call through", "backend", r.Name(), "err", err)
 		return pass(tokenin.ReasonDerender)
@@ -175,156 +178,70 @@ func (s *Server) serveTokenIn(c *call, r *backends.Upstream, info rewrite.Reques
 	resp.SetBodyRaw(der)
 
 	// Each choice's answer (n > 1: the agent sends one back), by index.
-	genChoices, derChoices := gjson.GetBytes(gen, "choices").Array(), gjson.GetBytes(der, "choices").Array()
-	if len(genChoices) != len(derChoices) || len(genChoices) != max(info.N, 1) {
+	if parsed == nil {
+		g, err := ti.ParseGenerate(gen)
+		if err != nil {
+			return nil // nothing to extend next time: the next call renders whole
+		}
+		parsed = &g
+	}
+	generated := *parsed
+	derChoices := gjson.GetBytes(der, "choices").Array()
+	if len(generated.Choices) != len(derChoices) || len(derChoices) != max(info.N, 1) {
 		return nil // nothing to extend next time: the next call renders whole
 	}
-	choices := make([]tokenin.Choice, len(genChoices))
-	for _, g := range genChoices {
-		i := int(g.Get("index").Int())
+	choices := make([]tokenin.Choice, len(derChoices))
+	for _, g := range generated.Choices {
+		i := g.Index
 		d := derChoices[min(max(i, 0), len(derChoices)-1)]
 		answer, err := tokenin.CanonicalAnswer([]byte(d.Get("message").Raw))
-		respIDs, ok := tokenIDs(g.Get("token_ids"))
-		if i < 0 || i >= len(choices) || d.Get("index").Int() != int64(i) || err != nil || !ok || choices[i].Answer != "" {
+		if i < 0 || i >= len(choices) || d.Get("index").Int() != int64(i) || err != nil || choices[i].Answer != "" {
 			return nil
 		}
-		choices[i] = tokenin.Choice{Answer: answer, Response: respIDs, Ended: endedOnTurn(g)}
+		choices[i] = tokenin.Choice{Answer: answer, Response: g.IDs, Ended: g.EndedOnTurn}
 	}
 	put(choices)
 	return nil
 }
 
-// endedOnTurn says whether a generate choice (or a stream's finish chunk)
-// ended on an end-of-turn token: finish reason stop with no stop string
-// (stop_reason null for the end-of-sequence token, the id of a stop token).
-func endedOnTurn(choice gjson.Result) bool {
-	stop := choice.Get("stop_reason")
-	return choice.Get("finish_reason").Str == "stop" && (stop.Type == gjson.Null || stop.Type == gjson.Number)
-}
-
-// renderedPrompt is a render answer: the GenerateRequest JSON and its ids.
+// renderedPrompt is a render answer: the generate request and its ids.
 type renderedPrompt struct {
 	raw []byte
 	ids []uint32
 }
 
 // tokenInRender renders a chat request with the engine's template.
-func (s *Server) tokenInRender(r *backends.Upstream, body []byte, deadline time.Time, hw *hangupWatch) (renderedPrompt, error) {
-	paths, _ := tokenInPaths(r)
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+paths.Render, body, deadline, hw, nil)
+func (s *Server) tokenInRender(r *backends.Upstream, ti engines.TokenIn, body []byte, deadline time.Time, hw *hangupWatch) (renderedPrompt, error) {
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+ti.TokenInPaths().Render, body, deadline, hw, nil)
 	if err != nil {
 		return renderedPrompt{}, err
 	}
 	if status != fasthttp.StatusOK {
 		return renderedPrompt{}, fmt.Errorf("%w: render answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
 	}
-	ids, ok := tokenIDs(gjson.GetBytes(out, "token_ids"))
-	if !ok || len(ids) == 0 {
-		return renderedPrompt{}, fmt.Errorf("%w: render answered no token_ids", errTokenIn)
-	}
-	if out, err = keepMaxTokens(out, body); err != nil {
+	raw, ids, err := ti.RenderAnswer(out, body)
+	if err != nil {
 		return renderedPrompt{}, err
 	}
-	return renderedPrompt{raw: out, ids: ids}, nil
-}
-
-// keepMaxTokens puts the chat request's output limit (max_completion_tokens,
-// else max_tokens) into a render answer whose sampling_params left it out.
-// vLLM 0.32 serialises SamplingParams with msgspec's omit_defaults
-// (vllm/sampling_params.py), so a client's max_tokens of 16, the default,
-// vanishes from render's answer, and generate then lets the answer run to
-// the context's end (token_in_token_out/serving.py applies its server-side
-// default to a max_tokens not provided).
-func keepMaxTokens(rendered, chatReq []byte) ([]byte, error) {
-	if gjson.GetBytes(rendered, "sampling_params.max_tokens").Exists() {
-		return rendered, nil
-	}
-	limit := gjson.GetBytes(chatReq, "max_completion_tokens")
-	if limit.Type != gjson.Number {
-		limit = gjson.GetBytes(chatReq, "max_tokens")
-	}
-	if limit.Type != gjson.Number {
-		return rendered, nil
-	}
-	out, err := sjson.SetRawBytes(rendered, "sampling_params.max_tokens", []byte(limit.Raw))
-	if err != nil {
-		return nil, fmt.Errorf("%w: setting the request's max_tokens on render's answer: %v", errTokenIn, err)
-	}
-	return out, nil
+	return renderedPrompt{raw: raw, ids: ids}, nil
 }
 
 // tokenInDerender turns a generate answer into the chat completion the
-// ordinary path would have received: vLLM's derender builds the message
-// from the ids without a final stop token (vLLM 0.32's derender decodes
-// every id, and with a tool parser keeps special tokens, so the
-// end-of-turn token's text would end the content: the ordinary path's
-// text never has it), then the choices' ids and the usage are the
-// generate answer's;
-// prompt_token_ids (derender leaves it null) and, as vLLM's chat serving
-// does (vllm/entrypoints/openai/chat_completion/serving.py: "tool_calls"
-// for auto or required tool calls, "stop" for named ones), the finish
-// reason of a choice with tool calls are set here.
-func (s *Server) tokenInDerender(r *backends.Upstream, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time, hw *hangupWatch) ([]byte, error) {
-	trimmed := gen
-	choices := gjson.GetBytes(gen, "choices").Array()
-	for i, ch := range choices {
-		stop := ch.Get("stop_reason")
-		ids := ch.Get("token_ids").Array()
-		if ch.Get("finish_reason").Str != "stop" || !(stop.Type == gjson.Null || stop.Type == gjson.Number) || len(ids) < 2 {
-			continue
-		}
-		// A stop token id is the stop_reason (vLLM's v1 engine); the
-		// end-of-sequence token gives null. Only a last id that is the
-		// stop token is left out.
-		if stop.Type == gjson.Number && ids[len(ids)-1].Uint() != stop.Uint() {
-			continue
-		}
-		var err error
-		if trimmed, err = sjson.DeleteBytes(trimmed, "choices."+strconv.Itoa(i)+".token_ids."+strconv.Itoa(len(ids)-1)); err != nil {
-			return nil, err
-		}
+// ordinary path would have received (the engine's DerenderBody and
+// DerenderAnswer).
+func (s *Server) tokenInDerender(r *backends.Upstream, ti engines.TokenIn, gen []byte, prompt []uint32, chatReq []byte, deadline time.Time, hw *hangupWatch) ([]byte, error) {
+	body, err := ti.DerenderBody(gen, prompt, chatReq)
+	if err != nil {
+		return nil, err
 	}
-	buf := make([]byte, 0, len(gen)+len(chatReq)+8*len(prompt)+128)
-	buf = append(buf, `{"generate_response":`...)
-	buf = append(buf, trimmed...)
-	buf = append(buf, `,"prompt_tokens":`...)
-	buf = strconv.AppendInt(buf, int64(len(prompt)), 10)
-	buf = append(buf, `,"prompt_token_ids":`...)
-	buf = arrays.AppendUint32s(buf, prompt)
-	buf = append(buf, `,"chat_request":`...)
-	buf = append(buf, chatReq...)
-	buf = append(buf, '}')
-	paths, _ := tokenInPaths(r)
-	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+paths.Derender, buf, deadline, hw, nil)
+	out, status, err := s.tokenInPost(r, r.Origin()+r.BasePath()+ti.TokenInPaths().Derender, body, deadline, hw, nil)
 	if err != nil {
 		return nil, err
 	}
 	if status != fasthttp.StatusOK || !gjson.ValidBytes(out) {
 		return nil, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
 	}
-	idsJSON := arrays.AppendUint32s(make([]byte, 0, 8*len(prompt)), prompt)
-	if out, err = sjson.SetRawBytes(out, "prompt_token_ids", idsJSON); err != nil {
-		return nil, err
-	}
-	if u := gjson.GetBytes(gen, "usage"); u.IsObject() {
-		if out, err = sjson.SetRawBytes(out, "usage", []byte(u.Raw)); err != nil {
-			return nil, err
-		}
-	}
-	for i, ch := range choices {
-		if out, err = sjson.SetRawBytes(out, "choices."+strconv.Itoa(i)+".token_ids", []byte(ch.Get("token_ids").Raw)); err != nil {
-			return nil, err
-		}
-	}
-	named := gjson.GetBytes(chatReq, "tool_choice").IsObject()
-	for i, ch := range gjson.GetBytes(out, "choices").Array() {
-		if !named && ch.Get("finish_reason").Str == "stop" && len(ch.Get("message.tool_calls").Array()) > 0 {
-			if out, err = sjson.SetBytes(out, "choices."+strconv.Itoa(i)+".finish_reason", "tool_calls"); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return out, nil
+	return ti.DerenderAnswer(out, gen, prompt, chatReq)
 }
 
 // tokenInPost POSTs a JSON body to the replica and returns the answer's
@@ -408,22 +325,4 @@ func closedHistory(body []byte, msgs gjson.Result, n int) []byte {
 	out, _ = sjson.SetBytes(out, "add_generation_prompt", false)
 	out, _ = sjson.DeleteBytes(out, "tool_choice")
 	return out
-}
-
-// tokenIDs reads a JSON array of token ids; false when it is not one.
-func tokenIDs(v gjson.Result) ([]uint32, bool) {
-	if !v.IsArray() {
-		return nil, false
-	}
-	ok := true
-	var ids []uint32
-	v.ForEach(func(_, e gjson.Result) bool {
-		if e.Type != gjson.Number || e.Num < 0 || e.Num > math.MaxUint32 || e.Num != math.Trunc(e.Num) {
-			ok = false
-			return false
-		}
-		ids = append(ids, uint32(e.Num))
-		return true
-	})
-	return ids, ok
 }

@@ -10,33 +10,19 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rollgate/rollgate/capture"
+	"github.com/rollgate/rollgate/engines"
 	"github.com/rollgate/rollgate/export/arrays"
 	"github.com/rollgate/rollgate/gateway/backends"
 	"github.com/rollgate/rollgate/gateway/tokenin"
 )
 
-// Streamed token-in calls (stream: true), vLLM 0.32.0:
-//   - generate streams (token_in_token_out/serving.py,
-//     serve_tokens_stream_generator): one SSE event per engine step with
-//     choices[0].token_ids (the step's new ids; the end-of-turn token rides
-//     on the finish chunk), logprobs by token id, finish_reason and
-//     stop_reason on the last; a usage chunk with no choices when
-//     stream_options.include_usage; an error event on a generation error;
-//     then data: [DONE].
-//   - derender streams through stream_state (derender/api_router.py,
-//     derender/serving.py derender_chat_stream_response,
-//     renderers/online_derenderer.py derender_chat_stream): one POST per
-//     generate chunk, {stream: true, generate_chunk, stream_state,
-//     prompt_tokens, prompt_token_ids, chat_request} in, {chunk,
-//     stream_state} out, the chunk a ChatCompletionStreamResponse built by
-//     vLLM's own tool and reasoning parsers. With a parser configured the
-//     state carries every output id so far and vLLM replays them through a
-//     fresh parser on each call (quadratic in the output length), and the
-//     chunk has no logprobs (_derender_chat_stream_parsed).
+// Streamed token-in calls (stream: true): the engine streams its generate
+// answer (engines.TokenIn's ParseGenerateChunk reads each event) and
+// derenders chunk by chunk with a state it returns (DerenderStreamBody,
+// DerenderStreamAnswer); vLLM 0.32.0's forms are in engines/vllm.
 //
 // The gateway turns that into the stream vLLM's chat serving would have sent
 // with the gateway's injected fields (chat_completion/serving.py): a first
@@ -48,7 +34,7 @@ import (
 // tokenInStreamCall is what a streamed token-in call needs once its prompt
 // is decided.
 type tokenInStreamCall struct {
-	genBody  []byte   // the GenerateRequest (render's answer, token_ids set)
+	genBody  []byte   // the generate request (render's answer, RenderAnswer's; prompt ids not set)
 	prompt   []uint32 // the prompt ids sent
 	chatReq  []byte   // the chat request as sent to the engine (injected fields included)
 	outcome  string   // the token_in column's value
@@ -63,25 +49,24 @@ type tokenInStreamCall struct {
 // SSE body (text/event-stream) that a goroutine fills with the chat chunks
 // (tokenInPump). An engine error status answers as it is. The error is a
 // transport error of the generate request, for the caller's retry policy.
-func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthttp.Response, tc tokenInStreamCall) error {
-	body, err := sjson.SetBytes(tc.genBody, "stream", true)
-	if err == nil {
-		if so := gjson.GetBytes(tc.chatReq, "stream_options"); so.IsObject() {
-			body, err = sjson.SetRawBytes(body, "stream_options", []byte(so.Raw))
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("%w: building the generate request: %w", errTokenIn, err)
+func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, ti engines.TokenIn, resp *fasthttp.Response, tc tokenInStreamCall) error {
+	opts := engines.GenerateOptions{Stream: true}
+	if so := gjson.GetBytes(tc.chatReq, "stream_options"); so.IsObject() {
+		opts.StreamOptions = []byte(so.Raw)
 	}
 	var rs *resumeState
 	if tc.n <= 1 { // resumable after a pause in mode abort (resume.go)
-		rs = newResumeState(c, r, nil)
-		if body, err = sjson.SetBytes(body, "request_id", rs.engineID[len(engineIDPrefix):]); err != nil {
-			return fmt.Errorf("%w: building the generate request: %w", errTokenIn, err)
-		}
+		rs = newResumeState(c, r)
+		opts.RequestID = rs.id
+	}
+	body, err := ti.GenerateBody(tc.genBody, tc.prompt, opts)
+	if err != nil {
+		return err
+	}
+	if rs != nil {
 		rs.genBody = body
 	}
-	gen, err := s.startGenerate(r, body, tc.from, tc.deadline)
+	gen, err := s.startGenerate(r, ti, body, tc.from, tc.deadline)
 	if err != nil {
 		s.tokenInFailed(c, tc.outcome, err)
 		return err
@@ -104,8 +89,8 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 	resp.SetStatusCode(fasthttp.StatusOK)
 	resp.Header.SetContentType("text/event-stream")
 	resp.SetBodyStream(pr, -1)
-	p := &tokenInPump{s: s, r: r, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject(), ch: make([]pumpChoice, max(tc.n, 1))}
-	p.tail = p.derenderTail()
+	p := &tokenInPump{s: s, r: r, ti: ti, tc: tc, w: pw, named: gjson.GetBytes(tc.chatReq, "tool_choice").IsObject(), ch: make([]pumpChoice, max(tc.n, 1))}
+	p.tail = ti.DerenderStreamTail(tc.prompt, tc.chatReq)
 	p.tc.chatReq, p.tc.genBody, p.tc.from = nil, nil, nil // pooled buffers: the handler reuses them once it returns
 	if tl := gjson.GetBytes(tc.chatReq, "top_logprobs"); tl.Type == gjson.Number && tl.Num > 0 {
 		p.topLogprobs = int(tl.Num)
@@ -121,11 +106,10 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, resp *fasthtt
 // startGenerate sends a streamed generate request (body) to replica r, with
 // from's headers (nil: none), and returns the engine's answer, its body
 // still streaming.
-func (s *Server) startGenerate(r *backends.Upstream, body []byte, from *fasthttp.Request, deadline time.Time) (*fasthttp.Response, error) {
+func (s *Server) startGenerate(r *backends.Upstream, ti engines.TokenIn, body []byte, from *fasthttp.Request, deadline time.Time) (*fasthttp.Response, error) {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	paths, _ := tokenInPaths(r)
-	tokenInRequest(req, r, r.Origin()+paths.Generate, body, from)
+	tokenInRequest(req, r, r.Origin()+ti.TokenInPaths().Generate, body, from)
 	gen := fasthttp.AcquireResponse()
 	gen.StreamBody = true
 	err := r.Client().DoDeadline(req, gen, deadline)
@@ -147,6 +131,7 @@ func (s *Server) startGenerate(r *backends.Upstream, body []byte, from *fasthttp
 type tokenInPump struct {
 	s           *Server
 	r           *backends.Upstream
+	ti          engines.TokenIn // r's kind's
 	tc          tokenInStreamCall
 	w           *io.PipeWriter
 	named       bool // tool_choice names a function: the finish reason stays "stop"
@@ -161,7 +146,7 @@ type tokenInPump struct {
 	ch      []pumpChoice // by choice index
 }
 
-// pumpChoice is one choice's stream: vLLM's generate streams each choice in
+// pumpChoice is one choice's stream: generate streams each choice in
 // chunks of its own, and derender's state is per choice.
 type pumpChoice struct {
 	state   []byte // derender's stream_state, nil before the first chunk
@@ -294,55 +279,41 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		}
 		return true, p.write([]byte("[DONE]")), nil
 	}
-	root := gjson.ParseBytes(data)
+	g, err := p.ti.ParseGenerateChunk(data)
 	switch {
-	case !root.IsObject() || !gjson.ValidBytes(data):
-		return false, nil, fmt.Errorf("%w: a generate stream event is not a JSON object", errTokenIn)
-	case root.Get("error").Exists():
+	case err != nil:
+		return false, nil, err
+	case g.Error:
 		// The engine's error event (a generation error) goes on as it is.
 		return false, p.write(data), nil
-	}
-	choices := root.Get("choices").Array()
-	switch {
-	case len(choices) == 0:
-		if u := root.Get("usage"); u.IsObject() && !p.rs.isParked() {
-			p.out = p.appendHead(p.out[:0], root)
+	case !g.HasChoice:
+		if g.Usage.IsObject() && !p.rs.isParked() {
+			p.out = p.appendHead(p.out[:0], g.RequestID)
 			p.out = append(p.out, `[],"usage":`...)
-			p.out = append(append(p.out, p.rs.fixUsage(u)...), '}')
+			p.out = append(append(p.out, p.rs.fixUsage(g.Usage)...), '}')
 			return false, p.write(p.out), nil
 		}
 		return false, nil, nil
-	case len(choices) > 1:
-		return false, nil, fmt.Errorf("%w: a generate stream chunk with %d choices (n > 1 streams one per chunk)", errTokenIn, len(choices))
 	}
-	ch := choices[0]
-	idx := ch.Get("index")
-	if idx.Type != gjson.Number || idx.Num < 0 || int(idx.Num) >= len(p.ch) || p.ch[int(idx.Num)].done {
-		return false, nil, fmt.Errorf("%w: a generate stream chunk for choice %s of %d", errTokenIn, idx.Raw, len(p.ch))
+	ch := g.Choice
+	if ch.Index < 0 || ch.Index >= len(p.ch) || p.ch[ch.Index].done {
+		return false, nil, fmt.Errorf("%w: a generate stream chunk for choice %d of %d", errTokenIn, ch.Index, len(p.ch))
 	}
-	c := &p.ch[int(idx.Num)]
-	ids, ok := tokenIDs(ch.Get("token_ids"))
-	if !ok {
-		return false, nil, fmt.Errorf("%w: a generate stream chunk without token_ids", errTokenIn)
-	}
-	if p.rs.parkOn(ch) { // aborted by the gateway: no finish for the client
+	c := &p.ch[ch.Index]
+	ids := ch.IDs
+	parked := p.rs.parkOn(ch.Finish)
+	if parked { // aborted by the gateway: no finish for the client
 		if len(ids) == 0 {
 			return false, nil, nil
 		}
-		var err error
-		if data, err = sjson.SetBytes(data, "choices.0.finish_reason", nil); err != nil {
-			return false, nil, fmt.Errorf("%w: %w", errTokenIn, err)
-		}
-		root = gjson.ParseBytes(data)
-		ch = root.Get("choices.0")
+		ch.Finish = ""
 	}
-	der, err := p.derender(c, data, ch, ids)
+	chunk, err := p.derender(c, data, ch, parked)
 	if err != nil {
 		return false, nil, err
 	}
-	dch := der.Get("chunk.choices.0")
+	dch := chunk.Get("choices.0")
 	if p.id == "" {
-		chunk := der.Get("chunk")
 		p.id, p.model, p.created = chunk.Get("id").String(), chunk.Get("model").String(), chunk.Get("created").Int()
 		for i := range p.ch {
 			if werr := p.write(p.appendRoleChunk(p.out[:0], i)); werr != nil {
@@ -351,14 +322,13 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		}
 	}
 	c.ids = append(c.ids, ids...)
-	out := p.appendHead(p.out[:0], root)
-	out = strconv.AppendInt(append(out, `[{"index":`...), int64(idx.Num), 10)
+	out := p.appendHead(p.out[:0], g.RequestID)
+	out = strconv.AppendInt(append(out, `[{"index":`...), int64(ch.Index), 10)
 	out = append(out, `,"delta":`...)
 	out = appendDelta(out, dch.Get("delta"), c)
 	out = append(out, `,"logprobs":`...)
-	out = p.appendLogprobs(out, dch.Get("logprobs"), ch.Get("logprobs.content"))
-	finish := ch.Get("finish_reason")
-	if finish.Type != gjson.String {
+	out = p.appendLogprobs(out, dch.Get("logprobs"), ch.Logprobs)
+	if ch.Finish == "" {
 		out = append(out, `,"finish_reason":null`...)
 	} else {
 		// The engine's reason, "tool_calls" for a stop after streamed tool
@@ -367,92 +337,58 @@ func (p *tokenInPump) event(data []byte) (done bool, werr, failure error) {
 		// derender's: it says "tool_calls" for any finish once a call
 		// streamed, an answer cut by max_tokens included
 		// (online_derenderer.py _derender_chat_stream_parsed).
-		reason := finish.Str
+		reason := ch.Finish
 		if reason == "stop" && len(c.calls) > 0 && !p.named {
 			reason = "tool_calls"
 		}
 		out = appendJSONString(append(out, `,"finish_reason":`...), reason)
 		out = append(out, `,"stop_reason":`...)
-		if st := ch.Get("stop_reason"); st.Type == gjson.String || st.Type == gjson.Number {
+		if st := ch.StopReason; st.Type == gjson.String || st.Type == gjson.Number {
 			out = append(out, st.Raw...)
 		} else {
 			out = append(out, "null"...)
 		}
-		c.done, c.ended = true, endedOnTurn(ch)
+		c.done, c.ended = true, ch.EndedOnTurn
 		p.remember()
 	}
 	out = append(out, `,"token_ids":`...)
 	out = arrays.AppendUint32s(out, ids)
 	out = append(out, "}]"...)
-	if u := root.Get("usage"); u.IsObject() { // continuous_usage_stats
+	if u := g.Usage; u.IsObject() { // continuous_usage_stats
 		out = append(append(out, `,"usage":`...), p.rs.fixUsage(u)...)
 	}
 	p.out = append(out, '}')
 	return false, p.write(p.out), nil
 }
 
-// derender sends one generate chunk to the streaming derender and keeps the
-// state it returns. A finish chunk's end-of-turn token is left out, as for
-// whole answers (tokenInDerender): vLLM's parsers keep special tokens, so
-// its text would end the content.
-func (p *tokenInPump) derender(c *pumpChoice, data []byte, ch gjson.Result, ids []uint32) (gjson.Result, error) {
-	chunk := data
-	if ch.Get("finish_reason").Type == gjson.String && endedOnTurn(ch) && len(ids) > 0 {
-		stop := ch.Get("stop_reason")
-		if stop.Type == gjson.Null || stop.Uint() == uint64(ids[len(ids)-1]) {
-			var err error
-			if chunk, err = sjson.SetRawBytes(data, "choices.0.token_ids", arrays.AppendUint32s(nil, ids[:len(ids)-1])); err != nil {
-				return gjson.Result{}, fmt.Errorf("%w: %w", errTokenIn, err)
-			}
-		}
+// derender sends one generate chunk (data, its choice read as ch; parked:
+// it ends a generation the gateway aborted) to the streaming derender and keeps the state it returns; it returns the chat
+// chunk.
+func (p *tokenInPump) derender(c *pumpChoice, data []byte, ch engines.GenChoice, parked bool) (gjson.Result, error) {
+	body, err := p.ti.DerenderStreamBody(make([]byte, 0, len(data)+len(c.state)+len(p.tail)+64), data, ch, parked, c.state, p.tail)
+	if err != nil {
+		return gjson.Result{}, err
 	}
-	body := make([]byte, 0, len(chunk)+len(c.state)+len(p.tail)+64)
-	body = append(body, `{"stream":true,"generate_chunk":`...)
-	body = append(body, chunk...)
-	body = append(body, `,"stream_state":`...)
-	if c.state == nil {
-		body = append(body, "null"...)
-	} else {
-		body = append(body, c.state...)
-	}
-	body = append(body, p.tail...)
-	paths, _ := tokenInPaths(p.r)
-	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+paths.Derender, body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
+	out, status, err := p.s.tokenInPost(p.r, p.r.Origin()+p.r.BasePath()+p.ti.TokenInPaths().Derender, body, time.Now().Add(p.s.cfg.UpstreamTimeout), nil, nil)
 	if err != nil {
 		return gjson.Result{}, fmt.Errorf("derender: %w", err)
 	}
-	der := gjson.ParseBytes(out)
-	if status != fasthttp.StatusOK || !gjson.ValidBytes(out) || !der.Get("chunk").IsObject() || !der.Get("stream_state").IsObject() {
+	if status != fasthttp.StatusOK {
 		return gjson.Result{}, fmt.Errorf("%w: derender answered HTTP %d: %s", errTokenIn, status, truncate(string(out), 300))
 	}
-	c.state = append(c.state[:0], der.Get("stream_state").Raw...)
-	return der, nil
-}
-
-// derenderTail is the end of every streaming derender request: the prompt
-// (its ids settle the parsers' initial reasoning state) and the chat
-// request.
-func (p *tokenInPump) derenderTail() []byte {
-	t := make([]byte, 0, 8*len(p.tc.prompt)+len(p.tc.chatReq)+64)
-	if m := gjson.GetBytes(p.tc.chatReq, "model"); m.Type == gjson.String {
-		// The chunks name the model as the chat path does (derender: the
-		// request's model, else the served name).
-		t = appendJSONString(append(t, `,"model":`...), m.Str)
+	chunk, state, err := p.ti.DerenderStreamAnswer(out)
+	if err != nil {
+		return gjson.Result{}, err
 	}
-	t = append(t, `,"prompt_tokens":`...)
-	t = strconv.AppendInt(t, int64(len(p.tc.prompt)), 10)
-	t = append(t, `,"prompt_token_ids":`...)
-	t = arrays.AppendUint32s(t, p.tc.prompt)
-	t = append(t, `,"chat_request":`...)
-	t = append(t, p.tc.chatReq...)
-	return append(t, '}')
+	c.state = append(c.state[:0], state.Raw...)
+	return chunk, nil
 }
 
 // appendHead appends a chunk's members up to the opening of its choices.
-func (p *tokenInPump) appendHead(dst []byte, gen gjson.Result) []byte {
+func (p *tokenInPump) appendHead(dst []byte, requestID string) []byte {
 	id := p.id
 	if id == "" {
-		id = gen.Get("request_id").String()
+		id = requestID
 	}
 	dst = append(dst, `{"id":`...)
 	dst = appendJSONString(dst, id)
@@ -466,7 +402,7 @@ func (p *tokenInPump) appendHead(dst []byte, gen gjson.Result) []byte {
 // appendRoleChunk appends vLLM's first chat chunk of choice i: the role,
 // empty content and (return_token_ids) the prompt ids.
 func (p *tokenInPump) appendRoleChunk(dst []byte, i int) []byte {
-	dst = p.appendHead(dst, gjson.Result{})
+	dst = p.appendHead(dst, "")
 	dst = strconv.AppendInt(append(dst, `[{"index":`...), int64(i), 10)
 	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":`...)
 	dst = arrays.AppendUint32s(dst, p.tc.prompt)
@@ -541,7 +477,7 @@ func appendDelta(dst []byte, d gjson.Result, c *pumpChoice) []byte {
 // resolved them (a server without a parser), else the generate chunk's
 // (vLLM's parsed derender path gives none) with each token named
 // "token_id:ID" (vLLM's return_tokens_as_token_ids form) and the client's
-// top_logprobs alternatives.
+// top_logprobs alternatives. gen are the engine's entries (GenChoice.Logprobs).
 func (p *tokenInPump) appendLogprobs(dst []byte, der, gen gjson.Result) []byte {
 	if der.IsObject() && der.Get("content").IsArray() {
 		return append(dst, der.Raw...)

@@ -169,40 +169,6 @@ func (Engine) PauseRequest(mode string) (string, []byte) {
 // ResumeRequest is POST /resume.
 func (Engine) ResumeRequest() (string, []byte) { return "/resume", nil }
 
-// vLLM 0.32's token-in endpoints (registered with --enable-scale-out;
-// vllm/entrypoints/scale_out/factories.py):
-//   - render: vllm/entrypoints/scale_out/render/api_router.py, a
-//     ChatCompletionRequest in, a GenerateRequest out (token_ids and the
-//     resolved sampling_params, structured output for tool choices
-//     included; token_in_token_out/protocol.py);
-//   - generate: token_in_token_out/api_router.py, that GenerateRequest in,
-//     a GenerateTokensResponse out (choices[].token_ids with the
-//     end-of-turn token, finish_reason, stop_reason, logprobs by token id);
-//   - derender: derender/api_router.py, a DerenderChatRequest
-//     (generate_response, prompt_token_ids, chat_request) in, a
-//     ChatCompletionResponse out, built by vLLM's own tool and reasoning
-//     parsers (renderers/online_derenderer.py).
-//   - abort: POST /inference/v1/abort_requests {"request_ids":[id]}
-//     (token_in_token_out/api_router.py).
-//
-// Render and derender are under the OpenAI base URL, generate and abort at
-// the origin.
-var tokenInPaths = engines.TokenInPaths{
-	Render:   "/chat/completions/render",
-	Derender: "/chat/completions/derender",
-	Generate: "/inference/v1/generate",
-	Abort:    "/inference/v1/abort_requests",
-}
-
-// TokenInPaths are vLLM's render, derender, generate and abort_requests.
-func (Engine) TokenInPaths() engines.TokenInPaths { return tokenInPaths }
-
-// AbortBody is {"request_ids":[id]}.
-func (Engine) AbortBody(id string) []byte {
-	b, _ := json.Marshal(id) // a string always encodes
-	return append(append([]byte(`{"request_ids":[`), b...), "]}"...)
-}
-
 // Interface guards.
 var (
 	_ engines.Engine       = Engine{}
