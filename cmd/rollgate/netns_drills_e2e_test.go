@@ -22,7 +22,7 @@ import (
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
-// EnvDrills selects the drills' form: unset or "short" runs the short form
+// envDrills selects the drills' form: unset or "short" runs the short form
 // (part of the normal test run), "full" the long ones (scripts/drills).
 const envDrills = "ROLLGATE_DRILLS"
 
