@@ -86,7 +86,15 @@ func stop(t *testing.T, cmd *exec.Cmd, logs *syncBuffer) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Wait(); err != nil {
+	// serve gives its drain and flush 30 s; past 25 s the goroutines of a
+	// process that is still draining are dumped (SIGQUIT) into its logs, so
+	// a failure shows what it waited on.
+	quit := time.AfterFunc(25*time.Second, func() { cmd.Process.Signal(syscall.SIGQUIT) })
+	err := cmd.Wait()
+	if !quit.Stop() {
+		t.Fatalf("serve still draining 25 s after SIGTERM (goroutines dumped with SIGQUIT): exited with %v\n%s", err, logs)
+	}
+	if err != nil {
 		t.Fatalf("serve exited with %v after SIGTERM\n%s", err, logs)
 	}
 }
