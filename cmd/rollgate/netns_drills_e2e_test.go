@@ -100,7 +100,13 @@ func newCluster(t *testing.T, gateways, engines int) *cluster {
 		if err := g.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { g.cmd.Process.Kill(); g.cmd.Wait() })
+		t.Cleanup(func() {
+			g.cmd.Process.Kill()
+			g.cmd.Wait()
+			if t.Failed() { // what the gateway said is the drill's evidence
+				t.Logf("log of the gateway on %s:\n%s", h.Name, g.logs)
+			}
+		})
 		testenv.WaitFor(t, 20*time.Second, func() string { return "the gateway on " + h.Name + " ready:\n" + g.logs.String() }, func() bool {
 			r, err := http.Get("http://" + g.addr + "/readyz")
 			if err == nil {

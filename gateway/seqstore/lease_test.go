@@ -3,11 +3,14 @@ package seqstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,5 +141,24 @@ func TestSilentPartitionBoundedByLease(t *testing.T) {
 	})
 	if b.First <= first.Last {
 		t.Fatalf("block %+v after %+v", b, first)
+	}
+}
+
+// TestKernelTimeoutIsALeaseLapse: a listening session the kernel ended
+// because its keepalive probes went unanswered (ETIMEDOUT, as a read on a
+// cut link returns it) lapsed like one whose heartbeat went unanswered, so
+// it is counted under cause "lease" (the partition alert's series); a reset
+// or a deadline of the gateway's own is not.
+func TestKernelTimeoutIsALeaseLapse(t *testing.T) {
+	read := func(errno error) error {
+		return fmt.Errorf("pgconn: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", errno)})
+	}
+	if err := unanswered(read(syscall.ETIMEDOUT)); !errors.Is(err, errLeaseLost) || !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Errorf("ETIMEDOUT read: %v, want errLeaseLost wrapping the cause", err)
+	}
+	for _, err := range []error{read(syscall.ECONNRESET), os.ErrDeadlineExceeded, io.EOF} {
+		if got := unanswered(err); errors.Is(got, errLeaseLost) || got != err {
+			t.Errorf("%v: got %v, want it unchanged", err, got)
+		}
 	}
 }

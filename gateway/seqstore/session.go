@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -107,18 +108,33 @@ func (p *Postgres) prove(ctx context.Context, conn *pgx.Conn) (*pgconn.Notificat
 		return n, nil
 	}
 	if ctx.Err() != nil || wctx.Err() == nil {
-		return nil, err // closing, or the session broke
+		return nil, unanswered(err) // closing, or the session broke
 	}
 	pctx, cancel := context.WithTimeout(ctx, p.opt.heartbeat())
 	defer cancel()
 	if err := conn.Ping(pctx); err != nil {
 		if ctx.Err() != nil || pctx.Err() == nil {
-			return nil, err // closing, or the session broke
+			return nil, unanswered(err) // closing, or the session broke
 		}
 		return nil, fmt.Errorf("%w (%s): %w", errLeaseLost, p.opt.heartbeat(), err)
 	}
 	p.proven()
 	return nil, nil
+}
+
+// unanswered returns err as a lapse of the lease (errLeaseLost) when the
+// kernel ended the connection because the server stopped answering: its
+// keepalive probes (every L/4, see pgConfig) or retransmissions went
+// unanswered (ETIMEDOUT). That is the same silent partition the heartbeat
+// detects, found by another timer first (which one wins depends on when the
+// link went quiet), so it is counted and alerted on the same way
+// (rollgate_sequence_session_lost_total{cause="lease"}). Other errors (a
+// reset, the server ending the session) are returned as they are.
+func unanswered(err error) error {
+	if errors.Is(err, syscall.ETIMEDOUT) {
+		return fmt.Errorf("%w (the kernel timed the connection out): %w", errLeaseLost, err)
+	}
+	return err
 }
 
 // errLeaseLost ends a listening session whose server did not answer within
