@@ -46,6 +46,7 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 		u.Host = relay.Addr
 		return u.String()
 	}})
+	moving := func(rollout string) bool { return rollout == "dr-6" || rollout == "dr-7" } // agents 6 and 7 move every turn
 	load := c.runAgents(8, func(a, turn int) int {
 		if a < 6 {
 			return a % 3
@@ -91,11 +92,11 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 	// of all, and the count and median duration of the pinned and the
 	// moving agents' calls (each of the latter a takeover).
 	window := func(from, to time.Time) string {
-		var pinned, moving []time.Duration
+		var pinned, moved []time.Duration
 		for _, call := range calls {
 			if call.status == 200 && !call.start.Before(from) && call.start.Before(to) {
-				if call.rollout == "dr-6" || call.rollout == "dr-7" {
-					moving = append(moving, call.end.Sub(call.start))
+				if moving(call.rollout) {
+					moved = append(moved, call.end.Sub(call.start))
 				} else {
 					pinned = append(pinned, call.end.Sub(call.start))
 				}
@@ -109,8 +110,8 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 			return d[len(d)/2].Round(time.Millisecond)
 		}
 		return fmt.Sprintf("%.1f calls/s in %s; pinned agents %d calls (median %s), moving agents %d calls (median %s)",
-			float64(len(pinned)+len(moving))/to.Sub(from).Seconds(), to.Sub(from).Round(time.Millisecond),
-			len(pinned), median(pinned), len(moving), median(moving))
+			float64(len(pinned)+len(moved))/to.Sub(from).Seconds(), to.Sub(from).Round(time.Millisecond),
+			len(pinned), median(pinned), len(moved), median(moved))
 	}
 	t.Logf("drill table row:\n%s", rep)
 	t.Logf("answered before the fault: %s", window(baseAt, faultAt))
@@ -138,7 +139,7 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 	}
 	moved := 0
 	for _, call := range calls {
-		if call.status == 200 && (call.rollout == "dr-6" || call.rollout == "dr-7") && call.start.After(faultAt) && call.start.Before(healAt) {
+		if call.status == 200 && moving(call.rollout) && call.start.After(faultAt) && call.start.Before(healAt) {
 			moved++
 		}
 	}
