@@ -121,7 +121,8 @@ const (
 
 // Relay starts a relay on h:port forwarding every connection to target
 // (dialled from h), delaying each chunk by delay each way (SetDelay
-// changes it). It stops at the test's end (Close).
+// changes it); port 0 picks a free one (Relay.Addr). It stops at the
+// test's end (Close).
 func (n *Net) Relay(h *Host, port int, target string, delay time.Duration) *Relay {
 	n.t.Helper()
 	r := &Relay{Addr: h.Addr(port), h: h, target: target, conns: map[net.Conn]struct{}{}}
@@ -130,7 +131,7 @@ func (n *Net) Relay(h *Host, port int, target string, delay time.Duration) *Rela
 	if err != nil {
 		n.t.Fatalf("netns: relay on %s: %v", r.Addr, err)
 	}
-	r.ln = ln
+	r.ln, r.Addr = ln, ln.Addr().String() // port 0: the one the kernel chose
 	n.t.Cleanup(r.Close)
 	r.wg.Add(1)
 	go r.accept()
