@@ -54,16 +54,18 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 		return (a + turn) % 3
 	})
 	waitUntil(t, "every agent answered a few times", 20*time.Second, func() bool { return answeredSince(load, time.Time{}, -1) >= 40 })
-	counters := func() (refused, lost []float64) {
+	counters := func() (refused, lost, waits, timeouts []float64) {
 		for _, g := range c.gws {
 			refused = append(refused, metricSum(t, g.addr, `rollgate_calls_rejected_total{reason="sequence_store"}`))
 			lost = append(lost, metricSum(t, g.addr, `rollgate_sequence_session_lost_total`))
+			waits = append(waits, metricSum(t, g.addr, `rollgate_sequence_waits_total`))
+			timeouts = append(timeouts, metricSum(t, g.addr, `rollgate_sequence_takeovers_total{outcome="timeout"}`))
 		}
-		return refused, lost
+		return refused, lost, waits, timeouts
 	}
 	baseAt := time.Now()
 	time.Sleep(base) // the window calls/s are measured in before the fault: the drill's scenario, not a wait for a condition
-	refusedBefore, lostBefore := counters()
+	refusedBefore, lostBefore, waitsBefore, timeoutsBefore := counters()
 
 	faultAt := time.Now()
 	relay.SetDelay(drillBDelay)
@@ -76,7 +78,7 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 	for _, g := range c.gws {
 		c.n.Heal(g.h, relayHost)
 	}
-	refusedAfter, lostAfter := counters()
+	refusedAfter, lostAfter, waitsAfter, timeoutsAfter := counters()
 	waitUntil(t, "every gateway answers after the heal", 20*time.Second, func() bool {
 		for i := range c.gws {
 			if answeredSince(load, healAt, i) == 0 {
@@ -102,16 +104,16 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 				}
 			}
 		}
-		median := func(d []time.Duration) time.Duration {
+		quantiles := func(d []time.Duration) string {
 			if len(d) == 0 {
-				return -1
+				return "-"
 			}
 			slices.Sort(d)
-			return d[len(d)/2].Round(time.Millisecond)
+			return fmt.Sprintf("median %s, p99 %s", d[len(d)/2].Round(time.Millisecond), d[len(d)*99/100].Round(time.Millisecond))
 		}
-		return fmt.Sprintf("%.1f calls/s in %s; pinned agents %d calls (median %s), moving agents %d calls (median %s)",
+		return fmt.Sprintf("%.1f calls/s in %s; pinned agents %d calls (%s), moving agents %d calls (%s)",
 			float64(len(pinned)+len(moved))/to.Sub(from).Seconds(), to.Sub(from).Round(time.Millisecond),
-			len(pinned), median(pinned), len(moved), median(moved))
+			len(pinned), quantiles(pinned), len(moved), quantiles(moved))
 	}
 	t.Logf("drill table row:\n%s", rep)
 	t.Logf("answered before the fault: %s", window(baseAt, faultAt))
@@ -120,7 +122,8 @@ func TestDrillLatencyAndLossToPostgres(t *testing.T) {
 	for i := range c.gws {
 		refused += refusedAfter[i] - refusedBefore[i]
 		lost += lostAfter[i] - lostBefore[i]
-		t.Logf("gw%d during the fault: %v sequence_store refusals, listening session lost %v times", i, refusedAfter[i]-refusedBefore[i], lostAfter[i]-lostBefore[i])
+		t.Logf("gw%d during the fault: %v sequence_store refusals, listening session lost %v times, %v calls waited for a reservation, %v takeovers not acknowledged in time",
+			i, refusedAfter[i]-refusedBefore[i], lostAfter[i]-lostBefore[i], waitsAfter[i]-waitsBefore[i], timeoutsAfter[i]-timeoutsBefore[i])
 	}
 
 	if rep.Repeated != 0 || rep.Missing != 0 || rep.Duplicated != 0 || rep.Order != 0 {
