@@ -58,6 +58,19 @@ type nsGateway struct {
 // host of its own.
 func newCluster(t *testing.T, gateways, engines int) *cluster {
 	t.Helper()
+	return newClusterWith(t, gateways, engines, clusterOptions{})
+}
+
+// clusterOptions are what a drill changes in newCluster's deployment.
+type clusterOptions struct {
+	// gatewayDSN, when set, gives the PostgreSQL DSN the gateways use (a
+	// path through a relay host, say); it runs once PostgreSQL is up.
+	gatewayDSN func(c *cluster) string
+}
+
+// newClusterWith is newCluster with options.
+func newClusterWith(t *testing.T, gateways, engines int, o clusterOptions) *cluster {
+	t.Helper()
 	c := &cluster{t: t, n: netns.New(t), dir: t.TempDir()}
 	c.pg = c.n.Host("pg")
 	dsn, stopPG, err := testenv.StartPostgresWith(testenv.PostgresOptions{Listen: c.pg.IP.String(), Port: 5432, Command: c.pg.Command})
@@ -90,10 +103,14 @@ func newCluster(t *testing.T, gateways, engines int) *cluster {
 	if err := os.WriteFile(cfg, []byte("backends:\n  - model: \"*\"\n    replicas:\n"+strings.Join(upstreams, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	gwDSN := c.pgDSN
+	if o.gatewayDSN != nil {
+		gwDSN = o.gatewayDSN(c)
+	}
 	for i := range gateways {
 		h := c.n.Host(fmt.Sprintf("gw%d", i))
 		g := &nsGateway{h: h, addr: h.Addr(8000), db: filepath.Join(c.dir, fmt.Sprintf("gw%d.db", i))}
-		g.cmd = h.Command(binary, "serve", "--listen", g.addr, "--config", cfg, "--queue", c.pgDSN, "--db", g.db,
+		g.cmd = h.Command(binary, "serve", "--listen", g.addr, "--config", cfg, "--queue", gwDSN, "--db", g.db,
 			"--sequence-lease", drillLease.String(), "--idle-timeout", "3s", "--insecure-admin", "--log-level", "warn")
 		g.logs = &syncBuffer{}
 		g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs

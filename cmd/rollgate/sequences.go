@@ -31,7 +31,7 @@ func (c *sequenceConfig) RegisterFlags(fs *flag.FlagSet) {
 		c.Lease = seqstore.DefaultSessionLease
 	}
 	fs.DurationVar(&c.Lease, "sequence-lease", c.Lease,
-		"with a PostgreSQL --queue: a gateway whose session to it stops answering (a silent network partition) hands out no sequence id more than half this after the last answer and answers 503 until the session is back; PostgreSQL ends the cut-off session about this long after its last packet, and a takeover from an unresponsive gateway waits half this plus 1s (at least 2s). Round trips to PostgreSQL must stay well below a quarter of it")
+		"with a PostgreSQL --queue: a gateway whose session to it stops answering (a silent network partition) hands out no sequence id more than half this after the last answer and answers 503 until the session is back; PostgreSQL ends the cut-off session about this long after its last packet, and a takeover from an unresponsive gateway waits half this plus 1s (at least 2s). Round trips to PostgreSQL, resends after packet loss included, must stay well below 3/8 of it (1.5s at 4s)")
 }
 
 // openSequenceStore opens where sequence ids are reserved: the task queue's

@@ -286,7 +286,7 @@ func (p *Postgres) listen(ctx context.Context, conn *pgx.Conn) {
 
 // handle processes one notification: a takeover (JSON) is applied and
 // acknowledged; anything else is the token of an acknowledgement. An error
-// (the acknowledgement failed or did not go within a heartbeat) ends the
+// (the acknowledgement failed or did not go by the lease's deadline) ends the
 // session.
 func (p *Postgres) handle(ctx context.Context, conn *pgx.Conn, payload string) error {
 	if len(payload) == 0 || payload[0] != '{' {
@@ -307,7 +307,7 @@ func (p *Postgres) handle(ctx context.Context, conn *pgx.Conn, payload string) e
 	if f := p.drop.Load(); f != nil {
 		(*f)(t.Rollout, t.Attempt)
 	}
-	actx, cancel := context.WithTimeout(ctx, p.opt.heartbeat())
+	actx, cancel := context.WithDeadline(ctx, p.leaseDeadline())
 	defer cancel()
 	if _, err := conn.Exec(actx, `SELECT pg_notify($1, $2)`, channel(t.Holder), t.Token); err != nil {
 		return fmt.Errorf("seqstore: acknowledging a takeover (the other gateway waits out its takeover wait): %w", err)

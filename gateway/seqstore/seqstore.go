@@ -188,7 +188,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollgate_sequence_rows_pruned_total",
 			Help: "Rows of rg_sequences deleted after the retention."}),
 		sessionLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollgate_sequence_session_lost_total",
-			Help: "Times the gateway's PostgreSQL listening session ended, by cause: lease (PostgreSQL did not answer a heartbeat within a quarter of --sequence-lease: a partition or an overloaded server), error (the connection failed). Every attempt's ids were dropped; reservations are refused until it is back. Always 0 with the SQLite store."}, []string{"cause"}),
+			Help: "Times the gateway's PostgreSQL listening session ended, by cause: lease (PostgreSQL did not answer a heartbeat by half of --sequence-lease after its last answer: a partition, an overloaded server, or round trips, resends after packet loss included, near 3/8 of it), error (the connection failed). Every attempt's ids were dropped; reservations are refused until it is back. Always 0 with the SQLite store."}, []string{"cause"}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollgate_sequence_refused_total",
 			Help: "Reservations of sequence ids refused because the gateway's PostgreSQL session was down or its lease had lapsed (the calls were answered 503). Always 0 with the SQLite store."}),
 	}

@@ -27,11 +27,15 @@ const DefaultSessionLease = 4 * time.Second
 // then hand out ids above ones the cut gateway still hands out. The lease
 // bounds both ends:
 //
-//   - The gateway proves its listening session alive at least every L/4
-//     (a notification, else an empty query), each round trip bounded by L/4.
-//     A round trip that fails or does not answer in time ends the session:
-//     every attempt is dropped (no more ids from memory) and reservations
-//     are refused (503) until it listens again. So no id is handed out more
+//   - The gateway proves its listening session alive L/8 after its last
+//     answer when nothing else came (a notification, else an empty query),
+//     and each round trip (that query, a takeover's acknowledgement) must
+//     answer by L/2 after the last answer: at least 3L/8 each, room for a
+//     slow link's resends (at 200 ms per round trip and some packet loss,
+//     a query TCP resends twice takes 1.4 s; the default L is 4 s). A round
+//     trip that fails or does not answer by then ends the session: every
+//     attempt is dropped (no more ids from memory) and reservations are
+//     refused (503) until it listens again. So no id is handed out more
 //     than L/2 after the session last answered, and Reserve also refuses
 //     once the last answer is older than L/2 (a stuck listener).
 //   - PostgreSQL is told (the session's tcp_user_timeout and keepalive
@@ -50,9 +54,10 @@ const DefaultSessionLease = 4 * time.Second
 // than L/2 while holding a block can still hand out an id after its lease:
 // its listener has not run to drop it.
 
-// heartbeat is how often, at most, the listening session proves itself
-// alive, and how long each proof may take: a quarter of the lease.
-func (o *Options) heartbeat() time.Duration { return o.SessionLease / 4 }
+// heartbeat is how long the listening session waits for a notification
+// before it proves itself alive with a query: an eighth of the lease, so
+// the query has until leaseDeadline, at least 3/8 of the lease.
+func (o *Options) heartbeat() time.Duration { return o.SessionLease / 8 }
 
 // pgConfig parses dsn and adds the lease's connection settings: TCP
 // keepalives on the gateway's side (every L/4, so a dead idle pool
@@ -89,6 +94,12 @@ func pgConfig(dsn string, lease time.Duration) (*pgx.ConnConfig, error) {
 // proven records that the listening session answered now.
 func (p *Postgres) proven() { p.proof.Store(int64(time.Since(p.epoch))) }
 
+// leaseDeadline is when the lease ends unless the listening session
+// answers again: L/2 after its last answer.
+func (p *Postgres) leaseDeadline() time.Time {
+	return p.epoch.Add(time.Duration(p.proof.Load()) + p.opt.SessionLease/2)
+}
+
 // leaseHeld tells whether the listening session answered within the last
 // L/2: the window in which ids may be handed out.
 func (p *Postgres) leaseHeld() bool {
@@ -96,9 +107,10 @@ func (p *Postgres) leaseHeld() bool {
 }
 
 // prove waits for a notification for up to a heartbeat and, when none came,
-// proves the session alive with an empty query bounded by a heartbeat. It
-// returns the notification (nil when none) or the error that ends the
-// session: errLeaseLost when the server did not answer in time.
+// proves the session alive with an empty query that must answer by the
+// lease's deadline. It returns the notification (nil when none) or the
+// error that ends the session: errLeaseLost when the server did not
+// answer in time.
 func (p *Postgres) prove(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, error) {
 	wctx, cancel := context.WithTimeout(ctx, p.opt.heartbeat())
 	n, err := conn.WaitForNotification(wctx)
@@ -110,13 +122,14 @@ func (p *Postgres) prove(ctx context.Context, conn *pgx.Conn) (*pgconn.Notificat
 	if ctx.Err() != nil || wctx.Err() == nil {
 		return nil, unanswered(err) // closing, or the session broke
 	}
-	pctx, cancel := context.WithTimeout(ctx, p.opt.heartbeat())
+	deadline := p.leaseDeadline()
+	pctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if err := conn.Ping(pctx); err != nil {
 		if ctx.Err() != nil || pctx.Err() == nil {
 			return nil, unanswered(err) // closing, or the session broke
 		}
-		return nil, fmt.Errorf("%w (%s): %w", errLeaseLost, p.opt.heartbeat(), err)
+		return nil, fmt.Errorf("%w (by %s after its last answer): %w", errLeaseLost, p.opt.SessionLease/2, err)
 	}
 	p.proven()
 	return nil, nil
@@ -137,6 +150,6 @@ func unanswered(err error) error {
 	return err
 }
 
-// errLeaseLost ends a listening session whose server did not answer within
-// a heartbeat.
+// errLeaseLost ends a listening session whose server did not answer by
+// the lease's deadline.
 var errLeaseLost = errors.New("seqstore: PostgreSQL did not answer the listening session's heartbeat in time")

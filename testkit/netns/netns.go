@@ -15,7 +15,10 @@
 // and removed by the next New when that process no longer runs (a crashed
 // or killed run). The kernel needs network namespaces, veth, bridges and
 // nf_tables (bridge family, numgen); iproute2's ip must be on PATH. No
-// traffic control (tc netem) is needed.
+// traffic control (tc netem) is needed: latency comes from a Relay, a TCP
+// relay on a host of its own that delays each chunk it forwards (the test
+// kernels have no sch_netem). Host.Listen, ListenPacket and Dial make
+// sockets in a host's namespace from the test process itself.
 package netns
 
 import (
