@@ -46,6 +46,7 @@ type backendGauge struct {
 	samples []gaugeSample
 	stop    chan struct{}
 	done    chan struct{}
+	once    sync.Once
 }
 
 type gaugeSample struct {
@@ -54,6 +55,7 @@ type gaugeSample struct {
 }
 
 func (c *cluster) watchInFlight(backend string) *backendGauge {
+	c.t.Helper()
 	g := &backendGauge{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(g.done)
@@ -74,6 +76,7 @@ func (c *cluster) watchInFlight(backend string) *backendGauge {
 			}
 		}
 	}()
+	c.t.Cleanup(func() { g.halt() }) // before the gateways stop (cleanups run last first)
 	return g
 }
 
@@ -89,7 +92,7 @@ func (g *backendGauge) last() float64 {
 
 // halt stops the polling and returns the samples.
 func (g *backendGauge) halt() []gaugeSample {
-	close(g.stop)
+	g.once.Do(func() { close(g.stop) })
 	<-g.done
 	return g.samples
 }
