@@ -40,7 +40,8 @@ func (c *cluster) queryRows(query string, scan func(gw int, rows *sql.Rows) erro
 }
 
 // backendGauge polls, every 50 ms until stop closes, the calls in flight
-// on one replica summed over every gateway, and keeps the samples.
+// on one replica summed over every gateway and the gateways that have it
+// in selection (rollgate_backend_healthy), and keeps the samples.
 type backendGauge struct {
 	mu      sync.Mutex
 	samples []gaugeSample
@@ -50,8 +51,9 @@ type backendGauge struct {
 }
 
 type gaugeSample struct {
-	at time.Time
-	n  float64
+	at      time.Time
+	n       float64 // calls in flight on the replica
+	healthy float64 // gateways that have it in selection
 }
 
 func (c *cluster) watchInFlight(backend string) *backendGauge {
@@ -62,12 +64,13 @@ func (c *cluster) watchInFlight(backend string) *backendGauge {
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			n := 0.0
+			n, healthy := 0.0, 0.0
 			for _, gw := range c.gws {
 				n += metricSum(c.t, gw.addr, `rollgate_backend_in_flight_requests{backend="`+backend+`"}`)
+				healthy += metricSum(c.t, gw.addr, `rollgate_backend_healthy{backend="`+backend+`"}`)
 			}
 			g.mu.Lock()
-			g.samples = append(g.samples, gaugeSample{time.Now(), n})
+			g.samples = append(g.samples, gaugeSample{time.Now(), n, healthy})
 			g.mu.Unlock()
 			select {
 			case <-g.stop:
@@ -81,13 +84,13 @@ func (c *cluster) watchInFlight(backend string) *backendGauge {
 }
 
 // last is the latest sample.
-func (g *backendGauge) last() float64 {
+func (g *backendGauge) last() gaugeSample {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.samples) == 0 {
-		return 0
+		return gaugeSample{}
 	}
-	return g.samples[len(g.samples)-1].n
+	return g.samples[len(g.samples)-1]
 }
 
 // halt stops the polling and returns the samples.
@@ -117,7 +120,7 @@ func TestDrillEnginePartitionedMidStream(t *testing.T) {
 	load := c.runAgents(12, func(a, turn int) int { return a % 3 })
 	inflight := c.watchInFlight("e0")
 	waitUntil(t, "streams running on engine 0", 20*time.Second, func() bool {
-		return answeredSince(load, time.Time{}, -1) >= 12 && inflight.last() >= 2
+		return answeredSince(load, time.Time{}, -1) >= 12 && inflight.last().n >= 2
 	})
 	servedBefore := 0.0
 	for _, g := range c.gws {
@@ -133,8 +136,12 @@ func TestDrillEnginePartitionedMidStream(t *testing.T) {
 	for _, g := range c.gws {
 		c.n.Heal(victim, g.h)
 	}
-	// Back in rotation: some gateway has a call on engine 0 again.
-	waitUntil(t, "engine 0 serving calls again after the heal", 30*time.Second, func() bool { return inflight.last() > 0 })
+	// Back in rotation: every gateway has it in selection, some has a
+	// call on it again.
+	waitUntil(t, "engine 0 serving calls again after the heal", 30*time.Second, func() bool {
+		l := inflight.last()
+		return l.n > 0 && l.healthy == float64(len(c.gws))
+	})
 	back := time.Now()
 	waitUntil(t, "a few answered calls after engine 0's return", 10*time.Second, func() bool { return answeredSince(load, back, -1) >= 12 })
 	calls := load.halt()
@@ -149,9 +156,12 @@ func TestDrillEnginePartitionedMidStream(t *testing.T) {
 	// Noticed: from the cut on, the time after which no gateway had a call
 	// on engine 0 any more until the heal (its cut streams ended, no new
 	// call sent to it).
-	var lastBusy time.Time
+	var lastBusy, allOut time.Time
 	inFlightAtCut := 0.0
 	for _, s := range samples {
+		if s.at.After(cutAt) && s.at.Before(healAt) && s.healthy == 0 && allOut.IsZero() {
+			allOut = s.at
+		}
 		if !s.at.Before(cutAt) && inFlightAtCut == 0 {
 			inFlightAtCut = s.n
 		}
@@ -214,6 +224,11 @@ func TestDrillEnginePartitionedMidStream(t *testing.T) {
 		return nil
 	})
 	t.Logf("drill table row:\n%s", rep)
+	outOfSelection := "never during the cut"
+	if !allOut.IsZero() {
+		outOfSelection = allOut.Sub(cutAt).Round(10*time.Millisecond).String() + " after the cut"
+	}
+	t.Logf("engine 0 out of selection (rollgate_backend_healthy 0) on every gateway: %s", outOfSelection)
 	t.Logf("rows of calls started on engine 0 during the cut: %s", strings.Join(victimRows, "; "))
 	for _, call := range calls {
 		if call.status != 200 && !call.errEvent {
@@ -242,6 +257,9 @@ func TestDrillEnginePartitionedMidStream(t *testing.T) {
 	}
 	if duringElsewhere+duringRetried == 0 {
 		t.Errorf("no call was answered by another replica during the cut")
+	}
+	if drillsFull() && allOut.IsZero() {
+		t.Errorf("rollgate_backend_healthy{backend=\"e0\"} never 0 on every gateway during a %s cut", cut)
 	}
 	if servedAfter <= servedBefore {
 		t.Errorf("engine 0 served %v calls before the cut and %v at the end: it did not come back into rotation", servedBefore, servedAfter)
