@@ -58,6 +58,8 @@ type Config struct {
 	RetryBackoff time.Duration `yaml:"retry_backoff"`
 	// UnhealthyAfter consecutive failures (calls or health checks) take a
 	// replica out of selection for UnhealthyCooldown (defaults 3 and 10s).
+	// A stream that stalls past IdleTimeout or breaks off is a failure; a
+	// stream is a success only once it ended.
 	UnhealthyAfter    int           `yaml:"unhealthy_after"`
 	UnhealthyCooldown time.Duration `yaml:"unhealthy_cooldown"`
 	// HealthInterval is the period of active health checks (GET /health) of

@@ -53,10 +53,16 @@ func upstreamStatus(err error) (int, string) {
 }
 
 // retryable reports whether a failed backend call may be sent again: the
-// connection failed before any response byte (refused, reset, closed early).
-// Timeouts are not retried: the engine may still be generating.
+// connection failed before any response byte (refused, reset, closed early),
+// or could not be made at all (a failed dial, timed out included: the
+// request never left, as when the replica's host is cut off). Other
+// timeouts are not retried: the engine may still be generating.
 func retryable(err error) bool {
 	var ne net.Error
+	var dial *fasthttp.ErrDialWithUpstream
+	if errors.As(err, &dial) {
+		return true
+	}
 	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 		return false
 	}

@@ -37,7 +37,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ClientIdleTimeout, "client-idle-timeout", d.ClientIdleTimeout, "close keep-alive client connections idle this long")
 	fs.IntVar(&c.Retries, "retries", d.Retries, "times a call that failed before any response byte is retried on another replica (-1 = never)")
 	fs.DurationVar(&c.RetryBackoff, "retry-backoff", d.RetryBackoff, "wait before the first retry (see --retries), doubled each time")
-	fs.IntVar(&c.UnhealthyAfter, "unhealthy-after", d.UnhealthyAfter, "consecutive failures (calls or health checks) that take a replica out of selection for --unhealthy-cooldown")
+	fs.IntVar(&c.UnhealthyAfter, "unhealthy-after", d.UnhealthyAfter, "consecutive failures (calls or health checks) that take a replica out of selection for --unhealthy-cooldown; a call that could not connect or got no answer fails, and so does a stream that stalls past --idle-timeout or breaks off (a stream counts as a success only once it ended)")
 	fs.DurationVar(&c.UnhealthyCooldown, "unhealthy-cooldown", d.UnhealthyCooldown, "how long a replica that failed --unhealthy-after times in a row stays out of selection")
 	fs.DurationVar(&c.HealthInterval, "health-interval", d.HealthInterval, "period of the active health checks (GET /health) of every replica (negative = off)")
 	fs.StringVar(&c.TLSCertFile, "tls-cert", d.TLSCertFile, "serve HTTPS with this certificate (PEM); needs --tls-key")

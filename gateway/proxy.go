@@ -275,7 +275,9 @@ func (s *Server) attemptUpstream(ctx *fasthttp.RequestCtx, c *call, pl *backends
 			b.backoff *= 2
 			continue
 		}
-		r.MarkSuccess()
+		if !bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+			r.MarkSuccess() // a stream's verdict is its end (streamBody.endStream)
+		}
 		code := resp.StatusCode()
 		if !c.opts.retryStatus || !retryableStatus(code) || attempt >= b.retries || time.Now().Add(b.backoff).After(b.deadline) {
 			return answer{r: r, resp: resp, inj: inj}, true

@@ -138,6 +138,9 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 	if err != nil {
 		return nil, fmt.Errorf("gateway: routing table: %w", err)
 	}
+	if err := registerReplicaHealth(m.Registry, s.backends); err != nil {
+		return nil, fmt.Errorf("gateway: metrics: %w", err)
+	}
 	go s.backends.CheckLoop(s.stop, s.health)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	s.srv = &fasthttp.Server{

@@ -312,6 +312,7 @@ func (b *streamBody) endStream(err error) {
 	}
 	if err != io.EOF {
 		b.rerr = err
+		b.markReplica(false)
 		status, typ := upstreamStatus(err)
 		msg := fmt.Sprintf("backend %s failed mid-stream: %v", pend.Meta.Backend, err)
 		pend.Meta.Error = msg
@@ -331,13 +332,29 @@ func (b *streamBody) endStream(err error) {
 	// Chat and completion streams always end with [DONE]; one that just stops
 	// was cut short by the backend (crash, proxy timeout): say so to the
 	// client, as for a dropped connection, and in the captured row.
-	if !b.done && !b.errEvent && b.sawData &&
-		(b.c.endpoint == openai.ChatCompletions || b.c.endpoint == openai.Completions) {
+	cutShort := !b.done && !b.errEvent && b.sawData && (b.c.endpoint == openai.ChatCompletions || b.c.endpoint == openai.Completions)
+	b.markReplica(!cutShort)
+	if cutShort {
 		msg := fmt.Sprintf("backend %s stream ended without [DONE] (cut short)", pend.Meta.Backend)
 		pend.Meta.Error = msg
 		b.out = append(b.out, "\n\ndata: "...)
 		b.out = appendError(b.out, fasthttp.StatusBadGateway, errUpstream, msg)
 		b.out = append(b.out, "\n\n"...)
+	}
+}
+
+// markReplica gives the replica its verdict on the stream once it ended:
+// one that stalls or drops a stream (its host cut off, its engine dead)
+// fails like one that refuses a call, so --unhealthy-after of them in a
+// row take it out of selection before the health checks do; its response
+// headers alone do not count as a success (attemptUpstream).
+func (b *streamBody) markReplica(ok bool) {
+	switch {
+	case b.r == nil:
+	case ok:
+		b.r.MarkSuccess()
+	default:
+		b.r.MarkFailure(b.s.cfg.UnhealthyAfter, b.s.cfg.UnhealthyCooldown)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"database/sql"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,6 +51,7 @@ type nsGateway struct {
 	h    *netns.Host
 	addr string
 	db   string
+	args []string // serve's arguments (startGateway)
 	cmd  *exec.Cmd
 	logs *syncBuffer
 }
@@ -66,6 +68,12 @@ type clusterOptions struct {
 	// gatewayDSN, when set, gives the PostgreSQL DSN the gateways use (a
 	// path through a relay host, say); it runs once PostgreSQL is up.
 	gatewayDSN func(c *cluster) string
+	// engineArgs replace the mock engines' default pace (--itl 2ms
+	// --max-tokens 8).
+	engineArgs []string
+	// gatewayArgs, when set, gives gateway i's serve flags added to the
+	// common ones.
+	gatewayArgs func(i int) []string
 }
 
 // newClusterWith is newCluster with options.
@@ -82,7 +90,11 @@ func newClusterWith(t *testing.T, gateways, engines int, o clusterOptions) *clus
 	var upstreams []string
 	for i := range engines {
 		h := c.n.Host(fmt.Sprintf("engine%d", i))
-		cmd := h.Command(binary, "mock", "--listen", h.Addr(8001), "--itl", "2ms", "--max-tokens", "8")
+		pace := []string{"--itl", "2ms", "--max-tokens", "8"}
+		if o.engineArgs != nil {
+			pace = o.engineArgs
+		}
+		cmd := h.Command(binary, append([]string{"mock", "--listen", h.Addr(8001)}, pace...)...)
 		logs := &syncBuffer{}
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
@@ -110,30 +122,41 @@ func newClusterWith(t *testing.T, gateways, engines int, o clusterOptions) *clus
 	for i := range gateways {
 		h := c.n.Host(fmt.Sprintf("gw%d", i))
 		g := &nsGateway{h: h, addr: h.Addr(8000), db: filepath.Join(c.dir, fmt.Sprintf("gw%d.db", i))}
-		g.cmd = h.Command(binary, "serve", "--listen", g.addr, "--config", cfg, "--queue", gwDSN, "--db", g.db,
-			"--sequence-lease", drillLease.String(), "--idle-timeout", "3s", "--insecure-admin", "--log-level", "warn")
-		g.logs = &syncBuffer{}
-		g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-		if err := g.cmd.Start(); err != nil {
-			t.Fatal(err)
+		g.args = []string{"serve", "--listen", g.addr, "--config", cfg, "--queue", gwDSN, "--db", g.db,
+			"--sequence-lease", drillLease.String(), "--idle-timeout", "3s", "--insecure-admin", "--log-level", "warn"}
+		if o.gatewayArgs != nil {
+			g.args = append(g.args, o.gatewayArgs(i)...)
 		}
 		t.Cleanup(func() {
 			g.cmd.Process.Kill()
 			g.cmd.Wait()
 			if t.Failed() { // what the gateway said is the drill's evidence
-				t.Logf("log of the gateway on %s:\n%s", h.Name, g.logs)
+				t.Logf("log of the gateway on %s:\n%s", g.h.Name, g.logs)
 			}
 		})
-		testenv.WaitFor(t, 20*time.Second, func() string { return "the gateway on " + h.Name + " ready:\n" + g.logs.String() }, func() bool {
-			r, err := http.Get("http://" + g.addr + "/readyz")
-			if err == nil {
-				r.Body.Close()
-			}
-			return err == nil && r.StatusCode == 200
-		})
+		c.startGateway(g)
 		c.gws = append(c.gws, g)
 	}
 	return c
+}
+
+// startGateway starts g's serve process on its host (again, after a kill:
+// same flags, same --db) and waits until it is ready.
+func (c *cluster) startGateway(g *nsGateway) {
+	c.t.Helper()
+	g.cmd = g.h.Command(binary, g.args...)
+	g.logs = &syncBuffer{}
+	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
+	if err := g.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	testenv.WaitFor(c.t, 20*time.Second, func() string { return "the gateway on " + g.h.Name + " ready:\n" + g.logs.String() }, func() bool {
+		r, err := http.Get("http://" + g.addr + "/readyz")
+		if err == nil {
+			r.Body.Close()
+		}
+		return err == nil && r.StatusCode == 200
+	})
 }
 
 // drillCall is one agent call and its outcome.
@@ -144,6 +167,10 @@ type drillCall struct {
 	end     time.Time
 	status  int // 0: no answer (transport error, or a stream cut short)
 	seq     uint64
+	// How a call without an answer ended: errEvent, its stream ended with
+	// an error event (data: {"error":...}) and no [DONE]; truncated, its
+	// stream just stopped (neither); otherwise no response at all.
+	errEvent, truncated bool
 }
 
 // agentLoad runs agents until stop is closed: agent i calls gateway
@@ -158,14 +185,35 @@ type agentLoad struct {
 }
 
 func (c *cluster) runAgents(agents int, route func(agent, turn int) int) *agentLoad {
+	return c.runAgentsWith(agents, route, agentOptions{})
+}
+
+// agentOptions are how a drill's agents differ from runAgents' ones.
+type agentOptions struct {
+	// failover: an agent whose call got no response, or whose answer
+	// broke off (a gateway down), moves on to the next gateway for the rest of its run, as a
+	// client library with several base URLs does; route then gives only
+	// its first gateway.
+	failover bool
+	// timeout bounds each call (dial included: at most 1 s of it); 0 is
+	// 15 s.
+	timeout time.Duration
+}
+
+// runAgentsWith is runAgents with options.
+func (c *cluster) runAgentsWith(agents int, route func(agent, turn int) int, o agentOptions) *agentLoad {
 	l := &agentLoad{stop: make(chan struct{})}
 	client := &http.Client{Timeout: 15 * time.Second}
+	if o.timeout > 0 {
+		client = &http.Client{Timeout: o.timeout, Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}}
+	}
 	for a := range agents {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
 			rollout := fmt.Sprintf("dr-%d", a)
 			history := `{"role":"user","content":"start"}`
+			moved := 0
 			for turn := 0; ; turn++ {
 				select {
 				case <-l.stop:
@@ -173,21 +221,34 @@ func (c *cluster) runAgents(agents int, route func(agent, turn int) int) *agentL
 				default:
 				}
 				gw := route(a, turn)
+				if o.failover {
+					gw = (route(a, 0) + moved) % len(c.gws)
+				}
 				call := drillCall{rollout: rollout, gw: gw, start: time.Now()}
 				body := `{"model":"mock-model","stream":true,"max_tokens":8,"messages":[` + history + `]}`
 				r, err := client.Post("http://"+c.gws[gw].addr+"/rollout/"+rollout+"/attempt/a1/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil && o.failover {
+					moved++
+				}
 				if err == nil {
 					complete := false
 					sc := bufio.NewScanner(r.Body)
 					for sc.Scan() {
-						if sc.Text() == "data: [DONE]" {
+						switch line := sc.Text(); {
+						case line == "data: [DONE]":
 							complete = true
+						case strings.HasPrefix(line, `data: {"error"`):
+							call.errEvent = true
 						}
+					}
+					if sc.Err() != nil && o.failover { // the connection broke or stalled mid-answer
+						moved++
 					}
 					r.Body.Close()
 					if r.StatusCode != 200 || complete {
 						call.status = r.StatusCode
 					}
+					call.truncated = r.StatusCode == 200 && !complete && !call.errEvent
 					if call.status == 200 {
 						call.seq, _ = strconv.ParseUint(r.Header.Get("x-sequence-id"), 10, 64)
 						if len(history) < 4096 {
