@@ -128,8 +128,10 @@ func newClusterWith(t *testing.T, gateways, engines int, o clusterOptions) *clus
 			g.args = append(g.args, o.gatewayArgs(i)...)
 		}
 		t.Cleanup(func() {
-			g.cmd.Process.Kill()
-			g.cmd.Wait()
+			if g.cmd != nil && g.cmd.Process != nil {
+				g.cmd.Process.Kill()
+				g.cmd.Wait()
+			}
 			if t.Failed() { // what the gateway said is the drill's evidence
 				t.Logf("log of the gateway on %s:\n%s", g.h.Name, g.logs)
 			}

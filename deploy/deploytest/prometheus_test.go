@@ -161,11 +161,11 @@ func TestPrometheusEvaluatesDeployQueries(t *testing.T) {
 	// RollgateSequenceStoreUnavailable, RollgateSequenceLeaseLapsed: the
 	// promtool tests make those fire).
 	t.Run("alert expressions", func(t *testing.T) {
-		withData := []string{"RollgateBackendDown", "RollgateBackendStalled", "RollgateHighErrorRate",
+		withData := []string{"RollgateBackendDown", "RollgateBackendStalled", "RollgateBackendUnhealthy", "RollgateHighErrorRate",
 			"RollgateExportErrors", "RollgateExportDroppingRows", "RollgateCallsWithoutTokenIDs",
 			"RollgateTokenIDsNotFromEngine", "RollgateSpoolFilling", "RollgateSpoolDroppingRows", "RollgateExportBacklog"}
-		if len(alerts) != 17 {
-			t.Fatalf("%d alert rules, want 17", len(alerts))
+		if len(alerts) != 18 {
+			t.Fatalf("%d alert rules, want 18", len(alerts))
 		}
 		for _, a := range alerts {
 			if _, err := prom.instant(a.expr); err != nil {
