@@ -153,6 +153,7 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		ReadBufferSize:                8 << 10, // request headers up to 8 KiB
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
+		ReduceMemoryUsage:             true,
 		StreamRequestBody:             false,
 		Concurrency:                   1 << 20,
 	}
