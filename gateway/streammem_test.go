@@ -61,17 +61,9 @@ func TestStreamsWithPerConnectionBuffersReleased(t *testing.T) {
 	}
 	answer := func(what string) {
 		t.Helper()
-		res, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		got, err := io.ReadAll(res.Body)
-		res.Body.Close()
-		if err != nil {
-			t.Fatalf("%s: reading the stream: %v", what, err)
-		}
-		if res.StatusCode != 200 || string(got) != string(direct.body) {
-			t.Fatalf("%s: %d, the stream differs from the engine's:\n gateway %.400s\n engine  %.400s", what, res.StatusCode, got, direct.body)
+		status, got := readRaw(t, br, what)
+		if status != 200 || string(got) != string(direct.body) {
+			t.Fatalf("%s: %d, the stream differs from the engine's:\n gateway %.400s\n engine  %.400s", what, status, got, direct.body)
 		}
 	}
 
@@ -91,13 +83,22 @@ func TestStreamsWithPerConnectionBuffersReleased(t *testing.T) {
 
 	// A header larger than the read buffer: 431.
 	send(call("mem-big", longHeader+"x-pad: "+strings.Repeat("h", 2<<10)+"\r\n"))
+	if status, msg := readRaw(t, br, "header over the read buffer"); status != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("header over the read buffer: %d %s, want 431", status, msg)
+	}
+}
+
+// readRaw reads one HTTP response (a chunked body decoded) from br.
+func readRaw(t *testing.T, br *bufio.Reader, what string) (status int, body []byte) {
+	t.Helper()
 	res, err := http.ReadResponse(br, nil)
 	if err != nil {
-		t.Fatalf("header over the read buffer: %v", err)
+		t.Fatalf("%s: %v", what, err)
 	}
-	msg, _ := io.ReadAll(res.Body)
+	body, err = io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-		t.Fatalf("header over the read buffer: %d %s, want 431", res.StatusCode, msg)
+	if err != nil {
+		t.Fatalf("%s: reading the body: %v", what, err)
 	}
+	return res.StatusCode, body
 }
