@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -136,14 +135,9 @@ func TestNonStreamedCallsUnaffectedByHangUpWatch(t *testing.T) {
 	}
 	answer := func(t *testing.T, br *bufio.Reader, what string) {
 		t.Helper()
-		res, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		body, err := io.ReadAll(res.Body)
-		res.Body.Close()
-		if err != nil || res.StatusCode != 200 || !strings.Contains(string(body), `"finish_reason":"stop"`) {
-			t.Fatalf("%s: %d %v %s", what, res.StatusCode, err, body)
+		status, body := readRaw(t, br, what)
+		if status != 200 || !strings.Contains(string(body), `"finish_reason":"stop"`) {
+			t.Fatalf("%s: %d %s", what, status, body)
 		}
 	}
 	clean := func(t *testing.T, rollout string, n int) {

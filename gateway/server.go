@@ -156,6 +156,7 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		ReadBufferSize:                8 << 10, // request headers up to 8 KiB
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
+		ReduceMemoryUsage:             true, // the read buffer goes back once a request is read (a stream does not hold it), reader, writer and context while idle
 		StreamRequestBody:             false,
 		Concurrency:                   1 << 20,
 	}

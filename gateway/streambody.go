@@ -43,11 +43,12 @@ type streamBody struct {
 	peekOK   bool
 	sc       capture.SSEScanner
 	in       []byte       // backend read buffer
+	outBuf   *streamOut   // out and scratch come from it; nil while waiting for the backend (takeOut, putOut)
 	out      []byte       // bytes for the client, out[off:] not yet returned
 	scratch  []byte       // StripEvent output
 	head     rewrite.Head // the chunks' repeated head, as capture found it: the stripper skips it
 	fp       fpHold       // finish chunks waiting for the dropped usage chunk's system_fingerprint
-	held     []byte       // data payloads forwarded but not yet handed to capture
+	held     []byte       // data payloads forwarded but not yet handed to capture (from outBuf)
 	heldEnds []int        // end offset of each payload in held
 	sawData  bool         // the backend sent an event with data
 	off      int
@@ -68,18 +69,62 @@ type streamBody struct {
 const maxBurstRead = 32 << 10
 
 var streamBodies = sync.Pool{New: func() any {
-	// Small buffers: an SSE event is a few hundred bytes, and 1,000 open
-	// streams hold 1,000 of these. out and scratch grow when needed.
-	return &streamBody{in: make([]byte, 4<<10), out: make([]byte, 0, 4<<10), scratch: make([]byte, 0, 1<<10)}
+	// A small read buffer: an SSE event is a few hundred bytes, and 1,000
+	// open streams hold 1,000 of these. It grows for a burst (readBurst).
+	return &streamBody{in: make([]byte, 4<<10)}
 }}
+
+// streamOut is a stream's output: the client bytes of one fill (out), the
+// stripper's output for one event (scratch) and the payloads of one fill
+// held for capture (held, heldEnds). A stream holds one only from a backend
+// read's return until its bytes are taken and its payloads handed to
+// capture (putOut), not while it waits for the backend: most of an open
+// stream's life, so 1,000 streams between tokens hold none.
+type streamOut struct {
+	out, scratch, held []byte
+	heldEnds           []int
+}
+
+// maxPooledOut is the largest buffer of a streamOut put back into streamOuts.
+const maxPooledOut = 256 << 10
+
+var streamOuts = sync.Pool{New: func() any {
+	// out and scratch grow when needed.
+	return &streamOut{out: make([]byte, 0, 4<<10), scratch: make([]byte, 0, 1<<10)}
+}}
+
+// takeOut gives b an output buffer, empty but for the room of a chunk's
+// size line (chunkRoom).
+func (b *streamBody) takeOut() {
+	if b.outBuf == nil {
+		b.outBuf = streamOuts.Get().(*streamOut)
+	}
+	b.out, b.off = b.outBuf.out[:chunkRoom], chunkRoom
+	b.scratch = b.outBuf.scratch[:0]
+	b.held, b.heldEnds = b.outBuf.held[:0], b.outBuf.heldEnds[:0]
+}
+
+// putOut gives b's output buffer back once every byte in it was taken and
+// the held payloads were handed to capture (handHeld).
+func (b *streamBody) putOut() {
+	o := b.outBuf
+	if o == nil {
+		return
+	}
+	o.out, o.scratch, o.held, o.heldEnds = b.out[:0], b.scratch[:0], b.held[:0], b.heldEnds[:0]
+	b.outBuf, b.out, b.scratch, b.held, b.heldEnds, b.off = nil, nil, nil, nil, nil, 0
+	if cap(o.out) <= maxPooledOut && cap(o.scratch) <= maxPooledOut && cap(o.held) <= maxPooledOut {
+		streamOuts.Put(o)
+	}
+}
 
 // newStreamBody takes a pooled streamBody for resp.
 func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Injected, r *backends.Upstream, conn net.Conn) *streamBody {
 	b := streamBodies.Get().(*streamBody)
 	b.s, b.c, b.resp, b.inj, b.r = s, *c, resp, inj, r
 	b.sc.Reset()
-	b.out, b.scratch = b.out[:0], b.scratch[:0]
-	b.held, b.heldEnds, b.sawData = b.held[:0], b.heldEnds[:0], false
+	b.outBuf, b.out, b.scratch = nil, nil, nil
+	b.held, b.heldEnds, b.sawData = nil, nil, false
 	b.head.Set(nil)
 	b.fp.reset(inj&rewrite.IncludeUsage != 0 && (c.endpoint == openai.ChatCompletions || c.endpoint == openai.Completions) && r != nil && engines.InjectOf(r.Kind()).UsageFingerprint)
 	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
@@ -186,7 +231,9 @@ func (b *streamBody) handHeld() {
 func (b *streamBody) fill() {
 	defer b.logIfEnded()
 	b.handHeld()
-	b.out, b.off = b.out[:chunkRoom], chunkRoom
+	// Every byte of out was taken and the payloads are capture's: the stream
+	// waits for the backend without an output buffer.
+	b.putOut()
 	// The head capture found in the chunks so far (id, object, created,
 	// model, the same in every chunk): the stripper starts after it rather
 	// than walking it again.
@@ -194,6 +241,7 @@ func (b *streamBody) fill() {
 		b.head.Set(h)
 	}
 	n, err := b.readBurst()
+	b.takeOut()
 	if n > 0 {
 		b.sc.Feed(b.in[:n])
 		for {
@@ -410,8 +458,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
 	b.peek, b.peekOK = chunkPeek{}, false
 	b.bodyRdr.Reset(nil)
-	if cap(b.out) <= 256<<10 && cap(b.held) <= 256<<10 {
-		streamBodies.Put(b)
-	}
+	b.putOut()
+	streamBodies.Put(b)
 	return nil
 }
