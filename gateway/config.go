@@ -48,7 +48,8 @@ type Config struct {
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
 	// ClientIdleTimeout closes keep-alive client connections idle this long (default 2m).
 	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
-	// ConnectTimeout bounds dialing a backend (default 5s); a failed dial is 502.
+	// ConnectTimeout bounds dialing a backend (default 5s); a failed dial is
+	// retried on another replica (Retries), then 502.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// Retries is how many times a call that failed before any response byte
 	// (connection refused, reset, closed) is sent again, to another replica

@@ -31,7 +31,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.BackendReadBuffer, "backend-read-buffer", d.BackendReadBuffer, "read buffer of each backend connection in bytes: what one read of a stream takes off the socket, so how many events that arrived together leave in one write to the client (every open stream holds one)")
 	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", d.UpstreamTimeout, "longest a backend call may take, stream included; 504 if nothing was sent by then")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", d.IdleTimeout, "longest a backend may send nothing: before the response headers (504) and between chunks of a stream (the client then gets an SSE error event)")
-	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", d.ConnectTimeout, "longest dialing a backend may take; a failed dial is 502")
+	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", d.ConnectTimeout, "longest dialing a backend may take; a failed dial (timed out included) is retried on another replica (--retries), then 502")
 	fs.DurationVar(&c.ClientReadTimeout, "client-read-timeout", d.ClientReadTimeout, "longest a client may take to send one request, headers and body (bounds slowloris)")
 	fs.DurationVar(&c.ClientWriteTimeout, "client-write-timeout", d.ClientWriteTimeout, "longest a client may leave a response (or one write of a stream) unread before it is disconnected and its backend call cancelled")
 	fs.DurationVar(&c.ClientIdleTimeout, "client-idle-timeout", d.ClientIdleTimeout, "close keep-alive client connections idle this long")
