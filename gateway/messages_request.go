@@ -201,9 +201,12 @@ func messagesToChat(body []byte) (chat []byte, stream bool, err error) {
 		return nil, false, badField("messages", "must be a non-empty array of messages")
 	}
 	for i, m := range msgs {
-		if out.Messages, err = appendMessage(out.Messages, m, i); err != nil {
+		if out.Messages, err = appendMessage(out.Messages, m, i, i == len(msgs)-1); err != nil {
 			return nil, false, err
 		}
+	}
+	if len(out.Messages) == 0 { // e.g. user messages of empty text blocks only
+		return nil, false, badField("messages", "have nothing to send: every message's content is empty")
 	}
 	if out.Tools, err = chatTools(top["tools"]); err != nil {
 		return nil, false, err
@@ -243,7 +246,9 @@ func systemText(raw json.RawMessage) (string, error) {
 
 // appendMessage appends the chat messages of Anthropic message i: tool
 // results become "tool" messages ahead of the user's own content (as in vLLM).
-func appendMessage(dst []chatMessage, raw json.RawMessage, i int) ([]chatMessage, error) {
+// An empty array of content blocks is refused, as Anthropic's API does,
+// except in the last message when it is the assistant's (a prefill).
+func appendMessage(dst []chatMessage, raw json.RawMessage, i int, last bool) ([]chatMessage, error) {
 	var m struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
@@ -262,6 +267,9 @@ func appendMessage(dst []chatMessage, raw json.RawMessage, i int) ([]chatMessage
 	var blocks []anthBlock
 	if err := json.Unmarshal(m.Content, &blocks); err != nil {
 		return dst, badField(at+".content", "must be a string or an array of content blocks")
+	}
+	if len(blocks) == 0 && (m.Role == "user" || !last) {
+		return dst, badField(at+".content", "must not be empty (only the final assistant message may be)")
 	}
 	out := chatMessage{Role: m.Role}
 	var parts []chatPart
