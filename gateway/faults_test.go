@@ -151,10 +151,13 @@ func TestAdminTokenAndAuthorization(t *testing.T) {
 
 // TestIdleTimeouts: a backend silent before its first byte gets 504; one that
 // stalls between chunks ends the stream with an SSE error event and a row
-// that says so. A stream that keeps flowing is not cut, however long.
+// that says so. A stream that keeps flowing is not cut, however long. (The
+// idle timeout is 700 ms: 100 ms token gaps stretched past 300 ms on a
+// machine at load 25 made an earlier 300 ms timeout cut the flowing stream
+// 2 times in 20; the stalls, 1.5 s, stay twice the timeout.)
 func TestIdleTimeouts(t *testing.T) {
 	s, _ := openSQLite(t)
-	e := newEnv(t, s, func(c *gateway.Config) { c.IdleTimeout = 300 * time.Millisecond; c.Retries = -1 })
+	e := newEnv(t, s, func(c *gateway.Config) { c.IdleTimeout = 700 * time.Millisecond; c.Retries = -1 })
 	r := do(t, "POST", e.url+"/v1/chat/completions", chatBody, "x-mock-ttft-ms", "1500")
 	if r.status != 504 {
 		t.Fatalf("first-byte timeout: %d %s", r.status, r.body)
@@ -167,7 +170,7 @@ func TestIdleTimeouts(t *testing.T) {
 	if row := e.waitCalls(r.header.Get("x-request-id"), 1)[0]; !strings.Contains(row.Error, "mid-stream") {
 		t.Fatalf("row error %q", row.Error)
 	}
-	// 40 tokens 100ms apart: 4s in all, never idle for 300ms.
+	// 40 tokens 100ms apart: 4s in all, never idle for 700ms.
 	r = do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true,"max_tokens":40`), "x-mock-itl-ms", "100", "x-mock-tokens", "40")
 	if r.status != 200 || !strings.Contains(string(r.body), "[DONE]") {
 		t.Fatalf("a flowing stream was cut: %s", r.body)
