@@ -196,7 +196,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		close(s.stop)
 	}
 	if err := s.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("gateway: shutdown: %w", err)
+		// What still held the drain: calls at the engines, or (none there)
+		// connections whose calls wait elsewhere (the sequence store, a
+		// slow client).
+		return fmt.Errorf("gateway: shutdown: connections still open (%d calls in flight at the engines): %w", s.inFlight(), err)
 	}
 	return nil
 }
