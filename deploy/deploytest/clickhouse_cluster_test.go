@@ -18,6 +18,7 @@ import (
 	"github.com/rollgate/rollgate/export"
 	chstore "github.com/rollgate/rollgate/export/clickhouse"
 	"github.com/rollgate/rollgate/export/storetest"
+	"github.com/rollgate/rollgate/testkit/chcluster"
 	"github.com/rollgate/rollgate/testkit/testenv"
 )
 
@@ -34,32 +35,13 @@ func clusterStatements(t testing.TB, db string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lines []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(strings.TrimSpace(l), "--") {
-			continue
-		}
-		lines = append(lines, l)
-	}
-	sql := regexp.MustCompile(`\brollgate\b`).ReplaceAllString(strings.Join(lines, "\n"), db)
-	var out []string
-	for _, s := range strings.Split(sql, ";") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
+	return chcluster.Statements(string(b), db)
 }
 
 // applyClusterDDL runs cluster.sql (database db) on node n.
-func applyClusterDDL(t testing.TB, n *chNode, db string) {
+func applyClusterDDL(t testing.TB, n *chcluster.Node, db string) {
 	t.Helper()
-	conn := n.connect(t)
-	for _, stmt := range clusterStatements(t, db) {
-		if err := conn.Exec(context.Background(), stmt); err != nil {
-			t.Fatalf("cluster.sql on %s: %v\n%s", n.name, err, stmt)
-		}
-	}
+	n.Exec(t, clusterStatements(t, db))
 }
 
 // column is one row of system.columns.
@@ -67,12 +49,12 @@ type column struct {
 	Name, Type string
 }
 
-func tableColumns(t testing.TB, n *chNode, db, table string) []column {
+func tableColumns(t testing.TB, n *chcluster.Node, db, table string) []column {
 	t.Helper()
-	rows, err := n.connect(t).Query(context.Background(),
+	rows, err := n.Connect(t).Query(context.Background(),
 		"SELECT name, type FROM system.columns WHERE database = ? AND table = ?", db, table) // in table order (18.16 has no position column)
 	if err != nil {
-		t.Fatalf("columns of %s.%s on %s: %v", db, table, n.name, err)
+		t.Fatalf("columns of %s.%s on %s: %v", db, table, n.Name, err)
 	}
 	defer rows.Close()
 	var out []column
@@ -84,17 +66,17 @@ func tableColumns(t testing.TB, n *chNode, db, table string) []column {
 		out = append(out, c)
 	}
 	if len(out) == 0 {
-		t.Fatalf("%s.%s on %s has no columns (missing table?)", db, table, n.name)
+		t.Fatalf("%s.%s on %s has no columns (missing table?)", db, table, n.Name)
 	}
 	return out
 }
 
 // queryStrings runs a query returning one String column per row.
-func queryStrings(t testing.TB, n *chNode, q string, args ...any) []string {
+func queryStrings(t testing.TB, n *chcluster.Node, q string, args ...any) []string {
 	t.Helper()
-	rows, err := n.connect(t).Query(context.Background(), q, args...)
+	rows, err := n.Connect(t).Query(context.Background(), q, args...)
 	if err != nil {
-		t.Fatalf("%s on %s: %v", q, n.name, err)
+		t.Fatalf("%s on %s: %v", q, n.Name, err)
 	}
 	defer rows.Close()
 	var out []string
@@ -108,11 +90,11 @@ func queryStrings(t testing.TB, n *chNode, q string, args ...any) []string {
 	return out
 }
 
-func countRows(t testing.TB, n *chNode, table string) uint64 {
+func countRows(t testing.TB, n *chcluster.Node, table string) uint64 {
 	t.Helper()
 	var c uint64
-	if err := n.connect(t).QueryRow(context.Background(), "SELECT count() FROM "+table).Scan(&c); err != nil {
-		t.Fatalf("count %s on %s: %v", table, n.name, err)
+	if err := n.Connect(t).QueryRow(context.Background(), "SELECT count() FROM "+table).Scan(&c); err != nil {
+		t.Fatalf("count %s on %s: %v", table, n.Name, err)
 	}
 	return c
 }
@@ -127,25 +109,25 @@ func countRows(t testing.TB, n *chNode, table string) uint64 {
 // pass on the cluster, and the real `rollgate serve --clickhouse` captures to
 // it and answers from it.
 func TestClickHouseClusterDDL(t *testing.T) {
-	zk := startZooKeeper(t)
-	cl := startClickHouseCluster(t, "rollgate_test", zk, 2, 2)
-	nodes := cl.nodes()
-	first, other := cl.shards[0][0], cl.shards[1][1]
+	zk := chcluster.StartZooKeeper(t, chcluster.Placement{})
+	cl := chcluster.Start(t, chcluster.Options{Name: "rollgate_test", ZooKeeper: zk, Shards: 2, Replicas: 2})
+	nodes := cl.Nodes()
+	first, other := cl.Shards[0][0], cl.Shards[1][1]
 	ctx := context.Background()
 
 	// Every server reaches ZooKeeper before distributed DDL is sent.
 	for _, n := range nodes {
 		n := n
-		waitCond(t, n.name+" connected to ZooKeeper", 30*time.Second, func() error {
+		waitCond(t, n.Name+" connected to ZooKeeper", 30*time.Second, func() error {
 			var c uint64
-			return n.connect(t).QueryRow(ctx, "SELECT count() FROM system.zookeeper WHERE path = '/'").Scan(&c)
+			return n.Connect(t).QueryRow(ctx, "SELECT count() FROM system.zookeeper WHERE path = '/'").Scan(&c)
 		})
 	}
 	applyClusterDDL(t, first, "rollgate")
 
 	t.Run("columns equal the store's", func(t *testing.T) {
 		// The store creates its single-server tables in database "single".
-		s, err := chstore.Open(ctx, first.dsn("single"), chstore.Options{})
+		s, err := chstore.Open(ctx, first.DSN("single"), chstore.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +143,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 			for _, n := range nodes {
 				for _, name := range []string{table, table + "_local"} {
 					if got := tableColumns(t, n, "rollgate", name); !slices.Equal(got, single) {
-						t.Errorf("rollgate.%s on %s has columns\n%v\nthe store creates\n%v\nupdate deploy/clickhouse/cluster.sql", name, n.name, got, single)
+						t.Errorf("rollgate.%s on %s has columns\n%v\nthe store creates\n%v\nupdate deploy/clickhouse/cluster.sql", name, n.Name, got, single)
 					}
 				}
 			}
@@ -179,7 +161,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 	})
 
 	t.Run("store on the distributed tables", func(t *testing.T) {
-		w, err := chstore.Open(ctx, first.dsn("rollgate"), chstore.Options{})
+		w, err := chstore.Open(ctx, first.DSN("rollgate"), chstore.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +190,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		}
 
 		// Read back at once (insert_distributed_sync=1) through a server of the other shard.
-		r, err := chstore.Open(ctx, other.dsn("rollgate"), chstore.Options{})
+		r, err := chstore.Open(ctx, other.DSN("rollgate"), chstore.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,11 +218,11 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		// Replicas of a shard converge to the same rows; shards split the rows.
 		for _, table := range contractTables {
 			var total uint64
-			for si, shard := range cl.shards {
+			for si, shard := range cl.Shards {
 				want := countRows(t, shard[0], "rollgate."+table+"_local")
-				waitCond(t, fmt.Sprintf("replica %s of %s_local", shard[1].name, table), 60*time.Second, func() error {
+				waitCond(t, fmt.Sprintf("replica %s of %s_local", shard[1].Name, table), 60*time.Second, func() error {
 					if got := countRows(t, shard[1], "rollgate."+table+"_local"); got != want {
-						return fmt.Errorf("%d rows, replica %s has %d", got, shard[0].name, want)
+						return fmt.Errorf("%d rows, replica %s has %d", got, shard[0].Name, want)
 					}
 					return nil
 				})
@@ -256,11 +238,11 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		// One rollout's rows are on one shard, the same for every table.
 		for _, rollout := range []string{"r1", "r2", "r3", "rollout-07"} {
 			var where []int
-			for si, shard := range cl.shards {
+			for si, shard := range cl.Shards {
 				n := uint64(0)
 				for _, table := range []string{"llm_calls", "rewards", "rollouts"} {
 					var c uint64
-					if err := shard[0].connect(t).QueryRow(ctx, "SELECT count() FROM rollgate."+table+"_local WHERE rollout_id = ?", rollout).Scan(&c); err != nil {
+					if err := shard[0].Connect(t).QueryRow(ctx, "SELECT count() FROM rollgate."+table+"_local WHERE rollout_id = ?", rollout).Scan(&c); err != nil {
 						t.Fatal(err)
 					}
 					n += c
@@ -286,17 +268,21 @@ func TestClickHouseClusterDDL(t *testing.T) {
 			t.Fatalf("go build ./cmd/rollgate: %v\n%s", err, out)
 		}
 		applyClusterDDL(t, first, "served")
-		addr := fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
-		serve := exec.Command(bin, "serve", "--listen", addr, "--clickhouse", first.dsn("served"),
+		port, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		serve := exec.Command(bin, "serve", "--listen", addr, "--clickhouse", first.DSN("served"),
 			"--spool-dir", filepath.Join(t.TempDir(), "spool"))
 		serve.Dir = t.TempDir() // anything it writes by default stays in the test's folder
-		gw := startProcess(t, "rollgate serve", serve)
+		gw := chcluster.StartProcess(t, "rollgate serve", serve)
 		base := "http://" + addr
 		// Ready, and connected to the store: with --spool-dir the gateway
 		// is ready while ClickHouse is still connecting (calls wait in the
 		// spool), but rewards and status are stored directly, so the test
 		// waits for "store":"up" before posting them.
-		gw.waitUntil(t, 60*time.Second, func() error {
+		gw.WaitUntil(t, 60*time.Second, func() error {
 			res, err := http.Get(base + "/readyz")
 			if err != nil {
 				return err
@@ -346,7 +332,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 			}
 		}
 		var local uint64
-		for _, shard := range cl.shards {
+		for _, shard := range cl.Shards {
 			local += countRows(t, shard[0], "served.llm_calls_local")
 		}
 		if local != 6 {
@@ -360,7 +346,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) export.Store {
 			db := testenv.Identifier("c_" + t.Name())
 			applyClusterDDL(t, first, db)
-			s, err := chstore.Open(ctx, first.dsn(db), chstore.Options{})
+			s, err := chstore.Open(ctx, first.DSN(db), chstore.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -372,14 +358,14 @@ func TestClickHouseClusterDDL(t *testing.T) {
 	// the store does not alter Distributed tables but stops and names the
 	// ALTER; the upgrade the header of cluster.sql gives makes them work.
 	t.Run("upgrade without group_id", func(t *testing.T) {
-		conn := first.connect(t)
+		conn := first.Connect(t)
 		for _, stmt := range clusterStatements(t, "upgraded") {
 			stmt = strings.Replace(stmt, "    group_id String,\n", "", 1)
 			if err := conn.Exec(ctx, stmt); err != nil {
 				t.Fatalf("old cluster.sql: %v\n%s", err, stmt)
 			}
 		}
-		_, err := chstore.Open(ctx, first.dsn("upgraded"), chstore.Options{})
+		_, err := chstore.Open(ctx, first.DSN("upgraded"), chstore.Options{})
 		if err == nil || !strings.Contains(err.Error(), "ALTER TABLE upgraded.rollouts_local ON CLUSTER '{cluster}' ADD COLUMN group_id String AFTER task_id") {
 			t.Fatalf("Open on Distributed tables without group_id: %v; want an error naming the ALTER on rollouts_local", err)
 		}
@@ -396,11 +382,11 @@ func TestClickHouseClusterDDL(t *testing.T) {
 			stmt = "ALTER TABLE " + regexp.MustCompile(`\brollgate\b`).ReplaceAllString(strings.TrimSuffix(stmt, ";"), "upgraded")
 			on := nodes // without ON CLUSTER: on every server, as the header says
 			if strings.Contains(stmt, " ON CLUSTER ") {
-				on = []*chNode{first}
+				on = []*chcluster.Node{first}
 			}
 			for _, n := range on {
-				if err := n.connect(t).Exec(ctx, stmt); err != nil {
-					t.Fatalf("the upgrade in cluster.sql's header, on %s: %v\n%s", n.name, err, stmt)
+				if err := n.Connect(t).Exec(ctx, stmt); err != nil {
+					t.Fatalf("the upgrade in cluster.sql's header, on %s: %v\n%s", n.Name, err, stmt)
 				}
 			}
 			alters++
@@ -408,7 +394,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		if alters != 2 {
 			t.Fatalf("cluster.sql's header gives %d ALTER statements, want 2 (rollouts_local on the cluster, then rollouts on every server)", alters)
 		}
-		ref, err := chstore.Open(ctx, first.dsn("upgrade_ref"), chstore.Options{}) // a new single-server table
+		ref, err := chstore.Open(ctx, first.DSN("upgrade_ref"), chstore.Options{}) // a new single-server table
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -417,7 +403,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 		for _, n := range nodes {
 			for _, name := range []string{"rollouts", "rollouts_local"} {
 				n, name := n, name
-				waitCond(t, "group_id on "+n.name+" upgraded."+name, 60*time.Second, func() error {
+				waitCond(t, "group_id on "+n.Name+" upgraded."+name, 60*time.Second, func() error {
 					if got := tableColumns(t, n, "upgraded", name); !slices.Equal(got, want) {
 						return fmt.Errorf("columns %v, want %v", got, want)
 					}
@@ -425,7 +411,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 				})
 			}
 		}
-		s, err := chstore.Open(ctx, first.dsn("upgraded"), chstore.Options{})
+		s, err := chstore.Open(ctx, first.DSN("upgraded"), chstore.Options{})
 		if err != nil {
 			t.Fatalf("Open after the upgrade: %v", err)
 		}
@@ -442,7 +428,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 
 	t.Run("deploy/sql", func(t *testing.T) {
 		applyClusterDDL(t, first, "saved_queries")
-		s, err := chstore.Open(ctx, other.dsn("saved_queries"), chstore.Options{})
+		s, err := chstore.Open(ctx, other.DSN("saved_queries"), chstore.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -171,6 +171,10 @@ func writeConfig(dir string, tcpPort, httpPort int) error {
 // ClickHouseConfig is what WriteClickHouseConfig varies between test servers.
 type ClickHouseConfig struct {
 	TCPPort, HTTPPort int
+	// ListenHost is the address the server listens on (default 127.0.0.1).
+	// On another address (a host of testkit/netns) user default accepts
+	// connections from any address.
+	ListenHost string
 	// ServerXML is added inside config.xml's root element (for example
 	// <zookeeper>, <remote_servers>, <macros> of a cluster member).
 	ServerXML string
@@ -181,8 +185,15 @@ type ClickHouseConfig struct {
 
 // WriteClickHouseConfig writes config.xml and users.xml in the 18.16 format
 // (root element <yandex>, which newer servers still accept) with every path
-// inside dir, listening on loopback only, user default without a password.
+// inside dir, listening on loopback only (or c.ListenHost), user default
+// without a password.
 func WriteClickHouseConfig(dir string, c ClickHouseConfig) error {
+	networks := "<ip>127.0.0.1</ip>\n                <ip>::1</ip>"
+	if c.ListenHost == "" {
+		c.ListenHost = "127.0.0.1"
+	} else if c.ListenHost != "127.0.0.1" {
+		networks = "<ip>::/0</ip>"
+	}
 	for _, sub := range []string{"data", "tmp", "user_files", "format_schemas", "log"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return fmt.Errorf("clickhouse test server: %w", err)
@@ -197,7 +208,7 @@ func WriteClickHouseConfig(dir string, c ClickHouseConfig) error {
         <size>100M</size>
         <count>1</count>
     </logger>
-    <listen_host>127.0.0.1</listen_host>
+    <listen_host>%[5]s</listen_host>
     <tcp_port>%[2]d</tcp_port>
     <http_port>%[3]d</http_port>
     <path>%[1]s/data/</path>
@@ -214,7 +225,7 @@ func WriteClickHouseConfig(dir string, c ClickHouseConfig) error {
     <mlock_executable>false</mlock_executable>
 %[4]s
 </yandex>
-`, dir, c.TCPPort, c.HTTPPort, c.ServerXML)
+`, dir, c.TCPPort, c.HTTPPort, c.ServerXML, c.ListenHost)
 	users := `<?xml version="1.0"?>
 <yandex>
     <profiles>
@@ -227,8 +238,7 @@ func WriteClickHouseConfig(dir string, c ClickHouseConfig) error {
         <default>
             <password></password>
             <networks>
-                <ip>127.0.0.1</ip>
-                <ip>::1</ip>
+                ` + networks + `
             </networks>
             <profile>default</profile>
             <quota>default</quota>
