@@ -74,6 +74,10 @@ type clusterOptions struct {
 	// gatewayArgs, when set, gives gateway i's serve flags added to the
 	// common ones.
 	gatewayArgs func(i int) []string
+	// setup, when set, runs once PostgreSQL and the engines are up, before
+	// the gateways start: the drill's own servers (a store the gateways
+	// capture to, say).
+	setup func(c *cluster)
 }
 
 // newClusterWith is newCluster with options.
@@ -114,6 +118,9 @@ func newClusterWith(t *testing.T, gateways, engines int, o clusterOptions) *clus
 	cfg := filepath.Join(c.dir, "rollgate.yaml")
 	if err := os.WriteFile(cfg, []byte("backends:\n  - model: \"*\"\n    replicas:\n"+strings.Join(upstreams, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	if o.setup != nil {
+		o.setup(c)
 	}
 	gwDSN := c.pgDSN
 	if o.gatewayDSN != nil {
@@ -301,22 +308,54 @@ func (r drillReport) String() string {
 		r.Stored, r.Missing, r.Duplicated, r.Repeated, r.Order, d(r.StopAfter), d(r.Recover))
 }
 
+// drillKey names a captured call: its rollout and sequence id.
+type drillKey struct {
+	rollout string
+	seq     uint64
+}
+
 // account stops the gateways (SIGTERM: capture flushed), reads every row
-// they stored and counts what the calls' answers and the rows say.
+// they stored in their SQLite stores and counts what the calls' answers and
+// the rows say.
 func (c *cluster) account(name string, calls []drillCall) drillReport {
 	c.t.Helper()
-	rep := drillReport{Name: name, StopAfter: -1, Recover: -1}
-	type key struct {
-		rollout string
-		seq     uint64
+	stored := map[drillKey]int{}
+	for _, g := range c.gws {
+		if g.cmd.ProcessState == nil {
+			stop(c.t, g.cmd, g.logs)
+		}
+		db, err := sql.Open("sqlite", "file:"+g.db+"?mode=ro")
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		rows, err := db.Query(`SELECT rollout_id, sequence_id FROM llm_calls WHERE rollout_id LIKE 'dr-%'`)
+		if err != nil {
+			c.t.Fatalf("reading %s: %v", g.db, err)
+		}
+		for rows.Next() {
+			var k drillKey
+			if err := rows.Scan(&k.rollout, &k.seq); err != nil {
+				c.t.Fatal(err)
+			}
+			stored[k]++
+		}
+		rows.Close()
+		db.Close()
 	}
-	answered := map[key]int{}
+	return tally(name, calls, stored)
+}
+
+// tally counts what the calls' answers and the stored rows (how many rows
+// each call has) say.
+func tally(name string, calls []drillCall, stored map[drillKey]int) drillReport {
+	rep := drillReport{Name: name, StopAfter: -1, Recover: -1}
+	answered := map[drillKey]int{}
 	last := map[string]uint64{}
 	for _, call := range calls {
 		switch call.status {
 		case 200:
 			rep.Answered++
-			answered[key{call.rollout, call.seq}]++
+			answered[drillKey{call.rollout, call.seq}]++
 			if call.seq <= last[call.rollout] {
 				rep.Order++
 			}
@@ -332,31 +371,8 @@ func (c *cluster) account(name string, calls []drillCall) drillReport {
 			rep.Repeated += n - 1
 		}
 	}
-	stored := map[key]int{}
-	for _, g := range c.gws {
-		if g.cmd.ProcessState == nil {
-			stop(c.t, g.cmd, g.logs)
-		}
-		db, err := sql.Open("sqlite", "file:"+g.db+"?mode=ro")
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		rows, err := db.Query(`SELECT rollout_id, sequence_id FROM llm_calls WHERE rollout_id LIKE 'dr-%'`)
-		if err != nil {
-			c.t.Fatalf("reading %s: %v", g.db, err)
-		}
-		for rows.Next() {
-			var k key
-			if err := rows.Scan(&k.rollout, &k.seq); err != nil {
-				c.t.Fatal(err)
-			}
-			stored[k]++
-			rep.Stored++
-		}
-		rows.Close()
-		db.Close()
-	}
 	for _, n := range stored {
+		rep.Stored += n
 		if n > 1 {
 			rep.Duplicated += n - 1
 		}
