@@ -115,6 +115,25 @@ func (c *cluster) readyz() string {
 	return b.String()
 }
 
+// spooled is how many batches the gateways' spools hold (/readyz).
+func (c *cluster) spooled() int {
+	n := 0
+	for _, g := range c.gws {
+		r, err := http.Get("http://" + g.addr + "/readyz")
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		var s storeState
+		err = json.NewDecoder(r.Body).Decode(&s)
+		r.Body.Close()
+		if err != nil {
+			c.t.Fatalf("/readyz of %s: %v", g.h.Name, err)
+		}
+		n += s.SpoolRecords
+	}
+	return n
+}
+
 // inSync tells whether the replicas of every shard hold the same drill
 // rows and have nothing left in their replication queues; it returns what
 // differs otherwise.
@@ -259,12 +278,19 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	healAt := time.Now()
 	c.n.HealAll()
 	killed.Start(t)
-	testenv.WaitFor(t, 120*time.Second, func() string { return "the gateways' spools drained after the heal" + c.readyz() + d.state(t) }, c.drained)
-	recovered := time.Since(healAt)
-	waitUntil(t, "a few more calls after the recovery", 10*time.Second, func() bool { return answeredSince(load, time.Now().Add(-time.Second), -1) >= 10 })
+	atHeal := c.spooled()
+	// The load goes on as long again as the cut: does the replay catch up
+	// with what the agents add meanwhile?
+	time.Sleep(cut) // the drill's scenario, not a wait for a condition
+	if answeredSince(load, healAt, 0) == 0 || answeredSince(load, healAt, 1) == 0 {
+		t.Errorf("a gateway answered no call after the heal")
+	}
+	underLoad := time.Since(healAt)
+	atHalt := c.spooled()
 	calls := load.halt()
-
-	testenv.WaitFor(t, 30*time.Second, func() string { return "the gateways' spools drained after the load" + c.readyz() + d.state(t) }, c.drained)
+	haltAt := time.Now()
+	testenv.WaitFor(t, 120*time.Second, func() string { return "the gateways' spools drained after the load" + c.readyz() + d.state(t) }, c.drained)
+	drain := time.Since(haltAt)
 	replayed := metricSum(t, c.gws[0].addr, "rollgate_spool_replayed_rows_total") + metricSum(t, c.gws[1].addr, "rollgate_spool_replayed_rows_total")
 	for _, g := range c.gws {
 		stop(t, g.cmd, g.logs) // SIGTERM: capture flushed
@@ -272,10 +298,11 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	var diff string
 	testenv.WaitFor(t, 60*time.Second, func() string { return "the replicas in sync: " + diff + d.state(t) }, func() bool { diff = d.inSync(t); return diff == "" })
 	rep := tally(fmt.Sprintf("e. ClickHouse replica killed, shard cut %s", cut), calls, d.storedRows(t, d.cl.Shards[1][1]))
-	rep.Recover = recovered
+	rep.Recover = -1
 	t.Logf("drill table row:\n%s", rep)
-	t.Logf("cluster and gateways ready in %s; %d calls answered during the cut, %v rows spilled to the spools, %v replayed; %d rows stored for calls no agent saw answered; wall time %s",
-		ready.Round(10*time.Millisecond), answeredInCut, spilled, replayed, rep.Stored-rep.Answered, time.Since(began).Round(10*time.Millisecond))
+	t.Logf("cluster and gateways ready in %s; %d calls answered during the cut, %v rows spilled to the spools, %v replayed; spooled batches at the heal %d, %s later under load %d; drained %s after the load stopped; %d rows stored for calls no agent saw answered; wall time %s",
+		ready.Round(10*time.Millisecond), answeredInCut, spilled, replayed, atHeal, underLoad.Round(10*time.Millisecond), atHalt,
+		drain.Round(10*time.Millisecond), rep.Stored-rep.Answered, time.Since(began).Round(10*time.Millisecond))
 
 	if rep.Repeated != 0 || rep.Missing != 0 || rep.Duplicated != 0 || rep.Order != 0 {
 		t.Errorf("repeated %d, missing %d, duplicated %d, out of order %d: want all 0", rep.Repeated, rep.Missing, rep.Duplicated, rep.Order)
