@@ -274,7 +274,7 @@ func (n *Node) waitReady(t testing.TB) {
 	n.mu.Lock()
 	p := n.proc
 	n.mu.Unlock()
-	p.WaitUntil(t, 90*time.Second, func() error { return ping(n.Addr()) }, func() string {
+	p.WaitUntil(t, 90*time.Second, func() error { return testenv.PingClickHouse(n.Addr()) }, func() string {
 		b, _ := os.ReadFile(filepath.Join(n.Dir, "log", "server.err.log"))
 		return string(b)
 	})
@@ -391,17 +391,6 @@ func Start(t testing.TB, o Options) *Cluster {
 		n.waitReady(t)
 	}
 	return c
-}
-
-func ping(addr string) error {
-	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, DialTimeout: 2 * time.Second})
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return conn.Ping(ctx)
 }
 
 // Statements returns the statements of a SQL script such as

@@ -277,7 +277,7 @@ func waitReady(addr string, exited <-chan error) error {
 			return fmt.Errorf("server exited: %v", err)
 		default:
 		}
-		last = ping(addr)
+		last = PingClickHouse(addr)
 		if last == nil {
 			return nil
 		}
@@ -286,7 +286,9 @@ func waitReady(addr string, exited <-chan error) error {
 	return fmt.Errorf("no answer within %s: %w", StartTimeout, last)
 }
 
-func ping(addr string) error {
+// PingClickHouse connects to the ClickHouse server at addr (native
+// protocol) and pings it, within 2 s.
+func PingClickHouse(addr string) error {
 	conn, err := clickhouse.Open(&clickhouse.Options{
 		Addr:        []string{addr},
 		DialTimeout: 2 * time.Second,

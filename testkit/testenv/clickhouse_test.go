@@ -25,7 +25,7 @@ func TestStartClickHouse(t *testing.T) {
 		stop()
 		t.Fatalf("DropDatabase on a live server: %v", err)
 	}
-	if err := ping(strings.TrimSuffix(strings.TrimPrefix(dsn, "clickhouse://"), "/default")); err != nil {
+	if err := PingClickHouse(strings.TrimSuffix(strings.TrimPrefix(dsn, "clickhouse://"), "/default")); err != nil {
 		stop()
 		t.Fatalf("ping: %v", err)
 	}
