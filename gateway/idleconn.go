@@ -1,7 +1,11 @@
 package gateway
 
 import (
+	"errors"
 	"net"
+	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,12 +17,31 @@ import (
 // Moving a deadline costs a runtime timer update, and a stream reads once
 // per token: the deadline is moved only when it would move by more than
 // idle/8, so a backend is cut after between 7/8 of idle and idle of silence.
+//
+// A first-byte timeout is not retried as a rule (the engine may still be
+// generating), except when the request itself was never acknowledged by
+// the replica's host (see unacknowledged): then Read returns
+// errUnacknowledged, which is not a timeout, and fasthttp hands the call
+// back as a connection that closed before the first response byte — which
+// the proxy retries on another replica, as it does a failed dial. This is
+// what a replica whose host is cut off looks like on a pooled keep-alive
+// connection: the dial is skipped, the request goes into the socket
+// buffer, and nothing comes back.
 type idleConn struct {
 	net.Conn
 	idle    time.Duration
 	overall time.Time // from the client's SetReadDeadline / SetDeadline
 	set     time.Time // the read deadline last set on Conn; zero: set it next Read
+	// awaiting: bytes were written since the last byte read, i.e. the
+	// answer to a request is awaited and none of it came yet.
+	awaiting atomic.Bool
+	// unacked is called when Read returns errUnacknowledged (nil: nothing).
+	unacked func()
 }
+
+// errUnacknowledged is what Read returns when the first byte of an answer
+// is overdue and the replica's host has not even acknowledged the request.
+var errUnacknowledged = errors.New("the replica's host did not acknowledge the request within idle_timeout (host down or cut off); no response byte came")
 
 // SetReadDeadline records the caller's overall deadline.
 func (c *idleConn) SetReadDeadline(t time.Time) error {
@@ -30,6 +53,14 @@ func (c *idleConn) SetReadDeadline(t time.Time) error {
 func (c *idleConn) SetDeadline(t time.Time) error {
 	c.overall, c.set = t, time.Time{}
 	return c.Conn.SetWriteDeadline(t)
+}
+
+// Write marks the answer as awaited.
+func (c *idleConn) Write(p []byte) (int, error) {
+	if !c.awaiting.Load() {
+		c.awaiting.Store(true)
+	}
+	return c.Conn.Write(p)
 }
 
 // Read applies the idle deadline before reading.
@@ -44,5 +75,48 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		}
 		c.set = d
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		if c.awaiting.Load() {
+			c.awaiting.Store(false)
+		}
+	} else if err != nil && c.awaiting.Load() && errors.Is(err, os.ErrDeadlineExceeded) && unacknowledged(c.Conn) {
+		if c.unacked != nil {
+			c.unacked()
+		}
+		return 0, errUnacknowledged
+	}
+	return n, err
+}
+
+// unreachedHosts remembers when each backend host last left a request
+// unacknowledged (errUnacknowledged). fasthttp reports that call as a
+// connection closed before the first response byte (it keeps no error of
+// the first read but a timeout); the proxy looks here to name the real
+// cause in the call's error and status. The zero value is ready to use.
+type unreachedHosts struct {
+	m sync.Map // host -> *atomic.Int64: unix nanoseconds of the last one
+}
+
+// note records that host left a request unacknowledged now.
+func (u *unreachedHosts) note(host string) {
+	v, ok := u.m.Load(host)
+	if !ok {
+		v, _ = u.m.LoadOrStore(host, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Store(time.Now().UnixNano())
+}
+
+// since reports whether host left a request unacknowledged after t.
+func (u *unreachedHosts) since(host string, t time.Time) bool {
+	v, ok := u.m.Load(host)
+	return ok && v.(*atomic.Int64).Load() > t.UnixNano()
+}
+
+// hostOf is addr without its port.
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }

@@ -376,6 +376,7 @@ func (s *Server) exchange(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, 
 func (s *Server) attemptFailed(ctx *fasthttp.RequestCtx, c *call, r *backends.Upstream, resp *fasthttp.Response, err error, attempt int, b *retryBudget) (retry bool) {
 	s.release(r)
 	fasthttp.ReleaseResponse(resp)
+	err = s.unackedCause(r, err)
 	if staleConn(err) {
 		// The replica closed a kept-alive connection that the pool
 		// still held: uvicorn (vLLM's and SGLang's server) closes one

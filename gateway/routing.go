@@ -77,7 +77,8 @@ func (s *Server) backendClients() backends.ClientConfig {
 			if err != nil {
 				return nil, err
 			}
-			return &idleConn{Conn: conn, idle: idle}, nil
+			host := hostOf(addr)
+			return &idleConn{Conn: conn, idle: idle, unacked: func() { s.unreached.note(host) }}, nil
 		},
 	}
 }

@@ -44,6 +44,7 @@ type Server struct {
 	health      backends.Health
 	mountedSets atomic.Pointer[[]*backends.Set] // NewMountedBackends: mounted surfaces' own tables
 	transport   hangupTransport                 // every backend client's RoundTripper (transport.go)
+	unreached   unreachedHosts                  // backend hosts that left requests unacknowledged (idleconn.go)
 	seq         sequences
 	tokenIn     *tokenin.Store // token-in mode's attempts (nil: no backend can use it)
 	texts       interner       // task and agent names
