@@ -17,6 +17,7 @@ type collectors struct {
 	droppedRows    prometheus.Counter
 	corruptRecords prometheus.Counter
 	replayErrors   prometheus.Counter
+	replayWrites   prometheus.Counter
 	full           prometheus.Counter
 }
 
@@ -37,13 +38,14 @@ func newCollectors(reg prometheus.Registerer, sink string) (*collectors, error) 
 		droppedRows:    c("rollgate_spool_dropped_rows_total", "Rows refused because the spool was full (policy drop) or a record exceeded the capacity, or lost in a damaged record (when its rows can be told)."),
 		corruptRecords: c("rollgate_spool_corrupt_records_total", "Damaged records or regions found at recovery (torn, failing their checksum, bad length or magic) or undecodable at replay: set aside in a quarantine file beside their segment, the records after them kept."),
 		replayErrors:   c("rollgate_spool_replay_errors_total", "Failed attempts to write a spooled batch to the sink."),
+		replayWrites:   c("rollgate_spool_replay_writes_total", "Replay writes the sink acknowledged; each carries up to 256 spooled batches (rollgate_spool_replayed_rows_total / this = rows per write)."),
 		full:           c("rollgate_spool_full_total", "Writes that found the spool full (and then waited or were dropped, per the full policy)."),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, col := range []prometheus.Collector{m.bytes, m.records, m.maxBytes, m.spilledRows, m.replayedRows,
-		m.droppedRows, m.corruptRecords, m.replayErrors, m.full} {
+		m.droppedRows, m.corruptRecords, m.replayErrors, m.replayWrites, m.full} {
 		if err := reg.Register(col); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -97,6 +97,12 @@ type Config struct {
 	DirectTimeout time.Duration `yaml:"-"`
 	// ReplayTimeout bounds one replay write to the sink (default 30s).
 	ReplayTimeout time.Duration `yaml:"-"`
+	// ReplayMaxRecords and ReplayMaxBytes bound how many spooled records
+	// (batches as the capture pipeline wrote them), and how many bytes of
+	// them, one replay write merges (defaults 256 and 8 MiB; 1 replays one
+	// record per write).
+	ReplayMaxRecords int   `yaml:"-"`
+	ReplayMaxBytes   int64 `yaml:"-"`
 	// RetryMin and RetryMax bound the replayer's exponential backoff after a
 	// failed replay (defaults 100ms and 10s).
 	RetryMin, RetryMax time.Duration `yaml:"-"`
@@ -131,6 +137,12 @@ func (c *Config) fillDefaults() {
 	}
 	if c.ReplayTimeout <= 0 {
 		c.ReplayTimeout = 30 * time.Second
+	}
+	if c.ReplayMaxRecords <= 0 {
+		c.ReplayMaxRecords = 256
+	}
+	if c.ReplayMaxBytes <= 0 {
+		c.ReplayMaxBytes = 8 << 20
 	}
 	if c.RetryMin <= 0 {
 		c.RetryMin = 100 * time.Millisecond
@@ -351,19 +363,29 @@ func (s *Spool) drop(b *export.Batch, why string) {
 }
 
 // replay sends spooled records to the sink in order until the spool closes.
+// One write carries the head record and the records after it in the head
+// segment, up to Config.ReplayMaxRecords and Config.ReplayMaxBytes, merged
+// into one batch: a sink's cost is mostly per write (ClickHouse: a read of
+// the stored keys per table, then one insert), and a replayer that sent
+// one record per write could not catch up while new batches keep being
+// spooled behind it (drill e, cmd/rollgate/netns_drill_e_e2e_test.go). The
+// records are acknowledged, in order, only after the sink took them all.
 func (s *Spool) replay() {
 	backoff := s.cfg.RetryMin
 	var (
 		cur      *export.Batch
-		curPos   position
+		curPos   []position // the records in cur, head first
 		failures int
 	)
 	for {
 		s.mu.Lock()
 		empty := s.dir.records == 0
-		var pos position
+		var (
+			pos  position
+			head segment
+		)
 		if !empty {
-			pos = s.dir.head()
+			pos, head = s.dir.head(), s.dir.segs[0]
 		}
 		s.mu.Unlock()
 		if empty {
@@ -379,7 +401,7 @@ func (s *Spool) replay() {
 			return
 		default:
 		}
-		if cur == nil || pos.seg != curPos.seg || pos.off != curPos.off {
+		if cur == nil || pos.seg != curPos[0].seg || pos.off != curPos[0].off {
 			b, n, err := s.dir.read(pos)
 			if err != nil && n > 0 && errors.Is(err, ErrCorruptRecord) {
 				// Its checksum held at open but it does not decode (a newer
@@ -410,8 +432,9 @@ func (s *Spool) replay() {
 				cur = nil
 				continue
 			}
-			cur, curPos = b, pos
-			curPos.n = n
+			pos.n = n
+			cur, curPos = b, append(curPos[:0], pos)
+			s.coalesce(cur, &curPos, &head)
 		}
 		ctx, cancel := context.WithTimeout(s.replayCtx, s.cfg.ReplayTimeout)
 		// Every spooled batch may already be stored, wholly or in part: its
@@ -423,7 +446,7 @@ func (s *Spool) replay() {
 			failures++
 			s.replayErrs.Add(1)
 			s.m.replayErrors.Inc()
-			s.log.Warn("spool: replay to sink failed; retrying", "attempt", failures, "retry_in", backoff, "rows", cur.Len(), "err", err)
+			s.log.Warn("spool: replay to sink failed; retrying", "attempt", failures, "retry_in", backoff, "records", len(curPos), "rows", cur.Len(), "err", err)
 			select {
 			case <-time.After(backoff):
 				backoff = min(2*backoff, s.cfg.RetryMax)
@@ -435,12 +458,16 @@ func (s *Spool) replay() {
 			continue
 		}
 		if failures > 0 {
-			s.log.Info("spool: sink accepted a spooled batch again", "failed_attempts", failures)
+			s.log.Info("spool: sink accepted spooled batches again", "failed_attempts", failures)
 		}
 		failures, backoff = 0, s.cfg.RetryMin
 		rows := uint64(cur.Len())
 		s.mu.Lock()
-		err = s.dir.ack(curPos)
+		for _, p := range curPos {
+			if err = s.dir.ack(p); err != nil {
+				break
+			}
+		}
 		s.signalSpaceLocked()
 		s.updateGaugesLocked()
 		drained := s.dir.records == 0
@@ -450,10 +477,35 @@ func (s *Spool) replay() {
 		}
 		s.replayed.Add(rows)
 		s.m.replayedRows.Add(float64(rows))
+		s.m.replayWrites.Inc()
 		cur = nil
 		if drained {
 			s.log.Info("spool: drained; writing to the sink directly again", "replayed_rows_total", s.replayed.Load())
 		}
+	}
+}
+
+// coalesce appends to b the records that follow the last of *ps in the
+// head segment (head: a copy taken under mu; only the replayer removes
+// records, so its count is a lower bound), up to ReplayMaxRecords and
+// ReplayMaxBytes, and their positions to *ps. A record that does not read
+// or decode ends the run: it is dealt with when it is the head.
+func (s *Spool) coalesce(b *export.Batch, ps *[]position, head *segment) {
+	last := (*ps)[0]
+	size := last.n
+	for left := head.records - 1; left > 0 && len(*ps) < s.cfg.ReplayMaxRecords; left-- {
+		next := position{seg: head.id, off: head.skipHoles(last.off + last.n)}
+		nb, n, err := s.dir.read(next)
+		if err != nil || size+n > s.cfg.ReplayMaxBytes {
+			return
+		}
+		next.n = n
+		size, last = size+n, next
+		b.Calls = append(b.Calls, nb.Calls...)
+		b.Rewards = append(b.Rewards, nb.Rewards...)
+		b.Rollouts = append(b.Rollouts, nb.Rollouts...)
+		b.Spans = append(b.Spans, nb.Spans...)
+		*ps = append(*ps, next)
 	}
 }
 

@@ -275,6 +275,7 @@ func TestRestartAfterPartialReplay(t *testing.T) {
 	sink.setDown(true)
 	cfg := fastConfig(dir)
 	cfg.SegmentBytes = 3000
+	cfg.ReplayMaxRecords = 1 // one batch per replay write: 12 writes, 12 batches
 	s := open(t, cfg, sink)
 	write(t, s, 0, 30)
 	// Accept 12 replays (crossing segment boundaries), then fail again.

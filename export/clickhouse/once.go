@@ -142,6 +142,7 @@ func skipStored[T any, K comparable](ctx context.Context, s *Store, table, query
 	var out []T
 	for _, r := range rows {
 		if k, _ := key(r); !have[k] {
+			have[k] = true // a row twice in rows (two spooled copies of a call replayed in one write) is stored once
 			out = append(out, r)
 		}
 	}

@@ -91,3 +91,23 @@ func TestWriteAgainUsesWriteOnce(t *testing.T) {
 		t.Errorf("llm_calls: %s rows after three WriteAgain of one call, want 1", got)
 	}
 }
+
+// TestWriteOnceStoresARowTwiceInTheBatchOnce: one batch holding the same
+// rows twice (a spool replay merging two spooled copies of a call: its
+// direct write timed out after ClickHouse committed it, and capture's WAL
+// replayed it after a restart) stores each row once.
+func TestWriteOnceStoresARowTwiceInTheBatchOnce(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t, Options{})
+	call := storetest.FullCall("r1", "a1", 1, 0)
+	reward := export.Reward{RolloutID: "r1", AttemptID: "a1", Name: "score", Value: 1, Source: "api", TimeUnixNano: 10}
+	b := &export.Batch{Calls: []export.Call{call, storetest.FullCall("r1", "a1", 2, 0), call}, Rewards: []export.Reward{reward, reward}}
+	if err := s.WriteOnce(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	for table, want := range map[string]string{"llm_calls": "2", "rewards": "1"} {
+		if got := count(t, s, table); got != want {
+			t.Errorf("%s has %s rows after one WriteOnce of a batch holding a row twice, want %s", table, got, want)
+		}
+	}
+}
