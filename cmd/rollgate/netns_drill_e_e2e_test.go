@@ -313,4 +313,7 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	if rep.Failed != 0 || rep.Refused != 0 {
 		t.Errorf("%d calls refused, %d failed: a store outage must not reach the agents", rep.Refused, rep.Failed)
 	}
+	if atHeal > 0 && atHalt >= atHeal {
+		t.Errorf("the spools held %d batches at the heal and %d after %s more of load: the replay did not catch up", atHeal, atHalt, underLoad.Round(10*time.Millisecond))
+	}
 }
