@@ -2,8 +2,10 @@ package spool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,4 +119,113 @@ func TestRestartAfterMergedReplays(t *testing.T) {
 	if got := sink.rows(); !slices.Equal(got, wantRows(30)) {
 		t.Fatalf("rows = %v\nwant %v", got, wantRows(30))
 	}
+}
+
+// blockSink stores batches as ClickHouse's replicated tables store
+// blocks: a batch identical to one it holds is dropped (block
+// deduplication), and WriteOnce reads back nothing, as a replica that has
+// not caught up yet does. Each write follows the next step of its script,
+// then dflt: "ok", "fail" (nothing stored) or "commit-fail" (stored, then
+// the answer lost: an error).
+type blockSink struct {
+	mu     sync.Mutex
+	script []string
+	dflt   string
+	blocks map[string]bool
+	got    []uint64
+	writes int
+}
+
+func (s *blockSink) Write(_ context.Context, b *export.Batch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes++
+	step := s.dflt
+	if len(s.script) > 0 {
+		step, s.script = s.script[0], s.script[1:]
+	}
+	if step == "fail" {
+		return errDown
+	}
+	var key []byte
+	for _, c := range b.Calls {
+		key = fmt.Appendf(key, "%d,", c.SequenceID)
+	}
+	if !s.blocks[string(key)] {
+		s.blocks[string(key)] = true
+		for _, c := range b.Calls {
+			s.got = append(s.got, c.SequenceID)
+		}
+	}
+	if step == "commit-fail" {
+		return errors.New("committed, then the answer was lost")
+	}
+	return nil
+}
+
+// WriteOnce reads back no stored row (a lagging replica) and writes b.
+func (s *blockSink) WriteOnce(ctx context.Context, b *export.Batch) error { return s.Write(ctx, b) }
+
+func (s *blockSink) set(dflt string, script ...string) {
+	s.mu.Lock()
+	s.dflt, s.script = dflt, script
+	s.mu.Unlock()
+}
+
+func (s *blockSink) stored() []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	got := slices.Clone(s.got)
+	slices.Sort(got)
+	return got
+}
+
+// TestMergedReplaysStoreCommittedWritesOnce: a write the sink committed
+// but answered with an error is sent again as the same write, so the
+// sink's block deduplication drops it even when the rows cannot be read
+// back (a lagging replica): the batch whose direct write failed so is
+// replayed alone, not merged with the batches spooled behind it; a merged
+// replay write that failed so is retried as it was, also after a restart.
+// Merging them into other writes stored their rows twice (drill e, full
+// form: 8 rows duplicated in the Distributed table).
+func TestMergedReplaysStoreCommittedWritesOnce(t *testing.T) {
+	t.Run("direct write committed", func(t *testing.T) {
+		sink := &blockSink{blocks: map[string]bool{}}
+		sink.set("fail", "commit-fail") // batch 0's direct write commits and fails; then the sink is down
+		s := open(t, fastConfig(t.TempDir()), sink)
+		defer closeSpool(t, s)
+		write(t, s, 0, 10)
+		sink.set("ok")
+		drain(t, s)
+		if got := sink.stored(); !slices.Equal(got, wantRows(10)) {
+			t.Fatalf("stored rows %v\nwant each of %v once", got, wantRows(10))
+		}
+	})
+	t.Run("merged replay committed, then a restart", func(t *testing.T) {
+		dir := t.TempDir()
+		sink := &blockSink{blocks: map[string]bool{}}
+		sink.set("fail")
+		s := open(t, fastConfig(dir), sink)
+		write(t, s, 0, 10)
+		// Batch 0 (its direct write failed) alone, then batches 1-9 merged:
+		// committed, answered with an error; the sink down again.
+		sink.set("fail", "ok", "commit-fail")
+		testenv.WaitFor(t, 10*time.Second, func() string { return "the merged replay write sent" }, func() bool {
+			sink.mu.Lock()
+			defer sink.mu.Unlock()
+			return len(sink.script) == 0 && sink.writes >= 13
+		})
+		write(t, s, 10, 13) // spooled behind: a merged write now would carry them too
+		closeSpool(t, s)
+		if got := len(sink.stored()); got != 20 {
+			t.Fatalf("%d rows stored before the restart, want 20 (batches 0-9, the merged write committed)", got)
+		}
+		sink.set("ok")
+		s2 := open(t, fastConfig(dir), sink)
+		defer closeSpool(t, s2)
+		drain(t, s2)
+		if got := sink.stored(); !slices.Equal(got, wantRows(13)) {
+			t.Fatalf("stored rows %v\nwant each of %v once", got, wantRows(13))
+		}
+	})
 }

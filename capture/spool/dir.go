@@ -24,6 +24,9 @@ const (
 	segSuffix  = ".seg"
 	ackName    = "ack"
 	ackTmpName = "ack.tmp"
+	groupName  = "group"
+	groupTmp   = "group.tmp"
+	groupLen   = 24
 	lockName   = "LOCK"
 	ackLen     = 20
 )
@@ -466,7 +469,42 @@ func (d *dirState) reset() error {
 	if err := os.Remove(filepath.Join(d.path, ackName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("remove ack file: %w", err))
 	}
+	if err := os.Remove(filepath.Join(d.path, groupName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove group file: %w", err))
+	}
 	return errors.Join(errs...)
+}
+
+// writeGroup records, before a replay write that merges n records from
+// pos on is first sent, which records it merges: a write the sink may have
+// committed in part must be sent again exactly as it was, also after a
+// restart (see Spool.replay). Written to a temporary file and renamed; not
+// fsynced: it must outlive a killed process, and an OS crash loses the
+// spool's unsynced tail anyway.
+func (d *dirState) writeGroup(pos position, n int) error {
+	var b [groupLen]byte
+	binary.LittleEndian.PutUint64(b[0:], pos.seg)
+	binary.LittleEndian.PutUint64(b[8:], uint64(pos.off))
+	binary.LittleEndian.PutUint32(b[16:], uint32(n))
+	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[:20], castagnoli))
+	tmp := filepath.Join(d.path, groupTmp)
+	if err := WriteFile(tmp, b[:]); err != nil {
+		return fmt.Errorf("write group file: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.path, groupName)); err != nil {
+		return fmt.Errorf("write group file: %w", err)
+	}
+	return nil
+}
+
+// readGroup returns the last merged replay write recorded by writeGroup:
+// its first record and how many it merged; ok false when there is none.
+func (d *dirState) readGroup() (pos position, n int, ok bool) {
+	b, err := ReadFile(filepath.Join(d.path, groupName))
+	if err != nil || len(b) != groupLen || crc32.Checksum(b[:20], castagnoli) != binary.LittleEndian.Uint32(b[20:]) {
+		return position{}, 0, false
+	}
+	return position{seg: binary.LittleEndian.Uint64(b), off: int64(binary.LittleEndian.Uint64(b[8:]))}, int(binary.LittleEndian.Uint32(b[16:])), true
 }
 
 // writeAck records the head position: written to a temporary file and

@@ -184,7 +184,18 @@ type Spool struct {
 	closed  bool
 	stopped chan struct{} // closed by Close: wakes waiters, stops the replayer
 	wake    chan struct{} // a record was spooled (capacity 1)
-	retry   chan struct{} // RetryNow: end the replayer's backoff (capacity 1)
+	// tried is the record spooled when a direct write of it failed (valid
+	// while triedSet): the sink may hold part of it, so it is replayed on
+	// its own, as the same write (see replay). Set at start for the head
+	// a previous process left, whose history is unknown.
+	tried    position
+	triedSet bool
+	// regroup is the merged replay write a previous process recorded
+	// (dirState.writeGroup) and may have had committed in part: its first
+	// record and how many it merged (replayer only; 0: none).
+	regroup  position
+	regroupN int
+	retry    chan struct{} // RetryNow: end the replayer's backoff (capacity 1)
 
 	replayCtx    context.Context
 	replayCancel context.CancelFunc
@@ -236,6 +247,12 @@ func New(cfg Config, sink export.Sink, name string, reg prometheus.Registerer, l
 	s.updateGauges()
 	if st := s.dir; st.records > 0 {
 		log.Warn("spool: replaying batches left by a previous run", "records", st.records, "bytes", st.bytes, "segments", len(st.segs))
+		head := st.head()
+		if g, n, ok := st.readGroup(); ok && n > 1 && g.seg == head.seg && g.off == head.off {
+			s.regroup, s.regroupN = g, n
+		} else {
+			s.tried, s.triedSet = head, true
+		}
 	}
 	s.replayCtx, s.replayCancel = context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -305,11 +322,13 @@ func (s *Spool) write(ctx context.Context, b *export.Batch, once bool) error {
 		}
 		s.log.Warn("spool: sink write failed; spooling to disk until it recovers", "rows", b.Len(), "err", err)
 	}
-	return s.spill(ctx, b)
+	return s.spill(ctx, b, empty)
 }
 
-// spill appends b to the spool. The caller holds writeTok.
-func (s *Spool) spill(ctx context.Context, b *export.Batch) error {
+// spill appends b to the spool. The caller holds writeTok. tried: b is
+// spooled after its direct write failed (the spool was empty: it becomes
+// the head).
+func (s *Spool) spill(ctx context.Context, b *export.Batch, tried bool) error {
 	s.buf = AppendRecord(s.buf[:0], b)
 	n := int64(len(s.buf))
 	if n > s.cfg.MaxBytes {
@@ -343,6 +362,9 @@ func (s *Spool) spill(ctx context.Context, b *export.Batch) error {
 	defer s.mu.Unlock()
 	if err := s.dir.append(s.buf, s.cfg.SyncInterval == 0); err != nil {
 		return fmt.Errorf("spool %s: %w", s.name, err)
+	}
+	if tried && s.dir.records == 1 {
+		s.tried, s.triedSet = s.dir.head(), true
 	}
 	rows := uint64(b.Len())
 	s.spilled.Add(rows)
@@ -387,6 +409,7 @@ func (s *Spool) replay() {
 		if !empty {
 			pos, head = s.dir.head(), s.dir.segs[0]
 		}
+		tried := s.triedSet && s.tried.seg == pos.seg && s.tried.off == pos.off
 		s.mu.Unlock()
 		if empty {
 			select {
@@ -434,7 +457,7 @@ func (s *Spool) replay() {
 			}
 			pos.n = n
 			cur, curPos = b, append(curPos[:0], pos)
-			s.coalesce(cur, &curPos, &head)
+			s.group(cur, &curPos, &head, tried)
 		}
 		ctx, cancel := context.WithTimeout(s.replayCtx, s.cfg.ReplayTimeout)
 		// Every spooled batch may already be stored, wholly or in part: its
@@ -485,18 +508,60 @@ func (s *Spool) replay() {
 	}
 }
 
+// group decides which records the replay write starting at the head
+// record (*ps, its rows in b) carries, and appends them to b and *ps.
+//
+// Merging is safe only for records no write has carried yet. A write the
+// sink failed may have been committed in part (ClickHouse with
+// insert_distributed_sync: one shard took its rows, another did not), and
+// what makes its retry store each row once is that it is sent again as the
+// same write: ClickHouse drops a block identical to one a replicated table
+// already holds, and WriteOnce skips the rows it reads back, but a replica
+// that has not caught up yet reads back nothing. So the record spooled
+// after its direct write failed (tried), and the head a previous process
+// left, go alone, as their direct write did; a merged write is recorded
+// (writeGroup) before it is first sent and retried as it is, also by the
+// next process (regroup).
+func (s *Spool) group(b *export.Batch, ps *[]position, head *segment, tried bool) {
+	first := (*ps)[0]
+	switch {
+	case s.regroupN > 1 && first.seg == s.regroup.seg && first.off == s.regroup.off:
+		s.coalesce(b, ps, head, s.regroupN, -1)
+	case tried:
+	default:
+		s.coalesce(b, ps, head, s.cfg.ReplayMaxRecords, s.cfg.ReplayMaxBytes)
+	}
+	s.regroupN = 0
+	if len(*ps) == 1 {
+		return
+	}
+	s.mu.Lock()
+	err := s.dir.writeGroup(first, len(*ps))
+	s.mu.Unlock()
+	if err != nil {
+		// Unrecorded, a merged write could not be sent again as it was
+		// after a restart: send the head alone.
+		s.log.Error("spool: cannot record a merged replay write; replaying one batch", "err", err)
+		b1, _, rerr := s.dir.read(first)
+		if rerr == nil {
+			*b = *b1
+			*ps = (*ps)[:1]
+		}
+	}
+}
+
 // coalesce appends to b the records that follow the last of *ps in the
 // head segment (head: a copy taken under mu; only the replayer removes
-// records, so its count is a lower bound), up to ReplayMaxRecords and
-// ReplayMaxBytes, and their positions to *ps. A record that does not read
-// or decode ends the run: it is dealt with when it is the head.
-func (s *Spool) coalesce(b *export.Batch, ps *[]position, head *segment) {
+// records, so its count is a lower bound), up to maxRecords in all and
+// maxBytes (< 0: no bound), and their positions to *ps. A record that does
+// not read or decode ends the run: it is dealt with when it is the head.
+func (s *Spool) coalesce(b *export.Batch, ps *[]position, head *segment, maxRecords int, maxBytes int64) {
 	last := (*ps)[0]
 	size := last.n
-	for left := head.records - 1; left > 0 && len(*ps) < s.cfg.ReplayMaxRecords; left-- {
+	for left := head.records - 1; left > 0 && len(*ps) < maxRecords; left-- {
 		next := position{seg: head.id, off: head.skipHoles(last.off + last.n)}
 		nb, n, err := s.dir.read(next)
-		if err != nil || size+n > s.cfg.ReplayMaxBytes {
+		if err != nil || (maxBytes >= 0 && size+n > maxBytes) {
 			return
 		}
 		next.n = n

@@ -230,12 +230,13 @@ func (d *chDrill) storedRows(t *testing.T, n *chcluster.Node) map[drillKey]int {
 	return stored
 }
 
-// TestDrillClickHouseReplicaKilledShardCut (drill e): two gateways capture
-// to a ClickHouse cluster of 2 shards × 2 replicas with ZooKeeper (each
-// server on a host of its own, deploy/clickhouse/cluster.sql, the
-// gateways pointed at every server with --spool-dir, as README's "Run at
-// scale" says), while four streaming agents call, two per gateway. The
-// ClickHouse server gateway 0 writes through (shard 1's first replica) is
+// TestDrillClickHouseReplicaKilledShardCut (drill e): three gateways
+// (sharing PostgreSQL, in front of four mock engines) capture to a
+// ClickHouse cluster of 2 shards × 2 replicas with ZooKeeper (each server
+// on a host of its own, deploy/clickhouse/cluster.sql, the gateways
+// pointed at every server with --spool-dir, as README's "Run at scale"
+// says), while six streaming agents call, two per gateway. The
+// ClickHouse server gateways 0 and 2 write through (shard 1's first replica) is
 // SIGKILLed; later both replicas of shard 2 are cut from everything for
 // 10 s (full form: 30 s); after the heal the killed server restarts. Once
 // every gateway's spool and write-ahead log are empty and the replicas of
@@ -249,24 +250,36 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	began := time.Now()
 	var d *chDrill
 	spool := t.TempDir()
-	c := newClusterWith(t, 2, 1, clusterOptions{
+	c := newClusterWith(t, 3, 4, clusterOptions{
 		setup: func(c *cluster) { d = startCHCluster(c) },
 		gatewayArgs: func(i int) []string {
 			return []string{"--clickhouse", d.dsn(i), "--spool-dir", filepath.Join(spool, fmt.Sprintf("gw%d", i))}
 		},
 	})
 	ready := time.Since(began)
-	load := c.runAgents(4, func(a, _ int) int { return a % 2 })
-	waitUntil(t, "both gateways answering", 20*time.Second, func() bool {
-		return answeredSince(load, time.Time{}, 0) >= 20 && answeredSince(load, time.Time{}, 1) >= 20
-	})
+	load := c.runAgents(6, func(a, _ int) int { return a % 3 })
+	// each is true when every gateway answered at least n calls started after from.
+	each := func(from time.Time, n int) bool {
+		for i := range c.gws {
+			if answeredSince(load, from, i) < n {
+				return false
+			}
+		}
+		return true
+	}
+	sum := func(metric string) float64 {
+		v := 0.0
+		for _, g := range c.gws {
+			v += metricSum(t, g.addr, metric)
+		}
+		return v
+	}
+	waitUntil(t, "every gateway answering", 20*time.Second, func() bool { return each(time.Time{}, 20) })
 
 	killed := d.cl.Shards[0][0]
 	killAt := time.Now()
 	killed.Kill()
-	waitUntil(t, "calls answered on both gateways after the kill", 20*time.Second, func() bool {
-		return answeredSince(load, killAt, 0) >= 20 && answeredSince(load, killAt, 1) >= 20
-	})
+	waitUntil(t, "calls answered on every gateway after the kill", 20*time.Second, func() bool { return each(killAt, 20) })
 
 	cutAt := time.Now()
 	for _, n := range d.cl.Shards[1] {
@@ -274,7 +287,7 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	}
 	time.Sleep(cut) // the cut's length: the drill's scenario, not a wait for a condition
 	answeredInCut := answeredSince(load, cutAt, -1)
-	spilled := metricSum(t, c.gws[0].addr, "rollgate_spool_spilled_rows_total") + metricSum(t, c.gws[1].addr, "rollgate_spool_spilled_rows_total")
+	spilled := sum("rollgate_spool_spilled_rows_total")
 	healAt := time.Now()
 	c.n.HealAll()
 	killed.Start(t)
@@ -282,7 +295,7 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	// The load goes on as long again as the cut: does the replay catch up
 	// with what the agents add meanwhile?
 	time.Sleep(cut) // the drill's scenario, not a wait for a condition
-	if answeredSince(load, healAt, 0) == 0 || answeredSince(load, healAt, 1) == 0 {
+	if !each(healAt, 1) {
 		t.Errorf("a gateway answered no call after the heal")
 	}
 	underLoad := time.Since(healAt)
@@ -291,7 +304,7 @@ func TestDrillClickHouseReplicaKilledShardCut(t *testing.T) {
 	haltAt := time.Now()
 	testenv.WaitFor(t, 120*time.Second, func() string { return "the gateways' spools drained after the load" + c.readyz() + d.state(t) }, c.drained)
 	drain := time.Since(haltAt)
-	replayed := metricSum(t, c.gws[0].addr, "rollgate_spool_replayed_rows_total") + metricSum(t, c.gws[1].addr, "rollgate_spool_replayed_rows_total")
+	replayed := sum("rollgate_spool_replayed_rows_total")
 	for _, g := range c.gws {
 		stop(t, g.cmd, g.logs) // SIGTERM: capture flushed
 	}
