@@ -414,21 +414,6 @@ func Statements(script, db string) []string {
 	return out
 }
 
-// syncBuffer is a bytes.Buffer safe for the process's writes and the test's
-// reads at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a bytes.Buffer safe for the process's writes and the
+// test's reads at once.
+type syncBuffer = testenv.SyncBuffer
