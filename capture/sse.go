@@ -22,6 +22,12 @@ type Event struct {
 	Name []byte
 }
 
+// streamRetain is the capacity above which a scanner's buffer is let go
+// once the event that grew it is done, instead of kept for the stream's
+// life (an open stream's memory; Reset's bound for a pooled scanner is
+// maxRetain).
+const streamRetain = 64 << 10
+
 // emptyData is what Event.Data holds for a data field with an empty value,
 // so that it differs from nil (no data field at all).
 var emptyData = []byte{}
@@ -64,8 +70,15 @@ type SSEScanner struct {
 // events returned so far.
 func (s *SSEScanner) Feed(p []byte) {
 	if s.start > 0 {
-		// Compact: drop the bytes of the events already returned.
-		n := copy(s.buf, s.buf[s.start:])
+		// Compact: drop the bytes of the events already returned. A buffer
+		// one large event grew (the first chunk of a long prompt carries
+		// its prompt_token_ids) is let go rather than kept for the rest of
+		// the stream, whose events are small.
+		rest := s.buf[s.start:]
+		if cap(s.buf) > streamRetain && len(rest)+len(p) <= streamRetain/2 {
+			s.buf = make([]byte, 0, max(2*(len(rest)+len(p)), 4<<10))
+		}
+		n := copy(s.buf[:cap(s.buf)], rest)
 		s.buf = s.buf[:n]
 		s.pos -= s.start
 		s.scan = max(s.scan-s.start, 0)
@@ -201,6 +214,9 @@ func (s *SSEScanner) dispatch(end int) Event {
 		ev.Name = n[:len(n):len(n)]
 	}
 	s.start = end
+	if cap(s.data) > streamRetain {
+		s.data = nil // ev.Data keeps it as long as the caller needs it
+	}
 	s.data = s.data[:0]
 	s.name = s.name[:0]
 	s.hasData, s.hasName, s.hasLine = false, false, false

@@ -221,6 +221,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, p
 	if !ok {
 		return
 	}
+	// The engine has the call and no attempt follows: the client's request
+	// body (capture keeps its own copy, Pending.Request) goes back to
+	// fasthttp's pool now, not when the response has been written — for a
+	// stream, at its end, an agent's whole context held for the stream's life.
+	ctx.Request.ResetBody()
 	slotHeld = false
 	s.relay(ctx, c, a, path)
 }
