@@ -124,18 +124,21 @@ func TestRestartAfterMergedReplays(t *testing.T) {
 // blocks: a batch identical to one it holds is dropped (block
 // deduplication), and WriteOnce reads back nothing, as a replica that has
 // not caught up yet does. Each write follows the next step of its script,
-// then dflt: "ok", "fail" (nothing stored) or "commit-fail" (stored, then
-// the answer lost: an error).
+// then dflt: "ok", "fail" (nothing stored), "commit-fail" (stored, then
+// the answer lost: an error) or "hang" (nothing stored; blocks until its
+// context ends or release is closed, then fails).
 type blockSink struct {
-	mu     sync.Mutex
-	script []string
-	dflt   string
-	blocks map[string]bool
-	got    []uint64
-	writes int
+	mu      sync.Mutex
+	script  []string
+	dflt    string
+	blocks  map[string]bool
+	got     []uint64
+	writes  int
+	hanging int           // writes that hung
+	release chan struct{} // closed: hanging writes fail
 }
 
-func (s *blockSink) Write(_ context.Context, b *export.Batch) error {
+func (s *blockSink) Write(ctx context.Context, b *export.Batch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes++
@@ -143,8 +146,19 @@ func (s *blockSink) Write(_ context.Context, b *export.Batch) error {
 	if len(s.script) > 0 {
 		step, s.script = s.script[0], s.script[1:]
 	}
-	if step == "fail" {
+	switch step {
+	case "fail":
 		return errDown
+	case "hang":
+		s.hanging++
+		release := s.release
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+		s.mu.Lock()
+		return errors.Join(errDown, ctx.Err())
 	}
 	var key []byte
 	for _, c := range b.Calls {
@@ -297,5 +311,49 @@ func TestSpoolEmptiesUnderSteadyLoad(t *testing.T) {
 	n := int(next.Load())
 	if got := sink.rows(); !slices.Equal(got, wantRows(n)) {
 		t.Fatalf("stored %d rows, want rows 0..%d once each in order", len(got), 2*n-1)
+	}
+}
+
+// TestCatchUpWaitIsBounded: a Write that waits for a nearly drained spool
+// (TestSpoolEmptiesUnderSteadyLoad) while the sink hangs again gives up
+// after DirectTimeout and spools its batch, and the Writes after it spool
+// at once until a replay write succeeds: a sink that fails again costs
+// one wait, as it costs one failed direct write. Rows stay in order, once.
+func TestCatchUpWaitIsBounded(t *testing.T) {
+	sink := &blockSink{blocks: map[string]bool{}, release: make(chan struct{})}
+	sink.set("fail")
+	cfg := fastConfig(t.TempDir())
+	cfg.DirectTimeout = 2 * time.Second
+	s := open(t, cfg, sink)
+	defer closeSpool(t, s)
+	free := sync.OnceFunc(func() { close(sink.release) })
+	defer free() // before closeSpool, also when the test fails
+	write(t, s, 0, 3) // the outage
+	// Batch 0 (its direct write failed) is replayed alone and stored; the
+	// merged write of batches 1-2 hangs.
+	sink.set("hang", "ok")
+	testenv.WaitFor(t, 10*time.Second, func() string { return fmt.Sprintf("the merged replay write hanging: stats %+v", s.Stats()) }, func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.hanging > 0
+	})
+	began := time.Now()
+	write(t, s, 3, 4)
+	if took := time.Since(began); took < cfg.DirectTimeout {
+		t.Fatalf("a Write behind a replayer that had just succeeded returned after %s, want a wait of DirectTimeout (%s) for the drain", took, cfg.DirectTimeout)
+	}
+	began = time.Now()
+	write(t, s, 4, 5)
+	if took := time.Since(began); took >= cfg.DirectTimeout/2 {
+		t.Fatalf("the next Write took %s: it waited again for a replayer that had not caught up (DirectTimeout %s)", took, cfg.DirectTimeout)
+	}
+	if st := s.Stats(); st.Records != 4 {
+		t.Fatalf("stats %+v, want batches 1-4 spooled", st)
+	}
+	sink.set("ok")
+	free()
+	drain(t, s)
+	if got := sink.stored(); !slices.Equal(got, wantRows(5)) {
+		t.Fatalf("stored rows %v\nwant each of %v once", got, wantRows(5))
 	}
 }
