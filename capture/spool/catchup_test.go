@@ -327,7 +327,7 @@ func TestCatchUpWaitIsBounded(t *testing.T) {
 	s := open(t, cfg, sink)
 	defer closeSpool(t, s)
 	free := sync.OnceFunc(func() { close(sink.release) })
-	defer free() // before closeSpool, also when the test fails
+	defer free()      // before closeSpool, also when the test fails
 	write(t, s, 0, 3) // the outage
 	// Batch 0 (its direct write failed) is replayed alone and stored; the
 	// merged write of batches 1-2 hangs.
