@@ -549,11 +549,7 @@ func (s *Spool) replay() {
 		s.replayOK.Store(true)
 		rows := uint64(cur.Len())
 		s.mu.Lock()
-		for _, p := range curPos {
-			if err = s.dir.ack(p); err != nil {
-				break
-			}
-		}
+		err = s.dir.ack(curPos...)
 		s.signalSpaceLocked()
 		s.updateGaugesLocked()
 		drained := s.dir.records == 0
