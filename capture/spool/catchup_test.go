@@ -35,9 +35,8 @@ func (c costlySink) Write(ctx context.Context, b *export.Batch) error {
 // order. Before, the replayer sent one spooled batch per write (50 a
 // second against 200 arriving) and the spool grew for as long as the load
 // lasted (drill e: 84 batches at a ClickHouse shard's heal, 145 ten
-// seconds later). While batches arrive faster than one sink write takes,
-// a few stay spooled: the spool goes back to writing directly at the
-// first gap in the load.
+// seconds later). That the spool then empties under the load is
+// TestSpoolEmptiesUnderSteadyLoad.
 func TestReplayCatchesUpUnderLoad(t *testing.T) {
 	sink := costlySink{memSink: newMemSink(), perWrite: 20 * time.Millisecond}
 	cfg := fastConfig(t.TempDir())
@@ -125,18 +124,21 @@ func TestRestartAfterMergedReplays(t *testing.T) {
 // blocks: a batch identical to one it holds is dropped (block
 // deduplication), and WriteOnce reads back nothing, as a replica that has
 // not caught up yet does. Each write follows the next step of its script,
-// then dflt: "ok", "fail" (nothing stored) or "commit-fail" (stored, then
-// the answer lost: an error).
+// then dflt: "ok", "fail" (nothing stored), "commit-fail" (stored, then
+// the answer lost: an error) or "hang" (nothing stored; blocks until its
+// context ends or release is closed, then fails).
 type blockSink struct {
-	mu     sync.Mutex
-	script []string
-	dflt   string
-	blocks map[string]bool
-	got    []uint64
-	writes int
+	mu      sync.Mutex
+	script  []string
+	dflt    string
+	blocks  map[string]bool
+	got     []uint64
+	writes  int
+	hanging int           // writes that hung
+	release chan struct{} // closed: hanging writes fail
 }
 
-func (s *blockSink) Write(_ context.Context, b *export.Batch) error {
+func (s *blockSink) Write(ctx context.Context, b *export.Batch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes++
@@ -144,8 +146,19 @@ func (s *blockSink) Write(_ context.Context, b *export.Batch) error {
 	if len(s.script) > 0 {
 		step, s.script = s.script[0], s.script[1:]
 	}
-	if step == "fail" {
+	switch step {
+	case "fail":
 		return errDown
+	case "hang":
+		s.hanging++
+		release := s.release
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+		s.mu.Lock()
+		return errors.Join(errDown, ctx.Err())
 	}
 	var key []byte
 	for _, c := range b.Calls {
@@ -228,4 +241,119 @@ func TestMergedReplaysStoreCommittedWritesOnce(t *testing.T) {
 			t.Fatalf("stored rows %v\nwant each of %v once", got, wantRows(13))
 		}
 	})
+}
+
+// TestSpoolEmptiesUnderSteadyLoad: after an outage that spooled 300
+// batches, a producer keeps writing a batch every 5 ms to a sink whose
+// writes cost 20 ms each, more often than one sink write takes. The spool
+// must empty while the producer still writes (and the producer go on
+// writing after it did), every row stored once and in order. Merging
+// replayed batches alone is not enough: each replay write leaves behind
+// the batches spooled while it ran, so a few stay spooled for as long as
+// the load lasts, every batch goes through the disk and a replay, and
+// RollgateExportBacklog fires after 15 minutes of a healthy sink. Once
+// what is spooled fits in one replay write and the replayer keeps up, a
+// Write waits for the drain and writes directly.
+func TestSpoolEmptiesUnderSteadyLoad(t *testing.T) {
+	sink := costlySink{memSink: newMemSink(), perWrite: 20 * time.Millisecond}
+	cfg := fastConfig(t.TempDir())
+	cfg.SyncInterval = time.Second // spilling at the producer's pace; fsync is not under test
+	cfg.ReplayMaxRecords = 100     // the backlog takes several merged writes before a Write waits
+	cfg.DirectTimeout = 5 * time.Second
+	s := open(t, cfg, sink)
+	defer closeSpool(t, s)
+
+	sink.setDown(true)
+	write(t, s, 0, 300) // the outage: 300 batches spooled
+	sink.setDown(false)
+
+	var next atomic.Int64
+	next.Store(300)
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			case <-tick.C:
+			}
+			i := next.Load()
+			if err := s.Write(context.Background(), batch(int(i))); err != nil {
+				done <- fmt.Errorf("batch %d: %w", i, err)
+				return
+			}
+			next.Add(1)
+		}
+	}()
+	progress := func(what string) func() string {
+		return func() string {
+			sink.mu.Lock()
+			w, r := sink.writes, len(sink.got)
+			sink.mu.Unlock()
+			return fmt.Sprintf("%s: %d batches spooled after %d written (%d sink writes, %d rows stored)", what, s.Stats().Records, next.Load(), w, r)
+		}
+	}
+	testenv.WaitFor(t, 20*time.Second, progress("the spool empty while the producer writes"),
+		func() bool { return s.Stats().Records == 0 && next.Load() > 310 })
+	emptyAt := next.Load()
+	testenv.WaitFor(t, 20*time.Second, progress("the producer writing on after the spool emptied"),
+		func() bool { return next.Load() >= emptyAt+20 })
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Records != 0 {
+		t.Fatalf("%d batches spooled again under steady load with a healthy sink (stats %+v)", st.Records, st)
+	}
+	n := int(next.Load())
+	if got := sink.rows(); !slices.Equal(got, wantRows(n)) {
+		t.Fatalf("stored %d rows, want rows 0..%d once each in order", len(got), 2*n-1)
+	}
+}
+
+// TestCatchUpWaitIsBounded: a Write that waits for a nearly drained spool
+// (TestSpoolEmptiesUnderSteadyLoad) while the sink hangs again gives up
+// after DirectTimeout and spools its batch, and the Writes after it spool
+// at once until a replay write succeeds: a sink that fails again costs
+// one wait, as it costs one failed direct write. Rows stay in order, once.
+func TestCatchUpWaitIsBounded(t *testing.T) {
+	sink := &blockSink{blocks: map[string]bool{}, release: make(chan struct{})}
+	sink.set("fail")
+	cfg := fastConfig(t.TempDir())
+	cfg.DirectTimeout = 2 * time.Second
+	s := open(t, cfg, sink)
+	defer closeSpool(t, s)
+	free := sync.OnceFunc(func() { close(sink.release) })
+	defer free()      // before closeSpool, also when the test fails
+	write(t, s, 0, 3) // the outage
+	// Batch 0 (its direct write failed) is replayed alone and stored; the
+	// merged write of batches 1-2 hangs.
+	sink.set("hang", "ok")
+	testenv.WaitFor(t, 10*time.Second, func() string { return fmt.Sprintf("the merged replay write hanging: stats %+v", s.Stats()) }, func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.hanging > 0
+	})
+	began := time.Now()
+	write(t, s, 3, 4)
+	if took := time.Since(began); took < cfg.DirectTimeout {
+		t.Fatalf("a Write behind a replayer that had just succeeded returned after %s, want a wait of DirectTimeout (%s) for the drain", took, cfg.DirectTimeout)
+	}
+	began = time.Now()
+	write(t, s, 4, 5)
+	if took := time.Since(began); took >= cfg.DirectTimeout/2 {
+		t.Fatalf("the next Write took %s: it waited again for a replayer that had not caught up (DirectTimeout %s)", took, cfg.DirectTimeout)
+	}
+	if st := s.Stats(); st.Records != 4 {
+		t.Fatalf("stats %+v, want batches 1-4 spooled", st)
+	}
+	sink.set("ok")
+	free()
+	drain(t, s)
+	if got := sink.stored(); !slices.Equal(got, wantRows(5)) {
+		t.Fatalf("stored rows %v\nwant each of %v once", got, wantRows(5))
+	}
 }

@@ -398,23 +398,32 @@ func (d *dirState) quarantineRecord(pos position) (string, error) {
 	return q, Quarantine(q, d.r, pos.off, pos.off+pos.n)
 }
 
-// ack marks the record at pos (the head) as stored by the sink.
-func (d *dirState) ack(pos position) error {
+// ack marks the records ps (the head and the ones right after it, in
+// order, in the head segment) as stored by the sink, and records the new
+// head once: the ack file is rewritten (a create and a rename) once per
+// replay write, not once per record, which cost 88% of the replayer's time
+// against a free sink (BenchmarkReplay/merged: 165 µs a record, with the
+// spool's lock held).
+func (d *dirState) ack(ps ...position) error {
 	seg := &d.segs[0]
-	if seg.id != pos.seg || d.headOff != pos.off {
-		return fmt.Errorf("spool: ack of %d@%d but the head is %d@%d", pos.seg, pos.off, seg.id, d.headOff)
+	var err error
+	for _, pos := range ps {
+		if seg.id != pos.seg || d.headOff != pos.off {
+			err = fmt.Errorf("spool: ack of %d@%d but the head is %d@%d", pos.seg, pos.off, seg.id, d.headOff)
+			break
+		}
+		d.headOff = seg.skipHoles(d.headOff + pos.n)
+		seg.records--
+		d.records--
+		d.bytes -= pos.n
 	}
-	d.headOff = seg.skipHoles(d.headOff + pos.n)
-	seg.records--
-	d.records--
-	d.bytes -= pos.n
-	if d.records == 0 {
-		return d.reset()
+	switch {
+	case d.records == 0:
+		return errors.Join(err, d.reset())
+	case seg.records == 0:
+		return errors.Join(err, d.popHead())
 	}
-	if seg.records == 0 {
-		return d.popHead()
-	}
-	return d.writeAck(seg.id, d.headOff)
+	return errors.Join(err, d.writeAck(seg.id, d.headOff))
 }
 
 // skipSegment drops the unacknowledged records of the head segment id (its

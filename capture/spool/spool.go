@@ -93,7 +93,8 @@ type Config struct {
 	// interval's records; a process kill loses nothing either way).
 	SyncInterval time.Duration `yaml:"sync_interval"`
 	// DirectTimeout bounds a direct sink write before the batch is spooled
-	// instead (default 5s).
+	// instead, and a Write's wait for a nearly drained spool to empty so
+	// that it can write directly again (default 5s).
 	DirectTimeout time.Duration `yaml:"-"`
 	// ReplayTimeout bounds one replay write to the sink (default 30s).
 	ReplayTimeout time.Duration `yaml:"-"`
@@ -202,6 +203,10 @@ type Spool struct {
 	done         chan struct{} // replayer and syncer finished
 	closeOnce    sync.Once
 
+	// replayOK: the replayer's last write succeeded and no direct write
+	// or catchUp wait failed since (see catchUp).
+	replayOK atomic.Bool
+
 	spilled, replayed, dropped, corrupt, replayErrs atomic.Uint64
 }
 
@@ -279,7 +284,10 @@ func (s *Spool) countCorrupt(rows int) {
 
 // Write stores b in the sink, or in the spool when the sink fails, takes
 // longer than DirectTimeout, or earlier batches are still spooled (order is
-// kept). It returns nil once b is in the sink or in a segment file (fsynced
+// kept). When the replayer keeps up and what is spooled fits in one replay
+// write, Write first waits, up to DirectTimeout, for the spool to drain and
+// then writes b directly (see catchUp), so the spool empties under steady
+// load. It returns nil once b is in the sink or in a segment file (fsynced
 // when SyncInterval is 0). A full spool waits (Block) or refuses (Drop) with
 // an error wrapping ErrFull. b is not retained.
 func (s *Spool) Write(ctx context.Context, b *export.Batch) error { return s.write(ctx, b, false) }
@@ -308,6 +316,9 @@ func (s *Spool) write(ctx context.Context, b *export.Batch, once bool) error {
 	if closed {
 		return ErrClosed
 	}
+	if !empty {
+		empty = s.catchUp(ctx)
+	}
 	if empty {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DirectTimeout)
 		var err error
@@ -320,9 +331,56 @@ func (s *Spool) write(ctx context.Context, b *export.Batch, once bool) error {
 		if err == nil {
 			return nil
 		}
+		s.replayOK.Store(false)
 		s.log.Warn("spool: sink write failed; spooling to disk until it recovers", "rows", b.Len(), "err", err)
 	}
 	return s.spill(ctx, b, empty)
+}
+
+// catchUp waits, while the replayer keeps up (its last write succeeded)
+// and what is spooled fits in one replay write (Config.ReplayMaxRecords,
+// ReplayMaxBytes), for the spool to drain, at most DirectTimeout, and
+// tells whether it did: the caller, holding writeTok, then writes its
+// batch directly, behind the replayed ones. Without this, a spool whose
+// batches arrive more often than one sink write takes never empties under
+// steady load: every replay write leaves behind the batches spooled while
+// it ran, and every batch goes through the disk and a replay for as long
+// as the load lasts. A wait that ends without the drain (a sink slow or
+// down again) spools the batch and disables the wait until a replay
+// write succeeds again, so an outage costs one such wait, as it costs one
+// failed direct write.
+func (s *Spool) catchUp(ctx context.Context) bool {
+	var timeout <-chan time.Time
+	for {
+		if !s.replayOK.Load() {
+			return false
+		}
+		s.mu.Lock()
+		n, bytes, ch := s.dir.records, s.dir.bytes, s.space
+		s.mu.Unlock()
+		if n == 0 {
+			return true
+		}
+		if n > s.cfg.ReplayMaxRecords || bytes > s.cfg.ReplayMaxBytes {
+			return false
+		}
+		if timeout == nil {
+			t := time.NewTimer(s.cfg.DirectTimeout)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch: // records acknowledged, or a replay write failed
+		case <-timeout:
+			s.replayOK.Store(false)
+			s.log.Warn("spool: the replayer did not catch up within the direct write timeout; spooling", "records", n, "timeout", s.cfg.DirectTimeout)
+			return false
+		case <-ctx.Done():
+			return false
+		case <-s.stopped:
+			return false
+		}
+	}
 }
 
 // spill appends b to the spool. The caller holds writeTok. tried: b is
@@ -466,6 +524,10 @@ func (s *Spool) replay() {
 		err := export.WriteAgain(ctx, s.sink, cur)
 		cancel()
 		if err != nil {
+			s.replayOK.Store(false)
+			s.mu.Lock()
+			s.signalSpaceLocked() // a Write waiting in catchUp spools at once
+			s.mu.Unlock()
 			failures++
 			s.replayErrs.Add(1)
 			s.m.replayErrors.Inc()
@@ -484,13 +546,10 @@ func (s *Spool) replay() {
 			s.log.Info("spool: sink accepted spooled batches again", "failed_attempts", failures)
 		}
 		failures, backoff = 0, s.cfg.RetryMin
+		s.replayOK.Store(true)
 		rows := uint64(cur.Len())
 		s.mu.Lock()
-		for _, p := range curPos {
-			if err = s.dir.ack(p); err != nil {
-				break
-			}
-		}
+		err = s.dir.ack(curPos...)
 		s.signalSpaceLocked()
 		s.updateGaugesLocked()
 		drained := s.dir.records == 0
