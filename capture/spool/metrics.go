@@ -38,7 +38,7 @@ func newCollectors(reg prometheus.Registerer, sink string) (*collectors, error) 
 		droppedRows:    c("rollgate_spool_dropped_rows_total", "Rows refused because the spool was full (policy drop) or a record exceeded the capacity, or lost in a damaged record (when its rows can be told)."),
 		corruptRecords: c("rollgate_spool_corrupt_records_total", "Damaged records or regions found at recovery (torn, failing their checksum, bad length or magic) or undecodable at replay: set aside in a quarantine file beside their segment, the records after them kept."),
 		replayErrors:   c("rollgate_spool_replay_errors_total", "Failed attempts to write a spooled batch to the sink."),
-		replayWrites:   c("rollgate_spool_replay_writes_total", "Replay writes the sink acknowledged; each carries up to 256 spooled batches (rollgate_spool_replayed_rows_total / this = rows per write)."),
+		replayWrites:   c("rollgate_spool_replay_writes_total", "Replay writes the sink acknowledged; each carries up to 256 spooled batches or 8 MiB (the defaults) (rollgate_spool_replayed_rows_total / this = rows per write)."),
 		full:           c("rollgate_spool_full_total", "Writes that found the spool full (and then waited or were dropped, per the full policy)."),
 	}
 	if reg == nil {
