@@ -48,39 +48,18 @@ func TestReplayCatchesUpUnderLoad(t *testing.T) {
 	write(t, s, 0, 100) // the outage: 100 batches spooled
 	sink.setDown(false)
 
-	var next atomic.Int64
-	next.Store(100)
-	stop, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			case <-tick.C:
-			}
-			i := next.Load()
-			if err := s.Write(context.Background(), batch(int(i))); err != nil {
-				done <- fmt.Errorf("batch %d: %w", i, err)
-				return
-			}
-			next.Add(1)
-		}
-	}()
+	next, stopProducer := steadyProducer(s, 100)
 	testenv.WaitFor(t, 20*time.Second, func() string {
 		sink.mu.Lock()
 		w, r := sink.writes, len(sink.got)
 		sink.mu.Unlock()
-		return fmt.Sprintf("the backlog down to 10 batches while the producer writes: %d batches spooled after %d written (%d sink writes, %d rows stored)", s.Stats().Records, next.Load(), w, r)
-	}, func() bool { return s.Stats().Records <= 10 && next.Load() > 200 })
-	close(stop)
-	if err := <-done; err != nil {
+		return fmt.Sprintf("the backlog down to 10 batches while the producer writes: %d batches spooled after %d written (%d sink writes, %d rows stored)", s.Stats().Records, next(), w, r)
+	}, func() bool { return s.Stats().Records <= 10 && next() > 200 })
+	if err := stopProducer(); err != nil {
 		t.Fatal(err)
 	}
 	drain(t, s)
-	n := int(next.Load())
+	n := int(next())
 	if got := sink.rows(); !slices.Equal(got, wantRows(n)) {
 		t.Fatalf("stored %d rows, want rows 0..%d once each in order", len(got), 2*n-1)
 	}
@@ -267,48 +246,27 @@ func TestSpoolEmptiesUnderSteadyLoad(t *testing.T) {
 	write(t, s, 0, 300) // the outage: 300 batches spooled
 	sink.setDown(false)
 
-	var next atomic.Int64
-	next.Store(300)
-	stop, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			case <-tick.C:
-			}
-			i := next.Load()
-			if err := s.Write(context.Background(), batch(int(i))); err != nil {
-				done <- fmt.Errorf("batch %d: %w", i, err)
-				return
-			}
-			next.Add(1)
-		}
-	}()
+	next, stopProducer := steadyProducer(s, 300)
 	progress := func(what string) func() string {
 		return func() string {
 			sink.mu.Lock()
 			w, r := sink.writes, len(sink.got)
 			sink.mu.Unlock()
-			return fmt.Sprintf("%s: %d batches spooled after %d written (%d sink writes, %d rows stored)", what, s.Stats().Records, next.Load(), w, r)
+			return fmt.Sprintf("%s: %d batches spooled after %d written (%d sink writes, %d rows stored)", what, s.Stats().Records, next(), w, r)
 		}
 	}
 	testenv.WaitFor(t, 20*time.Second, progress("the spool empty while the producer writes"),
-		func() bool { return s.Stats().Records == 0 && next.Load() > 310 })
-	emptyAt := next.Load()
+		func() bool { return s.Stats().Records == 0 && next() > 310 })
+	emptyAt := next()
 	testenv.WaitFor(t, 20*time.Second, progress("the producer writing on after the spool emptied"),
-		func() bool { return next.Load() >= emptyAt+20 })
-	close(stop)
-	if err := <-done; err != nil {
+		func() bool { return next() >= emptyAt+20 })
+	if err := stopProducer(); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.Stats(); st.Records != 0 {
 		t.Fatalf("%d batches spooled again under steady load with a healthy sink (stats %+v)", st.Records, st)
 	}
-	n := int(next.Load())
+	n := int(next())
 	if got := sink.rows(); !slices.Equal(got, wantRows(n)) {
 		t.Fatalf("stored %d rows, want rows 0..%d once each in order", len(got), 2*n-1)
 	}
@@ -356,4 +314,33 @@ func TestCatchUpWaitIsBounded(t *testing.T) {
 	if got := sink.stored(); !slices.Equal(got, wantRows(5)) {
 		t.Fatalf("stored rows %v\nwant each of %v once", got, wantRows(5))
 	}
+}
+
+// steadyProducer writes batch i, i+1, … to s every 5 ms from a goroutine,
+// as a gateway's capture does under steady load, starting at from. next
+// returns the index of the batch it writes next (from..next()-1 are
+// written); stop ends the producer and returns its first error.
+func steadyProducer(s *Spool, from int) (next func() int64, stop func() error) {
+	var n atomic.Int64
+	n.Store(int64(from))
+	quit, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				done <- nil
+				return
+			case <-tick.C:
+			}
+			i := n.Load()
+			if err := s.Write(context.Background(), batch(int(i))); err != nil {
+				done <- fmt.Errorf("batch %d: %w", i, err)
+				return
+			}
+			n.Add(1)
+		}
+	}()
+	return n.Load, func() error { close(quit); return <-done }
 }
