@@ -495,15 +495,7 @@ func (d *dirState) writeGroup(pos position, n int) error {
 	binary.LittleEndian.PutUint64(b[0:], pos.seg)
 	binary.LittleEndian.PutUint64(b[8:], uint64(pos.off))
 	binary.LittleEndian.PutUint32(b[16:], uint32(n))
-	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[:20], castagnoli))
-	tmp := filepath.Join(d.path, groupTmp)
-	if err := WriteFile(tmp, b[:]); err != nil {
-		return fmt.Errorf("write group file: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(d.path, groupName)); err != nil {
-		return fmt.Errorf("write group file: %w", err)
-	}
-	return nil
+	return d.replaceFile(groupTmp, groupName, b[:], "group file")
 }
 
 // readGroup returns the last merged replay write recorded by writeGroup:
@@ -523,13 +515,21 @@ func (d *dirState) writeAck(id uint64, off int64) error {
 	var b [ackLen]byte
 	binary.LittleEndian.PutUint64(b[0:], id)
 	binary.LittleEndian.PutUint64(b[8:], uint64(off))
-	binary.LittleEndian.PutUint32(b[16:], crc32.Checksum(b[:16], castagnoli))
-	tmp := filepath.Join(d.path, ackTmpName)
-	if err := WriteFile(tmp, b[:]); err != nil {
-		return fmt.Errorf("write ack file: %w", err)
+	return d.replaceFile(ackTmpName, ackName, b[:], "ack file")
+}
+
+// replaceFile writes b, whose last 4 bytes are set here to the CRC-32C of
+// the rest, to the spool folder's file name through the temporary file tmp
+// and a rename, so a crash leaves the old or the new content. It is not
+// fsynced (writeAck and writeGroup say why that is enough).
+func (d *dirState) replaceFile(tmp, name string, b []byte, what string) error {
+	binary.LittleEndian.PutUint32(b[len(b)-4:], crc32.Checksum(b[:len(b)-4], castagnoli))
+	tmpPath := filepath.Join(d.path, tmp)
+	if err := WriteFile(tmpPath, b); err != nil {
+		return fmt.Errorf("write %s: %w", what, err)
 	}
-	if err := os.Rename(tmp, filepath.Join(d.path, ackName)); err != nil {
-		return fmt.Errorf("write ack file: %w", err)
+	if err := os.Rename(tmpPath, filepath.Join(d.path, name)); err != nil {
+		return fmt.Errorf("write %s: %w", what, err)
 	}
 	return nil
 }
