@@ -193,6 +193,7 @@ func (rs *resumeState) requestAbort(s *Server) bool {
 		s.log.Warn("pause: the engine did not abort a generation; it finishes on the current weights", "backend", r.Name(), "request_id", id, "err", err)
 		return false
 	}
+	s.m.TokenInResumes.WithLabelValues("aborted").Inc()
 	return true
 }
 
@@ -352,7 +353,8 @@ func (rs *resumeState) next(s *Server, prompt, ids []uint32) (r *backends.Upstre
 
 // segment records that the generation on r, started after n response ids,
 // was accepted by the engine: its ids and logprobs are that generation's.
-func (rs *resumeState) segment(r *backends.Upstream, n int) {
+func (rs *resumeState) segment(s *Server, r *backends.Upstream, n int) {
+	s.m.TokenInResumes.WithLabelValues("resumed").Inc()
 	rs.carried = n
 	rs.segs = append(rs.segs, policySegment{n, r.Spec().PolicyVersion})
 	rs.pend.Meta.PolicyVersions = rs.segmentsJSON()
@@ -365,24 +367,29 @@ func (rs *resumeState) segment(r *backends.Upstream, n int) {
 // stream.
 func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 	rs, c := p.rs, &p.ch[0]
+	failed := p.s.m.TokenInResumes.WithLabelValues("failed")
 	r, ti, body, left, err := rs.next(p.s, p.tc.prompt, c.ids)
 	if err != nil {
+		failed.Inc()
 		return nil, err
 	}
 	if left == 0 { // max_tokens were all generated: the answer ends here
+		p.s.m.TokenInResumes.WithLabelValues("finished").Inc()
 		return nil, p.finishLength()
 	}
 	p.r, p.ti = r, ti
 	gen, err := p.s.startGenerate(r, ti, body, nil, time.Now().Add(p.s.cfg.UpstreamTimeout))
 	if err != nil {
+		failed.Inc()
 		return nil, err
 	}
 	if status := gen.StatusCode(); status != fasthttp.StatusOK {
 		out, _ := readAll(gen, p.s.cfg.MaxResponseBodyBytes)
 		abortResponse(gen, errTokenIn)
+		failed.Inc()
 		return nil, fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(out), 300))
 	}
-	rs.segment(r, len(c.ids))
+	rs.segment(p.s, r, len(c.ids))
 	return gen, nil
 }
 
@@ -413,13 +420,13 @@ func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBo
 			if err == nil {
 				err = fmt.Errorf("the engine answered HTTP %d: %s", status, truncate(string(gen), 300))
 			}
-			return resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
+			return s.resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
 		}
 		if err != nil || status != fasthttp.StatusOK {
 			return gen, nil, status, err
 		}
 		if len(ids) > 0 {
-			rs.segment(cur, len(ids))
+			rs.segment(s, cur, len(ids))
 		}
 		g, perr := ti.ParseGenerate(gen)
 		if perr != nil || len(g.Choices) == 0 || !rs.parkOn(g.Choices[0].Finish) {
@@ -443,9 +450,10 @@ func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBo
 		prevTI := ti // gen's engine
 		cur, ti, body, left, err = rs.next(s, prompt, ids)
 		if err != nil {
-			return resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
+			return s.resumeFailed(len(ids), err), nil, fasthttp.StatusBadGateway, nil
 		}
 		if left == 0 { // max_tokens all generated: the aborted answer, finished by length
+			s.m.TokenInResumes.WithLabelValues("finished").Inc()
 			out, err := joinGenerate(prevTI, gen, g.Usage, ids[:prevIDs], lps[:prevLps], rs, "length")
 			return out, nil, status, err
 		}
@@ -454,8 +462,9 @@ func (s *Server) tokenInGenerate(r *backends.Upstream, ti engines.TokenIn, genBo
 }
 
 // resumeFailed is the error body of a non-streamed generation whose resume
-// failed after n response ids.
-func resumeFailed(n int, err error) []byte {
+// failed after n response ids; it counts the failure.
+func (s *Server) resumeFailed(n int, err error) []byte {
+	s.m.TokenInResumes.WithLabelValues("failed").Inc()
 	return appendError(nil, fasthttp.StatusBadGateway, errUpstream, fmt.Sprintf("token-in: resuming at response token %d: %v", n, err))
 }
 

@@ -215,6 +215,7 @@ func TestResumeDrill(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	wantResumes(t, addr, map[string]float64{"aborted": agents * cycles, "resumed": agents * cycles, "finished": 0, "failed": 0})
 
 	store := resumeStore(t, db)
 	for i, a := range as {
@@ -296,10 +297,22 @@ func TestResumeCannotContinue(t *testing.T) {
 	if !strings.Contains(errEv, "resuming at response token") || !strings.Contains(errEv, "maximum context length") || !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") {
 		t.Fatalf("the stream's error event %q (want the resume's token index and the engine's context error), then [DONE]:\n%s", errEv, body)
 	}
+	wantResumes(t, addr, map[string]float64{"aborted": 1, "resumed": 0, "finished": 0, "failed": 1})
 	row := tiRows(t, resumeStore(t, db), "short", "a", 1, logs)[0]
 	n := len(row.ResponseTokenIDs)
 	if n == 0 || n >= 150 || !strings.Contains(row.Error, fmt.Sprintf("resuming at response token %d:", n)) || row.PolicyVersions != "" {
 		t.Errorf("row: %d response ids, error %q, policy_versions %q; want the ids before the pause, an error naming token %d, no second segment", n, row.Error, row.PolicyVersions, n)
+	}
+}
+
+// wantResumes checks rollgate_token_in_resumes_total{outcome} on the
+// gateway at addr against want.
+func wantResumes(t *testing.T, addr string, want map[string]float64) {
+	t.Helper()
+	for outcome, n := range want {
+		if got := metricSum(t, addr, `rollgate_token_in_resumes_total{outcome="`+outcome+`"}`); got != n {
+			t.Errorf("rollgate_token_in_resumes_total{outcome=%q} = %v, want %v", outcome, got, n)
+		}
 	}
 }
 
@@ -526,6 +539,7 @@ func TestResumeWhole(t *testing.T) {
 	if msB.Requests() == 0 {
 		t.Fatal("nothing reached the new mock")
 	}
+	wantResumes(t, addr, map[string]float64{"aborted": agents, "resumed": agents, "finished": 0, "failed": 0})
 	store := resumeStore(t, db)
 	for i := range agents {
 		rollout := fmt.Sprintf("whole-%d", i)
