@@ -58,8 +58,9 @@ const TensorFormat = "1"
 // attempt_id, task_id, agent_name, policy_version, token_source (strings),
 // choice_index (numbers), sequence_ids (arrays of numbers: the calls merged
 // into the row), has_logprobs, truncated (response cut at the maximum),
-// trimmed (off-policy TruncTrim) and padding (a BatchMultiple row)
-// (booleans). Padding rows hold PadID everywhere, 0 in every mask and
+// trimmed (off-policy TruncTrim), padding (a BatchMultiple row) and
+// mixed_policy (more than one policy version sampled the response:
+// Sample.MixedPolicy) (booleans). Padding rows hold PadID everywhere, 0 in every mask and
 // float, "" in the strings, [] as sequence_ids, has_logprobs true (they
 // generate no token), padding true. One key is not an array:
 // rollgate_format, the string TensorFormat.
@@ -114,6 +115,7 @@ func Tensors(samples []*Sample, o TensorOptions) ([]safetensors.Tensor, map[stri
 		choice                                      = make([]uint32, b)
 		seqs                                        = make([][]uint64, b)
 		hasLP, truncated, trimmed, padding          = make([]bool, b), make([]bool, b), make([]bool, b), make([]bool, b)
+		mixed                                       = make([]bool, b)
 	)
 	for i := n; i < b; i++ {
 		seqs[i], hasLP[i], padding[i] = []uint64{}, true, true
@@ -146,12 +148,12 @@ func Tensors(samples []*Sample, o TensorOptions) ([]safetensors.Tensor, map[stri
 		if seqs[i] == nil {
 			seqs[i] = []uint64{}
 		}
-		hasLP[i], truncated[i], trimmed[i] = s.HasLogprobs, s.Truncated, s.Trimmed
+		hasLP[i], truncated[i], trimmed[i], mixed[i] = s.HasLogprobs, s.Truncated, s.Trimmed, s.MixedPolicy
 	}
 	md := map[string]string{"rollgate_format": TensorFormat}
 	for k, v := range map[string]any{"uid": uid, "rollout_id": rollout, "attempt_id": attempt, "task_id": task,
 		"agent_name": agent, "policy_version": pv, "token_source": src, "choice_index": choice, "sequence_ids": seqs,
-		"has_logprobs": hasLP, "truncated": truncated, "trimmed": trimmed, "padding": padding} {
+		"has_logprobs": hasLP, "truncated": truncated, "trimmed": trimmed, "padding": padding, "mixed_policy": mixed} {
 		j, err := json.Marshal(v)
 		if err != nil {
 			return nil, nil, st, fmt.Errorf("bridge: metadata %s: %w", k, err)

@@ -16,7 +16,7 @@ func tensorSamples() []*Sample {
 			Logprobs: []float32{-1, 0, -2}, Reward: 2, Advantage: 0.5, HasLogprobs: true, Truncated: true},
 		{RolloutID: "r1", AttemptID: "a1", TaskID: "u", GroupUID: "u", AgentName: "solver", PolicyVersion: "v2", TokenSource: "tokenize",
 			SequenceIDs: []uint64{3}, Prompt: []uint32{4}, Response: []uint32{3}, ResponseMask: []uint8{1},
-			Logprobs: []float32{-3}, Reward: -1, Advantage: -0.5, HasLogprobs: true},
+			Logprobs: []float32{-3}, Reward: -1, Advantage: -0.5, HasLogprobs: true, MixedPolicy: true},
 	}
 }
 
@@ -104,6 +104,7 @@ func TestTensors(t *testing.T) {
 		"truncated":       `[true,false]`,
 		"trimmed":         `[false,false]`,
 		"padding":         `[false,false]`,
+		"mixed_policy":    `[false,true]`,
 		"rollgate_format": TensorFormat,
 	}
 	if len(meta) != len(wantMeta) {
@@ -131,7 +132,7 @@ func checkMetaTypes(t *testing.T, meta map[string]string, rows int) {
 			t.Errorf("metadata %s = %s: %v, want %d strings", k, meta[k], err, rows)
 		}
 	}
-	for _, k := range []string{"has_logprobs", "truncated", "trimmed", "padding"} {
+	for _, k := range []string{"has_logprobs", "truncated", "trimmed", "padding", "mixed_policy"} {
 		var v []bool
 		if err := json.Unmarshal([]byte(meta[k]), &v); err != nil || len(v) != rows {
 			t.Errorf("metadata %s = %s: %v, want %d booleans", k, meta[k], err, rows)
