@@ -155,6 +155,22 @@ type resumeState struct {
 	pend    *capture.Pending
 	segs    []policySegment
 	carried int // response ids generated before the current segment
+	// trace holds the W3C trace context headers (traceparent, tracestate)
+	// of a stream's first generate request: its resumed requests carry
+	// them too, the client's request being gone by then.
+	trace [][2]string
+}
+
+// keepTrace keeps from's trace context headers for the resumed requests.
+func (rs *resumeState) keepTrace(from *fasthttp.Request) {
+	if from == nil {
+		return
+	}
+	for _, h := range [...]string{"traceparent", "tracestate"} {
+		if v := from.Header.Peek(h); len(v) > 0 {
+			rs.trace = append(rs.trace, [2]string{h, string(v)})
+		}
+	}
 }
 
 // newResumeState prepares the generation of call c, started on r, for
@@ -378,7 +394,15 @@ func (p *tokenInPump) resume() (*fasthttp.Response, error) {
 		return nil, p.finishLength()
 	}
 	p.r, p.ti = r, ti
-	gen, err := p.s.startGenerate(r, ti, body, nil, time.Now().Add(p.s.cfg.UpstreamTimeout))
+	var from *fasthttp.Request // the kept trace context, as the first request had it
+	if len(rs.trace) > 0 {
+		from = fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(from)
+		for _, h := range rs.trace {
+			from.Header.Set(h[0], h[1])
+		}
+	}
+	gen, err := p.s.startGenerate(r, ti, body, from, time.Now().Add(p.s.cfg.UpstreamTimeout))
 	if err != nil {
 		failed.Inc()
 		return nil, err

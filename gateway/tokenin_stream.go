@@ -65,6 +65,7 @@ func (s *Server) serveTokenInStream(c *call, r *backends.Upstream, ti engines.To
 	}
 	if rs != nil {
 		rs.genBody = body
+		rs.keepTrace(tc.from)
 	}
 	gen, err := s.startGenerate(r, ti, body, tc.from, tc.deadline)
 	if err != nil {

@@ -101,6 +101,7 @@ type Server struct {
 	lastBody []byte
 	lastPath string
 	lastHdr  fasthttp.RequestHeader
+	genHdr   fasthttp.RequestHeader // the last /inference/v1/generate request's
 	hijacked map[net.Conn]struct{}
 
 	modelsBody  []byte
@@ -258,6 +259,15 @@ func (s *Server) LastHeader(name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return string(s.lastHdr.Peek(name))
+}
+
+// LastGenerateHeader returns the value of header name in the last
+// /inference/v1/generate request received (health checks and other routes
+// in between do not replace it).
+func (s *Server) LastGenerateHeader(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.genHdr.Peek(name))
 }
 
 func (s *Server) record(ctx *fasthttp.RequestCtx) {

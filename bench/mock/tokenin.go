@@ -213,6 +213,9 @@ func containsStr(list []string, s string) bool {
 // generate samples from token ids (token_in_token_out/serving.py
 // serve_tokens; the answer is a GenerateTokensResponse).
 func (s *Server) generate(ctx *fasthttp.RequestCtx, k *knobs) {
+	s.mu.Lock()
+	ctx.Request.Header.CopyTo(&s.genHdr)
+	s.mu.Unlock()
 	p := acquirePlan(s, k)
 	if msg := p.buildGenerate(ctx.PostBody()); msg != "" {
 		p.release()

@@ -316,6 +316,64 @@ func wantResumes(t *testing.T, addr string, want map[string]float64) {
 	}
 }
 
+// TestResumeKeepsTraceContext: a streamed generation resumed after a pause
+// in mode abort goes to the new replica with the trace context
+// (traceparent, tracestate) its first generate request carried, so the
+// engine's spans of both segments join the agent's trace; the client's
+// request is gone by the time of the resume.
+func TestResumeKeepsTraceContext(t *testing.T) {
+	const traceparent, tracestate = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "rojo=00f067aa0ba902b7"
+	msA, urlA := resumeMock(t, 1, 15*time.Millisecond, 0)
+	msB, urlB := resumeMock(t, 2, 15*time.Millisecond, 0)
+	addr, _, logs := resumeGateway(t, urlA, "mock-model")
+	var chunks atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		body := `{"model":"mock-model","messages":[{"role":"user","content":"Tell me the story of traced"}],"max_tokens":150,"stream":true}`
+		req, _ := http.NewRequest("POST", "http://"+addr+"/rollout/traced/attempt/a/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("traceparent", traceparent)
+		req.Header.Set("tracestate", tracestate)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		br := bufio.NewReader(resp.Body)
+		for {
+			line, err := br.ReadBytes('\n')
+			if strings.HasPrefix(string(line), "data: ") {
+				chunks.Add(1)
+			}
+			if err != nil {
+				done <- nil
+				return
+			}
+		}
+	}()
+	testenv.WaitFor(t, 30*time.Second, func() string { return "the stream did not start\n" + logs.String() }, func() bool { return chunks.Load() >= 5 })
+	first := [2]string{msA.LastGenerateHeader("traceparent"), msA.LastGenerateHeader("tracestate")}
+	if first[0] == "" || first[0][3:35] != traceparent[3:35] {
+		t.Fatalf("the first generate request's traceparent %q: not the agent's trace %s", first[0], traceparent[3:35])
+	}
+	resumeAdmin(t, addr, "POST", "/api/v1/pause?mode=abort", "")
+	testenv.WaitFor(t, 30*time.Second, func() string { return "not parked\n" + logs.String() }, func() bool {
+		return resumeAdmin(t, addr, "GET", "/api/v1/backends", "").Get("drain.parked_streams").Int() == 1 && msA.ActiveStreams() == 0
+	})
+	resumeAdmin(t, addr, "PUT", "/api/v1/backends", resumeTable(urlB, "v1"))
+	resumeAdmin(t, addr, "POST", "/api/v1/resume", "")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if msB.RequestsTo(mock.PathGenerate) != 1 {
+		t.Fatalf("%d generate requests reached the new replica, want 1 (the resume)\n%s", msB.RequestsTo(mock.PathGenerate), logs)
+	}
+	if got := [2]string{msB.LastGenerateHeader("traceparent"), msB.LastGenerateHeader("tracestate")}; got != first {
+		t.Errorf("the resumed generate request carried traceparent %q, tracestate %q; the first carried %q, %q", got[0], got[1], first[0], first[1])
+	}
+}
+
 // resumeStore opens the gateway's SQLite database for reading.
 func resumeStore(t *testing.T, db string) *sqlite.Store {
 	t.Helper()
