@@ -386,7 +386,7 @@ func TestClickHouseClusterDDL(t *testing.T) {
 			}
 			for _, n := range on {
 				if err := n.Connect(t).Exec(ctx, stmt); err != nil {
-					t.Fatalf("the upgrade in cluster.sql's header, on %s: %v\n%s", n.Name, err, stmt)
+					t.Fatalf("the upgrade in cluster.sql's header, on %s: %v\n%s\n%s", n.Name, err, stmt, cl.Diagnose())
 				}
 			}
 			alters++

@@ -206,6 +206,7 @@ type Node struct {
 	mu                     sync.Mutex
 	proc                   *Process
 	conn                   driver.Conn // opened once the server answers
+	cluster                *Cluster    // for Exec's failure message
 }
 
 // Addr is the node's native-protocol address.
@@ -238,7 +239,7 @@ func (n *Node) Exec(t testing.TB, statements []string) {
 	conn := n.Connect(t)
 	for _, stmt := range statements {
 		if err := conn.Exec(context.Background(), stmt); err != nil {
-			t.Fatalf("on %s: %v\n%s", n.Name, err, stmt)
+			t.Fatalf("on %s: %v\n%s\n%s", n.Name, err, stmt, n.cluster.Diagnose())
 		}
 	}
 }
@@ -299,6 +300,58 @@ type Cluster struct {
 	Shards [][]*Node
 }
 
+// Diagnose describes every server for a failure message (a DDL ON CLUSTER
+// that timed out, a replica that does not catch up): its replicated tables
+// that are read-only, lost their ZooKeeper session or have entries in
+// their replication queue, and the tail of its error log (where
+// DDLWorker's errors go). A server that does not answer says so; nothing
+// here fails the test.
+func (c *Cluster) Diagnose() string {
+	if c == nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("cluster state:\n")
+	for _, n := range c.Nodes() {
+		fmt.Fprintf(&b, "== %s (%s)\n", n.Name, n.Addr())
+		n.mu.Lock()
+		conn := n.conn
+		n.mu.Unlock()
+		if conn == nil {
+			b.WriteString("   not started\n")
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			rows, err := conn.Query(ctx, "SELECT database, table, is_readonly, is_session_expired, queue_size FROM system.replicas WHERE is_readonly OR is_session_expired OR queue_size > 0")
+			if err != nil {
+				fmt.Fprintf(&b, "   system.replicas: %v\n", err)
+			} else {
+				for rows.Next() {
+					var db, table string
+					var ro, expired uint8
+					var queue uint32
+					if err := rows.Scan(&db, &table, &ro, &expired, &queue); err != nil {
+						fmt.Fprintf(&b, "   system.replicas: %v\n", err)
+						break
+					}
+					fmt.Fprintf(&b, "   %s.%s: read-only %d, session expired %d, queue %d\n", db, table, ro, expired, queue)
+				}
+				rows.Close()
+			}
+			cancel()
+		}
+		b.WriteString(indent(testenv.ClickHouseLogTail(n.Dir), "   "))
+	}
+	return b.String()
+}
+
+// indent prefixes every line of s with p.
+func indent(s, p string) string {
+	if s == "" {
+		return ""
+	}
+	return p + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+p) + "\n"
+}
+
 // Nodes lists every server, shard by shard.
 func (c *Cluster) Nodes() []*Node {
 	var out []*Node
@@ -356,6 +409,7 @@ func Start(t testing.TB, o Options) *Cluster {
 				Dir:         t.TempDir(),
 				at:          at,
 				bin:         bin,
+				cluster:     c,
 			})
 		}
 		c.Shards = append(c.Shards, shard)

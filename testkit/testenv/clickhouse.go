@@ -302,6 +302,11 @@ func PingClickHouse(addr string) error {
 	return conn.Ping(ctx)
 }
 
+// ClickHouseLogTail returns the last lines of the logs of the ClickHouse
+// server whose configuration WriteClickHouseConfig wrote into dir, for
+// failure messages.
+func ClickHouseLogTail(dir string) string { return logTail(dir) }
+
 // logTail returns the last lines of the server's logs, for error messages.
 func logTail(dir string) string {
 	var b strings.Builder
