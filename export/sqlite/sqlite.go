@@ -34,6 +34,14 @@ var schemaSQL string
 // process holding the write lock before failing with SQLITE_BUSY.
 const BusyTimeout = 10 * time.Second
 
+// walAutocheckpoint is the WAL's length in pages (4 KiB) at which a commit
+// copies it into the database (SQLite's default: 1,000). Index pages that
+// several commits touch are copied once per checkpoint, so fewer, longer
+// checkpoints copy less: µs per stored row (BenchmarkWriteBatch, new file /
+// after ROLLGATE_BENCH_PREFILL=300000 rows) 1,000 pages 47 / 51; 4,000 40 /
+// 51; 10,000 40 / 46. The WAL file stays about 40 MiB once it has grown.
+const walAutocheckpoint = 10000
+
 // Store is an export.Store in a SQLite file. It is safe for concurrent use,
 // and several processes may open the same file.
 type Store struct {
@@ -61,7 +69,8 @@ func Open(path string) (*Store, error) {
 	}
 	dsn := "file:" + escapePath(path) +
 		"?_busy_timeout=" + strconv.FormatInt(BusyTimeout.Milliseconds(), 10) +
-		"&_journal_mode=WAL&_synchronous=NORMAL&_txlock=immediate"
+		"&_journal_mode=WAL&_synchronous=NORMAL&_txlock=immediate" +
+		"&_pragma=wal_autocheckpoint(" + strconv.Itoa(walAutocheckpoint) + ")"
 	// Page size and page cache stay SQLite's defaults (4 KiB, 2 MiB), as
 	// measured with BenchmarkWriteBatch (µs per stored row, on a new file /
 	// after ROLLGATE_BENCH_PREFILL=1000000 rows): 4 KiB pages 84 / 146;
