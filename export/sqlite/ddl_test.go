@@ -108,6 +108,10 @@ func TestCallIndexes(t *testing.T) {
 	if len(plan) != 1 || !strings.Contains(plan[0], "USING INDEX llm_calls_by_rollout") {
 		t.Errorf("a call's read plans %q, want a search of llm_calls_by_rollout", plan)
 	}
+	var size int
+	if err := s.DB().QueryRow("PRAGMA page_size").Scan(&size); err != nil || size != pageSize {
+		t.Errorf("page_size = %d, %v; want %d", size, err, pageSize)
+	}
 	var pages int
 	if err := s.DB().QueryRow("PRAGMA wal_autocheckpoint").Scan(&pages); err != nil || pages != walAutocheckpoint {
 		t.Errorf("wal_autocheckpoint = %d, %v; want %d", pages, err, walAutocheckpoint)

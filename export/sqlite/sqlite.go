@@ -34,13 +34,27 @@ var schemaSQL string
 // process holding the write lock before failing with SQLITE_BUSY.
 const BusyTimeout = 10 * time.Second
 
-// walAutocheckpoint is the WAL's length in pages (4 KiB) at which a commit
-// copies it into the database (SQLite's default: 1,000). Index pages that
-// several commits touch are copied once per checkpoint, so fewer, longer
-// checkpoints copy less: µs per stored row (BenchmarkWriteBatch, new file /
-// after ROLLGATE_BENCH_PREFILL=300000 rows) 1,000 pages 47 / 51; 4,000 40 /
-// 51; 10,000 40 / 46. The WAL file stays about 40 MiB once it has grown.
-const walAutocheckpoint = 10000
+// pageSize is a new file's page size; a file keeps the one it was made with
+// (4 KiB before 2026-11-29). A stored call (≈ 8 KB with its bodies and
+// arrays) then takes one page and its overflow, and a commit writes fewer,
+// larger WAL frames; with one random-key index left (llm_calls_by_rollout)
+// the bigger index pages cost less than the frames saved. µs per stored
+// row (BenchmarkWriteBatch, new file / after ROLLGATE_BENCH_PREFILL=1000000
+// rows): 4 KiB 36-39 / 46-47, 16 KiB 31-35 / 41-42, 8 KiB worse than both
+// (45-48 / 49-52 at 300,000); `bench/ab` through the gateway, 32 agents: CPU
+// per call -9 %. (With the three indexes of before, 16 KiB pages were worse
+// at scale: 185 against 146 µs at 10^6 rows.) The page cache stays SQLite's
+// default 2 MiB: a 16 MiB one cost 33 MiB more peak RSS for little.
+const pageSize = 16384
+
+// walAutocheckpoint is the WAL's length in pages (2,500 × 16 KiB = 40 MiB;
+// 10 MiB on a file with 4 KiB pages) at which a commit copies it into the
+// database (SQLite's default: 1,000 pages). Index pages that several
+// commits touch are copied once per checkpoint, so fewer, longer
+// checkpoints copy less: µs per stored row (BenchmarkWriteBatch, 4 KiB
+// pages, new file / after 300,000 rows) 4 MiB 47 / 51; 16 MiB 40 / 51;
+// 40 MiB 40 / 46. The WAL file stays at about that size once it has grown.
+const walAutocheckpoint = 2500
 
 // Store is an export.Store in a SQLite file. It is safe for concurrent use,
 // and several processes may open the same file.
@@ -70,14 +84,8 @@ func Open(path string) (*Store, error) {
 	dsn := "file:" + escapePath(path) +
 		"?_busy_timeout=" + strconv.FormatInt(BusyTimeout.Milliseconds(), 10) +
 		"&_journal_mode=WAL&_synchronous=NORMAL&_txlock=immediate" +
+		"&_pragma=page_size(" + strconv.Itoa(pageSize) + ")" +
 		"&_pragma=wal_autocheckpoint(" + strconv.Itoa(walAutocheckpoint) + ")"
-	// Page size and page cache stay SQLite's defaults (4 KiB, 2 MiB), as
-	// measured with BenchmarkWriteBatch (µs per stored row, on a new file /
-	// after ROLLGATE_BENCH_PREFILL=1000000 rows): 4 KiB pages 84 / 146;
-	// 16 KiB 63 / 185; 64 KiB 46 / 223 (a commit rewrites every index page
-	// it touched, and span, rollout and attempt ids are random, so large
-	// pages multiply those bytes once the indexes are large); a 16 MiB cache
-	// 84 / 136, but 33 MiB more peak RSS in the gateway.
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
