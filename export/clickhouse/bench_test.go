@@ -5,37 +5,54 @@ import (
 	"testing"
 
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 
 	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/storetest"
 )
 
-// BenchmarkEncodeCalls measures turning 100 calls into a Native block (the
-// conversion path of both insert modes) without a server.
+// BenchmarkEncodeCalls measures turning 1,000 calls (the capture
+// pipeline's batch under load) into a Native block, the conversion path of
+// both insert modes, without a server: in a new external table each time,
+// and in one reused as insertExternal reuses them (takeTable, giveTable).
 func BenchmarkEncodeCalls(b *testing.B) {
-	calls := make([]export.Call, 100)
+	calls := make([]export.Call, 1000)
 	for i := range calls {
 		calls[i] = storetest.FullCall("r", "a", uint64(i+1), 0)
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		cols := export.CallTable.Info()
-		defs := make([]func(*ext.Table) error, len(cols))
-		for i, c := range cols {
-			defs[i] = ext.Column(c.Name, column.Type(c.ClickHouseType()))
-		}
-		tbl, err := ext.NewTable(externalTable, defs...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var vals []any
-		for i := range calls {
-			vals = appendValues(vals[:0], export.CallTable.Columns, &calls[i])
-			if err := tbl.Append(vals...); err != nil {
-				b.Fatal(err)
+	cols := export.CallTable.Info()
+	list := names(cols)
+	for _, reuse := range []bool{false, true} {
+		b.Run(map[bool]string{false: "new", true: "reused"}[reuse], func(b *testing.B) {
+			var s Store
+			b.ReportAllocs()
+			for b.Loop() {
+				var (
+					tbl *ext.Table
+					err error
+				)
+				if reuse {
+					tbl, err = s.takeTable(list, cols)
+				} else {
+					tbl, err = newExternalTable(cols)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				var vals []any
+				for i := range calls {
+					vals = appendValues(vals[:0], export.CallTable.Columns, &calls[i])
+					if err := tbl.Append(vals...); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if got := tbl.Block().Rows(); got != len(calls) {
+					b.Fatalf("block has %d rows, want %d", got, len(calls))
+				}
+				if reuse {
+					s.giveTable(list, tbl)
+				}
 			}
-		}
+		})
 	}
 }
 

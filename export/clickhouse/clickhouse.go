@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -83,6 +84,9 @@ type Store struct {
 	// textReads is set by Options.TextReads or after the native reader
 	// failed at the protocol level: llm_calls are then read as text.
 	textReads atomic.Bool
+	// tables holds, per column list, a sync.Pool of the external tables
+	// of finished inserts (InsertExternal), reused with their buffers.
+	tables sync.Map
 }
 
 var _ export.Store = (*Store)(nil)

@@ -3,6 +3,7 @@ package clickhouse
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
@@ -87,21 +88,54 @@ func (s *Store) insertBatch(ctx context.Context, table string, cols []export.Col
 // insertExternal sends the rows as the Native external table rollgate_rows
 // and copies them with INSERT ... SELECT.
 func (s *Store) insertExternal(ctx context.Context, table string, cols []export.ColumnInfo, rows rowSource) error {
+	list := names(cols)
+	tbl, err := s.takeTable(list, cols)
+	if err != nil {
+		return err
+	}
+	if err := rows(func(v []any) error { return tbl.Append(v...) }); err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	query := "INSERT INTO " + quoteIdent(table) + " (" + list + ") SELECT " + list + " FROM " + externalTable
+	if err := s.conn.Exec(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), query); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	s.giveTable(list, tbl)
+	return nil
+}
+
+// takeTable returns an empty external table with the columns cols (named
+// list): one a finished insert gave back, whose column buffers keep their
+// size, or a new one. Building a 1,000-call block in new buffers copied
+// each column's bytes again at every doubling of its buffer.
+func (s *Store) takeTable(list string, cols []export.ColumnInfo) (*ext.Table, error) {
+	if p, ok := s.tables.Load(list); ok {
+		if t, _ := p.(*sync.Pool).Get().(*ext.Table); t != nil {
+			t.Block().Reset()
+			return t, nil
+		}
+	}
+	return newExternalTable(cols)
+}
+
+// giveTable keeps tbl, whose insert was sent, for the next insert of the
+// same columns. The pool lets go of it at the GC after next if no insert
+// takes it, so an idle gateway does not keep a batch's buffers.
+func (s *Store) giveTable(list string, tbl *ext.Table) {
+	p, _ := s.tables.LoadOrStore(list, &sync.Pool{})
+	p.(*sync.Pool).Put(tbl)
+}
+
+// newExternalTable is an empty external table (externalTable) with the
+// columns cols.
+func newExternalTable(cols []export.ColumnInfo) (*ext.Table, error) {
 	defs := make([]func(*ext.Table) error, len(cols))
 	for i, c := range cols {
 		defs[i] = ext.Column(c.Name, column.Type(c.ClickHouseType()))
 	}
 	tbl, err := ext.NewTable(externalTable, defs...)
 	if err != nil {
-		return fmt.Errorf("external table: %w", err)
+		return nil, fmt.Errorf("external table: %w", err)
 	}
-	if err := rows(func(v []any) error { return tbl.Append(v...) }); err != nil {
-		return fmt.Errorf("append: %w", err)
-	}
-	list := names(cols)
-	query := "INSERT INTO " + quoteIdent(table) + " (" + list + ") SELECT " + list + " FROM " + externalTable
-	if err := s.conn.Exec(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), query); err != nil {
-		return fmt.Errorf("send: %w", err)
-	}
-	return nil
+	return tbl, nil
 }
