@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -208,4 +209,34 @@ func BenchmarkValid(b *testing.B) {
 			b.Fatal("not valid")
 		}
 	}
+}
+
+// FuzzSkipString: SkipString agrees with a byte-by-byte reference (a
+// backslash escapes the byte after it) from every quote of the input.
+func FuzzSkipString(f *testing.F) {
+	for _, s := range []string{`"a"`, `"abc\"def"`, `"0123456789abcde\"x"`, `"0123456789abcdef\\"`,
+		`"0123456789abcde\`, `"0123456789abcdefghij\\\"k"`, `"\\\\\\\\\\\\\\\\\\"`, `"` + strings.Repeat("x", 40) + `"`} {
+		f.Add([]byte(s))
+	}
+	ref := func(b []byte, i int) int {
+		for j := i + 1; j < len(b); j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				return j + 1
+			}
+		}
+		return -1
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for i := range b {
+			if b[i] != '"' {
+				continue
+			}
+			if got, want := SkipString(b, i), ref(b, i); got != want {
+				t.Fatalf("SkipString(%q, %d) = %d, want %d", b, i, got, want)
+			}
+		}
+	})
 }
