@@ -115,7 +115,16 @@ func TestDrillEnginePartitionedMidStream(t *testing.T) {
 		cut = 30 * time.Second
 	}
 	const idle = 3 * time.Second // newCluster's --idle-timeout
-	c := newClusterWith(t, 3, 4, clusterOptions{engineArgs: []string{"--itl", "250ms", "--max-tokens", "8"}})
+	// Least-outstanding routing, not the default rollout-affine one: the
+	// affine homes of the 12 rollouts hash the replicas' URLs, whose
+	// addresses come from the test's pid (testkit/netns), so in about one run
+	// in six engine 0 was home to at most one rollout and the wait below for
+	// streams on it timed out (CI, 2026-11-29). Spread evenly, every replica
+	// carries about 3 of the 12 streams whatever the addresses.
+	c := newClusterWith(t, 3, 4, clusterOptions{
+		engineArgs:  []string{"--itl", "250ms", "--max-tokens", "8"},
+		gatewayArgs: func(int) []string { return []string{"--routing", "least_outstanding"} },
+	})
 	victim := c.engines[0]
 	load := c.runAgents(12, func(a, turn int) int { return a % 3 })
 	inflight := c.watchInFlight("e0")
