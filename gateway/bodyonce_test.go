@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -37,7 +38,7 @@ func liveHeap() uint64 {
 // as the stream too: ≈ 2.3 bodies.
 func TestStreamHoldsOneCopyOfTheRequest(t *testing.T) {
 	const streams, bodyBytes = 32, 200 << 10
-	var open atomic.Int64
+	var open, started atomic.Int64
 	release := make(chan struct{})
 	engine := &fasthttp.Server{ReduceMemoryUsage: true, MaxRequestBodySize: 1 << 20, Handler: func(ctx *fasthttp.RequestCtx) {
 		ctx.Request.ResetBody()
@@ -81,14 +82,25 @@ func TestStreamHoldsOneCopyOfTheRequest(t *testing.T) {
 			buf := make([]byte, 512)
 			if n, err := resp.Body.Read(buf); resp.StatusCode != 200 || err != nil {
 				errs <- fmt.Errorf("status %d, %v: %s", resp.StatusCode, err, buf[:n])
+				return
+			}
+			// The stream stays open, read to its end: a client hanging up
+			// here would end its stream and have its row built while the
+			// heap is measured.
+			started.Add(1)
+			if rest, err := io.ReadAll(resp.Body); err != nil || !strings.Contains(string(rest), "[DONE]") {
+				errs <- fmt.Errorf("the rest of the stream: %v: %q", err, rest)
 			}
 		}()
 	}
-	waitFor(t, "32 streams open at the engine", func() bool {
+	// Every stream open at the engine and its first chunk at the client:
+	// the gateway is past the call's set-up (the client's body released,
+	// the upstream request back in its pool), holding only the stream.
+	waitFor(t, "32 streams open at the engine and at their clients", func() bool {
 		if len(errs) > 0 {
 			t.Fatal(<-errs)
 		}
-		return open.Load() == streams
+		return open.Load() == streams && started.Load() == streams
 	})
 	held := liveHeap()
 	close(release)
