@@ -55,6 +55,11 @@ type Config struct {
 	Rate float64
 	// Requests caps the number of open-loop calls (0 = until Duration).
 	Requests int
+	// OpenTurns is how many consecutive open-loop calls share a rollout (as
+	// its turns 1..OpenTurns, each call's own message). Default 1: every call
+	// starts a rollout, so every call is an attempt's first and reserves the
+	// attempt's sequence ids, as in single-turn RL (one answer per task).
+	OpenTurns int
 	// MaxInFlight bounds open-loop calls in flight; a call that would exceed
 	// it is counted as an error ("overload") instead of sent. Default 4096.
 	MaxInFlight int
@@ -119,6 +124,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Rate <= 0 {
 		c.Rate = 100
+	}
+	if c.OpenTurns <= 0 {
+		c.OpenTurns = 1
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 4096
@@ -274,7 +282,7 @@ func runOpen(ctx context.Context, cfg *Config) []Call {
 		if ctx.Err() != nil {
 			break
 		}
-		rollout := fmt.Sprintf("%s-o%d", cfg.RunID, i+1)
+		rollout := fmt.Sprintf("%s-o%d", cfg.RunID, i/cfg.OpenTurns+1)
 		if inFlight.Add(1) > int64(cfg.MaxInFlight) {
 			inFlight.Add(-1)
 			mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -103,6 +104,7 @@ func testRunThroughGateway(t *testing.T, s *stack) {
 		{"closed streaming", load.Config{Agents: 4, Turns: 3, Rollouts: 4, ToolEvery: 2, Stream: true}},
 		{"closed streaming with usage", load.Config{Agents: 2, Turns: 2, Rollouts: 2, Stream: true, IncludeUsage: true}},
 		{"open streaming", load.Config{Mode: load.ModeOpen, Rate: 500, Requests: 12, Stream: true, ToolEvery: 3}},
+		{"open streaming, 4 calls per rollout", load.Config{Mode: load.ModeOpen, Rate: 500, Requests: 12, Stream: true, ToolEvery: 3, OpenTurns: 4}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,6 +136,29 @@ func testRunThroughGateway(t *testing.T, s *stack) {
 			}
 			if cfg.Stream && rep.TTFT.N != wantCalls {
 				t.Errorf("ttft samples: %d, want %d", rep.TTFT.N, wantCalls)
+			}
+			// Open: each rollout's calls have the sequence ids 1..OpenTurns
+			// (in any order: calls due 2 ms apart may arrive out of order).
+			if cfg.Mode == load.ModeOpen {
+				ids := map[string][]string{}
+				for _, c := range res.Calls {
+					ids[c.RolloutID] = append(ids[c.RolloutID], c.SequenceID)
+				}
+				perRollout := max(cfg.OpenTurns, 1)
+				if len(ids) != cfg.Requests/perRollout {
+					t.Errorf("%d rollouts, want %d", len(ids), cfg.Requests/perRollout)
+				}
+				for r, got := range ids {
+					slices.Sort(got)
+					want := make([]string, perRollout)
+					for i := range want {
+						want[i] = itoa(i + 1)
+					}
+					slices.Sort(want) // as strings, as got
+					if !slices.Equal(got, want) {
+						t.Errorf("rollout %s: sequence ids %v, want %v", r, got, want)
+					}
+				}
 			}
 			for _, c := range res.Calls {
 				if c.RequestID == "" || c.SequenceID == "" {

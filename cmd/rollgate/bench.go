@@ -58,6 +58,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Duration, "duration", 0, "stop starting calls after this long (0 = until --rollouts / --requests)")
 	fs.Float64Var(&cfg.Rate, "rate", 100, "open loop: calls per second")
 	fs.IntVar(&cfg.Requests, "requests", 0, "open loop: stop after this many calls (0 = until --duration)")
+	fs.IntVar(&cfg.OpenTurns, "open-turns", 1, "open loop: consecutive calls that share a rollout (1 = every call starts a rollout and reserves its sequence ids)")
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", 4096, "open loop: calls in flight beyond this are counted as errors, not sent")
 	fs.BoolVar(&cfg.Stream, "stream", false, "streaming calls")
 	fs.BoolVar(&cfg.IncludeUsage, "include-usage", false, "ask for the usage chunk of streams")
@@ -249,6 +250,9 @@ func defaultScenario(c *load.Config) string {
 		kind = "sse"
 	}
 	if c.Mode == load.ModeOpen {
+		if c.OpenTurns > 1 {
+			return fmt.Sprintf("open %s %.0f/s %d/rollout", kind, c.Rate, c.OpenTurns)
+		}
 		return fmt.Sprintf("open %s %.0f/s", kind, c.Rate)
 	}
 	return fmt.Sprintf("%s %dx%d", kind, c.Agents, c.Turns)
