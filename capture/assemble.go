@@ -205,6 +205,21 @@ func (a *Assembler) Reset(endpoint openai.Endpoint) {
 	a.res = Assembled{Choices: a.res.Choices[:0], Model: keepModel}
 }
 
+// release lets go of what the last call's rows may still reference: the
+// assembled body and the messages and views into it. Strings are never
+// reused, so keeping them in a pooled Assembler until its next call's first
+// chunk only pins a finished call's answer (a few KiB per pooled Pending,
+// 4 MB of live heap under 1,024 open streams); the buffers are kept.
+func (a *Assembler) release() {
+	a.bodyStr = ""
+	for i := range a.choices {
+		a.choices[i].view, a.choices[i].msgStr = nil, ""
+	}
+	clear(a.res.Choices[:cap(a.res.Choices)])
+	a.res.Choices = a.res.Choices[:0]
+	a.res.ResponseBody, a.res.PromptTokenIDs, a.res.body = nil, nil, ""
+}
+
 // footprint is roughly the bytes the Assembler's buffers hold (their
 // capacities), for a pool deciding whether to keep it.
 func (a *Assembler) footprint() int {

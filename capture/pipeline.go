@@ -152,6 +152,7 @@ func (p *Pending) reset() {
 	p.raw, p.rawEnds = p.raw[:0], p.rawEnds[:0]
 	p.wal = walRef{}
 	p.rows = nil
+	p.asm.release()
 }
 
 // AddEvent records the data payload of one streamed SSE event. Set Endpoint
