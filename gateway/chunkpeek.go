@@ -190,3 +190,10 @@ func (p chunkPeek) ready() bool {
 	}
 	return len(b) >= eol+2+size+2
 }
+
+// endBuffered reports whether the body's end, the last chunk without
+// trailers ("0\r\n\r\n"), is what is buffered next: the next Read returns
+// io.EOF without reading the socket.
+func (p chunkPeek) endBuffered() bool {
+	return p.left.Int() == 0 && bytes.HasPrefix(p.buffered(), []byte(chunkedEnd))
+}

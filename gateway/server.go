@@ -175,7 +175,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		return nil
 	}
-	if err := s.srv.Serve(ln); err != nil {
+	// Plain connections are wrapped so that a stream's end leaves with its
+	// last chunk (clientConn).
+	if err := s.srv.Serve(clientListener{ln}); err != nil {
 		return fmt.Errorf("gateway: serving on %s: %w", ln.Addr(), err)
 	}
 	return nil

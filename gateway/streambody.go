@@ -58,11 +58,12 @@ type streamBody struct {
 	rerr     error // backend read error other than io.EOF
 	closed   bool
 	bodyRdr  bytes.Reader
-	done     bool      // the backend sent data: [DONE]
-	errEvent bool      // the backend sent an error event
-	respEnd  bool      // the backend sent a Responses stream's last event (see isResponseEnd)
-	conn     net.Conn  // the client connection, for write deadlines
-	deadline time.Time // when the write deadline was last moved
+	done     bool        // the backend sent data: [DONE]
+	errEvent bool        // the backend sent an error event
+	respEnd  bool        // the backend sent a Responses stream's last event (see isResponseEnd)
+	conn     net.Conn    // the client connection, for write deadlines
+	cc       *clientConn // conn, when the stream's end can leave with its last chunk (see clientConn)
+	deadline time.Time   // when the write deadline was last moved
 }
 
 // maxBurstRead bounds the backend read buffer a burst grows it to (see fill).
@@ -129,6 +130,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.fp.reset(inj&rewrite.IncludeUsage != 0 && (c.endpoint == openai.ChatCompletions || c.endpoint == openai.Completions) && r != nil && engines.InjectOf(r.Kind()).UsageFingerprint)
 	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
+	b.cc, _ = conn.(*clientConn)
 	b.upstream = resp.BodyStream()
 	b.peek, b.peekOK = peekerOf(resp, b.upstream)
 	if b.upstream == nil {
@@ -173,6 +175,9 @@ func (b *streamBody) Read(p []byte) (n int, err error) {
 		}
 	}
 	n = copy(p, b.out[b.off:])
+	if b.eof && b.off+n == len(b.out) && b.cc != nil {
+		b.cc.endAfter(n, !b.flushed) // the stream's last bytes: its end leaves with them
+	}
 	b.off += n
 	b.flushed = true
 	return n, nil
@@ -201,7 +206,13 @@ func (b *streamBody) writeChunk() error {
 	copy(b.out[start:], size)
 	b.out[b.off-2], b.out[b.off-1] = '\r', '\n'
 	b.out = append(b.out, '\r', '\n')
-	_, err := b.conn.Write(b.out[start:])
+	var err error
+	if b.eof && b.cc != nil { // the stream's last chunk: with the body's end
+		b.out = append(b.out, chunkedEnd...)
+		err = b.cc.writeEnd(b.out[start:])
+	} else {
+		_, err = b.conn.Write(b.out[start:])
+	}
 	b.off = len(b.out)
 	return err
 }
@@ -276,6 +287,14 @@ func (b *streamBody) readBurst() (n int, err error) {
 			b.in = append(b.in, make([]byte, len(b.in))...)
 			b.in = b.in[:cap(b.in)]
 		}
+		var m int
+		m, err = b.upstream.Read(b.in[n:])
+		n += m
+	}
+	if err == nil && b.peekOK && n < len(b.in) && b.peek.endBuffered() {
+		// The body's end came with these bytes: read it now (it returns
+		// io.EOF without waiting), so that the stream's last bytes are known
+		// to be last and leave with the end (see clientConn).
 		var m int
 		m, err = b.upstream.Read(b.in[n:])
 		n += m
@@ -455,7 +474,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.release(b.r)
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
-	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
+	b.s, b.resp, b.r, b.upstream, b.c, b.conn, b.cc = nil, nil, nil, nil, call{}, nil, nil
 	b.peek, b.peekOK = chunkPeek{}, false
 	b.bodyRdr.Reset(nil)
 	b.putOut()

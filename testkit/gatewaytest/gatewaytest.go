@@ -131,16 +131,23 @@ func NewEnv(t *testing.T, store export.Store, mutate func(*gateway.Config)) *Env
 // another flavour: SGLang, llama.cpp).
 func NewEnvWith(t *testing.T, store export.Store, mc mock.Config, mutate func(*gateway.Config)) *Env {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewEnvOn(t, ln, store, mc, mutate)
+}
+
+// NewEnvOn is NewEnvWith with the gateway serving on ln (a test's own
+// listener, for example one that records what the gateway writes).
+func NewEnvOn(t *testing.T, ln net.Listener, store export.Store, mc mock.Config, mutate func(*gateway.Config)) *Env {
+	t.Helper()
 	ms, base, err := mock.Start(mc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ms.Shutdown() })
 	e := &Env{T: t, Mock: ms, MockURL: base, Store: store, M: metrics.New()}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := gateway.Config{
 		Listen:          ln.Addr().String(),
 		UpstreamTimeout: 20 * time.Second,

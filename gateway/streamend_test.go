@@ -1,0 +1,243 @@
+package gateway_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/export/sqlite"
+	"github.com/rollgate/rollgate/gateway"
+	"github.com/rollgate/rollgate/testkit/gatewaytest"
+)
+
+// recordingListener records every write the gateway makes to each client
+// connection (what reaches the socket, one entry per write).
+type recordingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []*recordingConn
+}
+
+type recordingConn struct {
+	net.Conn
+	mu     sync.Mutex
+	writes [][]byte
+}
+
+func (l *recordingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	rc := &recordingConn{Conn: c}
+	l.mu.Lock()
+	l.conns = append(l.conns, rc)
+	l.mu.Unlock()
+	return rc, nil
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.writes = append(c.writes, bytes.Clone(p))
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// taken returns the writes recorded since the last call.
+func (c *recordingConn) taken() [][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.writes
+	c.writes = nil
+	return w
+}
+
+// only returns the one connection the gateway accepted.
+func (l *recordingListener) only(t *testing.T) *recordingConn {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.conns) != 1 {
+		t.Fatalf("%d client connections accepted, want 1", len(l.conns))
+	}
+	return l.conns[0]
+}
+
+// streamEndEnv starts a gateway on a recording listener, in front of url (a
+// test backend) or, when url is "", of the mock configured by mc, with a
+// backend read buffer of readBuffer bytes (0: the default).
+func streamEndEnv(t *testing.T, url string, mc mock.Config, readBuffer int) (*gatewaytest.Env, *recordingListener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &recordingListener{Listener: ln}
+	store, err := sqlite.Open(t.TempDir() + "/end.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	e := gatewaytest.NewEnvOn(t, rl, store, mc, func(c *gateway.Config) {
+		if url != "" {
+			c.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "b", URL: url, Kind: "openai"}}}}
+		}
+		c.BackendReadBuffer = readBuffer
+	})
+	return e, rl
+}
+
+// rawResponse reads one HTTP response from br and returns its bytes as
+// they came (status line to the end of the chunked body) and its body.
+func rawResponse(t *testing.T, br *bufio.Reader) (raw []byte, body string, res *http.Response) {
+	t.Helper()
+	var rec bytes.Buffer
+	res, err := http.ReadResponse(bufio.NewReader(io.TeeReader(br, &rec)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("reading the streamed body: %v (got %q)", err, b)
+	}
+	return rec.Bytes(), string(b), res
+}
+
+// TestStreamEndsInOneWrite: a streamed response's last chunk, the
+// terminating chunk and the empty trailer leave the gateway in one write
+// (fasthttp alone writes them in three, the last only after the call's
+// capture bookkeeping). When the whole answer reached the gateway in one
+// read, the response is one write, headers included. The connection stays
+// usable: the bytes the client read are exactly the bytes written, response
+// after response on one keep-alive connection, each call captured whole.
+func TestStreamEndsInOneWrite(t *testing.T) {
+	const n = 20
+	e, rl := streamEndEnv(t, burstBackend(t, n), mock.Config{}, 0)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for round := range 4 {
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		raw, got, res := rawResponse(t, br)
+		if res.StatusCode != 200 || strings.Count(got, "data: ") != n+2 || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+			t.Fatalf("round %d: status %d, body:\n%s", round, res.StatusCode, got)
+		}
+		writes := rl.only(t).taken()
+		if joined := bytes.Join(writes, nil); !bytes.Equal(joined, raw) {
+			t.Fatalf("round %d: the client read %d bytes, the gateway wrote %d:\nread  %q\nwrote %q", round, len(raw), len(joined), raw, joined)
+		}
+		if len(writes) != 1 || !bytes.HasSuffix(writes[0], []byte("data: [DONE]\n\n\r\n0\r\n\r\n")) {
+			t.Fatalf("round %d: a stream that reached the gateway in one read was written in %d writes: %q", round, len(writes), writes)
+		}
+		rows := e.WaitCalls(res.Header.Get("x-request-id"), 1)
+		if !strings.Contains(rows[0].ResponseMessage, "t0 t1 ") || rows[0].FinishReason != "stop" || rows[0].Error != "" {
+			t.Fatalf("round %d: captured %q finish %q error %q", round, rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
+		}
+	}
+}
+
+// TestStreamEndLeavesWithLastEvent: tokens that arrive one by one leave one
+// by one, and the stream's end leaves with its last event ([DONE]), never
+// as writes of its own; two requests sent together on one connection
+// (pipelined) get both their answers whole, in order.
+func TestStreamEndLeavesWithLastEvent(t *testing.T) {
+	e, rl := streamEndEnv(t, "", mock.Config{MaxTokens: 6, ITL: 3 * time.Millisecond}, 0)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	req := func(i int) string {
+		body := fmt.Sprintf(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi %d"}]}`, i)
+		return fmt.Sprintf("POST /rollout/end-%d/attempt/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", i, len(body), body)
+	}
+	check := func(what string, raw []byte, got string, writes [][]byte) {
+		t.Helper()
+		if strings.Count(got, "data: ") < 6 || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+			t.Fatalf("%s: body:\n%s", what, got)
+		}
+		if joined := bytes.Join(writes, nil); !bytes.Equal(joined, raw) {
+			t.Fatalf("%s: the client read %d bytes, the gateway wrote %d:\nread  %q\nwrote %q", what, len(raw), len(joined), raw, joined)
+		}
+		if len(writes) < 3 {
+			t.Fatalf("%s: tokens 3 ms apart written in %d writes, want one per token", what, len(writes))
+		}
+		last := writes[len(writes)-1]
+		if !bytes.HasSuffix(last, []byte("data: [DONE]\n\n\r\n0\r\n\r\n")) {
+			t.Fatalf("%s: the last write is %q, not the last event with the body's end", what, last)
+		}
+		for _, w := range writes {
+			if s := string(w); s == "0\r\n" || s == "\r\n" || s == "0\r\n\r\n" {
+				t.Fatalf("%s: the body's end written on its own: %q", what, writes)
+			}
+		}
+	}
+	for i := range 2 {
+		fmt.Fprint(conn, req(i))
+		raw, got, _ := rawResponse(t, br)
+		check(fmt.Sprintf("call %d", i), raw, got, rl.only(t).taken())
+	}
+	// Pipelined: both requests in one write.
+	fmt.Fprint(conn, req(2)+req(3))
+	raw2, got2, _ := rawResponse(t, br)
+	raw3, got3, _ := rawResponse(t, br)
+	if !strings.Contains(got2, "data: [DONE]") || !strings.Contains(got3, "data: [DONE]") {
+		t.Fatalf("pipelined answers:\n%s\n---\n%s", got2, got3)
+	}
+	writes := rl.only(t).taken()
+	if joined, raw := bytes.Join(writes, nil), append(raw2, raw3...); !bytes.Equal(joined, raw) {
+		t.Fatalf("pipelined: the client read %d bytes, the gateway wrote %d:\nread  %q\nwrote %q", len(raw), len(joined), raw, joined)
+	}
+}
+
+// TestLateBurstEndsWithItsLastChunk: when the end comes in a burst larger
+// than fasthttp's copy buffer (written by the gateway itself, see
+// streamBody.writeChunk; a 64 KiB backend read buffer takes the whole
+// burst at once), the body's end is in that burst's write too.
+func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
+	next := make(chan struct{})
+	e, rl := streamEndEnv(t, lateBurstBackend(t, 300, next), mock.Config{}, 64<<10)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	var rec bytes.Buffer
+	br := bufio.NewReader(io.TeeReader(conn, &rec))
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(res.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	close(next) // the burst follows the first event
+	rest, err := io.ReadAll(res.Body)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || strings.Count(string(rest), "data: ") != 302 {
+		t.Fatalf("err %v, body ends %q", err, rest[max(0, len(rest)-200):])
+	}
+	writes := rl.only(t).taken()
+	if joined := bytes.Join(writes, nil); !bytes.Equal(joined, rec.Bytes()[:len(joined)]) || len(joined) != rec.Len()-br.Buffered() {
+		t.Fatalf("the client read %d bytes, the gateway wrote %d", rec.Len()-br.Buffered(), len(joined))
+	}
+	last := writes[len(writes)-1]
+	if len(last) <= 4096 || !bytes.HasSuffix(last, []byte("data: [DONE]\n\n\r\n0\r\n\r\n")) {
+		t.Fatalf("the burst's last write (%d bytes) ends %q: want more than 4 KiB ending with the body's end", len(last), last[max(0, len(last)-40):])
+	}
+}
