@@ -9,10 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"unsafe"
 	"weak"
 
 	"github.com/rollgate/rollgate/export"
+	"github.com/rollgate/rollgate/internal/jsonscan"
 	"github.com/rollgate/rollgate/internal/openai"
 	"github.com/rollgate/rollgate/tokenize/fallback"
 )
@@ -368,7 +368,7 @@ func TestPendingResetLetsGoOfTheAssembledBody(t *testing.T) {
 	if len(rows) != 1 || !strings.Contains(rows[0].ResponseBody, `"logprobs"`) || p.asm.bodyStr == "" {
 		t.Fatalf("no body assembled from the stream: rows %+v", rows)
 	}
-	body := weak.Make(unsafe.StringData(p.asm.bodyStr))
+	body := weak.Make(&jsonscan.Bytes(p.asm.bodyStr)[0]) // the body's first byte: its allocation
 	rows = nil
 	p.reset() // what releasePending does before pooling
 	for range 3 {

@@ -95,6 +95,9 @@ func (c *clientConn) writeEnd(p []byte) error {
 	if err := c.sendHeldLocked(); err != nil {
 		return err
 	}
+	if c.hungUp() {
+		return errClientHungUp
+	}
 	if _, err := c.Conn.Write(p); err != nil {
 		return err
 	}
@@ -126,7 +129,11 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	if !c.holding {
 		return c.Conn.Write(p)
 	}
-	if string(p) == lastChunk && c.heldLastChunk() {
+	if string(p) == lastChunk && heldLastChunk(c.held, c.last, c.headed) {
+		if c.hungUp() {
+			c.putHeld()
+			return 0, errClientHungUp
+		}
 		c.held = append(c.held, chunkedEnd...)
 		_, err := c.Conn.Write(c.held)
 		c.putHeld()
@@ -136,7 +143,10 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		c.drop = emptyTrailer
 		return len(p), nil
 	}
-	if len(c.held)+len(p) <= maxHeld {
+	// More of the last chunk (a full write buffer cut it; its tail may
+	// read "0\r\n"), as long as it fits what that chunk can be; anything
+	// else is not the end expected: everything goes as it came.
+	if n := len(c.held) + len(p); n <= c.most() && (string(p) != lastChunk || heldLastChunk(append(c.held, p...), c.last, c.headed)) {
 		c.held = append(c.held, p...)
 		return len(p), nil
 	}
@@ -146,22 +156,53 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// heldLastChunk reports whether what is held is the whole last chunk (its
-// size line, c.last bytes and CRLF), after the headers (ending with a blank
-// line) when they come first. A "0\r\n" written before that is the chunk's
+// maxHeaders bounds the response headers a held last chunk may come after.
+const maxHeaders = 16 << 10
+
+// most is the longest the last chunk (with its size line and CRLFs, after
+// the headers when they come first) can be.
+func (c *clientConn) most() int {
+	n := c.last + 2 + 16 + 2
+	if c.headed {
+		n += maxHeaders
+	}
+	return min(n, maxHeld)
+}
+
+// errClientHungUp is a stream's last write refused because the client had
+// closed its side of the connection: it could not get the response's end.
+var errClientHungUp = errors.New("gateway: the client closed the connection before the stream's end was written")
+
+// hungUp reports whether the client has closed or reset the connection (a
+// non-blocking peek). A stream's last chunk and end go in one write, which
+// a socket whose peer has closed still accepts: without this, a client
+// that gave up before the stream's only write (its tokens all came at
+// once, late) would be counted as answered.
+func (c *clientConn) hungUp() bool {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	return err == nil && peerClosed(raw)
+}
+
+// heldLastChunk reports whether held is the whole last chunk (its size
+// line, n bytes and CRLF), after the headers (ending with a blank line)
+// when they come first (headed). A "0\r\n" written before that is the chunk's
 // own tail, split off by a full write buffer (its data ends with "0"): what
 // is held then is 3 bytes short, and neither a chunk alone (too short) nor
 // headers and a chunk (the size line would start right after "\r\n\r\n",
 // 3 bytes back, which is inside that blank line).
-func (c *clientConn) heldLastChunk() bool {
+func heldLastChunk(held []byte, n int, headed bool) bool {
 	var hex [16]byte
-	size := strconv.AppendInt(hex[:0], int64(c.last), 16)
-	at := len(c.held) - c.last - 2 - len(size) - 2
-	if at < 0 || c.headed && (at < 4 || string(c.held[at-4:at]) != "\r\n\r\n") || !c.headed && at != 0 {
+	size := strconv.AppendInt(hex[:0], int64(n), 16)
+	at := len(held) - n - 2 - len(size) - 2
+	if at < 0 || headed && (at < 4 || string(held[at-4:at]) != "\r\n\r\n") || !headed && at != 0 {
 		return false
 	}
-	return string(c.held[at:at+len(size)]) == string(size) &&
-		string(c.held[at+len(size):at+len(size)+2]) == "\r\n" && string(c.held[len(c.held)-2:]) == "\r\n"
+	return string(held[at:at+len(size)]) == string(size) &&
+		string(held[at+len(size):at+len(size)+2]) == "\r\n" && string(held[len(held)-2:]) == "\r\n"
 }
 
 // sendHeldLocked sends what is held as it is and stops holding.

@@ -15,3 +15,6 @@ const peekSupported = false
 func waitHangup(syscall.RawConn) (bool, error) {
 	return false, errors.ErrUnsupported
 }
+
+// peerClosed cannot tell where peeking is not supported.
+func peerClosed(syscall.RawConn) bool { return false }

@@ -38,3 +38,24 @@ func waitHangup(raw syscall.RawConn) (bool, error) {
 	})
 	return gone, err
 }
+
+// peerClosed reports, without waiting and without consuming anything,
+// whether the peer of raw has closed or reset the connection.
+func peerClosed(raw syscall.RawConn) bool {
+	var (
+		buf  [1]byte
+		gone bool
+	)
+	// Control, not Read: a read deadline that has passed must not hide it.
+	raw.Control(func(fd uintptr) { //nolint:errcheck // an error leaves gone false: not known to be gone
+		for {
+			n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			gone = n == 0 && err == nil || err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EWOULDBLOCK)
+			return
+		}
+	})
+	return gone
+}

@@ -438,8 +438,12 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, c *call, a answer, path []byte)
 		copyResponseHeaders(ctx, a.resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		var body io.Reader = s.newStreamBody(c, a.resp, a.inj, a.r, ctx.Conn())
+		sb := s.newStreamBody(c, a.resp, a.inj, a.r, ctx.Conn())
+		var body io.Reader = sb
 		if c.opts.wrapStream != nil {
+			// What fasthttp writes is the wrapper's, not the stream's bytes:
+			// its end is fasthttp's own (see clientConn).
+			sb.cc = nil
 			body = c.opts.wrapStream(body)
 		}
 		ctx.Response.SetBodyStream(body, -1)

@@ -42,7 +42,8 @@ type streamBody struct {
 	peek     chunkPeek // whether upstream has its next chunk buffered (peekOK)
 	peekOK   bool
 	sc       capture.SSEScanner
-	in       []byte       // backend read buffer
+	in       []byte       // backend read buffer (from streamIns; while waiting for the backend, only when peekOK is false)
+	one      [1]byte      // what a stream waits on instead (readBurst)
 	outBuf   *streamOut   // out and scratch come from it; nil while waiting for the backend (takeOut, putOut)
 	out      []byte       // bytes for the client, out[off:] not yet returned
 	scratch  []byte       // StripEvent output
@@ -69,11 +70,29 @@ type streamBody struct {
 // maxBurstRead bounds the backend read buffer a burst grows it to (see fill).
 const maxBurstRead = 32 << 10
 
-var streamBodies = sync.Pool{New: func() any {
-	// A small read buffer: an SSE event is a few hundred bytes, and 1,000
-	// open streams hold 1,000 of these. It grows for a burst (readBurst).
-	return &streamBody{in: make([]byte, 4<<10)}
-}}
+var streamBodies = sync.Pool{New: func() any { return new(streamBody) }}
+
+// streamIns are backend read buffers. A small one: an SSE event is a few
+// hundred bytes. It grows for a burst (readBurst), up to maxBurstRead. A
+// stream whose chunks fasthttp parses (peekOK) takes one only once the
+// backend's next bytes are in: 1,000 streams between tokens hold none.
+var streamIns = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+
+// takeIn gives b a read buffer.
+func (b *streamBody) takeIn() {
+	if b.in == nil {
+		b.in = *streamIns.Get().(*[]byte)
+	}
+}
+
+// putIn gives b's read buffer back.
+func (b *streamBody) putIn() {
+	if b.in != nil {
+		in := b.in
+		b.in = nil
+		streamIns.Put(&in)
+	}
+}
 
 // streamOut is a stream's output: the client bytes of one fill (out), the
 // stripper's output for one event (scratch) and the payloads of one fill
@@ -243,7 +262,8 @@ func (b *streamBody) fill() {
 	defer b.logIfEnded()
 	b.handHeld()
 	// Every byte of out was taken and the payloads are capture's: the stream
-	// waits for the backend without an output buffer.
+	// waits for the backend without an output buffer (and, when fasthttp
+	// parses its chunks, without a read buffer: readBurst).
 	b.putOut()
 	// The head capture found in the chunks so far (id, object, created,
 	// model, the same in every chunk): the stripper starts after it rather
@@ -252,9 +272,15 @@ func (b *streamBody) fill() {
 		b.head.Set(h)
 	}
 	n, err := b.readBurst()
+	if b.peekOK && n == 0 {
+		b.putIn()
+	}
 	b.takeOut()
 	if n > 0 {
-		b.sc.Feed(b.in[:n])
+		b.sc.Feed(b.in[:n]) // the scanner copies: the read buffer is free again
+		if b.peekOK {
+			b.putIn()
+		}
 		for {
 			ev, ok := b.sc.Next()
 			if !ok {
@@ -276,9 +302,25 @@ func (b *streamBody) fill() {
 // is already buffered: events that arrived together leave together (see
 // chunkPeek). The read buffer grows for a burst, up to maxBurstRead (not on
 // the first read: the first token is not held back for the rest of a
-// burst).
+// burst). When nothing is buffered, it waits on one byte and takes the read
+// buffer once that byte is in, so that an open stream between two tokens
+// holds none (fill gives it back once the scanner has the bytes).
 func (b *streamBody) readBurst() (n int, err error) {
-	n, err = b.upstream.Read(b.in)
+	if b.peekOK && len(b.peek.buffered()) == 0 {
+		// Nothing of the backend's next bytes is here: wait for them
+		// without a read buffer, on one byte, then read what came with it.
+		n, err = b.upstream.Read(b.one[:])
+		b.takeIn()
+		b.in[0] = b.one[0]
+		if err != nil || n == 0 || len(b.peek.buffered()) == 0 {
+			return n, err
+		}
+	} else {
+		b.takeIn()
+	}
+	var m int
+	m, err = b.upstream.Read(b.in[n:])
+	n += m
 	for err == nil && b.peekOK && b.peek.ready() {
 		if n == len(b.in) {
 			if b.first || len(b.in) >= maxBurstRead {
@@ -478,6 +520,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.peek, b.peekOK = chunkPeek{}, false
 	b.bodyRdr.Reset(nil)
 	b.putOut()
+	b.putIn()
 	streamBodies.Put(b)
 	return nil
 }

@@ -241,3 +241,66 @@ func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
 		t.Fatalf("the burst's last write (%d bytes) ends %q: want more than 4 KiB ending with the body's end", len(last), last[max(0, len(last)-40):])
 	}
 }
+
+// TestStreamFromFragmentedBackend: a backend whose chunked stream arrives a
+// few bytes at a time (sizes lines, events and CRLFs cut anywhere) reaches
+// the client event for event, ending with the body's end; a stream waits
+// for such bytes on one byte, without a read buffer (streamBody.readBurst).
+func TestStreamFromFragmentedBackend(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var stream strings.Builder
+	var events []string
+	for i := range 12 {
+		ev := fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"w%d "},"finish_reason":null}]}`, i)
+		if i == 11 {
+			ev = `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`
+		}
+		events = append(events, ev)
+	}
+	events = append(events, "[DONE]")
+	for _, ev := range events {
+		s := "data: " + ev + "\n\n"
+		fmt.Fprintf(&stream, "%x\r\n%s\r\n", len(s), s)
+	}
+	stream.WriteString("0\r\n\r\n")
+	raw := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + stream.String()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			for at, k := 0, 0; at < len(raw); k++ {
+				n := min(1+k%7, len(raw)-at) // pieces of 1 to 7 bytes
+				if _, err := io.WriteString(c, raw[at:at+n]); err != nil {
+					return
+				}
+				at += n
+				time.Sleep(20 * time.Microsecond) // pacing: each piece its own segment, most of them
+			}
+		}
+	}()
+	e, _ := streamEndEnv(t, "http://"+ln.Addr().String()+"/v1", mock.Config{}, 0)
+	for round := range 2 {
+		r := gatewaytest.Do(t, "POST", e.URL+"/rollout/frag/attempt/1/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+		got := gatewaytest.SSEData(r.Body)
+		if r.Status != 200 || strings.Join(got, "\n") != strings.Join(events, "\n") {
+			t.Fatalf("round %d: status %d, events:\n%s\nwant:\n%s", round, r.Status, strings.Join(got, "\n"), strings.Join(events, "\n"))
+		}
+		rows := e.WaitCalls(r.Header.Get("x-request-id"), 1)
+		if rows[0].ResponseMessage == "" || !strings.Contains(rows[0].ResponseMessage, "w0 w1 w2") || rows[0].FinishReason != "stop" || rows[0].Error != "" {
+			t.Fatalf("round %d: captured %q finish %q error %q", round, rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
+		}
+	}
+}
