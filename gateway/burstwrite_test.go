@@ -21,11 +21,6 @@ import (
 // gateway together after the first token.
 func lateBurstBackend(t *testing.T, n int, next <-chan struct{}) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	chunk := func(w *strings.Builder, s string) { fmt.Fprintf(w, "%x\r\n%s\r\n", len(s), s) }
 	event := func(i int) string {
 		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"t` +
@@ -40,25 +35,14 @@ func lateBurstBackend(t *testing.T, n int, next <-chan struct{}) string {
 	chunk(&burst, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n")
 	chunk(&burst, "data: [DONE]\n\n")
 	burst.WriteString("0\r\n\r\n")
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		req, err := http.ReadRequest(bufio.NewReader(c))
-		if err != nil {
-			return
-		}
-		io.Copy(io.Discard, req.Body)
+	return rawBackend(t, func(c net.Conn, _ *http.Request) bool {
 		if _, err := io.WriteString(c, head.String()); err != nil {
-			return
+			return false
 		}
 		<-next
-		io.WriteString(c, burst.String())
-		io.Copy(io.Discard, c) // until the gateway closes or the test ends
-	}()
-	return "http://" + ln.Addr().String() + "/v1"
+		_, err := io.WriteString(c, burst.String())
+		return err == nil
+	})
 }
 
 // TestLateBurstCoalesced: the first event is forwarded alone, at once (the

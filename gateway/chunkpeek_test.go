@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -19,11 +18,6 @@ import (
 // events reach the gateway together, as a burst from an engine does.
 func burstBackend(t *testing.T, n int) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var resp strings.Builder
 	resp.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 	chunk := func(s string) { fmt.Fprintf(&resp, "%x\r\n%s\r\n", len(s), s) }
@@ -34,29 +28,10 @@ func burstBackend(t *testing.T, n int) string {
 	chunk("data: [DONE]\n\n")
 	resp.WriteString("0\r\n\r\n")
 	raw := []byte(resp.String())
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					if _, err := c.Write(raw); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return "http://" + ln.Addr().String() + "/v1"
+	return rawBackend(t, func(c net.Conn, _ *http.Request) bool {
+		_, err := c.Write(raw)
+		return err == nil
+	})
 }
 
 // TestBurstForwardedInOneWrite: 22 events that reach the gateway in one

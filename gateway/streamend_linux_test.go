@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -22,11 +21,6 @@ import (
 // notwithstanding: the gateway looks first, and the row says the client
 // disconnected instead of counting the call as answered.
 func TestStreamWrittenAfterClientLeftIsNotAnswered(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	got, send := make(chan struct{}), make(chan struct{})
 	var body strings.Builder
 	for _, ev := range []string{
@@ -38,28 +32,18 @@ func TestStreamWrittenAfterClientLeftIsNotAnswered(t *testing.T) {
 		fmt.Fprintf(&body, "%x\r\n%s\r\n", len(s), s)
 	}
 	body.WriteString("0\r\n\r\n")
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		req, err := http.ReadRequest(bufio.NewReader(c))
-		if err != nil {
-			return
-		}
-		io.Copy(io.Discard, req.Body)
+	url := rawBackend(t, func(c net.Conn, _ *http.Request) bool {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 		close(got)
 		<-send
 		io.WriteString(c, body.String())
-		io.Copy(io.Discard, c)
-	}()
+		return true
+	})
 	// A plain listener: the peek needs the socket itself (a recording
 	// wrapper would hide it).
 	store, _ := openSQLite(t)
 	e := gatewaytest.NewEnv(t, store, func(c *gateway.Config) {
-		c.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "b", URL: "http://" + ln.Addr().String() + "/v1", Kind: "openai"}}}}
+		c.Backends = []gateway.Backend{{Model: "*", Replicas: []gateway.Replica{{Name: "b", URL: url, Kind: "openai"}}}}
 	})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
 	if err != nil {

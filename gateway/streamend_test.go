@@ -149,11 +149,31 @@ func TestStreamEndsInOneWrite(t *testing.T) {
 }
 
 // TestStreamEndLeavesWithLastEvent: tokens that arrive one by one leave one
-// by one, and the stream's end leaves with its last event ([DONE]), never
-// as writes of its own; two requests sent together on one connection
-// (pipelined) get both their answers whole, in order.
+// by one, and the stream's end, when the engine sends it with its last
+// event ([DONE]; vLLM's server writes the end on its own right after, so
+// it is often but not always there), leaves with it, never as writes of its
+// own; two requests sent together on one connection (pipelined) get both
+// their answers whole, in order.
 func TestStreamEndLeavesWithLastEvent(t *testing.T) {
-	e, rl := streamEndEnv(t, "", mock.Config{MaxTokens: 6, ITL: 3 * time.Millisecond}, 0)
+	var events []string
+	for i := range 6 {
+		s := fmt.Sprintf(`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"t%d "},"finish_reason":null}]}`+"\n\n", i)
+		events = append(events, fmt.Sprintf("%x\r\n%s\r\n", len(s), s))
+	}
+	done := "data: [DONE]\n\n"
+	last := fmt.Sprintf("%x\r\n%s\r\n", len(done), done) + "0\r\n\r\n"
+	url := rawBackend(t, func(c net.Conn, _ *http.Request) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for _, ev := range events {
+			time.Sleep(3 * time.Millisecond) // pacing: a token every 3 ms
+			if _, err := io.WriteString(c, ev); err != nil {
+				return false
+			}
+		}
+		_, err := io.WriteString(c, last)
+		return err == nil
+	})
+	e, rl := streamEndEnv(t, url, mock.Config{}, 0)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +186,7 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 	}
 	check := func(what string, raw []byte, got string, writes [][]byte) {
 		t.Helper()
-		if strings.Count(got, "data: ") < 6 || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+		if strings.Count(got, "data: ") != 7 || !strings.HasSuffix(got, "data: [DONE]\n\n") {
 			t.Fatalf("%s: body:\n%s", what, got)
 		}
 		if joined := bytes.Join(writes, nil); !bytes.Equal(joined, raw) {
@@ -247,11 +267,6 @@ func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
 // the client event for event, ending with the body's end; a stream waits
 // for such bytes on one byte, without a read buffer (streamBody.readBurst).
 func TestStreamFromFragmentedBackend(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var stream strings.Builder
 	var events []string
 	for i := range 12 {
@@ -268,30 +283,18 @@ func TestStreamFromFragmentedBackend(t *testing.T) {
 	}
 	stream.WriteString("0\r\n\r\n")
 	raw := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + stream.String()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
+	url := rawBackend(t, func(c net.Conn, _ *http.Request) bool {
+		for at, k := 0, 0; at < len(raw); k++ {
+			n := min(1+k%7, len(raw)-at) // pieces of 1 to 7 bytes
+			if _, err := io.WriteString(c, raw[at:at+n]); err != nil {
+				return false
 			}
-			io.Copy(io.Discard, req.Body)
-			for at, k := 0, 0; at < len(raw); k++ {
-				n := min(1+k%7, len(raw)-at) // pieces of 1 to 7 bytes
-				if _, err := io.WriteString(c, raw[at:at+n]); err != nil {
-					return
-				}
-				at += n
-				time.Sleep(20 * time.Microsecond) // pacing: each piece its own segment, most of them
-			}
+			at += n
+			time.Sleep(20 * time.Microsecond) // pacing: each piece its own segment, most of them
 		}
-	}()
-	e, _ := streamEndEnv(t, "http://"+ln.Addr().String()+"/v1", mock.Config{}, 0)
+		return true
+	})
+	e, _ := streamEndEnv(t, url, mock.Config{}, 0)
 	for round := range 2 {
 		r := gatewaytest.Do(t, "POST", e.URL+"/rollout/frag/attempt/1/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 		got := gatewaytest.SSEData(r.Body)
