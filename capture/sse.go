@@ -1,6 +1,9 @@
 package capture
 
-import "bytes"
+import (
+	"bytes"
+	"sync"
+)
 
 // Event is one Server-Sent Event as split by SSEScanner.
 //
@@ -66,9 +69,43 @@ type SSEScanner struct {
 	skipLF  bool // the last line ended with CR: a following LF belongs to it
 }
 
+// scanBufs are a scanner's buffers while it lends them back (LetGo).
+type scanBufs struct{ buf, data []byte }
+
+// maxLentBuf is the largest buffer LetGo puts in the pool.
+const maxLentBuf = 16 << 10
+
+var scanBufPool = sync.Pool{New: func() any { return new(scanBufs) }}
+
+// LetGo gives the scanner's buffers to a pool shared by all scanners when
+// no event is under way (every byte fed has been returned in an event), so
+// that a stream waiting for its engine holds none; the next Feed or event
+// takes them again. It invalidates the slices of the events returned so far.
+// It does nothing while an event is incomplete.
+func (s *SSEScanner) LetGo() {
+	if s.start != len(s.buf) || s.pos != len(s.buf) || len(s.data) != 0 || s.hasLine || s.hasData || s.hasName ||
+		cap(s.buf) == 0 || cap(s.buf) > maxLentBuf || cap(s.data) > maxLentBuf {
+		return
+	}
+	b := scanBufPool.Get().(*scanBufs)
+	b.buf, b.data = s.buf[:0], s.data[:0]
+	scanBufPool.Put(b)
+	s.buf, s.data = nil, nil
+	s.start, s.pos, s.scan = 0, 0, 0
+}
+
 // Feed appends bytes read from upstream. It invalidates the slices of the
 // events returned so far.
 func (s *SSEScanner) Feed(p []byte) {
+	if s.buf == nil && len(p) > 0 {
+		if b := scanBufPool.Get().(*scanBufs); b.buf != nil {
+			s.buf, s.data = b.buf, b.data
+			b.buf, b.data = nil, nil
+			scanBufPool.Put(b)
+		} else {
+			scanBufPool.Put(b)
+		}
+	}
 	if s.start > 0 {
 		// Compact: drop the bytes of the events already returned. A buffer
 		// one large event grew (the first chunk of a long prompt carries

@@ -296,6 +296,9 @@ func (b *streamBody) fill() {
 	if err != nil {
 		b.endStream(err)
 	}
+	// The events were copied (out, held): between two reads, the stream
+	// holds no scanner buffer either.
+	b.sc.LetGo()
 }
 
 // readBurst reads the backend into b.in once, and on while its next chunk
