@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"strconv"
@@ -129,7 +130,8 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	if !c.holding {
 		return c.Conn.Write(p)
 	}
-	if string(p) == lastChunk && heldLastChunk(c.held, c.last, c.headed) {
+	total := c.total()
+	if string(p) == lastChunk && len(c.held) == total && heldLastChunk(c.held, c.last, c.headed) {
 		if c.hungUp() {
 			c.putHeld()
 			return 0, errClientHungUp
@@ -143,10 +145,11 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		c.drop = emptyTrailer
 		return len(p), nil
 	}
-	// More of the last chunk (a full write buffer cut it; its tail may
-	// read "0\r\n"), as long as it fits what that chunk can be; anything
-	// else is not the end expected: everything goes as it came.
-	if n := len(c.held) + len(p); n <= c.most() && (string(p) != lastChunk || heldLastChunk(append(c.held, p...), c.last, c.headed)) {
+	// More of the last chunk (a full write buffer cuts it, anywhere: a
+	// piece may even read "0\r\n"), as long as it is within what fasthttp
+	// writes for it; anything else is not the end expected: everything
+	// goes as it came.
+	if n := len(c.held) + len(p); n <= maxHeld && (total < 0 || n <= total) {
 		c.held = append(c.held, p...)
 		return len(p), nil
 	}
@@ -156,17 +159,18 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// maxHeaders bounds the response headers a held last chunk may come after.
-const maxHeaders = 16 << 10
-
-// most is the longest the last chunk (with its size line and CRLFs, after
-// the headers when they come first) can be.
-func (c *clientConn) most() int {
-	n := c.last + 2 + 16 + 2
-	if c.headed {
-		n += maxHeaders
+// total is the length of what fasthttp writes for the last chunk: its size
+// line, its data and CRLF, after the response headers when they come first
+// (then -1 until their blank line is held).
+func (c *clientConn) total() int {
+	n := c.last + 2 + len(strconv.AppendInt(make([]byte, 0, 16), int64(c.last), 16)) + 2
+	if !c.headed {
+		return n
 	}
-	return min(n, maxHeld)
+	if i := bytes.Index(c.held, []byte("\r\n\r\n")); i >= 0 {
+		return i + 4 + n
+	}
+	return -1
 }
 
 // errClientHungUp is a stream's last write refused because the client had

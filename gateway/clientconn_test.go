@@ -49,15 +49,18 @@ func fasthttpEnd(head, data []byte, split []int) [][]byte {
 // one write (the chunk, however cut, then the end), and the write after
 // them passes unchanged.
 func FuzzClientConnEnd(f *testing.F) {
-	f.Add([]byte("HTTP/1.1 200 OK\r\n\r\n"), []byte("data: [DONE]\n\n"), uint16(0), uint16(0))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream"), []byte("data: [DONE]\n\n"), uint16(0), uint16(0))
 	f.Add([]byte(nil), []byte("data: x\r\n0"), uint16(12), uint16(0))
-	f.Add([]byte("H\r\n\r\n"), []byte("0\r\n0"), uint16(9), uint16(8))
+	f.Add([]byte("H"), []byte("0\r\n0"), uint16(9), uint16(8))
 	f.Fuzz(func(t *testing.T, head, data []byte, s1, s2 uint16) {
 		if len(data) == 0 || len(data) > maxHeld/2 || len(head) > 4096 {
 			return
 		}
-		if len(head) > 0 { // response headers end with a blank line
+		if len(head) > 0 { // response headers end with their first blank line
 			head = append(head, "\r\n\r\n"...)
+			if bytes.Index(head, []byte("\r\n\r\n")) != len(head)-4 {
+				return
+			}
 		}
 		var split []int
 		for _, s := range []uint16{s1, s2} {
@@ -123,31 +126,39 @@ func TestClientConnWriteEnd(t *testing.T) {
 	}
 }
 
-// TestClientConnUnexpectedWrites: after endAfter, writes that are not a
-// last chunk and its end are passed on unchanged, and Close sends what is
-// held.
+// TestClientConnUnexpectedWrites: after endAfter, writes that are not the
+// announced last chunk and its end are passed on unchanged (what was held
+// first), and Close sends what is held.
 func TestClientConnUnexpectedWrites(t *testing.T) {
 	raw := &writesConn{}
 	c := &clientConn{Conn: raw}
 	c.endAfter(5, false)
 	c.Write([]byte("5\r\nhello\r\n"))
-	c.Write([]byte("3\r\nabc\r\n")) // not the end: held, not the terminator
 	if len(raw.writes) != 0 {
-		t.Fatalf("written while holding: %q", raw.writes)
+		t.Fatalf("the announced last chunk written at once: %q", raw.writes)
 	}
+	c.Write([]byte("3\r\nabc\r\n")) // not the end: everything goes as it came
+	if got := string(bytes.Join(raw.writes, nil)); got != "5\r\nhello\r\n3\r\nabc\r\n" {
+		t.Fatalf("socket got %q", raw.writes)
+	}
+
+	raw = &writesConn{}
+	c = &clientConn{Conn: raw}
+	c.endAfter(5, false)
+	c.Write([]byte("5\r\nhel")) // a piece of the last chunk, then the connection ends
 	c.Close()
-	if got := string(bytes.Join(raw.writes, nil)); got != "5\r\nhello\r\n3\r\nabc\r\n" || !raw.closed {
+	if got := string(bytes.Join(raw.writes, nil)); got != "5\r\nhel" || !raw.closed {
 		t.Fatalf("on Close the socket got %q (closed %v)", got, raw.closed)
 	}
 
 	raw = &writesConn{}
 	c = &clientConn{Conn: raw}
-	c.endAfter(1, false)
+	c.endAfter(1, true)
 	big := bytes.Repeat([]byte("a"), maxHeld+1)
+	c.Write(big) // headers longer than is ever held: everything goes out as it came
 	c.Write([]byte("1\r\nx\r\n"))
-	c.Write(big) // more than is ever held: everything goes out as it came
 	c.Write([]byte("0\r\n"))
-	if got := bytes.Join(raw.writes, nil); !bytes.Equal(got, append([]byte("1\r\nx\r\n"), append(big, "0\r\n"...)...)) {
+	if got := bytes.Join(raw.writes, nil); !bytes.Equal(got, append(big, "1\r\nx\r\n0\r\n"...)) {
 		t.Fatalf("socket got %d bytes", len(got))
 	}
 }
