@@ -24,10 +24,12 @@ type recordingListener struct {
 	net.Listener
 	mu    sync.Mutex
 	conns []*recordingConn
+	wrote chan struct{} // a send after each write to a client (dropped when one is pending)
 }
 
 type recordingConn struct {
 	net.Conn
+	wrote  chan struct{}
 	mu     sync.Mutex
 	writes [][]byte
 }
@@ -37,7 +39,7 @@ func (l *recordingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc := &recordingConn{Conn: c}
+	rc := &recordingConn{Conn: c, wrote: l.wrote}
 	l.mu.Lock()
 	l.conns = append(l.conns, rc)
 	l.mu.Unlock()
@@ -48,6 +50,10 @@ func (c *recordingConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	c.writes = append(c.writes, bytes.Clone(p))
 	c.mu.Unlock()
+	select {
+	case c.wrote <- struct{}{}:
+	default:
+	}
 	return c.Conn.Write(p)
 }
 
@@ -80,7 +86,7 @@ func streamEndEnv(t *testing.T, url string, mc mock.Config, readBuffer int) (*ga
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl := &recordingListener{Listener: ln}
+	rl := &recordingListener{Listener: ln, wrote: make(chan struct{}, 1)}
 	store, err := sqlite.Open(t.TempDir() + "/end.db")
 	if err != nil {
 		t.Fatal(err)
@@ -162,11 +168,24 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 	}
 	done := "data: [DONE]\n\n"
 	last := fmt.Sprintf("%x\r\n%s\r\n", len(done), done) + "0\r\n\r\n"
+	// Each token is sent once the gateway has written the one before to
+	// its client (wrote), so tokens reach it one by one.
+	wrote := make(chan chan struct{}, 1)
 	url := rawBackend(t, func(c net.Conn, _ *http.Request) bool {
+		w := <-wrote
+		wrote <- w
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 		for _, ev := range events {
-			time.Sleep(3 * time.Millisecond) // pacing: a token every 3 ms
+			select { // a signal left from before this token is not its write
+			case <-w:
+			default:
+			}
 			if _, err := io.WriteString(c, ev); err != nil {
+				return false
+			}
+			select {
+			case <-w:
+			case <-time.After(10 * time.Second): // bound, not pacing: the test fails on the events
 				return false
 			}
 		}
@@ -174,6 +193,7 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 		return err == nil
 	})
 	e, rl := streamEndEnv(t, url, mock.Config{}, 0)
+	wrote <- rl.wrote
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +283,7 @@ func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
 }
 
 // TestStreamFromFragmentedBackend: a backend whose chunked stream arrives a
-// few bytes at a time (sizes lines, events and CRLFs cut anywhere) reaches
+// few bytes at a time (each piece its own write, TCP_NODELAY) (sizes lines, events and CRLFs cut anywhere) reaches
 // the client event for event, ending with the body's end; a stream waits
 // for such bytes on one byte, without a read buffer (streamBody.readBurst).
 func TestStreamFromFragmentedBackend(t *testing.T) {
@@ -290,7 +310,6 @@ func TestStreamFromFragmentedBackend(t *testing.T) {
 				return false
 			}
 			at += n
-			time.Sleep(20 * time.Microsecond) // pacing: each piece its own segment, most of them
 		}
 		return true
 	})
