@@ -195,5 +195,5 @@ func (p chunkPeek) ready() bool {
 // trailers ("0\r\n\r\n"), is what is buffered next: the next Read returns
 // io.EOF without reading the socket.
 func (p chunkPeek) endBuffered() bool {
-	return p.left.Int() == 0 && bytes.HasPrefix(p.buffered(), []byte(chunkedEnd))
+	return p.left.Int() == 0 && bytes.HasPrefix(p.buffered(), []byte(lastChunk+emptyTrailer))
 }

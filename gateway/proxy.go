@@ -439,14 +439,12 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, c *call, a answer, path []byte)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		sb := s.newStreamBody(c, a.resp, a.inj, a.r, ctx.Conn())
-		var body io.Reader = sb
 		if c.opts.wrapStream != nil {
-			// What fasthttp writes is the wrapper's, not the stream's bytes:
-			// its end is fasthttp's own (see clientConn).
-			sb.cc = nil
-			body = c.opts.wrapStream(body)
+			// The client's bytes are the wrapper's: fasthttp writes them.
+			ctx.Response.SetBodyStream(c.opts.wrapStream(sb), -1)
+			return
 		}
-		ctx.Response.SetBodyStream(body, -1)
+		s.hijackStream(ctx, sb)
 		return
 	}
 	s.relayBody(ctx, c, a, status, path)

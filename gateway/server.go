@@ -51,6 +51,9 @@ type Server struct {
 	modelNames  interner       // model names sent to a wildcard route
 	rollouts    sync.Map       // rollout_id → registered task id (string)
 	draining    atomic.Bool
+	streams     sync.WaitGroup // streams written on hijacked connections (streamconn.go)
+	conts       sync.WaitGroup // connections handed back to fasthttp after a stream
+	contMu      sync.Mutex     // orders handing a connection back against draining
 	pause       pauser
 	resumables  resumables    // streams a pause in mode abort aborts and resumes (resume.go)
 	engines     enginePauser  // engines paused with their own pause routes (enginepause.go)
@@ -157,9 +160,14 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		ReadBufferSize:                8 << 10, // request headers up to 8 KiB
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
-		ReduceMemoryUsage:             true, // the read buffer goes back once a request is read (a stream does not hold it), reader, writer and context while idle
-		StreamRequestBody:             false,
-		Concurrency:                   1 << 20,
+		KeepHijackedConns:             true, // a stream's connection goes on after it (streamconn.go)
+		// A stream's first request leaves its worker idle (the stream runs
+		// on a goroutine of its own, streamconn.go): do not keep 10 s (the
+		// default) of those, with their stacks, under many streams.
+		MaxIdleWorkerDuration: time.Second,
+		ReduceMemoryUsage:     true, // the read buffer goes back once a request is read (a stream does not hold it), reader, writer and context while idle
+		StreamRequestBody:     false,
+		Concurrency:           1 << 20,
 	}
 	return s, nil
 }
@@ -175,9 +183,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		return nil
 	}
-	// Plain connections are wrapped so that a stream's end leaves with its
-	// last chunk (clientConn).
-	if err := s.srv.Serve(clientListener{ln}); err != nil {
+	if err := s.srv.Serve(ln); err != nil {
 		return fmt.Errorf("gateway: serving on %s: %w", ln.Addr(), err)
 	}
 	return nil
@@ -195,10 +201,21 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting connections and waits for in-flight calls to
 // finish or ctx to end. The capture pipeline is closed by its owner.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.contMu.Lock()
 	if s.draining.CompareAndSwap(false, true) {
 		close(s.stop)
 	}
-	if err := s.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	s.contMu.Unlock()
+	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		// Streams run on connections fasthttp handed over: wait for them
+		// too. Their connections close when they end (continueConn).
+		err = waitGroup(ctx, &s.streams)
+	}
+	if err == nil {
+		err = waitGroup(ctx, &s.conts)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		// What still held the drain: calls at the engines, or (none there)
 		// connections whose calls wait elsewhere (the sequence store, a
 		// slow client).

@@ -20,16 +20,18 @@ import (
 	"github.com/rollgate/rollgate/internal/openai"
 )
 
-// streamBody is the client's copy of a streamed (SSE) backend response, as an
-// io.Reader fasthttp pulls from on the connection's own goroutine. Each Read
-// that finds nothing pending reads the backend once, hands the events to
-// capture, strips what the gateway injected and returns the result; fasthttp
-// writes it as one chunk and flushes. Compared with SetBodyStreamWriter this
-// needs no pipe, no second goroutine and no per-chunk channel hand-off, and
-// it allocates nothing per call (streamBody values are pooled).
+// streamBody is the client's copy of a streamed (SSE) backend response.
+// Each fill that finds nothing pending reads the backend once (a burst: what
+// arrived together), hands the events to capture, strips what the gateway
+// injected and leaves the client's bytes in out. writeStream writes them on
+// the hijacked client connection, a chunk per burst in one write
+// (streamconn.go); a stream a wrapper translates (Anthropic's /v1/messages)
+// is an io.Reader fasthttp pulls from instead (Read). Either way it needs no
+// pipe, no per-chunk channel hand-off, and allocates nothing per call
+// (streamBody values are pooled).
 //
-// fasthttp calls CloseWithError exactly once, after the last chunk or after
-// a failed write to the client; that ends the call: the backend response is
+// CloseWithError is called exactly once, after the last chunk or after a
+// failed write to the client; that ends the call: the backend response is
 // released (or aborted when the client went away) and the call is captured.
 type streamBody struct {
 	s    *Server
@@ -54,17 +56,15 @@ type streamBody struct {
 	sawData  bool         // the backend sent an event with data
 	off      int
 	first    bool
-	flushed  bool  // a Read returned bytes: fasthttp has written and flushed its buffer since (see writeChunk)
 	eof      bool  // the backend stream ended (or failed, see rerr)
 	rerr     error // backend read error other than io.EOF
 	closed   bool
 	bodyRdr  bytes.Reader
-	done     bool        // the backend sent data: [DONE]
-	errEvent bool        // the backend sent an error event
-	respEnd  bool        // the backend sent a Responses stream's last event (see isResponseEnd)
-	conn     net.Conn    // the client connection, for write deadlines
-	cc       *clientConn // conn, when the stream's end can leave with its last chunk (see clientConn)
-	deadline time.Time   // when the write deadline was last moved
+	done     bool      // the backend sent data: [DONE]
+	errEvent bool      // the backend sent an error event
+	respEnd  bool      // the backend sent a Responses stream's last event (see isResponseEnd)
+	conn     net.Conn  // the client connection, for write deadlines
+	deadline time.Time // when the write deadline was last moved
 }
 
 // maxBurstRead bounds the backend read buffer a burst grows it to (see fill).
@@ -147,9 +147,8 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.held, b.heldEnds, b.sawData = nil, nil, false
 	b.head.Set(nil)
 	b.fp.reset(inj&rewrite.IncludeUsage != 0 && (c.endpoint == openai.ChatCompletions || c.endpoint == openai.Completions) && r != nil && engines.InjectOf(r.Kind()).UsageFingerprint)
-	b.off, b.first, b.flushed, b.eof, b.rerr, b.closed = 0, true, false, false, nil, false
+	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
-	b.cc, _ = conn.(*clientConn)
 	b.upstream = resp.BodyStream()
 	b.peek, b.peekOK = peekerOf(resp, b.upstream)
 	if b.upstream == nil {
@@ -161,79 +160,129 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 
 // Read returns the next bytes for the client, reading the backend when
 // nothing is pending. It returns io.EOF after the backend stream ended and
-// everything (including a trailing error event) was returned.
+// everything (including a trailing error event) was returned. It serves a
+// stream whose bytes go through a wrapper (Anthropic's /v1/messages) and
+// fasthttp's writer; a stream written as it came is written by writeStream.
 func (b *streamBody) Read(p []byte) (n int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			b.s.log.Error("panic while streaming a response; stream ended", "panic", r)
-			b.eof, b.rerr = true, fmt.Errorf("internal error: %v", r)
-			n, err = 0, b.rerr
+			n, err = 0, b.recovered(r)
+		}
+	}()
+	for b.off >= len(b.out) {
+		if b.eof {
+			return 0, io.EOF
+		}
+		b.fill()
+	}
+	b.moveDeadline()
+	n = copy(p, b.out[b.off:])
+	b.off += n
+	return n, nil
+}
+
+// recovered ends the stream after a panic while streaming.
+func (b *streamBody) recovered(r any) error {
+	b.s.log.Error("panic while streaming a response; stream ended", "panic", r)
+	b.eof, b.rerr = true, fmt.Errorf("internal error: %v", r)
+	return b.rerr
+}
+
+// moveDeadline gives the client ClientWriteTimeout to take the bytes about
+// to be written, counted from now (the backend may have been silent long).
+// Moving the deadline costs a timer update, so at most every 1/8 of it.
+func (b *streamBody) moveDeadline() {
+	if b.conn != nil {
+		if now := time.Now(); now.Sub(b.deadline) > b.s.cfg.ClientWriteTimeout/8 {
+			b.deadline = now
+			b.s.writeDeadline(b.conn, now)
+		}
+	}
+}
+
+// writeStream writes the stream to the client connection (see
+// hijackStream): head, the response headers, with the first burst; then
+// each burst of events as one HTTP chunk in one write, straight from out;
+// the last one with the last chunk ("0\r\n"). It returns once the stream
+// ended, or with the error of a failed write.
+func (b *streamBody) writeStream(head *[]byte) (err error) {
+	defer func() {
+		if head != nil { // from streamHeadBufs, held until the first write
+			*head = (*head)[:0]
+			streamHeadBufs.Put(head)
+		}
+		if r := recover(); r != nil {
+			err = b.recovered(r)
 		}
 	}()
 	for {
-		for b.off >= len(b.out) {
-			if b.eof {
-				return 0, io.EOF
-			}
+		for b.off >= len(b.out) && !b.eof {
 			b.fill()
 		}
-		// These bytes are written next: give the client ClientWriteTimeout to
-		// take them, counted from now (the backend may have been silent long).
-		// Moving the deadline costs a timer update, so at most every 1/8 of it.
-		if b.conn != nil {
-			if now := time.Now(); now.Sub(b.deadline) > b.s.cfg.ClientWriteTimeout/8 {
-				b.deadline = now
-				b.s.writeDeadline(b.conn, now)
-			}
+		b.moveDeadline()
+		if head != nil {
+			*head, err = b.writeChunk(*head)
+			*head = (*head)[:0]
+			streamHeadBufs.Put(head)
+			head = nil
+		} else {
+			_, err = b.writeChunk(nil)
 		}
-		if len(b.out)-b.off <= len(p) || !b.flushed || b.conn == nil {
-			break
-		}
-		if err := b.writeChunk(); err != nil {
-			return 0, err
+		if err != nil || b.eof {
+			return err
 		}
 	}
-	n = copy(p, b.out[b.off:])
-	if b.eof && b.off+n == len(b.out) && b.cc != nil {
-		b.cc.endAfter(n, !b.flushed) // the stream's last bytes: its end leaves with them
-	}
-	b.off += n
-	b.flushed = true
-	return n, nil
 }
 
 // chunkRoom is the room fill leaves before the client bytes in out, for the
 // size line writeChunk puts in front of them.
 const chunkRoom = 16
 
-// writeChunk writes all the pending client bytes to the connection as one
-// HTTP chunk, in one write. fasthttp copies a body stream through a 4 KiB
-// buffer and writes and flushes each Read as its own chunk, so a fill of
-// events that arrived together (a burst, see fill) would otherwise leave in
-// one write per 4 KiB; nginx writes such a burst at once. It is called only
-// once a Read has returned bytes: fasthttp flushes its buffered writer after
-// each chunk (writeChunk in fasthttp's http.go, v1.69), so nothing of its
-// own is pending on the connection and the chunk goes out in order.
-// TestBurstForwardedInOneWrite checks the framing and the count of writes.
-func (b *streamBody) writeChunk() error {
-	var hex [16]byte
-	size := strconv.AppendInt(hex[:0], int64(len(b.out)-b.off), 16)
-	start := b.off - len(size) - 2
-	if start < 0 { // never: fill leaves chunkRoom, and off only grows
-		return errors.New("stream chunk without room for its size line")
+// A chunked body without trailers ends with the last chunk, then the empty
+// trailer section: the client has the whole response only with the latter.
+const (
+	lastChunk    = "0\r\n"
+	emptyTrailer = "\r\n"
+)
+
+// writeChunk writes the pending client bytes to the connection as one HTTP
+// chunk (none when there are none) after head, in one write (head, grown,
+// is returned); after the
+// stream's last bytes it writes the last chunk with them (the body's very
+// end, emptyTrailer, leaves once the call is captured: serveStream). A
+// client that closed its side before that last write gets nothing
+// (errClientHungUp): a socket whose peer has closed still accepts one
+// write, and the call must not be counted as answered (hungUp).
+func (b *streamBody) writeChunk(head []byte) ([]byte, error) {
+	start := b.off
+	if n := len(b.out) - b.off; n > 0 {
+		var hex [16]byte
+		size := strconv.AppendInt(hex[:0], int64(n), 16)
+		start = b.off - len(size) - 2
+		if start < 0 { // never: fill leaves chunkRoom, and off only grows
+			return head, errors.New("stream chunk without room for its size line")
+		}
+		copy(b.out[start:], size)
+		b.out[b.off-2], b.out[b.off-1] = '\r', '\n'
+		b.out = append(b.out, '\r', '\n')
 	}
-	copy(b.out[start:], size)
-	b.out[b.off-2], b.out[b.off-1] = '\r', '\n'
-	b.out = append(b.out, '\r', '\n')
-	var err error
-	if b.eof && b.cc != nil { // the stream's last chunk: with the body's end
-		b.out = append(b.out, chunkedEnd...)
-		err = b.cc.writeEnd(b.out[start:])
-	} else {
-		_, err = b.conn.Write(b.out[start:])
+	if b.eof {
+		b.out = append(b.out, lastChunk...)
+		if hungUp(b.conn) {
+			return head, errClientHungUp
+		}
+	}
+	p := b.out[start:]
+	if head != nil {
+		head = append(head, p...)
+		p = head
 	}
 	b.off = len(b.out)
-	return err
+	if len(p) == 0 {
+		return head, nil
+	}
+	_, err := b.conn.Write(p)
+	return head, err
 }
 
 // hold keeps an event's data payload until the bytes of this fill have been
@@ -519,7 +568,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.release(b.r)
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
-	b.s, b.resp, b.r, b.upstream, b.c, b.conn, b.cc = nil, nil, nil, nil, call{}, nil, nil
+	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
 	b.peek, b.peekOK = chunkPeek{}, false
 	b.bodyRdr.Reset(nil)
 	b.putOut()

@@ -17,7 +17,7 @@ import (
 // TestStreamWrittenAfterClientLeftIsNotAnswered: a client gives up while
 // the engine is silent after its response headers; then every token comes
 // at once. The stream's only write (its last chunk with the body's end, see
-// clientConn) would be accepted by the socket, the peer's close
+// writeChunk) would be accepted by the socket, the peer's close
 // notwithstanding: the gateway looks first, and the row says the client
 // disconnected instead of counting the call as answered.
 func TestStreamWrittenAfterClientLeftIsNotAnswered(t *testing.T) {

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rollgate/rollgate/bench/mock"
+	"github.com/rollgate/rollgate/export"
 	"github.com/rollgate/rollgate/export/sqlite"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/testkit/gatewaytest"
@@ -117,13 +119,36 @@ func rawResponse(t *testing.T, br *bufio.Reader) (raw []byte, body string, res *
 	return rec.Bytes(), string(b), res
 }
 
-// TestStreamEndsInOneWrite: a streamed response's last chunk, the
-// terminating chunk and the empty trailer leave the gateway in one write
-// (fasthttp alone writes them in three, the last only after the call's
-// capture bookkeeping). When the whole answer reached the gateway in one
-// read, the response is one write, headers included. The connection stays
-// usable: the bytes the client read are exactly the bytes written, response
-// after response on one keep-alive connection, each call captured whole.
+// endsAfterCapture checks how a stream's writes end: the last event and
+// the last chunk ("0\r\n") in one write, then the empty trailer that
+// completes the response alone, once the call was handed to capture (see
+// serveStream; TestStreamEndFollowsCapture). fasthttp alone wrote the last
+// chunk and the trailer apart from the last event.
+func endsAfterCapture(t *testing.T, what string, writes [][]byte) {
+	t.Helper()
+	if len(writes) < 2 {
+		t.Fatalf("%s: %d writes: %q", what, len(writes), writes)
+	}
+	if last := writes[len(writes)-1]; string(last) != "\r\n" {
+		t.Fatalf("%s: the last write is %q, not the empty trailer alone", what, last)
+	}
+	if end := writes[len(writes)-2]; !bytes.HasSuffix(end, []byte("data: [DONE]\n\n\r\n0\r\n")) {
+		t.Fatalf("%s: the write before the trailer ends %q, not the last event with the last chunk", what, end[max(0, len(end)-40):])
+	}
+	for _, w := range writes {
+		if s := string(w); s == "0\r\n" || s == "0\r\n\r\n" {
+			t.Fatalf("%s: the last chunk written on its own: %q", what, writes)
+		}
+	}
+}
+
+// TestStreamEndsInOneWrite: a streamed response's last event and last
+// chunk leave the gateway in one write, and only the empty trailer after
+// it (fasthttp alone wrote the last chunk apart). When the whole answer
+// reached the gateway in one read, the response is that one write, headers
+// included, and the trailer. The connection stays usable: the bytes the
+// client read are exactly the bytes written, response after response on
+// one keep-alive connection, each call captured whole.
 func TestStreamEndsInOneWrite(t *testing.T) {
 	const n = 20
 	e, rl := streamEndEnv(t, burstBackend(t, n), mock.Config{}, 0)
@@ -144,9 +169,10 @@ func TestStreamEndsInOneWrite(t *testing.T) {
 		if joined := bytes.Join(writes, nil); !bytes.Equal(joined, raw) {
 			t.Fatalf("round %d: the client read %d bytes, the gateway wrote %d:\nread  %q\nwrote %q", round, len(raw), len(joined), raw, joined)
 		}
-		if len(writes) != 1 || !bytes.HasSuffix(writes[0], []byte("data: [DONE]\n\n\r\n0\r\n\r\n")) {
-			t.Fatalf("round %d: a stream that reached the gateway in one read was written in %d writes: %q", round, len(writes), writes)
+		if len(writes) != 2 {
+			t.Fatalf("round %d: a stream that reached the gateway in one read was written in %d writes, want it and its trailer: %q", round, len(writes), writes)
 		}
+		endsAfterCapture(t, fmt.Sprintf("round %d", round), writes)
 		rows := e.WaitCalls(res.Header.Get("x-request-id"), 1)
 		if !strings.Contains(rows[0].ResponseMessage, "t0 t1 ") || rows[0].FinishReason != "stop" || rows[0].Error != "" {
 			t.Fatalf("round %d: captured %q finish %q error %q", round, rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
@@ -155,11 +181,11 @@ func TestStreamEndsInOneWrite(t *testing.T) {
 }
 
 // TestStreamEndLeavesWithLastEvent: tokens that arrive one by one leave one
-// by one, and the stream's end, when the engine sends it with its last
-// event ([DONE]; vLLM's server writes the end on its own right after, so
-// it is often but not always there), leaves with it, never as writes of its
-// own; two requests sent together on one connection (pipelined) get both
-// their answers whole, in order.
+// by one, and the stream's last chunk, when the engine sends its end with
+// its last event ([DONE]; vLLM's server writes the end on its own right
+// after, so it is often but not always there), leaves with it, then only
+// the empty trailer; two requests sent together on one connection
+// (pipelined) get both their answers whole, in order.
 func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 	var events []string
 	for i := range 6 {
@@ -212,18 +238,10 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 		if joined := bytes.Join(writes, nil); !bytes.Equal(joined, raw) {
 			t.Fatalf("%s: the client read %d bytes, the gateway wrote %d:\nread  %q\nwrote %q", what, len(raw), len(joined), raw, joined)
 		}
-		if len(writes) < 3 {
-			t.Fatalf("%s: tokens 3 ms apart written in %d writes, want one per token", what, len(writes))
+		if len(writes) < 4 {
+			t.Fatalf("%s: tokens sent one by one written in %d writes, want one per token", what, len(writes))
 		}
-		last := writes[len(writes)-1]
-		if !bytes.HasSuffix(last, []byte("data: [DONE]\n\n\r\n0\r\n\r\n")) {
-			t.Fatalf("%s: the last write is %q, not the last event with the body's end", what, last)
-		}
-		for _, w := range writes {
-			if s := string(w); s == "0\r\n" || s == "\r\n" || s == "0\r\n\r\n" {
-				t.Fatalf("%s: the body's end written on its own: %q", what, writes)
-			}
-		}
+		endsAfterCapture(t, what, writes)
 	}
 	for i := range 2 {
 		fmt.Fprint(conn, req(i))
@@ -244,9 +262,8 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 }
 
 // TestLateBurstEndsWithItsLastChunk: when the end comes in a burst larger
-// than fasthttp's copy buffer (written by the gateway itself, see
-// streamBody.writeChunk; a 64 KiB backend read buffer takes the whole
-// burst at once), the body's end is in that burst's write too.
+// than 4 KiB (a 64 KiB backend read buffer takes the whole burst at once),
+// the burst leaves in one write with the last chunk, then the trailer.
 func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
 	next := make(chan struct{})
 	e, rl := streamEndEnv(t, lateBurstBackend(t, 300, next), mock.Config{}, 64<<10)
@@ -276,9 +293,9 @@ func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
 	if joined := bytes.Join(writes, nil); !bytes.Equal(joined, rec.Bytes()[:len(joined)]) || len(joined) != rec.Len()-br.Buffered() {
 		t.Fatalf("the client read %d bytes, the gateway wrote %d", rec.Len()-br.Buffered(), len(joined))
 	}
-	last := writes[len(writes)-1]
-	if len(last) <= 4096 || !bytes.HasSuffix(last, []byte("data: [DONE]\n\n\r\n0\r\n\r\n")) {
-		t.Fatalf("the burst's last write (%d bytes) ends %q: want more than 4 KiB ending with the body's end", len(last), last[max(0, len(last)-40):])
+	endsAfterCapture(t, "late burst", writes)
+	if last := writes[len(writes)-2]; len(last) <= 4096 {
+		t.Fatalf("the burst's last write is %d bytes: want more than 4 KiB, the burst with its last chunk", len(last))
 	}
 }
 
@@ -323,6 +340,42 @@ func TestStreamFromFragmentedBackend(t *testing.T) {
 		rows := e.WaitCalls(r.Header.Get("x-request-id"), 1)
 		if rows[0].ResponseMessage == "" || !strings.Contains(rows[0].ResponseMessage, "w0 w1 w2") || rows[0].FinishReason != "stop" || rows[0].Error != "" {
 			t.Fatalf("round %d: captured %q finish %q error %q", round, rows[0].ResponseMessage, rows[0].FinishReason, rows[0].Error)
+		}
+	}
+}
+
+// TestStreamEndFollowsCapture: a client that has read a stream to its end
+// finds the call among those stored when it then waits for capture
+// (Pipeline.Sync, what the control plane does before it reports a rollout
+// finished), however soon it asks: the response's last bytes leave only
+// once the call was handed to capture. The engine sends its answer in one
+// burst of 400 events, so that capture has many events to take in after
+// the last write: a response whose end left first is all but sure to be
+// seen before its call is captured.
+func TestStreamEndFollowsCapture(t *testing.T) {
+	next := make(chan struct{})
+	close(next)
+	e, _ := streamEndEnv(t, lateBurstBackend(t, 400, next), mock.Config{}, 64<<10)
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for i := range 20 {
+		res, err := http.Post(e.URL+"/rollout/sync/attempt/1/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+			t.Fatalf("call %d: %v, body ends %q", i, err, b[max(0, len(b)-100):])
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		err = e.Pipe.Sync(ctx)
+		var rows []export.Call
+		if err == nil {
+			rows, err = e.Store.Calls(ctx, export.CallFilter{SpanID: res.Header.Get("x-request-id")})
+		}
+		cancel()
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("call %d: answered, then %d rows stored after Sync (%v): its end left before its capture", i, len(rows), err)
 		}
 	}
 }

@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"net"
+	"reflect"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A streamed (SSE) answer is written by the gateway itself, on the client
+// connection fasthttp hands over (RequestCtx.Hijack, without a response of
+// its own), not through fasthttp's response writer.
+//
+// Through fasthttp, every open stream held a 4 KiB buffered writer and a
+// 4 KiB copy buffer for its whole life (writeBodyChunked in fasthttp v1.69's
+// http.go blocks in the body's Read with the copy buffer taken), and each
+// burst of events was copied twice more (into the copy buffer, then the
+// writer). Written here, a stream between two bursts holds no buffer at
+// all, and each burst leaves in one write straight from the bytes fill
+// made, the last one with the last chunk; the empty trailer that completes
+// the response follows once the call was handed to capture (serveStream).
+//
+// The bytes are those fasthttp would have written: its own response headers
+// (ResponseHeader.AppendBytes, after serveConn has set Connection and Server
+// on them, as it does before writing a response) and HTTP/1.1 chunked
+// framing without trailers. Once the stream ended, the connection goes back
+// to fasthttp (Server.ServeConn) for the client's next request, with what
+// fasthttp had already read of it (readAhead), unless the response closes
+// it (the client asked, the gateway is draining, a write failed).
+
+// streamHeadBufs hold a stream's response headers and first chunk until
+// they leave together.
+var streamHeadBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// hijackStream hands sb's stream to a hijack of ctx's connection: fasthttp
+// sends nothing itself, and the stream is written once the handler returned
+// (serveStream).
+func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, sb *streamBody) {
+	s.streams.Add(1)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(hc net.Conn) { s.serveStream(ctx, sb, hc) })
+}
+
+// serveStream writes sb's stream on the hijacked connection hc (ctx's, as
+// fasthttp wraps it), ends the call, and gives the connection back to
+// fasthttp for its next request or closes it.
+func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Conn) {
+	defer s.streams.Done()
+	conn := ctx.Conn()
+	h := &ctx.Response.Header
+	ahead, ok := readAhead(hc)
+	if !ok || s.draining.Load() {
+		h.SetConnectionClose()
+	}
+	h.SetContentLength(-1) // chunked, as fasthttp sends a body stream
+	head := streamHeadBufs.Get().(*[]byte)
+	*head = h.AppendBytes((*head)[:0])
+	werr := sb.writeStream(head)
+	sb.CloseWithError(werr)
+	if werr == nil {
+		// The body's end leaves once the call is handed to capture: a
+		// client that has its whole answer (and then reports its rollout
+		// finished, which waits for the rollout's calls to be stored:
+		// Pipeline.Sync) finds this call among them.
+		_, werr = conn.Write([]byte(emptyTrailer))
+	}
+	keep := werr == nil && !h.ConnectionClose()
+	// The request's body and the response's headers are not needed any
+	// more: fasthttp releases ctx only once this returns.
+	ctx.Request.Reset()
+	ctx.Response.Reset()
+	if len(ahead) > 0 {
+		if ac, ok := conn.(*aheadConn); ok && len(ac.ahead) == 0 {
+			ac.ahead = ahead // fasthttp read all it had before: no layer more
+		} else {
+			conn = &aheadConn{Conn: conn, ahead: ahead}
+		}
+	}
+	if !keep || !s.continueConn(conn) {
+		conn.Close()
+	}
+}
+
+// continueConn hands conn back to fasthttp for the client's next request, on
+// a goroutine of its own (so that this one, and the request context fasthttp
+// keeps until it returns, end now). It reports false, and does nothing, once
+// the gateway is draining.
+func (s *Server) continueConn(conn net.Conn) bool {
+	s.contMu.Lock()
+	defer s.contMu.Unlock()
+	if s.draining.Load() {
+		return false
+	}
+	// fasthttp cleared the deadlines when it handed the connection over, and
+	// a connection it serves anew waits for its first request without one:
+	// the idle timeout runs from now, as between two requests.
+	if d := cmp.Or(s.cfg.ClientIdleTimeout, s.cfg.ClientReadTimeout); d > 0 {
+		_ = conn.SetReadDeadline(time.Now().Add(d))
+	}
+	s.conts.Add(1)
+	go func() {
+		defer s.conts.Done()
+		if s.draining.Load() {
+			conn.Close()
+			return
+		}
+		_ = s.srv.ServeConn(conn) // its errors are the client's: fasthttp logs what it logs for any connection
+	}()
+	return true
+}
+
+// readAhead returns what fasthttp has already read from the connection hc
+// hands over beyond the request (the client's next requests, pipelined), a
+// copy: fasthttp then passes its buffered reader as hc's source, and takes
+// that reader back once the hijack handler returns (serveConn and
+// hijackConnHandler in fasthttp v1.69's server.go). fasthttp does not export
+// it: the reader is found by reflection, read-only, as chunkPeek finds a
+// stream's (its bytes come from chunkPeek.buffered). ok is false when hc is
+// not laid out so: the connection then closes after the stream rather than
+// lose those bytes; TestStreamEndLeavesWithLastEvent fails then, so an
+// upgrade that moves them is noticed.
+func readAhead(hc net.Conn) (ahead []byte, ok bool) {
+	v := reflect.ValueOf(hc)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct || !fasthttpStruct(v.Type(), "hijackConn") {
+		return nil, false
+	}
+	f := v.Elem().FieldByName("r")
+	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
+		return nil, false
+	}
+	src := f.Elem()
+	switch {
+	case src.Type() == reflect.TypeFor[*bufio.Reader]() && readerLayout().ok && !src.IsNil():
+		return bytes.Clone(chunkPeek{br: src.Elem()}.buffered()), true
+	case src.Type().Implements(reflect.TypeFor[net.Conn]()):
+		return nil, true // the connection itself: nothing read ahead
+	}
+	return nil, false
+}
+
+// aheadConn is a client connection fasthttp serves again after a stream,
+// with the bytes it had read ahead of that stream's request (readAhead):
+// they are read first.
+type aheadConn struct {
+	net.Conn
+	ahead []byte
+}
+
+// Read returns what was read ahead first.
+func (c *aheadConn) Read(p []byte) (int, error) {
+	if len(c.ahead) > 0 {
+		n := copy(p, c.ahead)
+		c.ahead = c.ahead[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// SyscallConn is the socket's, for the hang-up watches (socketOf).
+func (c *aheadConn) SyscallConn() (syscall.RawConn, error) {
+	sc := socketOf(c.Conn)
+	if sc == nil {
+		return nil, errors.New("gateway: the client connection has no socket")
+	}
+	return sc.SyscallConn()
+}
+
+// errClientHungUp is a stream's last write refused because the client had
+// closed its side of the connection: it could not get the response's end.
+var errClientHungUp = errors.New("gateway: the client closed the connection before the stream's end was written")
+
+// hungUp reports whether the client of conn has closed or reset the
+// connection (a non-blocking peek; false when that cannot be known). A
+// stream's last chunk and end go in one write, which a socket whose peer
+// has closed still accepts: without this, a client that gave up before the
+// stream's only write (its tokens all came at once, late) would be counted
+// as answered.
+func hungUp(conn net.Conn) bool {
+	sc := socketOf(conn)
+	if sc == nil || !peekSupported {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	return err == nil && peerClosed(raw)
+}
+
+// waitGroup waits for wg, or for ctx to end (its error).
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
