@@ -57,7 +57,7 @@ func (s *Server) messages(ctx *fasthttp.RequestCtx, attr attribution) {
 	s.proxyWith(ctx, attr, openai.ChatCompletions, messagesChatPath, opts)
 
 	status := ctx.Response.StatusCode()
-	if ctx.Response.IsBodyStream() {
+	if ctx.Response.IsBodyStream() || ctx.Hijacked() {
 		return // an event stream (translated), or a hijacked answer
 	}
 	if status >= 300 {

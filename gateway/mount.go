@@ -126,9 +126,10 @@ func (s *Server) ProxyAgent(ctx *fasthttp.RequestCtx, ac AgentCall) {
 	}
 	s.proxyWith(ctx, attr, ac.Endpoint, path, callOptions{force: ac.Force, detail: ac.DetailErrors, onEnd: end, noKeyCheck: true,
 		retries: ac.Retries, backoff: ac.RetryBackoff, retryStatus: ac.RetryStatuses, pool: ac.Pool, engineOnly: ac.EngineAnswersOnly})
-	// A stream ends when fasthttp closes its body (streamBody.CloseWithError
-	// calls finish, which calls onEnd); anything else has ended already.
-	if !ctx.Response.IsBodyStream() {
+	// A stream ends once written (streamBody.CloseWithError calls finish,
+	// which calls onEnd): on the hijacked connection (streamconn.go) or, when
+	// translated, when fasthttp closes its body. Anything else has ended.
+	if !ctx.Response.IsBodyStream() && !ctx.Hijacked() {
 		end()
 	}
 }
