@@ -133,3 +133,48 @@ func TestIdleTimeoutAfterStream(t *testing.T) {
 		t.Fatalf("idle after a stream: read %d bytes, %v after %s; want the gateway to close the connection after 300ms", n, err, time.Since(start))
 	}
 }
+
+// TestStreamConnectionClose: a client that asks for its connection to be
+// closed ("Connection: close") gets its stream whole, told so in the
+// response's headers, and then the connection closes; a keep-alive client's
+// connection serves its next request after its stream.
+func TestStreamConnectionClose(t *testing.T) {
+	e, _ := streamEndEnv(t, "", mock.Config{}, 0)
+	body := `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	for _, close := range []bool{false, true} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		for i := range 2 {
+			hdr := ""
+			if close {
+				hdr = "Connection: close\r\n"
+			}
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", hdr, len(body), body)
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				if close && i == 1 {
+					break // closed after the first answer, as asked
+				}
+				t.Fatalf("close %v, request %d: %v", close, i, err)
+			}
+			b, err := io.ReadAll(res.Body)
+			if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("close %v, request %d: %v %q", close, i, err, b)
+			}
+			if res.Close != close {
+				t.Fatalf("close %v, request %d: the response says close %v (Connection: %q)", close, i, res.Close, res.Header.Get("Connection"))
+			}
+			if close {
+				conn.SetReadDeadline(time.Now().Add(10 * time.Second)) // a bound: the gateway must close first
+				if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+					t.Fatalf("after a stream asked to close its connection: read %d bytes, %v", n, err)
+				}
+				break
+			}
+		}
+		conn.Close()
+	}
+}
