@@ -54,6 +54,7 @@ type Server struct {
 	streams     sync.WaitGroup // streams written on hijacked connections (streamconn.go)
 	conts       sync.WaitGroup // connections handed back to fasthttp after a stream
 	contMu      sync.Mutex     // orders handing a connection back against draining
+	kept        sync.Map       // *keptConn handed back and waiting for their next request
 	pause       pauser
 	resumables  resumables    // streams a pause in mode abort aborts and resumes (resume.go)
 	engines     enginePauser  // engines paused with their own pause routes (enginepause.go)
@@ -206,6 +207,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		close(s.stop)
 	}
 	s.contMu.Unlock()
+	// Connections handed back after a stream and idle since: fasthttp's
+	// shutdown would wait 5 s to count them idle.
+	s.closeKept()
 	err := s.srv.ShutdownWithContext(ctx)
 	if err == nil {
 		// Streams run on connections fasthttp handed over: wait for them

@@ -9,6 +9,7 @@ import (
 	"net"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,17 +84,19 @@ func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Co
 	// more: fasthttp releases ctx only once this returns.
 	ctx.Request.Reset()
 	ctx.Response.Reset()
-	if len(ahead) > 0 {
-		if ac, ok := conn.(*aheadConn); ok && len(ac.ahead) == 0 {
-			ac.ahead = ahead // fasthttp read all it had before: no layer more
-		} else {
-			conn = &aheadConn{Conn: conn, ahead: ahead}
-		}
-	}
 	streaming = false
 	s.streams.Done()
-	if !keep || !s.continueConn(conn) {
+	if !keep {
 		conn.Close()
+		return
+	}
+	kc, ok := conn.(*keptConn)
+	if !ok || len(kc.ahead) > 0 {
+		kc = &keptConn{Conn: conn, s: s} // once per connection: its next streams reuse it
+	}
+	kc.ahead = ahead
+	if !s.continueConn(kc) {
+		kc.Close()
 	}
 }
 
@@ -114,27 +117,52 @@ func growStack(i int) byte {
 	return pad[(i+1)%len(pad)]
 }
 
-// continueConn hands conn back to fasthttp for the client's next request,
+// continueConn hands kc back to fasthttp for the client's next request,
 // on this goroutine (its stack grown already), until fasthttp hands it over
 // again or closes it. It reports false, and does nothing, once the gateway
-// is draining.
-func (s *Server) continueConn(conn net.Conn) bool {
+// is draining; until the client's next request begins, Shutdown closes kc
+// (fasthttp counts a connection it serves anew as idle only 5 s later).
+func (s *Server) continueConn(kc *keptConn) bool {
 	s.contMu.Lock()
 	if s.draining.Load() {
 		s.contMu.Unlock()
 		return false
 	}
 	s.conts.Add(1)
+	kc.session++
+	session := kc.session
+	kc.waiting.Store(true)
+	s.kept.Store(kc, struct{}{})
 	s.contMu.Unlock()
-	defer s.conts.Done()
+	defer func() {
+		// Closed before a next request: no longer kept. (After a hijack,
+		// the stream's goroutine may have handed kc back anew already.)
+		s.contMu.Lock()
+		if kc.session == session && kc.waiting.CompareAndSwap(true, false) {
+			s.kept.Delete(kc)
+		}
+		s.contMu.Unlock()
+		s.conts.Done()
+	}()
 	// fasthttp cleared the deadlines when it handed the connection over, and
 	// a connection it serves anew waits for its first request without one:
 	// the idle timeout runs from now, as between two requests.
 	if d := cmp.Or(s.cfg.ClientIdleTimeout, s.cfg.ClientReadTimeout); d > 0 {
-		_ = conn.SetReadDeadline(time.Now().Add(d))
+		_ = kc.SetReadDeadline(time.Now().Add(d))
 	}
-	_ = s.srv.ServeConn(conn) // its errors are the client's: fasthttp logs what it logs for any connection
+	_ = s.srv.ServeConn(kc) // its errors are the client's: fasthttp logs what it logs for any connection
 	return true
+}
+
+// closeKept closes the connections handed back after a stream whose next
+// request has not begun (Shutdown, once draining).
+func (s *Server) closeKept() {
+	s.kept.Range(func(k, _ any) bool {
+		if kc := k.(*keptConn); kc.waiting.Load() {
+			kc.Close()
+		}
+		return true
+	})
 }
 
 // readAhead returns what fasthttp has already read from the connection hc
@@ -166,26 +194,42 @@ func readAhead(hc net.Conn) (ahead []byte, ok bool) {
 	return nil, false
 }
 
-// aheadConn is a client connection fasthttp serves again after a stream,
-// with the bytes it had read ahead of that stream's request (readAhead):
-// they are read first.
-type aheadConn struct {
+// keptConn is a client connection fasthttp serves again after a stream
+// (continueConn): it returns first what fasthttp had read ahead of that
+// stream's request (readAhead), and it notes when the client's next request
+// begins.
+type keptConn struct {
 	net.Conn
-	ahead []byte
+	ahead   []byte
+	s       *Server
+	waiting atomic.Bool // handed back, and no byte of a next request read yet
+	session int         // how many times it was handed back (under Server.contMu)
 }
 
 // Read returns what was read ahead first.
-func (c *aheadConn) Read(p []byte) (int, error) {
+func (c *keptConn) Read(p []byte) (int, error) {
 	if len(c.ahead) > 0 {
 		n := copy(p, c.ahead)
 		c.ahead = c.ahead[n:]
+		c.served()
 		return n, nil
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.served()
+	}
+	return n, err
+}
+
+// served notes that the client's next request has begun.
+func (c *keptConn) served() {
+	if c.waiting.CompareAndSwap(true, false) {
+		c.s.kept.Delete(c)
+	}
 }
 
 // SyscallConn is the socket's, for the hang-up watches (socketOf).
-func (c *aheadConn) SyscallConn() (syscall.RawConn, error) {
+func (c *keptConn) SyscallConn() (syscall.RawConn, error) {
 	sc := socketOf(c.Conn)
 	if sc == nil {
 		return nil, errors.New("gateway: the client connection has no socket")
