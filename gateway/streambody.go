@@ -305,8 +305,8 @@ func (b *streamBody) handHeld() {
 }
 
 // fill reads the backend once and turns what arrived into client bytes.
-// It is called once the previous bytes were taken (fasthttp has written and
-// flushed them), so it first hands the previous payloads to capture.
+// It is called once the previous bytes were taken (written to the client,
+// or returned by Read), so it first hands the previous payloads to capture.
 func (b *streamBody) fill() {
 	defer b.logIfEnded()
 	b.handHeld()

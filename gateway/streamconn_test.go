@@ -34,13 +34,9 @@ func TestShutdownWaitsForStreams(t *testing.T) {
 		return err == nil
 	})
 	e, _ := streamEndEnv(t, url, mock.Config{}, 0)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialGateway(t, e)
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	fmt.Fprintf(conn, "POST /rollout/drain/attempt/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	postRaw(conn, "/rollout/drain/attempt/1/v1/chat/completions", "", body)
 	br := bufio.NewReader(conn)
 	res, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -117,7 +113,7 @@ func TestIdleTimeoutAfterStream(t *testing.T) {
 	}
 	defer conn.Close()
 	body := `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	postRaw(conn, "/v1/chat/completions", "", body)
 	br := bufio.NewReader(conn)
 	res, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -152,7 +148,7 @@ func TestStreamConnectionClose(t *testing.T) {
 			if close {
 				hdr = "Connection: close\r\n"
 			}
-			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", hdr, len(body), body)
+			postRaw(conn, "/v1/chat/completions", hdr, body)
 			res, err := http.ReadResponse(br, nil)
 			if err != nil {
 				if close && i == 1 {

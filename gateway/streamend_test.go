@@ -103,6 +103,23 @@ func streamEndEnv(t *testing.T, url string, mc mock.Config, readBuffer int) (*ga
 	return e, rl
 }
 
+// dialGateway opens a raw client connection to e's gateway.
+func dialGateway(t *testing.T, e *gatewaytest.Env) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// postRaw writes a JSON POST of body to path on w, with extra header lines
+// (each ending in CRLF) after Host.
+func postRaw(w io.Writer, path, extra, body string) {
+	fmt.Fprintf(w, "POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, extra, len(body), body)
+}
+
 // rawResponse reads one HTTP response from br and returns its bytes as
 // they came (status line to the end of the chunked body) and its body.
 func rawResponse(t *testing.T, br *bufio.Reader) (raw []byte, body string, res *http.Response) {
@@ -152,15 +169,11 @@ func endsAfterCapture(t *testing.T, what string, writes [][]byte) {
 func TestStreamEndsInOneWrite(t *testing.T) {
 	const n = 20
 	e, rl := streamEndEnv(t, burstBackend(t, n), mock.Config{}, 0)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialGateway(t, e)
 	br := bufio.NewReader(conn)
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for round := range 4 {
-		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		postRaw(conn, "/v1/chat/completions", "", body)
 		raw, got, res := rawResponse(t, br)
 		if res.StatusCode != 200 || strings.Count(got, "data: ") != n+2 || !strings.HasSuffix(got, "data: [DONE]\n\n") {
 			t.Fatalf("round %d: status %d, body:\n%s", round, res.StatusCode, got)
@@ -220,11 +233,7 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 	})
 	e, rl := streamEndEnv(t, url, mock.Config{}, 0)
 	wrote <- rl.wrote
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialGateway(t, e)
 	br := bufio.NewReader(conn)
 	req := func(i int) string {
 		body := fmt.Sprintf(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi %d"}]}`, i)
@@ -267,13 +276,9 @@ func TestStreamEndLeavesWithLastEvent(t *testing.T) {
 func TestLateBurstEndsWithItsLastChunk(t *testing.T) {
 	next := make(chan struct{})
 	e, rl := streamEndEnv(t, lateBurstBackend(t, 300, next), mock.Config{}, 64<<10)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialGateway(t, e)
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	postRaw(conn, "/v1/chat/completions", "", body)
 	var rec bytes.Buffer
 	br := bufio.NewReader(io.TeeReader(conn, &rec))
 	res, err := http.ReadResponse(br, nil)
