@@ -18,3 +18,6 @@ func waitHangup(syscall.RawConn) (bool, error) {
 
 // peerClosed cannot tell where peeking is not supported.
 func peerClosed(syscall.RawConn) bool { return false }
+
+// waitReadable is never called where peeking is not supported.
+func waitReadable(syscall.RawConn) error { return errors.ErrUnsupported }

@@ -59,3 +59,22 @@ func peerClosed(raw syscall.RawConn) bool {
 	})
 	return gone
 }
+
+// waitReadable blocks until raw has bytes to read, or its peer closed or
+// reset the connection (then a read returns at once), or the read deadline
+// or a local close ends the wait (the error). It consumes nothing.
+func waitReadable(raw syscall.RawConn) error {
+	var buf [1]byte
+	return raw.Read(func(fd uintptr) bool {
+		for {
+			_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			switch {
+			case errors.Is(err, syscall.EINTR):
+				continue
+			case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EWOULDBLOCK):
+				return false // nothing yet: wait for readability
+			}
+			return true // bytes, EOF or an error: the next read tells
+		}
+	})
+}

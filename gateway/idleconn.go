@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -37,6 +38,7 @@ type idleConn struct {
 	awaiting atomic.Bool
 	// unacked is called when Read returns errUnacknowledged (nil: nothing).
 	unacked func()
+	raw     syscall.RawConn // Conn's, for waitReadable (set by canWait)
 }
 
 // errUnacknowledged is what Read returns when the first byte of an answer
@@ -65,28 +67,80 @@ func (c *idleConn) Write(p []byte) (int, error) {
 
 // Read applies the idle deadline before reading.
 func (c *idleConn) Read(p []byte) (int, error) {
-	d := time.Now().Add(c.idle)
-	if !c.overall.IsZero() && c.overall.Before(d) {
-		d = c.overall
-	}
-	if c.set.IsZero() || d.Before(c.set) || d.Sub(c.set) > c.idle/8 {
-		if err := c.Conn.SetReadDeadline(d); err != nil {
-			return 0, err
-		}
-		c.set = d
+	if err := c.moveDeadline(); err != nil {
+		return 0, err
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		if c.awaiting.Load() {
 			c.awaiting.Store(false)
 		}
-	} else if err != nil && c.awaiting.Load() && errors.Is(err, os.ErrDeadlineExceeded) && unacknowledged(c.Conn) {
+	} else if err != nil {
+		err = c.readError(err)
+	}
+	return n, err
+}
+
+// moveDeadline sets the read deadline of the next read (see idleConn).
+func (c *idleConn) moveDeadline() error {
+	d := time.Now().Add(c.idle)
+	if !c.overall.IsZero() && c.overall.Before(d) {
+		d = c.overall
+	}
+	if c.set.IsZero() || d.Before(c.set) || d.Sub(c.set) > c.idle/8 {
+		if err := c.Conn.SetReadDeadline(d); err != nil {
+			return err
+		}
+		c.set = d
+	}
+	return nil
+}
+
+// readError is what a read that failed with err returns: errUnacknowledged
+// when an awaited answer's first byte is overdue and the request was never
+// acknowledged (see idleConn).
+func (c *idleConn) readError(err error) error {
+	if c.awaiting.Load() && errors.Is(err, os.ErrDeadlineExceeded) && unacknowledged(c.Conn) {
 		if c.unacked != nil {
 			c.unacked()
 		}
-		return 0, errUnacknowledged
+		return errUnacknowledged
 	}
-	return n, err
+	return err
+}
+
+// canWait reports whether waitReadable can wait on this connection: a
+// socket, on a platform with a non-blocking MSG_PEEK.
+func (c *idleConn) canWait() bool {
+	if !peekSupported {
+		return false
+	}
+	if c.raw == nil {
+		sc, ok := c.Conn.(syscall.Conn)
+		if !ok {
+			return false
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			return false
+		}
+		c.raw = raw
+	}
+	return true
+}
+
+// waitReadable waits, under the deadline Read would set and reading
+// nothing, until the backend's next bytes are in or it closed or reset the
+// connection; the next Read then returns without waiting (engineStream
+// waits so, without a read buffer). Only after canWait reported true.
+func (c *idleConn) waitReadable() error {
+	if err := c.moveDeadline(); err != nil {
+		return err
+	}
+	if err := waitReadable(c.raw); err != nil {
+		return c.readError(err)
+	}
+	return nil
 }
 
 // unreachedHosts remembers when each backend host last left a request

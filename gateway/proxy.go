@@ -368,6 +368,8 @@ func (s *Server) exchange(ctx *fasthttp.RequestCtx, c *call, pl *backends.Pool, 
 	}
 	if s.tokenInOn(pl, c.endpoint) {
 		err = s.serveTokenIn(c, r, info, req, resp, rewritten, deadline, hw)
+	} else if info.Stream {
+		err = s.transport.doStream(r.Client(), req, resp, deadline)
 	} else {
 		err = r.Client().DoDeadline(req, resp, deadline)
 	}

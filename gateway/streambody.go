@@ -41,10 +41,9 @@ type streamBody struct {
 	r    *backends.Upstream // released, with the concurrency slot, when the call ends
 
 	upstream io.Reader
-	peek     chunkPeek // whether upstream has its next chunk buffered (peekOK)
-	peekOK   bool
+	es       *engineStream // upstream, when the gateway reads its chunks: it tells what is buffered
 	sc       capture.SSEScanner
-	in       []byte       // backend read buffer (from streamIns; while waiting for the backend, only when peekOK is false)
+	in       []byte       // backend read buffer (from streamIns; while waiting for the backend, only when es is nil)
 	one      [1]byte      // what a stream waits on instead (readBurst)
 	outBuf   *streamOut   // out and scratch come from it; nil while waiting for the backend (takeOut, putOut)
 	out      []byte       // bytes for the client, out[off:] not yet returned
@@ -74,8 +73,9 @@ var streamBodies = sync.Pool{New: func() any { return new(streamBody) }}
 
 // streamIns are backend read buffers. A small one: an SSE event is a few
 // hundred bytes. It grows for a burst (readBurst), up to maxBurstRead. A
-// stream whose chunks fasthttp parses (peekOK) takes one only once the
-// backend's next bytes are in: 1,000 streams between tokens hold none.
+// stream read by an engineStream takes one only once the backend's next
+// bytes are in: 1,000 streams between tokens hold none (nor, when the
+// engineStream can wait without it, the connection's read buffer).
 var streamIns = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
 // takeIn gives b a read buffer.
@@ -150,7 +150,7 @@ func (s *Server) newStreamBody(c *call, resp *fasthttp.Response, inj rewrite.Inj
 	b.off, b.first, b.eof, b.rerr, b.closed = 0, true, false, nil, false
 	b.conn, b.deadline, b.done, b.errEvent, b.respEnd = conn, time.Time{}, false, false, false
 	b.upstream = resp.BodyStream()
-	b.peek, b.peekOK = peekerOf(resp, b.upstream)
+	b.es, _ = b.upstream.(*engineStream)
 	if b.upstream == nil {
 		b.bodyRdr.Reset(resp.Body())
 		b.upstream = &b.bodyRdr
@@ -321,13 +321,13 @@ func (b *streamBody) fill() {
 		b.head.Set(h)
 	}
 	n, err := b.readBurst()
-	if b.peekOK && n == 0 {
+	if b.es != nil && n == 0 {
 		b.putIn()
 	}
 	b.takeOut()
 	if n > 0 {
 		b.sc.Feed(b.in[:n]) // the scanner copies: the read buffer is free again
-		if b.peekOK {
+		if b.es != nil {
 			b.putIn()
 		}
 		for {
@@ -352,19 +352,20 @@ func (b *streamBody) fill() {
 
 // readBurst reads the backend into b.in once, and on while its next chunk
 // is already buffered: events that arrived together leave together (see
-// chunkPeek). The read buffer grows for a burst, up to maxBurstRead (not on
-// the first read: the first token is not held back for the rest of a
-// burst). When nothing is buffered, it waits on one byte and takes the read
-// buffer once that byte is in, so that an open stream between two tokens
-// holds none (fill gives it back once the scanner has the bytes).
+// engineStream.ready). The read buffer grows for a burst, up to
+// maxBurstRead (not on the first read: the first token is not held back for
+// the rest of a burst). When nothing is buffered, it waits on one byte and
+// takes the read buffer once that byte is in, so that an open stream
+// between two tokens holds none (fill gives it back once the scanner has
+// the bytes); the engineStream waits without its own, when it can.
 func (b *streamBody) readBurst() (n int, err error) {
-	if b.peekOK && len(b.peek.buffered()) == 0 {
+	if b.es != nil && len(b.es.buffered()) == 0 {
 		// Nothing of the backend's next bytes is here: wait for them
 		// without a read buffer, on one byte, then read what came with it.
 		n, err = b.upstream.Read(b.one[:])
 		b.takeIn()
 		b.in[0] = b.one[0]
-		if err != nil || n == 0 || len(b.peek.buffered()) == 0 {
+		if err != nil || n == 0 || len(b.es.buffered()) == 0 {
 			return n, err
 		}
 	} else {
@@ -373,7 +374,7 @@ func (b *streamBody) readBurst() (n int, err error) {
 	var m int
 	m, err = b.upstream.Read(b.in[n:])
 	n += m
-	for err == nil && b.peekOK && b.peek.ready() {
+	for err == nil && b.es != nil && b.es.ready() {
 		if n == len(b.in) {
 			if b.first || len(b.in) >= maxBurstRead {
 				break
@@ -385,7 +386,7 @@ func (b *streamBody) readBurst() (n int, err error) {
 		m, err = b.upstream.Read(b.in[n:])
 		n += m
 	}
-	if err == nil && b.peekOK && n < len(b.in) && b.peek.endBuffered() {
+	if err == nil && b.es != nil && n < len(b.in) && b.es.endBuffered() {
 		// The body's end came with these bytes: read it now (it returns
 		// io.EOF without waiting), so that the stream's last bytes are known
 		// to be last and leave with the end (see clientConn).
@@ -569,7 +570,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
 	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
-	b.peek, b.peekOK = chunkPeek{}, false
+	b.es = nil
 	b.bodyRdr.Reset(nil)
 	b.putOut()
 	b.putIn()

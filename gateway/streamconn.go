@@ -170,8 +170,7 @@ func (s *Server) closeKept() {
 // copy: fasthttp then passes its buffered reader as hc's source, and takes
 // that reader back once the hijack handler returns (serveConn and
 // hijackConnHandler in fasthttp v1.69's server.go). fasthttp does not export
-// it: the reader is found by reflection, read-only, as chunkPeek finds a
-// stream's (its bytes come from chunkPeek.buffered). ok is false when hc is
+// it: the reader is found by reflection, read-only (readahead.go). ok is false when hc is
 // not laid out so: the connection then closes after the stream rather than
 // lose those bytes; TestStreamEndLeavesWithLastEvent fails then, so an
 // upgrade that moves them is noticed.
@@ -187,7 +186,7 @@ func readAhead(hc net.Conn) (ahead []byte, ok bool) {
 	src := f.Elem()
 	switch {
 	case src.Type() == reflect.TypeFor[*bufio.Reader]() && readerLayout().ok && !src.IsNil():
-		return bytes.Clone(chunkPeek{br: src.Elem()}.buffered()), true
+		return bytes.Clone(bufferedIn(src.Elem())), true
 	case src.Type().Implements(reflect.TypeFor[net.Conn]()):
 		return nil, true // the connection itself: nothing read ahead
 	}

@@ -113,12 +113,12 @@ func (s *Server) startGenerate(r *backends.Upstream, ti engines.TokenIn, body []
 	tokenInRequest(req, r, r.Origin()+ti.TokenInPaths().Generate, body, from)
 	gen := fasthttp.AcquireResponse()
 	gen.StreamBody = true
-	err := r.Client().DoDeadline(req, gen, deadline)
+	err := s.transport.doStream(r.Client(), req, gen, deadline)
 	if err != nil && staleConn(err) {
 		r.Client().CloseIdleConnections() // see tokenInPost
 		gen.Reset()
 		gen.StreamBody = true
-		err = r.Client().DoDeadline(req, gen, deadline)
+		err = s.transport.doStream(r.Client(), req, gen, deadline)
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(gen)

@@ -61,11 +61,13 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // hangupTransport is the RoundTripper of the gateway's backend clients. It
 // performs the round trip of a call registered as cancellable (see
-// Server.watchHangup) itself, on a connection its hangupWatch can close;
-// every other request (streams, health checks, probes) goes through
+// Server.watchHangup) itself, on a connection its hangupWatch can close,
+// and that of a streamed call made with doStream (enginestream.go); every
+// other request (health checks, probes) goes through
 // fasthttp.DefaultTransport unchanged. The zero value is ready to use.
 type hangupTransport struct {
-	calls sync.Map // *fasthttp.Request -> *hangupWatch
+	calls   sync.Map // *fasthttp.Request -> *hangupWatch
+	streams streamDeadlines
 }
 
 // RoundTrip implements fasthttp.RoundTripper.
@@ -74,6 +76,8 @@ func (t *hangupTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reque
 		if v, ok := t.calls.Load(req); ok {
 			return v.(*hangupWatch).roundTrip(hc, req, resp)
 		}
+	} else if v, ok := t.streams.m.Load(req); ok {
+		return t.streamRoundTrip(hc, req, resp, *v.(*time.Time))
 	}
 	return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
 }
@@ -258,35 +262,9 @@ func (w *hangupWatch) roundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, 
 		return retry, err
 	}
 	resp.ParseNetConn(conn)
-
-	if err := conn.SetWriteDeadline(earliest(w.deadline, hc.WriteTimeout)); err != nil {
-		return fail(true, fmt.Errorf("setting write deadline: %w", err))
-	}
-	// Like fasthttp: a connection older than MaxConnDuration serves this
-	// last request and closes.
-	closeAfter := hc.MaxConnDuration > 0 && time.Since(cc.CreatedTime()) > hc.MaxConnDuration && !req.ConnectionClose()
-	if closeAfter {
-		req.SetConnectionClose()
-	}
-	bw := hc.AcquireWriter(conn)
-	err = req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	hc.ReleaseWriter(bw)
-	if closeAfter {
-		req.Header.ResetConnectionClose()
-	}
+	closeAfter, err := sendRequest(hc, conn, cc.CreatedTime(), req, w.deadline)
 	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			err = fasthttp.ErrTimeout
-		}
 		return fail(true, err)
-	}
-
-	if err := conn.SetReadDeadline(earliest(w.deadline, hc.ReadTimeout)); err != nil {
-		return fail(true, fmt.Errorf("setting read deadline: %w", err))
 	}
 	if req.Header.IsHead() {
 		resp.SkipBody = true
@@ -311,6 +289,42 @@ func (w *hangupWatch) roundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, 
 		hc.ReleaseConn(cc)
 	}
 	return false, nil
+}
+
+// sendRequest writes req on conn, a connection of hc's made at created, as
+// fasthttp v1.69's transport.RoundTrip does (client.go), and sets the read
+// deadline for the answer. closeAfter reports that the connection is older
+// than hc.MaxConnDuration: req went with "Connection: close" and the
+// connection must close after the answer. On an error the caller closes the
+// connection (it may hold a partial request).
+func sendRequest(hc *fasthttp.HostClient, conn net.Conn, created time.Time, req *fasthttp.Request, deadline time.Time) (closeAfter bool, err error) {
+	if err := conn.SetWriteDeadline(earliest(deadline, hc.WriteTimeout)); err != nil {
+		return false, fmt.Errorf("setting write deadline: %w", err)
+	}
+	closeAfter = hc.MaxConnDuration > 0 && time.Since(created) > hc.MaxConnDuration && !req.ConnectionClose()
+	if closeAfter {
+		req.SetConnectionClose()
+	}
+	bw := hc.AcquireWriter(conn)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	hc.ReleaseWriter(bw)
+	if closeAfter {
+		req.Header.ResetConnectionClose()
+	}
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			err = fasthttp.ErrTimeout
+		}
+		return closeAfter, err
+	}
+	if err := conn.SetReadDeadline(earliest(deadline, hc.ReadTimeout)); err != nil {
+		return closeAfter, fmt.Errorf("setting read deadline: %w", err)
+	}
+	return closeAfter, nil
 }
 
 // earliest returns deadline, or now+limit when limit is set and earlier.
