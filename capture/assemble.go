@@ -119,7 +119,6 @@ type Assembler struct {
 
 	body     []byte // non-stream: copy of the body
 	bodyStr  string // chat or completions stream: the assembled body (buildBody)
-	idText   []byte // scratch: an id array formatted for bodyStr
 	respBody []byte // Responses stream: the final response object
 	id       []byte // raw JSON token
 	model    []byte // raw JSON token
@@ -223,7 +222,7 @@ func (a *Assembler) release() {
 // footprint is roughly the bytes the Assembler's buffers hold (their
 // capacities), for a pool deciding whether to keep it.
 func (a *Assembler) footprint() int {
-	n := cap(a.body) + cap(a.idText) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap() + a.fast.footprint()
+	n := cap(a.body) + cap(a.respBody) + 4*cap(a.prompt) + 4*a.ends.Cap() + a.fast.footprint()
 	for i := range a.choices {
 		c := &a.choices[i]
 		n += cap(c.content) + cap(c.reasoning) + 4*cap(c.tokenIDs) + 4*cap(c.promptIDs) + 4*cap(c.logprobs) +
