@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/tidwall/gjson"
 
@@ -142,17 +141,6 @@ func cmpChoice(x, y choiceState) int {
 	return 0
 }
 
-// idTexts are scratch buffers for an id array formatted for a body
-// (bodyWriter.ids), shared by all Assemblers: a buffer is needed only while
-// a body is built, and one kept by each Assembler (pooled, as many as calls
-// in flight plus those queued for the store) held 16 MB of 120 at 4,096
-// open streams (heap profile, bench/RESULTS.md §18).
-var idTexts = sync.Pool{New: func() any { return new([]byte) }}
-
-// maxPooledIDText is the largest id-array buffer put back into idTexts
-// (a 128k-token prompt).
-const maxPooledIDText = 1 << 20
-
 // buildBody builds the non-streaming equivalent of a chat or completions
 // stream, in vLLM's shape, into a.bodyStr, and each choice's message into
 // c.msgStr (for chat, the message as it stands in the body: a substring of
@@ -169,17 +157,12 @@ func (a *Assembler) buildBody() {
 			})
 		}
 	}
-	idText := idTexts.Get().(*[]byte)
-	w := bodyWriter{count: true, scratch: *idText}
+	w := bodyWriter{count: true}
 	a.writeBody(&w, chat)
 	w.sb.Grow(w.n)
 	w.count = false
 	a.writeBody(&w, chat)
 	a.bodyStr = w.sb.String()
-	if cap(w.scratch) <= maxPooledIDText {
-		*idText = w.scratch[:0]
-		idTexts.Put(idText)
-	}
 	for i := range a.n {
 		c := &a.choices[i]
 		if chat {
@@ -319,14 +302,11 @@ func writeMessage(w *bodyWriter, c *choiceState) {
 }
 
 // bodyWriter is where writeBody writes: with count set it only adds up the
-// length (n) of what it is given; otherwise it appends it to sb. scratch is
-// the Assembler's buffer for formatting id arrays before they are appended
-// (never shared with sb: Write copies).
+// length (n) of what it is given; otherwise it appends it to sb.
 type bodyWriter struct {
-	count   bool
-	n       int
-	sb      strings.Builder
-	scratch []byte
+	count bool
+	n     int
+	sb    strings.Builder
 }
 
 func (w *bodyWriter) str(s string) {
@@ -381,8 +361,21 @@ func (w *bodyWriter) ids(ids []uint32) {
 		}
 		return
 	}
-	w.scratch = arrays.AppendUint32s(w.scratch[:0], ids)
-	w.sb.Write(w.scratch)
+	// In blocks, through a buffer on the stack: no scratch is kept between
+	// bodies. (One kept by each Assembler, pooled, as many as calls in
+	// flight plus those queued for the store, held 16 MB of a 120 MB heap at
+	// 4,096 open streams: bench/RESULTS.md §18.)
+	const block = 64 // ids: at most 2 + 11*64 bytes
+	var buf [2 + 11*block]byte
+	w.sb.WriteByte('[')
+	for i := 0; i < len(ids); i += block {
+		b := arrays.AppendUint32s(buf[:0], ids[i:min(i+block, len(ids))])
+		if i > 0 {
+			w.sb.WriteByte(',')
+		}
+		w.sb.Write(b[1 : len(b)-1])
+	}
+	w.sb.WriteByte(']')
 }
 
 // len is the length written so far.
