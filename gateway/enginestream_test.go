@@ -41,76 +41,32 @@ func (w *recordingWaiter) waitReadable() error {
 // stream closed before its end closes its connection instead.
 func TestEngineStreamWaitsWithoutReadBuffer(t *testing.T) {
 	const chunks = 5
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var (
-		accepted atomic.Int32
-		nexts    sync.Map // X-Call -> chan struct{}: that call's engine sends its next chunk
+		tr    hangupTransport
+		nexts sync.Map // X-Call -> chan struct{}: that call's engine sends its next chunk
 	)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	addr, accepted, hc := engineOn(t, &tr, func(c net.Conn, req *http.Request) bool {
+		v, _ := nexts.Load(req.Header.Get("X-Call"))
+		next := v.(chan struct{})
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := range chunks {
+			if i > 0 {
+				<-next // the gateway waits for this chunk
 			}
-			accepted.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					v, _ := nexts.Load(req.Header.Get("X-Call"))
-					next := v.(chan struct{})
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-					for i := range chunks {
-						if i > 0 {
-							<-next // the gateway waits for this chunk
-						}
-						ev := fmt.Sprintf("data: %d\n\n", i)
-						fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
-					}
-					<-next
-					io.WriteString(c, "0\r\n\r\n")
-				}
-			}()
+			ev := fmt.Sprintf("data: %d\n\n", i)
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
 		}
-	}()
-
-	var tr hangupTransport
-	hc := &fasthttp.HostClient{
-		Addr:      ln.Addr().String(),
-		Transport: &tr,
-		Dial: func(addr string) (net.Conn, error) {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				return nil, err
-			}
-			return &idleConn{Conn: c, idle: time.Minute}, nil
-		},
-	}
+		<-next
+		_, err := io.WriteString(c, "0\r\n\r\n")
+		return err == nil
+	})
 	calls := 0
 	call := func(readAll bool) chan struct{} {
 		t.Helper()
 		calls++
 		next := make(chan struct{})
 		nexts.Store(fmt.Sprint(calls), next)
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		req.Header.Set("X-Call", fmt.Sprint(calls))
-		req.SetRequestURI("http://" + ln.Addr().String() + "/v1/chat/completions")
-		req.Header.SetMethod("POST")
-		req.SetBodyString(`{"stream":true}`)
-		resp.StreamBody = true
-		if err := tr.doStream(hc, req, resp, time.Now().Add(time.Minute)); err != nil {
-			t.Fatal(err)
-		}
+		resp := streamCall(t, &tr, hc, addr, "X-Call", fmt.Sprint(calls))
 		es, ok := resp.BodyStream().(*engineStream)
 		if !ok {
 			t.Fatalf("body stream %T, want the gateway's engineStream", resp.BodyStream())
@@ -182,4 +138,109 @@ func TestEngineStreamBrokenChunk(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEngineStreamBodies: a streamed call's answer in each framing an
+// engine may use reads as sent, and its connection is reused exactly when
+// the framing allows: a JSON error with a Content-Length (read whole),
+// a chunked body with a trailer, and a body that ends when the engine
+// closes (never reused).
+func TestEngineStreamBodies(t *testing.T) {
+	answers := map[string]string{
+		"length":  "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{\"error\":\"bad\"}",
+		"trailer": "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\nX-Checksum: 1\r\n\r\n",
+		"close":   "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: a\n\ndata: b\n\n", // no length, no chunks: until the engine closes
+	}
+	var tr hangupTransport
+	addr, accepted, hc := engineOn(t, &tr, func(c net.Conn, req *http.Request) bool {
+		mode := req.Header.Get("X-Mode")
+		_, err := io.WriteString(c, answers[mode])
+		return err == nil && mode != "close"
+	})
+	call := func(mode string, wantStatus int, want string) {
+		t.Helper()
+		resp := streamCall(t, &tr, hc, addr, "X-Mode", mode)
+		got, err := readAll(resp, 1<<20)
+		if err != nil || resp.StatusCode() != wantStatus || string(got) != want {
+			t.Fatalf("%s: %d %q, %v; want %d %q", mode, resp.StatusCode(), got, err, wantStatus, want)
+		}
+		fasthttp.ReleaseResponse(resp)
+	}
+	call("length", 400, `{"error":"bad"}`)
+	call("trailer", 200, "data: a\n\n")
+	call("length", 400, `{"error":"bad"}`)
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("%d connections for three answers with a length or chunks, want 1", n)
+	}
+	call("close", 200, "data: a\n\ndata: b\n\n")
+	call("trailer", 200, "data: a\n\n")
+	if n := accepted.Load(); n != 2 {
+		t.Fatalf("%d connections after a body that ended with its connection, want 2", n)
+	}
+}
+
+// engineOn starts a fake engine on loopback: answer writes the answer to
+// each request on its connection (false: close it). It returns the
+// engine's address, a count of the connections it accepted, and a client
+// of it whose streamed calls go through tr, over idleConn as the gateway's.
+func engineOn(t *testing.T, tr *hangupTransport, answer func(c net.Conn, req *http.Request) bool) (string, *atomic.Int32, *fasthttp.HostClient) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := new(atomic.Int32)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					if !answer(c, req) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	hc := &fasthttp.HostClient{
+		Addr:      ln.Addr().String(),
+		Transport: tr,
+		Dial: func(addr string) (net.Conn, error) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			return &idleConn{Conn: c, idle: time.Minute}, nil
+		},
+	}
+	return ln.Addr().String(), accepted, hc
+}
+
+// streamCall makes a streamed call to addr through tr, with header
+// X-Call (or X-Mode) set to v.
+func streamCall(t *testing.T, tr *hangupTransport, hc *fasthttp.HostClient, addr, header, v string) *fasthttp.Response {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI("http://" + addr + "/v1/chat/completions")
+	req.Header.SetMethod("POST")
+	req.Header.Set(header, v)
+	req.SetBodyString(`{"stream":true}`)
+	resp.StreamBody = true
+	if err := tr.doStream(hc, req, resp, time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("%s %s: %v", header, v, err)
+	}
+	return resp
 }
