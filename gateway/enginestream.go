@@ -119,6 +119,14 @@ func (t *hangupTransport) streamRoundTrip(hc *fasthttp.HostClient, req *fasthttp
 		return false, nil
 	}
 	es := &engineStream{hc: hc, conn: conn, br: br, chunked: length == -1, keep: keep && length == -1}
+	if wait != nil && br.Buffered() == 0 {
+		// The headers came alone (the engine sends them before its first
+		// token): the stream waits for the first token without a buffer
+		// too. (Else a wave of calls would each hold one until its
+		// stream's goroutine first runs.)
+		hc.ReleaseReader(br)
+		es.br = nil
+	}
 	es.end = func(reuse bool) {
 		if reuse {
 			hc.ReleaseConn(cc)

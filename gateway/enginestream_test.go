@@ -36,9 +36,9 @@ func (w *recordingWaiter) waitReadable() error {
 }
 
 // TestEngineStreamWaitsWithoutReadBuffer: a stream waiting for its
-// engine's next chunk holds no read buffer, reads the chunks as they come,
-// and leaves its connection to the next call once read to its end; a
-// stream closed before its end closes its connection instead.
+// engine's first or next chunk holds no read buffer, reads the chunks as
+// they come, and leaves its connection to the next call once read to its
+// end; a stream closed before its end closes its connection instead.
 func TestEngineStreamWaitsWithoutReadBuffer(t *testing.T) {
 	const chunks = 5
 	var (
@@ -50,9 +50,7 @@ func TestEngineStreamWaitsWithoutReadBuffer(t *testing.T) {
 		next := v.(chan struct{})
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 		for i := range chunks {
-			if i > 0 {
-				<-next // the gateway waits for this chunk
-			}
+			<-next // the gateway waits for this chunk
 			ev := fmt.Sprintf("data: %d\n\n", i)
 			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
 		}
@@ -73,6 +71,9 @@ func TestEngineStreamWaitsWithoutReadBuffer(t *testing.T) {
 		}
 		if es.wait == nil {
 			t.Fatal("a plain TCP connection to the engine, yet no way to wait without a buffer")
+		}
+		if es.br != nil { // nothing else has run on es yet
+			t.Fatal("the headers came alone, yet the stream holds a read buffer until its first token")
 		}
 		w := &recordingWaiter{inner: es.wait, es: es, next: next}
 		es.wait = w
@@ -95,8 +96,8 @@ func TestEngineStreamWaitsWithoutReadBuffer(t *testing.T) {
 		if string(got) != want {
 			t.Fatalf("read %q, want %q", got, want)
 		}
-		if w.waits != chunks || w.held != 0 {
-			t.Fatalf("%d waits for the engine (want %d), %d of them holding a read buffer (want 0)", w.waits, chunks, w.held)
+		if w.waits != chunks+1 || w.held != 0 {
+			t.Fatalf("%d waits for the engine (want %d), %d of them holding a read buffer (want 0)", w.waits, chunks+1, w.held)
 		}
 		fasthttp.ReleaseResponse(resp)
 		return next
