@@ -406,6 +406,25 @@ func (es *engineStream) CloseWithError(err error) error {
 	return nil
 }
 
+// parkable reports whether the next Read would wait for the engine on a
+// socket the stream can be parked on (parker): nothing buffered, the body
+// not ended, the wait made without a buffer. Then the read buffer goes
+// back to the pool, as the wait itself would give it back (fill).
+func (es *engineStream) parkable() (*idleConn, bool) {
+	if es.closed || es.eof || es.err != nil || es.br != nil && es.br.Buffered() > 0 {
+		return nil, false
+	}
+	ic, ok := es.wait.(*idleConn)
+	if !ok || ic.raw == nil {
+		return nil, false
+	}
+	if es.br != nil {
+		es.hc.ReleaseReader(es.br)
+		es.br = nil
+	}
+	return ic, true
+}
+
 // buffered returns the bytes read off the socket and not returned yet.
 func (es *engineStream) buffered() []byte {
 	if es.br == nil || es.closed {

@@ -39,6 +39,9 @@ type idleConn struct {
 	// unacked is called when Read returns errUnacknowledged (nil: nothing).
 	unacked func()
 	raw     syscall.RawConn // Conn's, for waitReadable (set by canWait)
+	// expired: the stream reading it waited parked (parker) past its
+	// deadline; the next waitReadable fails as a read past it would.
+	expired bool
 }
 
 // errUnacknowledged is what Read returns when the first byte of an answer
@@ -134,6 +137,10 @@ func (c *idleConn) canWait() bool {
 // connection; the next Read then returns without waiting (engineStream
 // waits so, without a read buffer). Only after canWait reported true.
 func (c *idleConn) waitReadable() error {
+	if c.expired {
+		c.expired = false
+		return c.readError(&net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.ErrDeadlineExceeded})
+	}
 	if err := c.moveDeadline(); err != nil {
 		return err
 	}
@@ -141,6 +148,16 @@ func (c *idleConn) waitReadable() error {
 		return c.readError(err)
 	}
 	return nil
+}
+
+// parkDue is the deadline a wait for the backend's next bytes starting
+// now has: the one moveDeadline would set.
+func (c *idleConn) parkDue() time.Time {
+	d := time.Now().Add(c.idle)
+	if !c.overall.IsZero() && c.overall.Before(d) {
+		d = c.overall
+	}
+	return d
 }
 
 // unreachedHosts remembers when each backend host last left a request

@@ -52,6 +52,7 @@ type Server struct {
 	rollouts    sync.Map       // rollout_id → registered task id (string)
 	draining    atomic.Bool
 	streams     sync.WaitGroup // streams written on hijacked connections (streamconn.go)
+	parker      *parker        // streams waiting for their engine without a goroutine (park_linux.go); nil = on their own
 	conts       sync.WaitGroup // connections handed back to fasthttp after a stream
 	contMu      sync.Mutex     // orders handing a connection back against draining
 	kept        sync.Map       // *keptConn handed back and waiting for their next request
@@ -133,6 +134,11 @@ func New(cfg Config, pipe *capture.Pipeline, m *metrics.Metrics, log *slog.Logge
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
 	}
 	s.scanners.New = func() any { return new(capture.SSEScanner) }
+	if parkSupported {
+		if s.parker, err = streamParker(); err != nil {
+			log.Warn("gateway: streams will wait for their engines on goroutines of their own", "err", err)
+		}
+	}
 	upstreamKeys, err := backends.NewUpstreamKeys(cfg.Backends, cfg.UpstreamKeys, os.Getenv)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream keys: %w", err)

@@ -64,7 +64,27 @@ type streamBody struct {
 	respEnd  bool      // the backend sent a Responses stream's last event (see isResponseEnd)
 	conn     net.Conn  // the client connection, for write deadlines
 	deadline time.Time // when the write deadline was last moved
+
+	// Written on the hijacked connection (streamconn.go): what the end of
+	// the stream needs, kept here because the stream may end on another
+	// goroutine than the one it began on (park).
+	respHead   *[]byte              // the response headers, until they leave with the first chunk (from streamHeadBufs)
+	ahead      []byte               // the client's bytes read ahead of the stream (readAhead)
+	closeAfter bool                 // the connection closes after the stream
+	ctx        *fasthttp.RequestCtx // the hijacked request's; nil once parked (fasthttp then released it)
+	// park's: the stream's key among the parked, its deadline, whether its
+	// timer resumed it (all under the parker's lock), and the timer (made at
+	// the first park of this pooled value, kept with it).
+	parkKey        uint64
+	parkDue        time.Time
+	parkExpiredNow bool
+	parkTimer      *time.Timer
+	resumed        bool // woken from a park: the next fill reads (what woke it is there)
 }
+
+// errParked is what writeStream returns when the stream was parked: it is
+// another goroutine's from then on.
+var errParked = errors.New("stream parked")
 
 // maxBurstRead bounds the backend read buffer a burst grows it to (see fill).
 const maxBurstRead = 32 << 10
@@ -205,32 +225,92 @@ func (b *streamBody) moveDeadline() {
 // each burst of events as one HTTP chunk in one write, straight from out;
 // the last one with the last chunk ("0\r\n"). It returns once the stream
 // ended, or with the error of a failed write.
-func (b *streamBody) writeStream(head *[]byte) (err error) {
+func (b *streamBody) writeStream() (err error) {
 	defer func() {
-		if head != nil { // from streamHeadBufs, held until the first write
-			*head = (*head)[:0]
-			streamHeadBufs.Put(head)
-		}
 		if r := recover(); r != nil {
 			err = b.recovered(r)
+		}
+		if err == errParked {
+			return // b is the resuming goroutine's
+		}
+		if b.respHead != nil { // from streamHeadBufs, held until the first write
+			*b.respHead = (*b.respHead)[:0]
+			streamHeadBufs.Put(b.respHead)
+			b.respHead = nil
 		}
 	}()
 	for {
 		for b.off >= len(b.out) && !b.eof {
+			if b.park() {
+				return errParked
+			}
 			b.fill()
 		}
 		b.moveDeadline()
-		if head != nil {
+		if head := b.respHead; head != nil {
 			*head, err = b.writeChunk(*head)
 			*head = (*head)[:0]
 			streamHeadBufs.Put(head)
-			head = nil
+			b.respHead = nil
 		} else {
 			_, err = b.writeChunk(nil)
 		}
 		if err != nil || b.eof {
 			return err
 		}
+	}
+}
+
+// park parks the stream (parker) when its next fill would wait for the
+// engine: it then waits without a goroutine, and resume writes on once the
+// engine's next bytes are in (or its deadline passed). What fill does before
+// it reads is done first: the payloads go to capture and the output buffer
+// back to its pool. It reports whether the stream was parked; if so, b is
+// the resuming goroutine's.
+func (b *streamBody) park() bool {
+	p := b.s.parker
+	if p == nil || b.es == nil {
+		return false
+	}
+	if b.resumed {
+		b.resumed = false
+		return false
+	}
+	ic, ok := b.es.parkable()
+	if !ok {
+		return false
+	}
+	b.handHeld()
+	b.putOut()
+	if b.ctx != nil {
+		// fasthttp releases the hijacked request's context once this
+		// goroutine returns (hijackConnHandler): nothing of it is used
+		// after this. The attribution's views into the request go too.
+		b.ctx = nil
+		b.c.attr = attribution{}
+	}
+	return p.park(b, ic.raw, ic.parkDue())
+}
+
+// resume writes on a parked stream, on a new goroutine (parker.run), or on
+// its timer's once its deadline passed (the engine's read then fails as a
+// read past the deadline fails).
+func (b *streamBody) resume() {
+	growStack(0)
+	b.resumed = true
+	if b.parkExpiredNow {
+		if ic, ok := b.es.wait.(*idleConn); ok {
+			ic.expired = true
+		}
+	}
+	b.s.runStream(b)
+}
+
+// parkExpired is the park timer's function: it resumes the stream if it is
+// still parked and its deadline passed.
+func (b *streamBody) parkExpired() {
+	if p, _ := streamParker(); p != nil && p.expire(b) {
+		b.resume()
 	}
 }
 
@@ -553,6 +633,9 @@ func (b *streamBody) CloseWithError(werr error) error {
 		return nil
 	}
 	b.closed = true
+	if b.parkTimer != nil {
+		b.parkTimer.Stop()
+	}
 	pend := b.c.pend
 	switch {
 	case b.rerr != nil:
@@ -570,7 +653,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
 	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
-	b.es = nil
+	b.es, b.ahead, b.ctx, b.resumed = nil, nil, nil, false
 	b.bodyRdr.Reset(nil)
 	b.putOut()
 	b.putIn()

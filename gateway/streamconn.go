@@ -51,17 +51,9 @@ func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, sb *streamBody) {
 }
 
 // serveStream writes sb's stream on the hijacked connection hc (ctx's, as
-// fasthttp wraps it), ends the call, and gives the connection back to
-// fasthttp for its next request or closes it.
+// fasthttp wraps it) until it ends or waits parked (runStream).
 func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Conn) {
 	growStack(0)
-	streaming := true
-	defer func() {
-		if streaming {
-			s.streams.Done()
-		}
-	}()
-	conn := ctx.Conn()
 	h := &ctx.Response.Header
 	ahead, ok := readAhead(hc)
 	if !ok || s.draining.Load() {
@@ -70,7 +62,26 @@ func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Co
 	h.SetContentLength(-1) // chunked, as fasthttp sends a body stream
 	head := streamHeadBufs.Get().(*[]byte)
 	*head = h.AppendBytes((*head)[:0])
-	werr := sb.writeStream(head)
+	sb.respHead, sb.ahead, sb.closeAfter, sb.ctx = head, ahead, h.ConnectionClose(), ctx
+	s.runStream(sb)
+}
+
+// runStream writes sb's stream, ends the call, and gives the connection
+// back to fasthttp for its next request or closes it. It returns early when
+// the stream was parked: the goroutine that resumes it runs it on.
+func (s *Server) runStream(sb *streamBody) {
+	streaming := true
+	defer func() {
+		if streaming {
+			s.streams.Done()
+		}
+	}()
+	werr := sb.writeStream()
+	if werr == errParked {
+		streaming = false // still under way, on another goroutine
+		return
+	}
+	conn, ahead, closeAfter, ctx := sb.conn, sb.ahead, sb.closeAfter, sb.ctx
 	sb.CloseWithError(werr)
 	if werr == nil {
 		// The body's end leaves once the call is handed to capture: a
@@ -79,11 +90,14 @@ func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Co
 		// Pipeline.Sync) finds this call among them.
 		_, werr = conn.Write([]byte(emptyTrailer))
 	}
-	keep := werr == nil && !h.ConnectionClose()
-	// The request's body and the response's headers are not needed any
-	// more: fasthttp releases ctx only once this returns.
-	ctx.Request.Reset()
-	ctx.Response.Reset()
+	keep := werr == nil && !closeAfter
+	if ctx != nil {
+		// The request's body and the response's headers are not needed
+		// any more: fasthttp releases ctx only once the hijack handler
+		// returns. (A stream parked once released it then.)
+		ctx.Request.Reset()
+		ctx.Response.Reset()
+	}
 	streaming = false
 	s.streams.Done()
 	if !keep {

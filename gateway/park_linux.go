@@ -1,0 +1,185 @@
+//go:build linux
+
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// parkSupported: streams can wait for their engine without a goroutine
+// (an epoll set of the gateway's own).
+const parkSupported = true
+
+// parker holds the streams that wait for their engine's next bytes
+// without a goroutine (see streamBody.park). Each waiting stream's engine
+// socket is in the parker's epoll set, armed for one event (EPOLLONESHOT),
+// under a key of its own; the parker's goroutine waits on the set in the
+// runtime's poller (the set's descriptor is itself pollable), and starts a
+// goroutine for each stream whose socket turned readable (or closed or
+// failed). A stream's deadline is a timer of its own (streamBody.parkTimer):
+// whichever of the event and the timer removes the stream from waiting
+// resumes it, once.
+//
+// A goroutine parked in the runtime's poller holds its stack (8 KiB for a
+// stream, streamStack) and, through the garbage collector's pacing (GOGC
+// counts stacks), as much heap headroom again: 16 KiB of memory for each
+// open stream, most of whose life is spent waiting for the engine's next
+// token. A parked stream holds only its streamBody.
+type parker struct {
+	epfd   int
+	file   *os.File // epfd, in the runtime's poller
+	mu     sync.Mutex
+	next   uint64
+	parked map[uint64]*streamBody
+	events [128]syscall.EpollEvent // the waiting goroutine's only
+}
+
+var (
+	parkerOnce sync.Once
+	theParker  *parker
+	parkerErr  error
+)
+
+// streamParker returns the process's parker, started on first use; nil
+// when it could not be (the error is logged once by the caller's server,
+// streams then wait on their goroutine as before).
+func streamParker() (*parker, error) {
+	parkerOnce.Do(func() { theParker, parkerErr = newParker() })
+	return theParker, parkerErr
+}
+
+func newParker() (*parker, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("stream parker: epoll_create1: %w (streams wait on their own goroutines)", err)
+	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("stream parker: set the epoll descriptor non-blocking: %w (streams wait on their own goroutines)", err)
+	}
+	p := &parker{epfd: fd, file: os.NewFile(uintptr(fd), "rollgate-stream-parker"), parked: make(map[uint64]*streamBody)}
+	raw, err := p.file.SyscallConn()
+	if err != nil {
+		p.file.Close()
+		return nil, fmt.Errorf("stream parker: %w (streams wait on their own goroutines)", err)
+	}
+	go p.run(raw)
+	return p, nil
+}
+
+// run waits for the parked streams' sockets and resumes each stream whose
+// socket has an event. It never returns: the parker lives as long as the
+// process.
+func (p *parker) run(raw syscall.RawConn) {
+	for {
+		var n int
+		err := raw.Read(func(fd uintptr) bool {
+			for {
+				var err error
+				n, err = syscall.EpollWait(int(fd), p.events[:], 0)
+				if errors.Is(err, syscall.EINTR) {
+					continue
+				}
+				return n > 0 || err != nil
+			}
+		})
+		if err != nil {
+			// Never expected (the descriptor is never closed): fail loudly
+			// rather than leave streams waiting until their deadlines.
+			panic(fmt.Sprintf("rollgate stream parker: waiting on its epoll set: %v", err))
+		}
+		for i := range n {
+			ev := &p.events[i]
+			key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			if sb := p.take(key); sb != nil {
+				go sb.resume()
+			}
+		}
+	}
+}
+
+// take removes the stream waiting under key and returns it (nil: none:
+// its timer resumed it already).
+func (p *parker) take(key uint64) *streamBody {
+	p.mu.Lock()
+	sb := p.parked[key]
+	if sb != nil {
+		delete(p.parked, key)
+	}
+	p.mu.Unlock()
+	return sb
+}
+
+// park makes sb wait, without a goroutine, until raw (its engine's socket)
+// is readable, closed or failed, or until due (zero: no deadline); then a
+// new goroutine runs sb.resume. With true, sb belongs to that goroutine
+// from now on (it may be running already): the caller must not touch it.
+// With false nothing was changed: the caller waits itself (as when due has
+// passed already).
+//
+// The stream is registered under p.mu, which the event and timer paths
+// take before resuming it: neither can resume it before its socket is
+// armed, its timer set and its fields written.
+func (p *parker) park(sb *streamBody, raw syscall.RawConn, due time.Time) bool {
+	if !due.IsZero() && !time.Now().Before(due) {
+		return false
+	}
+	if sb.parkTimer == nil {
+		sb.parkTimer = time.AfterFunc(time.Hour, sb.parkExpired)
+		sb.parkTimer.Stop()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.next++
+	key := p.next
+	sb.parkKey, sb.parkDue, sb.parkExpiredNow = key, due, false
+	var cerr error
+	err := raw.Control(func(fd uintptr) {
+		ev := syscall.EpollEvent{
+			Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT,
+			Fd:     int32(uint32(key)),
+			Pad:    int32(uint32(key >> 32)),
+		}
+		// A socket parked before stays in the set, disarmed: re-arm it.
+		cerr = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_MOD, int(fd), &ev)
+		if errors.Is(cerr, syscall.ENOENT) {
+			cerr = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
+		}
+	})
+	if err != nil || cerr != nil {
+		return false // not armed: no event can name key
+	}
+	p.parked[key] = sb
+	if !due.IsZero() {
+		sb.parkTimer.Reset(time.Until(due))
+	}
+	return true
+}
+
+// expire removes sb from waiting because its deadline passed, and reports
+// whether it did: false when sb is not waiting any more (its socket's event
+// came first) or its current deadline has not passed (the timer of an
+// earlier wait, firing late).
+func (p *parker) expire(sb *streamBody) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := sb.parkKey
+	if p.parked[key] != sb || sb.parkDue.IsZero() || time.Now().Before(sb.parkDue) {
+		return false
+	}
+	delete(p.parked, key)
+	sb.parkExpiredNow = true
+	return true
+}
+
+// waiting is how many streams are parked.
+func (p *parker) waiting() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.parked)
+}

@@ -1,0 +1,26 @@
+//go:build !linux
+
+package gateway
+
+import (
+	"errors"
+	"syscall"
+	"time"
+)
+
+// parkSupported: streams wait for their engine on their own goroutines
+// here (the parker is Linux's epoll; see park_linux.go).
+const parkSupported = false
+
+// parker is never made on this platform.
+type parker struct{}
+
+func streamParker() (*parker, error) {
+	return nil, errors.New("stream parker: not supported on this platform (streams wait on their own goroutines)")
+}
+
+func (*parker) park(*streamBody, syscall.RawConn, time.Time) bool { return false }
+
+func (*parker) expire(*streamBody) bool { return false }
+
+func (*parker) waiting() int { return 0 }
