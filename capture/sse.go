@@ -67,6 +67,12 @@ type SSEScanner struct {
 	hasName bool
 	hasLine bool // the current event has a non-blank line
 	skipLF  bool // the last line ended with CR: a following LF belongs to it
+
+	// holder is the empty scanBufs the last Feed took buffers from (or
+	// found empty): LetGo puts the buffers back in it. Taking a holder
+	// from the pool there instead could take one full of another
+	// scanner's buffers, which would then be lost to the garbage collector.
+	holder *scanBufs
 }
 
 // scanBufs are a scanner's buffers while it lends them back (LetGo).
@@ -87,7 +93,11 @@ func (s *SSEScanner) LetGo() {
 		cap(s.buf) == 0 || cap(s.buf) > maxLentBuf || cap(s.data) > maxLentBuf {
 		return
 	}
-	b := scanBufPool.Get().(*scanBufs)
+	b := s.holder
+	if b == nil {
+		b = new(scanBufs)
+	}
+	s.holder = nil
 	b.buf, b.data = s.buf[:0], s.data[:0]
 	scanBufPool.Put(b)
 	s.buf, s.data = nil, nil
@@ -98,13 +108,12 @@ func (s *SSEScanner) LetGo() {
 // events returned so far.
 func (s *SSEScanner) Feed(p []byte) {
 	if s.buf == nil && len(p) > 0 {
-		if b := scanBufPool.Get().(*scanBufs); b.buf != nil {
+		b := scanBufPool.Get().(*scanBufs)
+		if b.buf != nil { // else the pool had none: buf grows below
 			s.buf, s.data = b.buf, b.data
 			b.buf, b.data = nil, nil
-			scanBufPool.Put(b)
-		} else {
-			scanBufPool.Put(b)
 		}
+		s.holder = b
 	}
 	if s.start > 0 {
 		// Compact: drop the bytes of the events already returned. A buffer
