@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -21,7 +23,7 @@ const parkSupported = true
 // under a key of its own; the parker's goroutine waits on the set in the
 // runtime's poller (the set's descriptor is itself pollable), and starts a
 // goroutine for each stream whose socket turned readable (or closed or
-// failed). A stream's deadline is a timer of its own (streamBody.parkTimer):
+// failed) on a worker. A stream's deadline is a timer of its own (streamBody.parkTimer):
 // whichever of the event and the timer removes the stream from waiting
 // resumes it, once.
 //
@@ -37,7 +39,31 @@ type parker struct {
 	next   uint64
 	parked map[uint64]*streamBody
 	events [128]syscall.EpollEvent // the waiting goroutine's only
+
+	// Resumed streams queue for a few workers (their stacks grown once,
+	// streamStack) rather than each getting a goroutine: a wave of
+	// thousands of streams resumed together (an engine's decoding step
+	// ends for its whole batch at once) would otherwise start thousands of
+	// goroutines every step, each growing a stack. A worker blocked in a
+	// write to a slow client does not count (blocked): another one starts
+	// then, so slow clients cannot hold the others' streams back.
+	qmu     sync.Mutex
+	cond    sync.Cond     // idle workers wait on it (under qmu)
+	queue   []*streamBody // resumed, not yet taken by a worker
+	head    int           // queue[head:] are waiting
+	running int           // workers not idle (under qmu)
+	idle    int           // workers waiting on cond (under qmu)
+	blocked atomic.Int32  // workers inside a write to a client
+	queued  atomic.Int32  // len(queue) - head, read without qmu
 }
+
+// parkWorkers is how many workers run resumed streams at once, besides
+// those blocked writing to clients; maxIdleWorkers how many wait for more
+// work (8 KiB of stack each) before a worker ends.
+var (
+	parkWorkers    = 2 * runtime.GOMAXPROCS(0)
+	maxIdleWorkers = 2 * runtime.GOMAXPROCS(0)
+)
 
 var (
 	parkerOnce sync.Once
@@ -63,6 +89,7 @@ func newParker() (*parker, error) {
 		return nil, fmt.Errorf("stream parker: set the epoll descriptor non-blocking: %w (streams wait on their own goroutines)", err)
 	}
 	p := &parker{epfd: fd, file: os.NewFile(uintptr(fd), "rollgate-stream-parker"), parked: make(map[uint64]*streamBody)}
+	p.cond.L = &p.qmu
 	raw, err := p.file.SyscallConn()
 	if err != nil {
 		p.file.Close()
@@ -97,11 +124,94 @@ func (p *parker) run(raw syscall.RawConn) {
 			ev := &p.events[i]
 			key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
 			if sb := p.take(key); sb != nil {
-				go sb.resume()
+				p.dispatch(sb)
 			}
 		}
 	}
 }
+
+// dispatch queues sb for a worker: an idle one is woken, or a new one
+// started when fewer than parkWorkers run (not counting those blocked
+// writing to clients).
+func (p *parker) dispatch(sb *streamBody) {
+	p.qmu.Lock()
+	p.queue = append(p.queue, sb)
+	p.queued.Add(1)
+	start := false
+	switch {
+	case p.idle > 0:
+		p.cond.Signal()
+	case p.running-int(p.blocked.Load()) < parkWorkers:
+		p.running++
+		start = true
+	}
+	p.qmu.Unlock()
+	if start {
+		go p.worker()
+	}
+}
+
+// worker resumes queued streams until none is left and maxIdleWorkers
+// others wait already.
+func (p *parker) worker() {
+	growStack(0)
+	p.qmu.Lock()
+	for {
+		for p.head == len(p.queue) {
+			if p.idle >= maxIdleWorkers {
+				p.running--
+				p.qmu.Unlock()
+				return
+			}
+			p.queue, p.head = p.queue[:0], 0
+			p.running--
+			p.idle++
+			p.cond.Wait()
+			p.idle--
+			p.running++
+		}
+		sb := p.queue[p.head]
+		p.queue[p.head] = nil
+		p.head++
+		p.queued.Add(-1)
+		p.qmu.Unlock()
+		sb.onWorker = true
+		if sb.resume() {
+			return // it serves a client connection now (retire)
+		}
+		p.qmu.Lock()
+	}
+}
+
+// retire takes the calling worker out of the workers: it goes on to serve
+// a client connection (runStream).
+func (p *parker) retire() {
+	p.qmu.Lock()
+	p.running--
+	if p.head < len(p.queue) && p.idle == 0 && p.running-int(p.blocked.Load()) < parkWorkers {
+		p.running++
+		go p.worker()
+	}
+	p.qmu.Unlock()
+}
+
+// enterWrite notes that a worker is about to write to a client, which may
+// block it (a slow client): with streams queued and no idle worker, another
+// worker starts unless parkWorkers others run. leaveWrite ends it.
+func (p *parker) enterWrite() {
+	p.blocked.Add(1)
+	if p.queued.Load() == 0 {
+		return
+	}
+	p.qmu.Lock()
+	if p.head < len(p.queue) && p.idle == 0 && p.running-int(p.blocked.Load()) < parkWorkers {
+		p.running++
+		go p.worker()
+	}
+	p.qmu.Unlock()
+}
+
+func (p *parker) leaveWrite() { p.blocked.Add(-1) }
 
 // take removes the stream waiting under key and returns it (nil: none:
 // its timer resumed it already).
@@ -155,26 +265,48 @@ func (p *parker) park(sb *streamBody, raw syscall.RawConn, due time.Time) bool {
 		return false // not armed: no event can name key
 	}
 	p.parked[key] = sb
-	if !due.IsZero() {
+	// The timer is moved only when it would fire after due: a stream's
+	// deadline moves on with every token, and expire sets it again when it
+	// fires before it (once per idle timeout rather than once per token).
+	if !due.IsZero() && (sb.parkTimerAt.IsZero() || sb.parkTimerAt.After(due)) {
 		sb.parkTimer.Reset(time.Until(due))
+		sb.parkTimerAt = due
 	}
 	return true
 }
 
 // expire removes sb from waiting because its deadline passed, and reports
-// whether it did: false when sb is not waiting any more (its socket's event
-// came first) or its current deadline has not passed (the timer of an
-// earlier wait, firing late).
+// whether it did (its timer's function). When sb is not waiting (its
+// socket's event came first) the timer is noted as stopped; when its
+// deadline has not passed (it moved on since the timer was set), the timer
+// is set for it.
 func (p *parker) expire(sb *streamBody) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	key := sb.parkKey
-	if p.parked[key] != sb || sb.parkDue.IsZero() || time.Now().Before(sb.parkDue) {
+	if p.parked[key] != sb || sb.parkDue.IsZero() {
+		sb.parkTimerAt = time.Time{}
+		return false
+	}
+	if now := time.Now(); now.Before(sb.parkDue) {
+		sb.parkTimer.Reset(sb.parkDue.Sub(now))
+		sb.parkTimerAt = sb.parkDue
 		return false
 	}
 	delete(p.parked, key)
-	sb.parkExpiredNow = true
+	sb.parkExpiredNow, sb.parkTimerAt = true, time.Time{}
 	return true
+}
+
+// stopTimer stops sb's timer (its stream ended).
+func (p *parker) stopTimer(sb *streamBody) {
+	if sb.parkTimer == nil {
+		return
+	}
+	p.mu.Lock()
+	sb.parkTimer.Stop()
+	sb.parkTimerAt = time.Time{}
+	p.mu.Unlock()
 }
 
 // waiting is how many streams are parked.

@@ -79,7 +79,9 @@ type streamBody struct {
 	parkDue        time.Time
 	parkExpiredNow bool
 	parkTimer      *time.Timer
-	resumed        bool // woken from a park: the next fill reads (what woke it is there)
+	parkTimerAt    time.Time // when parkTimer fires; zero: stopped
+	resumed        bool      // woken from a park: the next fill reads (what woke it is there)
+	onWorker       bool      // running on a parker's worker: it must block nowhere but in writes to the client (parker.enterWrite)
 }
 
 // errParked is what writeStream returns when the stream was parked: it is
@@ -292,25 +294,24 @@ func (b *streamBody) park() bool {
 	return p.park(b, ic.raw, ic.parkDue())
 }
 
-// resume writes on a parked stream, on a new goroutine (parker.run), or on
-// its timer's once its deadline passed (the engine's read then fails as a
-// read past the deadline fails).
-func (b *streamBody) resume() {
-	growStack(0)
+// resume writes on a parked stream, on a worker of the parker's (its
+// stack grown already), or on its timer's goroutine once its deadline
+// passed (the engine's read then fails as a read past the deadline fails).
+func (b *streamBody) resume() (retired bool) {
 	b.resumed = true
 	if b.parkExpiredNow {
 		if ic, ok := b.es.wait.(*idleConn); ok {
 			ic.expired = true
 		}
 	}
-	b.s.runStream(b)
+	return b.s.runStream(b)
 }
 
 // parkExpired is the park timer's function: it resumes the stream if it is
 // still parked and its deadline passed.
 func (b *streamBody) parkExpired() {
 	if p, _ := streamParker(); p != nil && p.expire(b) {
-		b.resume()
+		p.dispatch(b)
 	}
 }
 
@@ -360,6 +361,12 @@ func (b *streamBody) writeChunk(head []byte) ([]byte, error) {
 	b.off = len(b.out)
 	if len(p) == 0 {
 		return head, nil
+	}
+	if b.onWorker {
+		b.s.parker.enterWrite()
+		_, err := b.conn.Write(p)
+		b.s.parker.leaveWrite()
+		return head, err
 	}
 	_, err := b.conn.Write(p)
 	return head, err
@@ -634,7 +641,9 @@ func (b *streamBody) CloseWithError(werr error) error {
 	}
 	b.closed = true
 	if b.parkTimer != nil {
-		b.parkTimer.Stop()
+		if p, _ := streamParker(); p != nil { // the process's: the timer is its
+			p.stopTimer(b)
+		}
 	}
 	pend := b.c.pend
 	switch {
@@ -653,7 +662,7 @@ func (b *streamBody) CloseWithError(werr error) error {
 	b.s.releaseSlot()
 	b.s.finish(&b.c, time.Now())
 	b.s, b.resp, b.r, b.upstream, b.c, b.conn = nil, nil, nil, nil, call{}, nil
-	b.es, b.ahead, b.ctx, b.resumed = nil, nil, nil, false
+	b.es, b.ahead, b.ctx, b.resumed, b.onWorker = nil, nil, nil, false, false
 	b.bodyRdr.Reset(nil)
 	b.putOut()
 	b.putIn()

@@ -68,8 +68,10 @@ func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Co
 
 // runStream writes sb's stream, ends the call, and gives the connection
 // back to fasthttp for its next request or closes it. It returns early when
-// the stream was parked: the goroutine that resumes it runs it on.
-func (s *Server) runStream(sb *streamBody) {
+// the stream was parked: the goroutine that resumes it runs it on. On a
+// parker's worker, it reports whether the worker went on to serve the
+// client's connection (it left the workers: parker.retire).
+func (s *Server) runStream(sb *streamBody) (retired bool) {
 	streaming := true
 	defer func() {
 		if streaming {
@@ -79,9 +81,9 @@ func (s *Server) runStream(sb *streamBody) {
 	werr := sb.writeStream()
 	if werr == errParked {
 		streaming = false // still under way, on another goroutine
-		return
+		return false
 	}
-	conn, ahead, closeAfter, ctx := sb.conn, sb.ahead, sb.closeAfter, sb.ctx
+	conn, ahead, closeAfter, ctx, onWorker := sb.conn, sb.ahead, sb.closeAfter, sb.ctx, sb.onWorker
 	sb.CloseWithError(werr)
 	if werr == nil {
 		// The body's end leaves once the call is handed to capture: a
@@ -102,16 +104,24 @@ func (s *Server) runStream(sb *streamBody) {
 	s.streams.Done()
 	if !keep {
 		conn.Close()
-		return
+		return false
 	}
 	kc, ok := conn.(*keptConn)
 	if !ok || len(kc.ahead) > 0 {
 		kc = &keptConn{Conn: conn, s: s} // once per connection: its next streams reuse it
 	}
 	kc.ahead = ahead
+	if onWorker {
+		// The client's next request is awaited on this goroutine (its
+		// stack grown already), which stops being one of the parker's
+		// workers.
+		s.parker.retire()
+		retired = true
+	}
 	if !s.continueConn(kc) {
 		kc.Close()
 	}
+	return retired
 }
 
 // streamStack is the stack a stream's goroutine needs: capture's parsing of
