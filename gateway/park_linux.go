@@ -213,6 +213,9 @@ func (p *parker) enterWrite() {
 
 func (p *parker) leaveWrite() { p.blocked.Add(-1) }
 
+// writersBlocked is how many workers are inside a write to a client.
+func (p *parker) writersBlocked() int { return int(p.blocked.Load()) }
+
 // take removes the stream waiting under key and returns it (nil: none:
 // its timer resumed it already).
 func (p *parker) take(key uint64) *streamBody {

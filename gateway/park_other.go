@@ -12,6 +12,9 @@ import (
 // here (the parker is Linux's epoll; see park_linux.go).
 const parkSupported = false
 
+// parkWorkers: no parker, no workers.
+const parkWorkers = 0
+
 // parker is never made on this platform.
 type parker struct{}
 
@@ -34,3 +37,5 @@ func (*parker) enterWrite() {}
 func (*parker) leaveWrite() {}
 
 func (*parker) retire() {}
+
+func (*parker) writersBlocked() int { return 0 }

@@ -9,6 +9,9 @@ import (
 	"runtime/pprof"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rollgate/rollgate/gateway"
 )
 
 // TestOpenStreamsWaitWithoutGoroutines: streams between two tokens hold no
@@ -95,4 +98,39 @@ func streamGoroutines(dump []byte) int {
 		}
 	}
 	return n
+}
+
+// TestClientsThatStopReadingHoldNoOtherStream: parked streams resume on a
+// few workers; a worker blocked writing to a client that stopped reading
+// does not count among them, so more such clients than there are workers
+// do not hold another client's stream back (until their write timeout, a
+// minute here).
+func TestClientsThatStopReadingHoldNoOtherStream(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("streams are parked on Linux's epoll; elsewhere each has its goroutine")
+	}
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, func(c *gateway.Config) { c.ClientWriteTimeout = time.Minute })
+	k := gateway.ParkWorkers() + 2
+	for i := range k {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.(*net.TCPConn).SetReadBuffer(4096)
+		fmt.Fprintf(conn, "POST /rollout/stops-reading-%d/attempt/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			"x-mock-tokens: 100000\r\nContent-Length: %d\r\n\r\n%s", i, len(longStream), longStream)
+		// Never read.
+	}
+	waitFor(t, fmt.Sprintf("%d workers blocked writing to clients that stopped reading", k), func() bool {
+		return gateway.ParkWritersBlocked() >= k
+	})
+	r := do(t, "POST", e.url+"/v1/chat/completions", withStream(chatBody, `"stream":true`), "x-mock-itl-ms", "20", "x-mock-tokens", "20")
+	if r.status != 200 || !strings.Contains(string(r.body), "data: [DONE]") || strings.Contains(string(r.body), `"error"`) {
+		t.Fatalf("a stream beside %d blocked ones: %d %s", k, r.status, r.body)
+	}
+	if b := gateway.ParkWritersBlocked(); b < k {
+		t.Fatalf("only %d writers still blocked once the other stream ended, want %d: the check proved nothing", b, k)
+	}
 }
