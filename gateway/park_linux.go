@@ -20,10 +20,10 @@ const parkSupported = true
 // parker holds the streams that wait for their engine's next bytes
 // without a goroutine (see streamBody.park). Each waiting stream's engine
 // socket is in the parker's epoll set, armed for one event (EPOLLONESHOT),
-// under a key of its own; the parker's goroutine waits on the set in the
-// runtime's poller (the set's descriptor is itself pollable), and starts a
-// goroutine for each stream whose socket turned readable (or closed or
-// failed) on a worker. A stream's deadline is a timer of its own (streamBody.parkTimer):
+// under a key of its own. The parker's goroutine waits on the set in the
+// runtime's poller (the set's descriptor is itself pollable) and queues
+// each stream whose socket turned readable (or closed or failed) for a
+// worker. A stream's deadline is a timer of its own (streamBody.parkTimer):
 // whichever of the event and the timer removes the stream from waiting
 // resumes it, once.
 //
@@ -230,8 +230,8 @@ func (p *parker) take(key uint64) *streamBody {
 
 // park makes sb wait, without a goroutine, until raw (its engine's socket)
 // is readable, closed or failed, or until due (zero: no deadline); then a
-// new goroutine runs sb.resume. With true, sb belongs to that goroutine
-// from now on (it may be running already): the caller must not touch it.
+// worker runs sb.resume. With true, sb belongs to that worker from now on
+// (it may be running already): the caller must not touch it.
 // With false nothing was changed: the caller waits itself (as when due has
 // passed already).
 //
@@ -310,11 +310,4 @@ func (p *parker) stopTimer(sb *streamBody) {
 	sb.parkTimer.Stop()
 	sb.parkTimerAt = time.Time{}
 	p.mu.Unlock()
-}
-
-// waiting is how many streams are parked.
-func (p *parker) waiting() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.parked)
 }

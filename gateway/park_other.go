@@ -26,8 +26,6 @@ func (*parker) park(*streamBody, syscall.RawConn, time.Time) bool { return false
 
 func (*parker) expire(*streamBody) bool { return false }
 
-func (*parker) waiting() int { return 0 }
-
 func (*parker) stopTimer(*streamBody) {}
 
 func (*parker) dispatch(*streamBody) {}

@@ -268,7 +268,7 @@ func (b *streamBody) writeStream() (err error) {
 // engine's next bytes are in (or its deadline passed). What fill does before
 // it reads is done first: the payloads go to capture and the output buffer
 // back to its pool. It reports whether the stream was parked; if so, b is
-// the resuming goroutine's.
+// the parker's (and then its worker's).
 func (b *streamBody) park() bool {
 	p := b.s.parker
 	if p == nil || b.es == nil {
@@ -294,9 +294,11 @@ func (b *streamBody) park() bool {
 	return p.park(b, ic.raw, ic.parkDue())
 }
 
-// resume writes on a parked stream, on a worker of the parker's (its
-// stack grown already), or on its timer's goroutine once its deadline
-// passed (the engine's read then fails as a read past the deadline fails).
+// resume writes on a parked stream, on one of the parker's workers (its
+// stack grown already), once the engine's next bytes are in or its
+// deadline passed (the engine's read then fails as a read past the
+// deadline fails). It reports whether the worker went on to serve the
+// client's connection (runStream).
 func (b *streamBody) resume() (retired bool) {
 	b.resumed = true
 	if b.parkExpiredNow {
