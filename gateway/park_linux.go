@@ -141,7 +141,7 @@ func (p *parker) dispatch(sb *streamBody) {
 	switch {
 	case p.idle > 0:
 		p.cond.Signal()
-	case p.running-int(p.blocked.Load()) < parkWorkers:
+	case p.short():
 		p.running++
 		start = true
 	}
@@ -188,10 +188,7 @@ func (p *parker) worker() {
 func (p *parker) retire() {
 	p.qmu.Lock()
 	p.running--
-	if p.head < len(p.queue) && p.idle == 0 && p.running-int(p.blocked.Load()) < parkWorkers {
-		p.running++
-		go p.worker()
-	}
+	p.startIfShort()
 	p.qmu.Unlock()
 }
 
@@ -204,11 +201,21 @@ func (p *parker) enterWrite() {
 		return
 	}
 	p.qmu.Lock()
-	if p.head < len(p.queue) && p.idle == 0 && p.running-int(p.blocked.Load()) < parkWorkers {
+	p.startIfShort()
+	p.qmu.Unlock()
+}
+
+// short reports whether fewer than parkWorkers workers run, not counting
+// those blocked writing to clients (under qmu).
+func (p *parker) short() bool { return p.running-int(p.blocked.Load()) < parkWorkers }
+
+// startIfShort starts a worker when streams are queued, none waits idle and
+// the workers are short (under qmu).
+func (p *parker) startIfShort() {
+	if p.head < len(p.queue) && p.idle == 0 && p.short() {
 		p.running++
 		go p.worker()
 	}
-	p.qmu.Unlock()
 }
 
 func (p *parker) leaveWrite() { p.blocked.Add(-1) }
