@@ -20,3 +20,10 @@ func ParkWritersBlocked() int {
 	}
 	return p.writersBlocked()
 }
+
+// ParkAbove sets how many streams must be open before a stream parks
+// (parkAbove) and returns a function that restores it.
+func ParkAbove(n int) (restore func()) {
+	old := parkAbove.Swap(int64(n))
+	return func() { parkAbove.Store(old) }
+}

@@ -23,69 +23,121 @@ import (
 // and with its next one 4 s away, have no goroutine anywhere in the
 // gateway's stream code; then every stream ends whole and is captured.
 func TestOpenStreamsWaitWithoutGoroutines(t *testing.T) {
+	defer gateway.ParkAbove(0)()
 	s, _ := openSQLite(t)
 	e := newEnv(t, s, nil)
 	const n = 32
+	streams := make([]*slowStream, n)
+	for i := range streams {
+		streams[i] = startSlowStream(t, e, fmt.Sprintf("park-%d", i))
+	}
+	for _, st := range streams {
+		st.firstToken(t)
+	}
+	waitStreamGoroutines(t, e, 0, n)
+	for _, st := range streams {
+		st.endsWhole(t, e)
+	}
+}
+
+// TestFewStreamsWaitOnGoroutines: a stream parks only when more streams are
+// open than parkAbove (8 here); up to that many wait on goroutines of their
+// own, as the runtime's poller wakes them without the parker's two
+// hand-offs. Twelve streams opened one after another, each past its first
+// token with its next one 4 s away: the first eight hold a goroutine each,
+// the other four none; then every stream ends whole and is captured.
+func TestFewStreamsWaitOnGoroutines(t *testing.T) {
+	const above, n = 8, 12
+	defer gateway.ParkAbove(above)()
+	s, _ := openSQLite(t)
+	e := newEnv(t, s, nil)
+	streams := make([]*slowStream, n)
+	for i := range streams {
+		streams[i] = startSlowStream(t, e, fmt.Sprintf("few-%d", i))
+		streams[i].firstToken(t)
+		// Each stream has made its choice before the next one opens.
+		waitStreamGoroutines(t, e, min(i+1, above), i+1)
+	}
+	for _, st := range streams {
+		st.endsWhole(t, e)
+	}
+}
+
+// slowStream is a streamed call sent on a connection of its own, two tokens
+// 4 s apart, read by hand.
+type slowStream struct {
+	conn net.Conn
+	br   *bufio.Reader
+	span string
+}
+
+// startSlowStream sends a streamed call of rollout id whose second token
+// comes 4 s after its first.
+func startSlowStream(t *testing.T, e *env, id string) *slowStream {
+	t.Helper()
 	body := withStream(chatBody, `"stream":true`)
-	type open struct {
-		conn net.Conn
-		br   *bufio.Reader
-		span string
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	streams := make([]open, n)
-	for i := range streams {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "POST /rollout/%s/attempt/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-mock-itl-ms: 4000\r\nx-mock-tokens: 2\r\nContent-Length: %d\r\n\r\n%s", id, len(body), body)
+	return &slowStream{conn: conn, br: bufio.NewReader(conn)}
+}
+
+// firstToken reads the stream's head and its events up to its first token
+// (the next one is 4 s away).
+func (st *slowStream) firstToken(t *testing.T) {
+	t.Helper()
+	for {
+		line, err := st.br.ReadString('\n')
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("reading a stream's first event: %v", err)
 		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "POST /rollout/park-%d/attempt/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-mock-itl-ms: 4000\r\nx-mock-tokens: 2\r\nContent-Length: %d\r\n\r\n%s", i, len(body), body)
-		streams[i] = open{conn: conn, br: bufio.NewReader(conn)}
-	}
-	for i := range streams {
-		st := &streams[i]
-		for {
-			line, err := st.br.ReadString('\n')
-			if err != nil {
-				t.Fatalf("stream %d: reading its first event: %v", i, err)
-			}
-			if strings.HasPrefix(strings.ToLower(line), "x-request-id:") {
-				st.span = strings.TrimSpace(line[len("x-request-id:"):])
-			}
-			if strings.Contains(line, `"content":`) && strings.HasPrefix(strings.TrimSpace(line), "data: ") {
-				break // its first token: the next is 4 s away
-			}
+		if strings.HasPrefix(strings.ToLower(line), "x-request-id:") {
+			st.span = strings.TrimSpace(line[len("x-request-id:"):])
+		}
+		if strings.Contains(line, `"content":`) && strings.HasPrefix(strings.TrimSpace(line), "data: ") {
+			return
 		}
 	}
-	var stacks []byte
-	waitFor(t, "no goroutine to hold the open streams", func() bool {
+}
+
+// endsWhole reads the rest of the chunked body, to its end (the last chunk
+// and the empty trailer: the connection stays open after it), and checks
+// that the stream ended whole and its call was captured.
+func (st *slowStream) endsWhole(t *testing.T, e *env) {
+	t.Helper()
+	var rest []byte
+	for !bytes.HasSuffix(rest, []byte("\r\n0\r\n\r\n")) {
+		line, err := st.br.ReadBytes('\n')
+		rest = append(rest, line...)
+		if err != nil {
+			t.Fatalf("stream %s: %v after %q", st.span, err, rest)
+		}
+	}
+	if !bytes.Contains(rest, []byte("data: [DONE]")) || bytes.Contains(rest, []byte(`"error"`)) {
+		t.Fatalf("stream %s did not end whole after waiting: %q", st.span, rest)
+	}
+	if row := e.waitCalls(st.span, 1)[0]; row.Error != "" || row.CompletionTokens != 2 {
+		t.Fatalf("stream %s: row error %q, %d completion tokens (want 2)", st.span, row.Error, row.CompletionTokens)
+	}
+}
+
+// waitStreamGoroutines waits until exactly want goroutines are in the
+// gateway's stream code while open streams are open at the engine (all of
+// them between their two tokens).
+func waitStreamGoroutines(t *testing.T, e *env, want, open int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d goroutines to hold %d open streams", want, open), func() bool {
 		var buf bytes.Buffer
 		if err := pprof.Lookup("goroutine").WriteTo(&buf, 2); err != nil {
 			t.Fatal(err)
 		}
-		stacks = buf.Bytes()
-		return streamGoroutines(stacks) == 0 && e.mock.ActiveStreams() == n
+		return streamGoroutines(buf.Bytes()) == want && e.mock.ActiveStreams() == int64(open)
 	})
-	if a := e.mock.ActiveStreams(); a != n {
-		t.Fatalf("%d streams open at the engine, want %d: the check ran after they ended", a, n)
-	}
-	for i := range streams {
-		// The rest of the chunked body, to its end (the last chunk and
-		// the empty trailer): the connection stays open after it.
-		var rest []byte
-		for !bytes.HasSuffix(rest, []byte("\r\n0\r\n\r\n")) {
-			line, err := streams[i].br.ReadBytes('\n')
-			rest = append(rest, line...)
-			if err != nil {
-				t.Fatalf("stream %d: %v after %q", i, err, rest)
-			}
-		}
-		if !bytes.Contains(rest, []byte("data: [DONE]")) || bytes.Contains(rest, []byte(`"error"`)) {
-			t.Fatalf("stream %d did not end whole after waiting parked: %q", i, rest)
-		}
-		if row := e.waitCalls(streams[i].span, 1)[0]; row.Error != "" || row.CompletionTokens != 2 {
-			t.Fatalf("stream %d: row error %q, %d completion tokens (want 2)", i, row.Error, row.CompletionTokens)
-		}
+	if a := e.mock.ActiveStreams(); a != int64(open) {
+		t.Fatalf("%d streams open at the engine, want %d: the check ran after some ended", a, open)
 	}
 }
 
@@ -107,6 +159,7 @@ func streamGoroutines(dump []byte) int {
 // do not hold another client's stream back (until their write timeout, a
 // minute here).
 func TestClientsThatStopReadingHoldNoOtherStream(t *testing.T) {
+	defer gateway.ParkAbove(0)()
 	s, _ := openSQLite(t)
 	e := newEnv(t, s, func(c *gateway.Config) { c.ClientWriteTimeout = time.Minute })
 	k := gateway.ParkWorkers() + 2

@@ -52,6 +52,7 @@ type Server struct {
 	rollouts    sync.Map       // rollout_id → registered task id (string)
 	draining    atomic.Bool
 	streams     sync.WaitGroup // streams written on hijacked connections (streamconn.go)
+	openStreams atomic.Int64   // how many of them are under way (streamBody.park reads it)
 	parker      *parker        // streams waiting for their engine without a goroutine (park_linux.go); nil = on their own
 	conts       sync.WaitGroup // connections handed back to fasthttp after a stream
 	contMu      sync.Mutex     // orders handing a connection back against draining

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -263,12 +264,28 @@ func (b *streamBody) writeStream() (err error) {
 	}
 }
 
+// parkAbove is how many streams must be under way on the gateway
+// (Server.openStreams) before one that is not parked yet parks: fewer wait
+// on their own goroutines, as they did before streams parked. Parking saves
+// a stream's stack and the heap headroom it brings (16 KiB a stream), which
+// matters with thousands open, and costs every wait two hand-offs (the
+// parker's goroutine, then a worker) where the runtime's poller wakes the
+// stream's goroutine itself: on an open loop of 300 streamed calls a second
+// against a mock that answers at once (few streams open at a time), parked
+// streams added about 100 µs to each call's latency (bench/RESULTS.md §20).
+// A stream parked once stays on the workers (a worker must not block in a
+// read). Tests set it to 0 to park every stream.
+var parkAbove atomic.Int64
+
+func init() { parkAbove.Store(64) }
+
 // park parks the stream (parker) when its next fill would wait for the
-// engine: it then waits without a goroutine, and resume writes on once the
-// engine's next bytes are in (or its deadline passed). What fill does before
-// it reads is done first: the payloads go to capture and the output buffer
-// back to its pool. It reports whether the stream was parked; if so, b is
-// the parker's (and then its worker's).
+// engine and many streams are open (parkAbove): it then waits without a
+// goroutine, and resume writes on once the engine's next bytes are in (or
+// its deadline passed). What fill does before it reads is done first: the
+// payloads go to capture and the output buffer back to its pool. It reports
+// whether the stream was parked; if so, b is the parker's (and then its
+// worker's).
 func (b *streamBody) park() bool {
 	p := b.s.parker
 	if p == nil || b.es == nil {
@@ -276,6 +293,9 @@ func (b *streamBody) park() bool {
 	}
 	if b.resumed {
 		b.resumed = false
+		return false
+	}
+	if !b.onWorker && b.s.openStreams.Load() <= parkAbove.Load() {
 		return false
 	}
 	ic, ok := b.es.parkable()

@@ -46,6 +46,7 @@ var streamHeadBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); re
 // (serveStream).
 func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, sb *streamBody) {
 	s.streams.Add(1)
+	s.openStreams.Add(1)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(hc net.Conn) { s.serveStream(ctx, sb, hc) })
 }
@@ -66,6 +67,12 @@ func (s *Server) serveStream(ctx *fasthttp.RequestCtx, sb *streamBody, hc net.Co
 	s.runStream(sb)
 }
 
+// streamDone counts a stream written on a hijacked connection as ended.
+func (s *Server) streamDone() {
+	s.openStreams.Add(-1)
+	s.streams.Done()
+}
+
 // runStream writes sb's stream, ends the call, and gives the connection
 // back to fasthttp for its next request or closes it. It returns early when
 // the stream was parked: the goroutine that resumes it runs it on. On a
@@ -75,7 +82,7 @@ func (s *Server) runStream(sb *streamBody) (retired bool) {
 	streaming := true
 	defer func() {
 		if streaming {
-			s.streams.Done()
+			s.streamDone()
 		}
 	}()
 	werr := sb.writeStream()
@@ -101,7 +108,7 @@ func (s *Server) runStream(sb *streamBody) (retired bool) {
 		ctx.Response.Reset()
 	}
 	streaming = false
-	s.streams.Done()
+	s.streamDone()
 	if !keep {
 		conn.Close()
 		return false
