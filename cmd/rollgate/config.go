@@ -199,6 +199,7 @@ type serveFlags struct {
 	Model         string
 	PolicyVersion string
 	MemoryLimit   string
+	GCHeadroom    string
 	LogLevel      string
 	InsecureAdmin bool
 	DebugListen   string
@@ -212,6 +213,7 @@ func (c *serveFlags) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Model, "model", "*", "model name routed to --upstream (\"*\" = every model)")
 	fs.StringVar(&c.PolicyVersion, "policy-version", "", "weights version served by --upstream, recorded on every captured row")
 	fs.StringVar(&c.MemoryLimit, "memory-limit", "", "soft memory limit for the Go runtime, e.g. 192MiB (as GOMEMLIMIT): the GC works harder near it, bounding peak RSS under many open streams; empty = Go's default (GOMEMLIMIT if set)")
+	fs.StringVar(&c.GCHeadroom, "gc-headroom", "48MiB", "most the heap may grow past what the last garbage collection found live (stacks included) before the next one, e.g. 48MiB: a small heap is paced by GOGC as Go does, a large one (thousands of open streams) collects once it has grown by this much, holding about half the memory per stream that GOGC=100's doubling would, at the cost of more collections; never less than 25 % of the live heap; 0 = Go's pacing alone (GOGC)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.InsecureAdmin, "insecure-admin", false, "allow --listen (or --debug-listen) on a non-loopback address without ROLLGATE_ADMIN_TOKEN: anyone who reaches the port can then change the routing table, pause the gateway and read every captured rollout")
 	fs.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's net/http/pprof profiles on this address (e.g. 127.0.0.1:6060); empty = off")

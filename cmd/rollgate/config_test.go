@@ -32,7 +32,7 @@ func TestServeFlagsKept(t *testing.T) {
 		"client-write-timeout": "1m0s", "config": "", "db": "./rollgate.db", "debug-listen": "",
 		"detok-check": "", "forward-client-authorization": "false", "inject-logprobs": "true",
 		"insecure-admin": "false", "listen": "127.0.0.1:8000", "log-level": "info",
-		"max-body-bytes": "33554432", "max-concurrency": "0", "memory-limit": "", "model": "*",
+		"max-body-bytes": "33554432", "max-concurrency": "0", "memory-limit": "", "gc-headroom": "48MiB", "model": "*",
 		"otlp-endpoint": "", "otlp-gateway-sample-ratio": "0.01", "otlp-headers": "",
 		"otlp-insecure": "false", "otlp-protocol": "http", "policy-version": "", "public-url": "",
 		"queue": "", "queue-timeout": "10s", "retries": "2", "routing": "affine",
@@ -106,7 +106,7 @@ func TestEveryFileSettingHasAFlag(t *testing.T) {
 	// The converse: a flag is a file setting too, unless it is one of
 	// serve's own (serveFlags, documented in the README as flag-only).
 	flagOnly := map[string]bool{"config": true, "upstream": true, "upstream-kind": true, "model": true, "policy-version": true,
-		"memory-limit": true, "log-level": true, "insecure-admin": true, "debug-listen": true}
+		"memory-limit": true, "gc-headroom": true, "log-level": true, "insecure-admin": true, "debug-listen": true}
 	fs.VisitAll(func(f *flag.Flag) {
 		if !seen[f.Name] && !flagOnly[f.Name] {
 			t.Errorf("--%s has no key in the config file: bind it to a yaml-tagged field", f.Name)
@@ -289,5 +289,24 @@ func TestServeFileKeysKept(t *testing.T) {
 		if !have[k] {
 			t.Errorf("config file key %s is gone", k)
 		}
+	}
+}
+
+// TestGCHeadroomFlag: --gc-headroom takes a size or 0 (Go's pacing alone);
+// anything else stops serve before it starts, naming the flag.
+func TestGCHeadroomFlag(t *testing.T) {
+	for in, want := range map[string]uint64{"0": 0, "48MiB": 48 << 20, "1GiB": 1 << 30, "100MB": 100e6} {
+		if got, err := parseHeadroom(in); err != nil || got != want {
+			t.Errorf("parseHeadroom(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"bogus", "-1MiB", "12 parsecs"} {
+		if _, err := parseHeadroom(in); err == nil {
+			t.Errorf("parseHeadroom(%q) accepted", in)
+		}
+	}
+	var stderr strings.Builder
+	if code := run([]string{"serve", "--gc-headroom", "bogus", "--db", filepath.Join(t.TempDir(), "r.db")}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--gc-headroom") {
+		t.Fatalf("serve --gc-headroom bogus: exit %d, stderr %q; want 2 naming the flag", code, stderr.String())
 	}
 }

@@ -152,6 +152,18 @@ func parseBytes(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
+// parseHeadroom reads --gc-headroom: a size like parseBytes's, or 0 (off).
+func parseHeadroom(s string) (uint64, error) {
+	if t := strings.TrimSpace(s); t == "0" || t == "" {
+		return 0, nil
+	}
+	n, err := parseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w, or 0 for Go's pacing alone", err)
+	}
+	return uint64(n), nil
+}
+
 func newLogger(w io.Writer, level string) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/rollgate/rollgate/export/otlp"
 	"github.com/rollgate/rollgate/gateway"
 	"github.com/rollgate/rollgate/gateway/seqstore"
+	"github.com/rollgate/rollgate/internal/gcheadroom"
 	"github.com/rollgate/rollgate/internal/metrics"
 )
 
@@ -41,6 +42,7 @@ type serving struct {
 	tasks   *tasks.Queue
 	served  chan error // the listener's end
 	started bool
+	gc      *gcheadroom.Pacer // --gc-headroom; stopped by shutdown
 }
 
 // startServe starts every part of the gateway from c, in the order each
@@ -54,9 +56,14 @@ func startServe(c *fileConfig, stderr io.Writer, log *slog.Logger) (*serving, er
 		}
 		debug.SetMemoryLimit(n)
 	}
+	headroom, err := parseHeadroom(c.Serve.GCHeadroom)
+	if err != nil {
+		return nil, refused(fmt.Errorf("--gc-headroom: %w", err))
+	}
 	if err := c.readSecrets(); err != nil {
 		return nil, refused(err)
 	}
+	s.gc = gcheadroom.Start(headroom)
 	if err := s.start(c, stderr); err != nil {
 		s.shutdown()
 		return nil, err
@@ -252,6 +259,9 @@ func replicaURLs(bs []gateway.Backend) map[string]string {
 func (s *serving) shutdown() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if s.gc != nil {
+		defer s.gc.Stop()
+	}
 	ok := true
 	if s.cp != nil {
 		s.cp.Close() // ends long polls and the lease sweep before the drain
