@@ -81,13 +81,22 @@ func gcPercent() int {
 }
 
 // Pacer keeps the GC percent at Percent after every collection, until Stop.
+// The percent is the process's: while several Pacers run (tests start
+// several gateways in one process), the smallest headroom among them
+// applies, and the last one stopped restores the percent the first one
+// found.
 type Pacer struct {
 	headroom uint64
-	base     int
 	stopped  atomic.Bool
-	mu       sync.Mutex // serialises set and Stop
-	current  int
 	changes  atomic.Int64
+}
+
+// pacing is the process's GC percent under the running Pacers.
+var pacing struct {
+	mu      sync.Mutex
+	running map[*Pacer]struct{}
+	base    int // the percent in force when the first of them started (GOGC)
+	current int // what they set last
 }
 
 // sentinel is garbage the collector finds at every cycle: its finalizer
@@ -99,14 +108,26 @@ type sentinel struct {
 
 // Start paces the GC with headroom bytes (see the package doc) from the
 // next collection on. headroom 0 returns a Pacer that does nothing. The GC
-// percent in force now (GOGC) is the most it sets, and Stop restores it.
+// percent in force when no Pacer runs (GOGC) is the most it sets, and the
+// last Pacer stopped restores it.
 func Start(headroom uint64) *Pacer {
-	base := gcPercent()
-	p := &Pacer{headroom: headroom, base: base, current: base}
-	if headroom == 0 || base < 0 {
+	p := &Pacer{headroom: headroom}
+	if headroom == 0 {
+		p.stopped.Store(true)
 		return p
 	}
-	p.arm(&sentinel{p: p})
+	pacing.mu.Lock()
+	if len(pacing.running) == 0 {
+		pacing.running = map[*Pacer]struct{}{}
+		pacing.base = gcPercent()
+		pacing.current = pacing.base
+	}
+	pacing.running[p] = struct{}{}
+	off := pacing.base < 0
+	pacing.mu.Unlock()
+	if !off {
+		p.arm(&sentinel{p: p})
+	}
 	return p
 }
 
@@ -121,40 +142,51 @@ func (p *Pacer) arm(s *sentinel) {
 	})
 }
 
-// adjust sets the GC percent for the heap the last collection left.
+// adjust sets the GC percent for the heap the last collection left, under
+// the smallest headroom of the running Pacers.
 func (p *Pacer) adjust() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	pacing.mu.Lock()
+	defer pacing.mu.Unlock()
 	if p.stopped.Load() {
 		return
 	}
-	want := Percent(scannable(), p.headroom, p.base)
-	if want != p.current {
+	h := p.headroom
+	for q := range pacing.running {
+		h = min(h, q.headroom)
+	}
+	want := Percent(scannable(), h, pacing.base)
+	if want != pacing.current {
 		debug.SetGCPercent(want)
-		p.current = want
+		pacing.current = want
 		p.changes.Add(1)
 	}
 }
 
-// GCPercent is the percent the Pacer set last (its base until it changed it).
-func (p *Pacer) GCPercent() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.current
+// GCPercent is the percent the running Pacers set last (GOGC until they
+// changed it, or when none runs).
+func GCPercent() int {
+	pacing.mu.Lock()
+	defer pacing.mu.Unlock()
+	if len(pacing.running) == 0 {
+		return gcPercent()
+	}
+	return pacing.current
 }
 
-// Changes counts how often the Pacer changed the GC percent.
+// Changes counts how often this Pacer changed the GC percent.
 func (p *Pacer) Changes() int64 { return p.changes.Load() }
 
-// Stop stops pacing and restores the GC percent Start found.
+// Stop stops this Pacer; the last one running restores the percent the
+// first one found.
 func (p *Pacer) Stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	pacing.mu.Lock()
+	defer pacing.mu.Unlock()
 	if p.stopped.Swap(true) {
 		return
 	}
-	if p.current != p.base {
-		debug.SetGCPercent(p.base)
-		p.current = p.base
+	delete(pacing.running, p)
+	if len(pacing.running) == 0 && pacing.current != pacing.base {
+		debug.SetGCPercent(pacing.base)
+		pacing.current = pacing.base
 	}
 }

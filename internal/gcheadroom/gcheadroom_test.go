@@ -31,14 +31,14 @@ func TestPercent(t *testing.T) {
 	}
 }
 
-// waitPercent runs collections until the pacer has set want (each
-// collection queues the sentinel's finalizer), or fails after 10 s.
-func waitPercent(t *testing.T, p *Pacer, want int) {
+// waitPercent runs collections until the pacers have set want (each
+// collection queues the sentinels' finalizers), or fails after 10 s.
+func waitPercent(t *testing.T, want int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for p.GCPercent() != want || gcPercent() != want {
+	for GCPercent() != want || gcPercent() != want {
 		if time.Now().After(deadline) {
-			t.Fatalf("GC percent: pacer %d, runtime %d; want %d", p.GCPercent(), gcPercent(), want)
+			t.Fatalf("GC percent: pacers %d, runtime %d; want %d", GCPercent(), gcPercent(), want)
 		}
 		runtime.GC()
 		runtime.Gosched()
@@ -52,18 +52,18 @@ func TestPacerFollowsTheLiveHeap(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	p := Start(4 << 20)
 	defer p.Stop()
-	if p.GCPercent() != 100 {
-		t.Fatalf("before any collection the pacer holds %d, want GOGC 100", p.GCPercent())
+	if GCPercent() != 100 {
+		t.Fatalf("before any collection the pacer holds %d, want GOGC 100", GCPercent())
 	}
 	live := make([][]byte, 64)
 	for i := range live {
 		live[i] = make([]byte, 1<<20)
 	}
 	// 64 MiB live and a 4 MiB headroom: 100 × 4 / 64 ≈ 6, so the floor.
-	waitPercent(t, p, Floor)
+	waitPercent(t, Floor)
 	runtime.KeepAlive(live)
 	live = nil
-	waitPercent(t, p, 100)
+	waitPercent(t, 100)
 	if p.Changes() < 2 {
 		t.Errorf("the pacer changed the percent %d times, want at least 2", p.Changes())
 	}
@@ -72,7 +72,7 @@ func TestPacerFollowsTheLiveHeap(t *testing.T) {
 	for i := range live {
 		live[i] = make([]byte, 1<<20)
 	}
-	waitPercent(t, p, Floor)
+	waitPercent(t, Floor)
 	p.Stop()
 	if got := gcPercent(); got != 100 {
 		t.Errorf("after Stop the GC percent is %d, want GOGC 100 back", got)
@@ -95,6 +95,35 @@ func TestPacerOff(t *testing.T) {
 	runtime.GC()
 	if got := gcPercent(); got != 100 || p.Changes() != 0 {
 		t.Errorf("headroom 0: GC percent %d after %d changes, want 100 untouched", got, p.Changes())
+	}
+	runtime.KeepAlive(live)
+}
+
+// Two pacers at once (two gateways in one process), the second started
+// while the first has lowered the percent: stopping the first leaves the
+// second pacing from GOGC, not from what the first had set; the last one
+// stopped restores GOGC.
+func TestPacersShareThePercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	a := Start(4 << 20)
+	defer a.Stop()
+	live := make([][]byte, 64)
+	for i := range live {
+		live[i] = make([]byte, 1<<20)
+	}
+	waitPercent(t, Floor)
+	b := Start(1 << 30)
+	defer b.Stop()
+	runtime.GC()
+	if got := GCPercent(); got != Floor {
+		t.Fatalf("with both running the percent is %d, want the smaller headroom's %d", got, Floor)
+	}
+	a.Stop()
+	// b alone: 1 GiB of headroom over about 64 MiB, so GOGC again.
+	waitPercent(t, 100)
+	b.Stop()
+	if got := gcPercent(); got != 100 {
+		t.Errorf("after both stopped the GC percent is %d, want 100", got)
 	}
 	runtime.KeepAlive(live)
 }
