@@ -34,7 +34,7 @@ var serveSections = []flagSection{
 	{"Viewer", []string{"ui", "ui-tokenizer"}},
 	{"Security", []string{"insecure-admin", "allowed-hosts", "tls-cert", "tls-key", "forward-client-authorization",
 		"max-body-bytes", "max-response-body-bytes"}},
-	{"Scale", []string{"max-concurrency", "queue-timeout", "pause-max-hold", "memory-limit",
+	{"Scale", []string{"max-concurrency", "queue-timeout", "pause-max-hold", "memory-limit", "gc-headroom",
 		"max-tracked-attempts", "max-tracked-attempt-bytes"}},
 	{"Agent Lightning", []string{"agl", "agl-*"}},
 	{"OTLP (OpenTelemetry export)", []string{"otlp-endpoint", "otlp-*"}},
