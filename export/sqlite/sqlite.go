@@ -184,14 +184,22 @@ func updateSet(cols []export.ColumnInfo, keys ...string) string {
 	return strings.Join(s, ", ")
 }
 
-// Write stores the batch in one transaction: all of it or none.
+// Write stores the batch in one transaction: all of it or none. ctx's end
+// is checked before each row; the statements themselves run without it
+// (uncancelled): with a context that can end, modernc.org/sqlite starts a
+// goroutine per statement to interrupt it and database/sql one per
+// transaction, a goroutine per stored row on the hot path. A statement's
+// own wait for the file's lock is bounded by the busy timeout.
 func (s *Store) Write(ctx context.Context, b *export.Batch) error {
 	if b == nil || b.Len() == 0 {
 		return nil
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	tx, err := s.db.BeginTx(ctx, nil)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sqlite: begin: %w", err)
+	}
+	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return fmt.Errorf("sqlite: begin: %w", err)
 	}
@@ -218,13 +226,15 @@ func writeTx(ctx context.Context, tx *sql.Tx, b *export.Batch) error {
 	return insertRows(ctx, tx, insertRollout, export.RolloutTable, b.Rollouts, nil)
 }
 
-// insertRows runs the insert statement query once per row; which, when not
+// insertRows runs the insert statement query once per row, checking ctx
+// before each (the statements run uncancelled: see Write); which, when not
 // nil, names the failed row in the error.
 func insertRows[R any](ctx context.Context, tx *sql.Tx, query string, tbl *export.Table[R], rows []R, which func(*R) string) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	stmt, err := tx.PrepareContext(ctx, query)
+	run := context.WithoutCancel(ctx)
+	stmt, err := tx.PrepareContext(run, query)
 	if err != nil {
 		return fmt.Errorf("sqlite: insert into %s: %w", tbl.Name, err)
 	}
@@ -234,8 +244,11 @@ func insertRows[R any](ctx context.Context, tx *sql.Tx, query string, tbl *expor
 		buf  []byte
 	)
 	for i := range rows {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("sqlite: insert into %s: %w", tbl.Name, err)
+		}
 		args, buf = appendArgs(args[:0], buf, tbl.Columns, &rows[i])
-		if _, err := stmt.ExecContext(ctx, args...); err != nil {
+		if _, err := stmt.ExecContext(run, args...); err != nil {
 			row := ""
 			if which != nil {
 				row = which(&rows[i])

@@ -184,8 +184,13 @@ func (s *SQLite) commitGroup(group []*sqliteReq) {
 			close(r.ready)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
-	defer cancel()
+	// The statements run uncancelled: with a context that can end,
+	// modernc.org/sqlite starts a goroutine per statement to interrupt it
+	// and database/sql one per transaction and per query. The group's
+	// deadline is checked between reservations instead; a statement's own
+	// wait for the file's lock is bounded by the busy timeout (10 s).
+	ctx := context.Background()
+	deadline := time.Now().Add(groupTimeout)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		s.m.errors.Inc()
@@ -204,6 +209,12 @@ func (s *SQLite) commitGroup(group []*sqliteReq) {
 	defer stmt.Close()
 	now := s.opt.Now().UnixNano()
 	for _, r := range group {
+		if time.Now().After(deadline) {
+			tx.Rollback()
+			s.m.errors.Inc()
+			done(fmt.Errorf("seqstore: reserving sequence ids took over %s (check the database is up and not locked by another process): %w", groupTimeout, context.DeadlineExceeded))
+			return
+		}
 		if r.ctx.Err() != nil {
 			r.err = r.ctx.Err()
 			continue
