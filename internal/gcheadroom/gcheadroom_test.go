@@ -31,6 +31,15 @@ func TestPercent(t *testing.T) {
 	}
 }
 
+// holdMiB allocates n MiB the caller keeps live (runtime.KeepAlive).
+func holdMiB(n int) [][]byte {
+	live := make([][]byte, n)
+	for i := range live {
+		live[i] = make([]byte, 1<<20)
+	}
+	return live
+}
+
 // waitPercent runs collections until the pacers have set want (each
 // collection queues the sentinels' finalizers), or fails after 10 s.
 func waitPercent(t *testing.T, want int) {
@@ -55,10 +64,7 @@ func TestPacerFollowsTheLiveHeap(t *testing.T) {
 	if GCPercent() != 100 {
 		t.Fatalf("before any collection the pacer holds %d, want GOGC 100", GCPercent())
 	}
-	live := make([][]byte, 64)
-	for i := range live {
-		live[i] = make([]byte, 1<<20)
-	}
+	live := holdMiB(64)
 	// 64 MiB live and a 4 MiB headroom: 100 × 4 / 64 ≈ 6, so the floor.
 	waitPercent(t, Floor)
 	runtime.KeepAlive(live)
@@ -68,10 +74,7 @@ func TestPacerFollowsTheLiveHeap(t *testing.T) {
 		t.Errorf("the pacer changed the percent %d times, want at least 2", p.Changes())
 	}
 
-	live = make([][]byte, 64)
-	for i := range live {
-		live[i] = make([]byte, 1<<20)
-	}
+	live = holdMiB(64)
 	waitPercent(t, Floor)
 	p.Stop()
 	if got := gcPercent(); got != 100 {
@@ -107,10 +110,7 @@ func TestPacersShareThePercent(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	a := Start(4 << 20)
 	defer a.Stop()
-	live := make([][]byte, 64)
-	for i := range live {
-		live[i] = make([]byte, 1<<20)
-	}
+	live := holdMiB(64)
 	waitPercent(t, Floor)
 	b := Start(1 << 30)
 	defer b.Stop()
