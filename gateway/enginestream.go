@@ -20,7 +20,9 @@ import (
 // gives the buffer back to the client's pool whenever it has handed out
 // every byte in it, and waits for the engine's next bytes without one
 // (idleConn.waitReadable: the runtime's poller, then a non-blocking
-// MSG_PEEK), so 1,000 open streams between tokens hold no read buffer. On a
+// MSG_PEEK; for a parked stream, the parker's epoll event, after which the
+// read goes straight to the socket), so 1,000 open streams between tokens
+// hold no read buffer. On a
 // connection that cannot be waited on that way (TLS: bytes on the socket
 // are not yet plaintext) it keeps the buffer, as fasthttp did.
 //

@@ -42,6 +42,10 @@ type idleConn struct {
 	// expired: the stream reading it waited parked (parker) past its
 	// deadline; the next waitReadable fails as a read past it would.
 	expired bool
+	// readable: the stream reading it was resumed by its socket's event
+	// (parker): a read returns at once (bytes, the end, or the error), so
+	// the next waitReadable does not look first.
+	readable bool
 }
 
 // errUnacknowledged is what Read returns when the first byte of an answer
@@ -143,6 +147,10 @@ func (c *idleConn) waitReadable() error {
 	}
 	if err := c.moveDeadline(); err != nil {
 		return err
+	}
+	if c.readable {
+		c.readable = false
+		return nil
 	}
 	if err := waitReadable(c.raw); err != nil {
 		return c.readError(err)

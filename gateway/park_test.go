@@ -9,12 +9,15 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rollgate/rollgate/bench/mock"
 	"github.com/rollgate/rollgate/gateway"
 )
 
@@ -183,5 +186,63 @@ func TestClientsThatStopReadingHoldNoOtherStream(t *testing.T) {
 	}
 	if b := gateway.ParkWritersBlocked(); b < k {
 		t.Fatalf("only %d writers still blocked once the other stream ended, want %d: the check proved nothing", b, k)
+	}
+}
+
+// TestParkedStreamCutByEngine: a parked stream whose engine closes or
+// resets the connection between two tokens is resumed by its socket's
+// event and reads the end straight away (it does not look at the socket
+// first, streamBody.resume): the client gets an error event and no [DONE],
+// its response still ends, and the call is stored as an error row.
+func TestParkedStreamCutByEngine(t *testing.T) {
+	defer gateway.ParkAbove(0)()
+	const first = `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"w0"},"finish_reason":null}]}`
+	for _, how := range []string{"close", "reset"} {
+		t.Run(how, func(t *testing.T) {
+			cut := make(chan struct{})
+			url := rawBackend(t, func(c net.Conn, _ *http.Request) bool {
+				ev := "data: " + first + "\n\n"
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(ev), ev)
+				<-cut
+				if how == "reset" {
+					_ = c.(*net.TCPConn).SetLinger(0) // the close sends RST
+				}
+				return false // rawBackend closes c
+			})
+			e, _ := streamEndEnv(t, url, mock.Config{}, 0)
+			conn := dialGateway(t, e)
+			body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+			fmt.Fprintf(conn, "POST /rollout/cut-%s/attempt/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", how, len(body), body)
+			_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second)) // bound, not pacing
+			st := &slowStream{conn: conn, br: bufio.NewReader(conn)}
+			st.firstToken(t)
+			waitFor(t, "the stream to wait parked, without a goroutine", func() bool {
+				var buf bytes.Buffer
+				if err := pprof.Lookup("goroutine").WriteTo(&buf, 2); err != nil {
+					t.Fatal(err)
+				}
+				return streamGoroutines(buf.Bytes()) == 0
+			})
+			close(cut)
+			// The response ends with its last chunk, or the connection with
+			// it.
+			var rest []byte
+			for !bytes.HasSuffix(rest, []byte("\r\n0\r\n\r\n")) {
+				line, err := st.br.ReadBytes('\n')
+				rest = append(rest, line...)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s: reading the rest: %v after %q", how, err, rest)
+				}
+			}
+			if !bytes.Contains(rest, []byte(`"error"`)) || bytes.Contains(rest, []byte("data: [DONE]")) {
+				t.Fatalf("%s: the client's rest of the stream %q: want an error event and no [DONE]", how, rest)
+			}
+			if row := e.WaitCalls(st.span, 1)[0]; row.Error == "" || !strings.Contains(row.ResponseMessage, "w0") {
+				t.Fatalf("%s: row error %q, message %q: want an error row holding the first token", how, row.Error, row.ResponseMessage)
+			}
+		})
 	}
 }

@@ -302,6 +302,7 @@ func (b *streamBody) park() bool {
 	if !ok {
 		return false
 	}
+	ic.readable = false // only the wake-up that set it vouches for the socket
 	b.handHeld()
 	b.putOut()
 	if b.ctx != nil {
@@ -321,10 +322,10 @@ func (b *streamBody) park() bool {
 // client's connection (runStream).
 func (b *streamBody) resume() (retired bool) {
 	b.resumed = true
-	if b.parkExpiredNow {
-		if ic, ok := b.es.wait.(*idleConn); ok {
-			ic.expired = true
-		}
+	if ic, ok := b.es.wait.(*idleConn); ok {
+		// Resumed by its deadline, or by its socket's event (the engine's
+		// bytes, its end or an error: the read after it does not wait).
+		ic.expired, ic.readable = b.parkExpiredNow, !b.parkExpiredNow
 	}
 	return b.s.runStream(b)
 }
