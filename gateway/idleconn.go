@@ -64,11 +64,13 @@ func (c *idleConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
-// Write marks the answer as awaited.
+// Write marks the answer as awaited. A readiness noted for the previous
+// answer (readable) says nothing about this one.
 func (c *idleConn) Write(p []byte) (int, error) {
 	if !c.awaiting.Load() {
 		c.awaiting.Store(true)
 	}
+	c.readable = false
 	return c.Conn.Write(p)
 }
 
